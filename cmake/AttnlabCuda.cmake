@@ -1,0 +1,27 @@
+# The ATTNLAB_CUDA switch. AUTO builds the CUDA backend when nvcc is found (CUDACXX, PATH, or the
+# standard /usr/local/cuda prefix, which CMake does not search on its own); ON requires it; OFF is CPU only.
+string(TOUPPER "${ATTNLAB_CUDA}" ATTNLAB_CUDA)
+if(NOT ATTNLAB_CUDA MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "ATTNLAB_CUDA: expected AUTO, ON or OFF, got '${ATTNLAB_CUDA}'")
+endif()
+set(ATTNLAB_WITH_CUDA OFF)
+if(NOT ATTNLAB_CUDA STREQUAL "OFF")
+  if(NOT DEFINED ENV{CUDACXX} AND NOT CMAKE_CUDA_COMPILER)
+    find_program(ATTNLAB_NVCC nvcc HINTS /usr/local/cuda/bin /opt/cuda/bin)
+    if(ATTNLAB_NVCC)
+      set(CMAKE_CUDA_COMPILER "${ATTNLAB_NVCC}" CACHE FILEPATH "CUDA compiler")
+    endif()
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(ATTNLAB_CUDA_FOUND ON)
+  endif()
+  if(ATTNLAB_CUDA STREQUAL "ON" AND NOT ATTNLAB_CUDA_FOUND)
+    message(FATAL_ERROR "ATTNLAB_CUDA=ON but no working nvcc was found: set CUDACXX or install the CUDA "
+                        "toolkit in /usr/local/cuda, or configure with -DATTNLAB_CUDA=OFF")
+  endif()
+  # The kernels arrive with the CUDA backend issue; until then the switch only reports.
+  message(STATUS "attnlab: CUDA compiler ${CMAKE_CUDA_COMPILER} (backend not built yet)")
+endif()
+message(STATUS "attnlab: ATTNLAB_CUDA=${ATTNLAB_CUDA}, CUDA backend built: ${ATTNLAB_WITH_CUDA}")

@@ -1,0 +1,516 @@
+#!/usr/bin/env python3
+"""Generate golden reference values for the attnlab C++ tests, using PyTorch.
+
+PyTorch serves as an independent implementation: the C++ tests compare their
+own results against the numbers written here.
+
+What it makes (all paths relative to the repository root):
+  tests/data/golden/sdpa.json           scaled dot-product attention: out, P, dq, dk, dv
+  tests/data/golden/softmax.json        row softmax and its backward
+  tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
+  tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, embedding
+  tests/data/golden/cross_entropy.json  mean cross-entropy with ignore_index=-100
+  tests/data/interop/torch_written.safetensors  file written by the Python safetensors package
+
+How to run (from the repository root):
+  python3 tests/golden/make_goldens.py
+Requires torch, numpy and safetensors (pip install torch numpy safetensors).
+The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
+safetensors 0.8.0, Python 3.11.7.
+
+Conventions:
+  * Every computation is in float64. Inputs are drawn from a torch.Generator
+    seeded per case (the seed is in each case's config as "seed"); standard
+    normal unless noted.
+  * Gradients are of loss = sum(output * r) for a stored random upstream "r"
+    (so the gradient w.r.t. output is r).
+  * JSON layout:
+      {"generator": "tests/golden/make_goldens.py", "torch_version": "...",
+       "cases": [{"name": ..., "config": {...}, "tensors": {
+           KEY: {"shape": [...], "data": [flat row-major values]}}}]}
+    Bool tensors are stored as 0/1 integers, integer tensors as integers,
+    floats as full-precision doubles (Python repr). A scalar has shape [].
+  * The output is deterministic: running the script again rewrites identical
+    files (for the same torch version).
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DT = torch.float64
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+GOLDEN_DIR = os.path.join(ROOT, "tests", "data", "golden")
+INTEROP_DIR = os.path.join(ROOT, "tests", "data", "interop")
+GENERATOR = "tests/golden/make_goldens.py"
+
+torch.use_deterministic_algorithms(True)
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(g, *shape):
+    return torch.randn(*shape, generator=g, dtype=DT)
+
+
+def tensor_entry(t):
+    t = t.detach()
+    if t.dtype == torch.bool:
+        data = [int(v) for v in t.reshape(-1).tolist()]
+    elif t.dtype.is_floating_point:
+        assert torch.isfinite(t).all(), "non-finite value in golden tensor"
+        data = [float(v) for v in t.to(DT).reshape(-1).tolist()]
+    else:
+        data = [int(v) for v in t.reshape(-1).tolist()]
+    return {"shape": list(t.shape), "data": data}
+
+
+def case(name, config, tensors):
+    return {"name": name, "config": config,
+            "tensors": {k: tensor_entry(v) for k, v in tensors.items()}}
+
+
+def write_json(filename, cases):
+    """One tensor per line keeps the files diffable without bloating them."""
+    dump = lambda o: json.dumps(o, allow_nan=False, separators=(", ", ": "))
+    lines = ["{", f' "generator": {dump(GENERATOR)},',
+             f' "torch_version": {dump(torch.__version__)},', ' "cases": [']
+    for ci, c in enumerate(cases):
+        lines.append(f'  {{"name": {dump(c["name"])}, "config": {dump(c["config"])}, "tensors": {{')
+        items = list(c["tensors"].items())
+        for ti, (k, v) in enumerate(items):
+            sep = "," if ti + 1 < len(items) else ""
+            lines.append(f"   {dump(k)}: {dump(v)}{sep}")
+        lines.append("  }}" + ("," if ci + 1 < len(cases) else ""))
+    lines += [" ]", "}"]
+    text = "\n".join(lines) + "\n"
+    json.loads(text)  # sanity: valid JSON
+    path = os.path.join(GOLDEN_DIR, filename)
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"wrote {os.path.relpath(path, ROOT)} ({len(text)} bytes, {len(cases)} cases)")
+
+
+def close(a, b, tol=1e-12):
+    assert torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max().item()
+
+
+# --------------------------------------------------------------------------
+# 1. scaled dot-product attention
+# --------------------------------------------------------------------------
+
+def effective_scale(scaling, scale, d):
+    if scale is not None:
+        return float(scale)
+    return {"none": 1.0, "sqrt_dk": 1.0 / math.sqrt(d), "dk": 1.0 / d}[scaling]
+
+
+def visibility(b, h, tq, tk, causal, mask):
+    """Bool (B, H, Tq, Tk): true where query i may attend key j."""
+    vis = torch.ones(b, h, tq, tk, dtype=torch.bool)
+    if causal:  # top-left aligned, like is_causal: key j visible iff j <= i
+        vis &= torch.ones(tq, tk, dtype=torch.bool).tril()
+    if mask is not None:  # (B, Tk), true = may attend
+        vis &= mask[:, None, None, :]
+    return vis
+
+
+def masked_attention(q, k, v, scale, vis):
+    """softmax(scale * q k^T over visible keys) v; rows with no visible key
+    give P = 0 and out = 0, with zero (not NaN) gradients."""
+    s = scale * (q @ k.transpose(-2, -1))
+    row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    # masked entries are shifted to exactly 0 (exp = 1) and then dropped by
+    # where(), so neither the forward nor the backward can see inf/NaN.
+    shifted = torch.where(vis, s - row_max, torch.zeros_like(s))
+    e = torch.where(vis, torch.exp(shifted), torch.zeros_like(s))
+    denom = e.sum(-1, keepdim=True)
+    p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return p @ v, p
+
+
+SDPA_CASES = [
+    # name, B, H, Tq, Tk, D, Dv, scaling, scale, causal, mask-kind
+    ("sqrt_dk_plain",        2, 2, 4, 4, 4, 4, "sqrt_dk", None, False, None),
+    ("scaling_none",         2, 2, 4, 4, 4, 4, "none",    None, False, None),
+    ("scaling_dk",           2, 2, 4, 4, 4, 4, "dk",      None, False, None),
+    ("explicit_scale_0.37",  2, 2, 4, 4, 4, 4, "sqrt_dk", 0.37, False, None),
+    ("causal_square",        2, 2, 5, 5, 4, 4, "sqrt_dk", None, True,  None),
+    ("causal_tq3_tk5",       2, 2, 3, 5, 4, 4, "sqrt_dk", None, True,  None),
+    ("key_mask_empty_batch", 2, 2, 3, 5, 4, 4, "sqrt_dk", None, False, "empty_batch"),
+    ("causal_key_mask",      2, 2, 4, 4, 4, 4, "sqrt_dk", None, True,  "first_key"),
+    ("dv_ne_d",              2, 2, 4, 5, 4, 3, "sqrt_dk", None, False, None),
+    ("d1",                   2, 2, 4, 4, 1, 1, "sqrt_dk", None, False, None),
+    ("tq_ne_tk_noncausal",   2, 2, 3, 6, 4, 4, "sqrt_dk", None, False, None),
+]
+
+SDPA_MASKS = {
+    # batch 0: partial mask; batch 1: every key masked -> all its rows empty
+    "empty_batch": [[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]],
+    # batch 0: key 0 masked, so causal query 0 sees nothing; batch 1: key 2 masked
+    "first_key": [[0, 1, 1, 1], [1, 1, 0, 1]],
+}
+
+
+def sdpa_cases():
+    out_cases = []
+    for idx, (name, b, h, tq, tk, d, dv, scaling, scale, causal, mkind) in enumerate(SDPA_CASES):
+        seed = 1000 + idx
+        g = gen(seed)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, h, tk, d), randn(g, b, h, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        sc = effective_scale(scaling, scale, d)
+        vis = visibility(b, h, tq, tk, causal, mask)
+
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+        out, p = masked_attention(q, k, v, sc, vis)
+        dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
+        for t in (out, p, dq, dk, dv_):
+            assert torch.isfinite(t).all()
+
+        empty = ~vis.any(-1)  # (B, H, Tq)
+        if empty.any():
+            assert (p[empty] == 0).all() and (out[empty] == 0).all() and (dq[empty] == 0).all()
+            # keys that no query sees get zero gradient
+            unseen = ~vis.any(-2)  # (B, H, Tk)
+            assert (dk[unseen] == 0).all() and (dv_[unseen] == 0).all()
+
+        # independent cross-check against PyTorch's own SDPA. Empty rows are
+        # given every key there (so it stays finite) and a zero upstream, so
+        # they drop out of the comparison of dk, dv.
+        ref_mask = vis | empty[..., None]
+        r_ref = r.masked_fill(empty[..., None], 0.0)
+        qc, kc, vc = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(
+            qc, kc, vc, attn_mask=None if ref_mask.all() else ref_mask, scale=sc)
+        rdq, rdk, rdv = torch.autograd.grad((ref * r_ref).sum(), (qc, kc, vc))
+        keep = ~empty
+        close(out[keep], ref[keep]); close(dq[keep], rdq[keep]); close(dk, rdk); close(dv_, rdv)
+        if causal and mask is None:  # also via is_causal (top-left alignment)
+            ref2 = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(),
+                                                  is_causal=True, scale=sc)
+            close(out, ref2)
+
+        config = {"scaling": scaling, "scale": scale, "causal": causal,
+                  "has_mask": mask is not None, "effective_scale": sc, "seed": seed}
+        tensors = {"q": q, "k": k, "v": v, "r": r}
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+# --------------------------------------------------------------------------
+# 2. softmax over the last dim
+# --------------------------------------------------------------------------
+
+def softmax_cases():
+    out_cases = []
+    specs = [  # name, magnitude, per-row offsets: logits = randn * magnitude + offset
+        ("normal", 1.0, [0.0, 0.0, 0.0, 0.0]),
+        ("large_1e4", 1e4, [0.0, 0.0, 0.0, 0.0]),  # ~one-hot rows
+        ("offset_1e4", 1.0, [1e4, -1e4, 3e4, 0.0]),  # non-trivial p; needs max-shift
+    ]
+    for idx, (name, mag, offsets) in enumerate(specs):
+        seed = 2000 + idx
+        g = gen(seed)
+        off = torch.tensor(offsets, dtype=DT)[:, None]
+        logits = (randn(g, 4, 7) * mag + off).requires_grad_()
+        dp = randn(g, 4, 7)
+        p = torch.softmax(logits, -1)
+        (ds,) = torch.autograd.grad(p, logits, dp)
+        # cross-check backward: ds = p * (dp - sum(p * dp))
+        close(ds, p * (dp - (p * dp).sum(-1, keepdim=True)))
+        out_cases.append(case(name, {"dim": -1, "magnitude": mag, "seed": seed},
+                              {"logits": logits, "p": p, "dp": dp, "ds": ds}))
+    return out_cases
+
+
+# --------------------------------------------------------------------------
+# 3. optimizers
+# --------------------------------------------------------------------------
+
+OPT_STEPS = 5
+OPT_SHAPES = [(3, 4), (5,)]
+
+
+def run_optimizer(make_opt, inits, grads):
+    params = [torch.nn.Parameter(p.clone()) for p in inits]
+    opt = make_opt(params)
+    traj = [[] for _ in params]
+    for t in range(OPT_STEPS):
+        for p, gr in zip(params, grads):
+            p.grad = gr[t].clone()
+        opt.step()
+        for i, p in enumerate(params):
+            traj[i].append(p.detach().clone())
+    return [torch.stack(tr) for tr in traj]
+
+
+def manual_adamw(inits, grads, lr, b1, b2, eps, wd):
+    out = []
+    for p0, gs in zip(inits, grads):
+        p, m, v, tr = p0.clone(), torch.zeros_like(p0), torch.zeros_like(p0), []
+        for t in range(1, OPT_STEPS + 1):
+            gr = gs[t - 1]
+            p = p * (1 - lr * wd)
+            m = b1 * m + (1 - b1) * gr
+            v = b2 * v + (1 - b2) * gr * gr
+            mhat, vhat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+            p = p - lr * mhat / (vhat.sqrt() + eps)
+            tr.append(p)
+        out.append(torch.stack(tr))
+    return out
+
+
+def manual_sgd(inits, grads, lr, mom, wd):
+    out = []
+    for p0, gs in zip(inits, grads):
+        p, buf, tr = p0.clone(), None, []
+        for t in range(OPT_STEPS):
+            d = gs[t] + wd * p
+            buf = d if buf is None else mom * buf + d
+            p = p - lr * (buf if mom != 0 else d)
+            tr.append(p)
+        out.append(torch.stack(tr))
+    return out
+
+
+def optim_cases():
+    specs = [
+        ("adamw_wd0.1_b0.95", {"optimizer": "adamw", "lr": 1e-2, "beta1": 0.9, "beta2": 0.95,
+                               "eps": 1e-8, "weight_decay": 0.1}),
+        ("adamw_wd0_b0.999", {"optimizer": "adamw", "lr": 1e-2, "beta1": 0.9, "beta2": 0.999,
+                              "eps": 1e-8, "weight_decay": 0.0}),
+        ("sgd_momentum0.9_wd0.01", {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9,
+                                    "dampening": 0.0, "nesterov": False, "weight_decay": 0.01}),
+        ("sgd_plain", {"optimizer": "sgd", "lr": 0.1, "momentum": 0.0,
+                       "dampening": 0.0, "nesterov": False, "weight_decay": 0.0}),
+    ]
+    out_cases = []
+    for idx, (name, cfg) in enumerate(specs):
+        seed = 3000 + idx
+        g = gen(seed)
+        inits = [randn(g, *s) for s in OPT_SHAPES]
+        grads = [randn(g, OPT_STEPS, *s) for s in OPT_SHAPES]
+        if cfg["optimizer"] == "adamw":
+            make = lambda ps: torch.optim.AdamW(
+                ps, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                weight_decay=cfg["weight_decay"], amsgrad=False, foreach=False)
+            manual = manual_adamw(inits, grads, cfg["lr"], cfg["beta1"], cfg["beta2"],
+                                  cfg["eps"], cfg["weight_decay"])
+        else:
+            make = lambda ps: torch.optim.SGD(
+                ps, lr=cfg["lr"], momentum=cfg["momentum"], dampening=cfg["dampening"],
+                nesterov=cfg["nesterov"], weight_decay=cfg["weight_decay"], foreach=False)
+            manual = manual_sgd(inits, grads, cfg["lr"], cfg["momentum"], cfg["weight_decay"])
+        trajs = run_optimizer(make, inits, grads)
+        for a, b in zip(trajs, manual):
+            close(a, b)
+        tensors = {}
+        for i in range(len(OPT_SHAPES)):
+            tensors[f"p{i}_init"] = inits[i]
+            tensors[f"p{i}_grads"] = grads[i]   # (steps, *shape): grad fed at step t
+            tensors[f"p{i}_traj"] = trajs[i]    # (steps, *shape): param after step t
+        out_cases.append(case(name, dict(cfg, steps=OPT_STEPS, seed=seed), tensors))
+    return out_cases
+
+
+# --------------------------------------------------------------------------
+# 4. layers
+# --------------------------------------------------------------------------
+
+def grads_of(y, r, inputs):
+    return torch.autograd.grad((y * r).sum(), inputs)
+
+
+def layer_cases():
+    out_cases = []
+
+    # linear: y = x @ w + b with w stored as (in, out) = torch weight transposed
+    g = gen(4000)
+    x = randn(g, 2, 3, 5).requires_grad_()
+    w = randn(g, 5, 4).requires_grad_()  # (in, out)
+    b = randn(g, 4).requires_grad_()
+    r = randn(g, 2, 3, 4)
+    y = F.linear(x, w.t(), b)
+    close(y, x @ w + b)
+    dx, dw, db = grads_of(y, r, (x, w, b))
+    out_cases.append(case("linear", {"in": 5, "out": 4, "bias": True,
+                                     "weight_layout": "in_out", "seed": 4000},
+                          {"x": x, "w": w, "b": b, "r": r, "y": y,
+                           "dx": dx, "dw": dw, "db": db}))
+
+    # layernorm over the last dim (biased variance)
+    g = gen(4001)
+    x = randn(g, 2, 3, 6).requires_grad_()
+    gamma = randn(g, 6).requires_grad_()
+    beta = randn(g, 6).requires_grad_()
+    r = randn(g, 2, 3, 6)
+    y = F.layer_norm(x, (6,), gamma, beta, eps=1e-5)
+    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    close(y, (x - mu) / torch.sqrt(var + 1e-5) * gamma + beta)
+    dx, dgamma, dbeta = grads_of(y, r, (x, gamma, beta))
+    out_cases.append(case("layernorm", {"eps": 1e-5, "seed": 4001},
+                          {"x": x, "gamma": gamma, "beta": beta, "r": r, "y": y,
+                           "dx": dx, "dgamma": dgamma, "dbeta": dbeta}))
+
+    # rmsnorm: y = x / sqrt(mean(x^2) + eps) * gamma
+    g = gen(4002)
+    x = randn(g, 2, 3, 6).requires_grad_()
+    gamma = randn(g, 6).requires_grad_()
+    r = randn(g, 2, 3, 6)
+    y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5) * gamma
+    if hasattr(F, "rms_norm"):
+        close(y, F.rms_norm(x, (6,), gamma, eps=1e-5))
+    dx, dgamma = grads_of(y, r, (x, gamma))
+    out_cases.append(case("rmsnorm", {"eps": 1e-5, "seed": 4002},
+                          {"x": x, "gamma": gamma, "r": r, "y": y,
+                           "dx": dx, "dgamma": dgamma}))
+
+    # gelu, both forms
+    for seed, approx in [(4003, "tanh"), (4004, "none")]:
+        g = gen(seed)
+        x = (randn(g, 2, 3, 5) * 2).requires_grad_()  # * 2: cover the tails too
+        r = randn(g, 2, 3, 5)
+        y = F.gelu(x, approximate=approx)
+        if approx == "tanh":
+            c = math.sqrt(2 / math.pi)
+            close(y, 0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x ** 3))))
+        else:
+            close(y, 0.5 * x * (1 + torch.erf(x / math.sqrt(2))))
+        (dx,) = grads_of(y, r, (x,))
+        out_cases.append(case(f"gelu_{approx}", {"approximate": approx, "input_scale": 2.0,
+                                                  "seed": seed},
+                              {"x": x, "r": r, "y": y, "dx": dx}))
+
+    # relu (random normal input never hits exactly 0)
+    g = gen(4005)
+    x = randn(g, 2, 3, 5).requires_grad_()
+    r = randn(g, 2, 3, 5)
+    y = F.relu(x)
+    assert (x != 0).all()
+    (dx,) = grads_of(y, r, (x,))
+    out_cases.append(case("relu", {"seed": 4005}, {"x": x, "r": r, "y": y, "dx": dx}))
+
+    # embedding: ids repeat (3 twice, 5 three times), ids 0 and 6 unused -> zero grad rows
+    g = gen(4006)
+    table = randn(g, 7, 3).requires_grad_()
+    ids = torch.tensor([[3, 1, 5, 3], [5, 2, 4, 5]], dtype=torch.int64)
+    r = randn(g, 2, 4, 3)
+    y = F.embedding(ids, table)
+    (dtable,) = grads_of(y, r, (table,))
+    out_cases.append(case("embedding", {"vocab": 7, "dim": 3, "seed": 4006},
+                          {"table": table, "ids": ids, "r": r, "y": y, "dtable": dtable}))
+    return out_cases
+
+
+# --------------------------------------------------------------------------
+# 5. cross-entropy
+# --------------------------------------------------------------------------
+
+def cross_entropy_cases():
+    specs = [  # name, logits kind, positions (b, t) set to ignore_index
+        ("basic_with_ignore", "normal", [(0, 1), (1, 3), (1, 4)]),
+        ("large_logits_pm50", "uniform50", [(0, 0), (1, 2)]),
+        ("no_ignore", "normal", []),
+    ]
+    out_cases = []
+    for idx, (name, kind, ignored) in enumerate(specs):
+        seed = 5000 + idx
+        g = gen(seed)
+        if kind == "normal":
+            logits = randn(g, 2, 5, 6)
+        else:  # uniform in [-50, 50]
+            logits = (torch.rand(2, 5, 6, generator=g, dtype=DT) * 2 - 1) * 50
+        logits.requires_grad_()
+        targets = torch.randint(0, 6, (2, 5), generator=g, dtype=torch.int64)
+        for bt in ignored:
+            targets[bt] = -100
+        loss = F.cross_entropy(logits.reshape(-1, 6), targets.reshape(-1),
+                               ignore_index=-100, reduction="mean")
+        (dlogits,) = torch.autograd.grad(loss, logits)
+        # cross-check: mean over labelled positions of -log_softmax[target]
+        keep = targets != -100
+        lp = torch.log_softmax(logits, -1)
+        manual = -lp[keep].gather(-1, targets[keep][:, None]).sum() / keep.sum()
+        close(loss, manual)
+        out_cases.append(case(name, {"ignore_index": -100, "reduction": "mean",
+                                     "logits_kind": kind, "num_labelled": int(keep.sum()),
+                                     "seed": seed},
+                              {"logits": logits, "targets": targets,
+                               "loss": loss, "dlogits": dlogits}))
+    return out_cases
+
+
+# --------------------------------------------------------------------------
+# 6. safetensors interop file
+# --------------------------------------------------------------------------
+
+INTEROP_README = """\
+torch_written.safetensors: written by the Python `safetensors` package (safetensors.numpy.save_file), not by attnlab.
+Tensors: "w" float32 (3,4) = arange(12)*0.5; "b" float64 (4,) = [1,-2,3.5,-4]; "i" int64 (2,) = [7,-9]; metadata {"format":"pt","note":"interop test"}.
+Regenerate with `python3 tests/golden/make_goldens.py` from the repository root (see write_interop() there).
+"""
+
+
+def sort_metadata_keys(path):
+    """safetensors keeps __metadata__ in a Rust HashMap, so its key order
+    changes from run to run. Rewrite the header with the metadata keys sorted
+    (same header length, same bytes otherwise) so reruns give identical files."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= n
+    with open(path, "wb") as f:
+        f.write(blob[:8] + text.ljust(n, b" ") + blob[8 + n:])
+
+
+def write_interop():
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {
+        "w": (np.arange(12, dtype=np.float32) * np.float32(0.5)).reshape(3, 4),
+        "b": np.array([1.0, -2.0, 3.5, -4.0], dtype=np.float64),
+        "i": np.array([7, -9], dtype=np.int64),
+    }
+    os.makedirs(INTEROP_DIR, exist_ok=True)
+    path = os.path.join(INTEROP_DIR, "torch_written.safetensors")
+    save_file(tensors, path, metadata={"format": "pt", "note": "interop test"})
+    sort_metadata_keys(path)
+    back = load_file(path)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and np.array_equal(back[k], v)
+    with open(os.path.join(INTEROP_DIR, "README.md"), "w") as f:
+        f.write(INTEROP_README)
+    print(f"wrote {os.path.relpath(path, ROOT)} ({os.path.getsize(path)} bytes)")
+
+
+def main():
+    os.makedirs(GOLDEN_DIR, exist_ok=True)
+    write_json("sdpa.json", sdpa_cases())
+    write_json("softmax.json", softmax_cases())
+    write_json("optim.json", optim_cases())
+    write_json("layers.json", layer_cases())
+    write_json("cross_entropy.json", cross_entropy_cases())
+    write_interop()
+
+
+if __name__ == "__main__":
+    main()

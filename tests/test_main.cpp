@@ -1,0 +1,11 @@
+// Test runner: tests run with one worker thread, so every result is deterministic.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include "attnlab/threads.hpp"
+
+int main(int argc, char** argv) {
+  attnlab::set_num_threads(1);
+  doctest::Context context(argc, argv);
+  return context.run();
+}
