@@ -3,6 +3,7 @@
 
 #include "attnlab/blas.hpp"
 #include "attnlab/gradcheck.hpp"
+#include "attnlab/nn/parameter.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/random.hpp"
