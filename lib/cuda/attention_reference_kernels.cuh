@@ -1,0 +1,62 @@
+// Kernels of the reference GPU attention (launch glue: attention_reference.cu): the two row kernels
+// that sit between the cuBLAS GEMMs. Device code only: compiled by nvcc, and on the CPU under the
+// emulator of tests/test_cuda_emulated.cpp (device_compat.cuh).
+#pragma once
+
+#include <cstddef>
+
+#include "attnlab/cuda_math.hpp"
+#include "device_compat.cuh"
+#include "reduce.cuh"
+
+namespace attnlab::cuda::reference {
+
+namespace cm = cuda_math;
+constexpr int kRowThreads = 256;
+
+// One block per row (bh, i) of S (B,H,Tq,Tk): P = softmax(s_h · S) over the visible keys, in place.
+// Writes every element: 0 at hidden positions and in rows with no visible key.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    masked_softmax_rows(T* scores, const T* scale, const unsigned char* key_mask, std::size_t H,
+                        std::size_t Tq, std::size_t Tk, bool causal) {
+  ATTNLAB_STATIC_SHARED(T, max_scratch, 32);
+  ATTNLAB_STATIC_SHARED(T, sum_scratch, 32);
+  const std::size_t row = blockIdx.x, bh = row / Tq, i = row % Tq;
+  const std::size_t b = cm::batch_of(bh, H);
+  const T s = scale[cm::head_of(bh, H)];
+  T* x = scores + row * Tk;
+  const auto visible = [&](std::size_t j) {
+    return cm::key_visible(i, j, causal,
+                           key_mask == nullptr || key_mask[cm::key_mask_offset(b, j, Tk)] != 0);
+  };
+  cm::OnlineSoftmax<T> state;
+  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
+    state.add(visible(j) ? s * x[j] : cm::negative_infinity<T>());
+  }
+  state = detail::block_merge(state, max_scratch, sum_scratch);
+  const T inverse_sum = state.inverse_sum();
+  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
+    x[j] = visible(j) ? cm::exp_shifted(s * x[j], state.max) * inverse_sum : T(0);
+  }
+}
+
+// One block per row: dS = s_h · P ⊙ (dP − rowsum(dP ⊙ P)), in place over dP.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    softmax_backward_rows(T* dp, const T* p, const T* scale, std::size_t H, std::size_t Tq,
+                          std::size_t Tk) {
+  ATTNLAB_STATIC_SHARED(T, scratch, 32);
+  const std::size_t row = blockIdx.x;
+  const T s = scale[cm::head_of(row / Tq, H)];
+  T* g = dp + row * Tk;
+  const T* w = p + row * Tk;
+  T dot = 0;
+  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) dot += g[j] * w[j];
+  dot = detail::block_sum(dot, scratch);
+  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
+    g[j] = s * cm::softmax_backward_element(w[j], g[j], dot);
+  }
+}
+
+}  // namespace attnlab::cuda::reference
