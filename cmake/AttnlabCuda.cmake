@@ -49,8 +49,12 @@ if(NOT ATTNLAB_CUDA STREQUAL "OFF")
     endif()
   endif()
 endif()
-message(STATUS "attnlab: ATTNLAB_CUDA=${ATTNLAB_CUDA}, CUDA backend built: ${ATTNLAB_WITH_CUDA} "
-               "(nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
+if(ATTNLAB_WITH_CUDA)
+  message(STATUS "attnlab: ATTNLAB_CUDA=${ATTNLAB_CUDA}, CUDA backend built: ON "
+                 "(nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "attnlab: ATTNLAB_CUDA=${ATTNLAB_CUDA}, CUDA backend built: OFF")
+endif()
 
 # Builds attnlab_cuda from lib/cuda and links it into `target` (the attnlab library).
 function(attnlab_add_cuda_backend target)
