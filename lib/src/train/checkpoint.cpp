@@ -138,7 +138,7 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
 }
 
 template <class T>
-LoadedCheckpoint load_checkpoint(const std::string& path, ParameterList<T>& params,
+LoadedCheckpoint load_checkpoint(const std::string& path, const ParameterList<T>& params,
                                  TensorList<T>* optimizer_state,
                                  const CheckpointLoadOptions& options) {
   const SafetensorsFile file = load_safetensors(path);
@@ -244,9 +244,9 @@ template void save_checkpoint<float>(const std::string&, const ParameterList<flo
                                      const TensorList<float>&, const CheckpointMeta&);
 template void save_checkpoint<double>(const std::string&, const ParameterList<double>&,
                                       const TensorList<double>&, const CheckpointMeta&);
-template LoadedCheckpoint load_checkpoint<float>(const std::string&, ParameterList<float>&,
+template LoadedCheckpoint load_checkpoint<float>(const std::string&, const ParameterList<float>&,
                                                  TensorList<float>*, const CheckpointLoadOptions&);
-template LoadedCheckpoint load_checkpoint<double>(const std::string&, ParameterList<double>&,
+template LoadedCheckpoint load_checkpoint<double>(const std::string&, const ParameterList<double>&,
                                                   TensorList<double>*,
                                                   const CheckpointLoadOptions&);
 

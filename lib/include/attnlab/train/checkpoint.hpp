@@ -65,7 +65,7 @@ template <class T>
 void save_checkpoint(const std::string& path, const ParameterList<T>& params,
                      const TensorList<T>& optimizer_state, const CheckpointMeta& meta);
 
-// Loads a checkpoint into params. Checks, before changing anything:
+// Loads a checkpoint into the values params point to. Checks, before changing anything:
 //  - the file is a valid safetensors file (see load_safetensors);
 //  - format_version is "attnlab-1", and step and rng_state parse;
 //  - every parameter is present, with dtype F32 (float) or F64 (double) and the model's shape, and
@@ -77,7 +77,7 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
 // Only then are the parameter values (and optimizer_state) assigned; grads are left alone.
 // Throws CheckpointError naming the file and the problem; params are then unchanged.
 template <class T>
-LoadedCheckpoint load_checkpoint(const std::string& path, ParameterList<T>& params,
+LoadedCheckpoint load_checkpoint(const std::string& path, const ParameterList<T>& params,
                                  TensorList<T>* optimizer_state = nullptr,
                                  const CheckpointLoadOptions& options = {});
 
