@@ -6,6 +6,7 @@
 
 #include "attnlab/cuda.hpp"
 #include "attnlab/cuda_attention.hpp"
+#include "attnlab/cuda_train.hpp"
 
 namespace attnlab {
 
@@ -89,16 +90,95 @@ int sdpa_fused_tile_rows(std::size_t, std::size_t) {
   not_built("cuda::sdpa_fused_tile_rows");
 }
 
-#define ATTNLAB_INSTANTIATE_CUDA_STUBS(T)                                                       \
-  template void gemm_strided_batched<T>(bool, bool, int, int, int, T, const T*, int, long long, \
-                                        const T*, int, long long, T, T*, int, long long, int);  \
-  template void sdpa_reference_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                    \
-  template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*,                  \
-                                           const SdpaDeviceArgs<T>&);                           \
-  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                        \
-  template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,            \
-                                       const SdpaDeviceArgs<T>&);                               \
-  template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);
+template <class T>
+void embedding_forward(T*, const int*, const T*, std::size_t, std::size_t) {
+  not_built("cuda::embedding_forward");
+}
+template <class T>
+void embedding_backward(T*, const T*, const int*, std::size_t, std::size_t, std::size_t) {
+  not_built("cuda::embedding_backward");
+}
+template <class T>
+void layernorm_forward(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, T) {
+  not_built("cuda::layernorm_forward");
+}
+template <class T>
+void layernorm_backward(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, std::size_t,
+                        std::size_t) {
+  not_built("cuda::layernorm_backward");
+}
+template <class T>
+void rmsnorm_forward(T*, T*, const T*, const T*, std::size_t, std::size_t, T) {
+  not_built("cuda::rmsnorm_forward");
+}
+template <class T>
+void rmsnorm_backward(T*, T*, const T*, const T*, const T*, const T*, std::size_t, std::size_t) {
+  not_built("cuda::rmsnorm_backward");
+}
+template <class T>
+void gelu_forward(T*, const T*, std::size_t, bool) {
+  not_built("cuda::gelu_forward");
+}
+template <class T>
+void gelu_backward(T*, const T*, const T*, std::size_t, bool) {
+  not_built("cuda::gelu_backward");
+}
+template <class T>
+void linear_forward(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t) {
+  not_built("cuda::linear_forward");
+}
+template <class T>
+void linear_backward(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,
+                     std::size_t) {
+  not_built("cuda::linear_backward");
+}
+template <class T>
+void softmax_cross_entropy(T*, T*, T*, const T*, const int*, std::size_t, std::size_t, int) {
+  not_built("cuda::softmax_cross_entropy");
+}
+template <class T>
+void adamw_update(T*, T*, T*, const T*, std::size_t, const cuda_math::AdamWScalars<T>&) {
+  not_built("cuda::adamw_update");
+}
+template <class T>
+void sum_of_squares(double*, double*, const T*, std::size_t) {
+  not_built("cuda::sum_of_squares");
+}
+std::size_t sum_of_squares_scratch() {
+  not_built("cuda::sum_of_squares_scratch");
+}
+
+#define ATTNLAB_INSTANTIATE_CUDA_STUBS(T)                                                        \
+  template void gemm_strided_batched<T>(bool, bool, int, int, int, T, const T*, int, long long,  \
+                                        const T*, int, long long, T, T*, int, long long, int);   \
+  template void sdpa_reference_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                     \
+  template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*,                   \
+                                           const SdpaDeviceArgs<T>&);                            \
+  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                         \
+  template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,             \
+                                       const SdpaDeviceArgs<T>&);                                \
+  template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);                                \
+  template void embedding_forward<T>(T*, const int*, const T*, std::size_t, std::size_t);        \
+  template void embedding_backward<T>(T*, const T*, const int*, std::size_t, std::size_t,        \
+                                      std::size_t);                                              \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,      \
+                                     std::size_t, T);                                            \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
+                                      const T*, std::size_t, std::size_t);                       \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);     \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, \
+                                    std::size_t);                                                \
+  template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                \
+  template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                     \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,    \
+                                  std::size_t);                                                  \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,        \
+                                   std::size_t, std::size_t);                                    \
+  template void softmax_cross_entropy<T>(T*, T*, T*, const T*, const int*, std::size_t,          \
+                                         std::size_t, int);                                      \
+  template void adamw_update<T>(T*, T*, T*, const T*, std::size_t,                               \
+                                const cuda_math::AdamWScalars<T>&);                              \
+  template void sum_of_squares<T>(double*, double*, const T*, std::size_t);
 ATTNLAB_INSTANTIATE_CUDA_STUBS(float)
 ATTNLAB_INSTANTIATE_CUDA_STUBS(double)
 #undef ATTNLAB_INSTANTIATE_CUDA_STUBS

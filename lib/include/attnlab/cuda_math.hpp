@@ -57,6 +57,49 @@ ATTNLAB_HD inline double log_of(double x) {
 #endif
 }
 
+ATTNLAB_HD inline float sqrt_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return sqrtf(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+ATTNLAB_HD inline double sqrt_of(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+ATTNLAB_HD inline float tanh_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return tanhf(x);
+#else
+  return std::tanh(x);
+#endif
+}
+ATTNLAB_HD inline double tanh_of(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::tanh(x);
+#else
+  return std::tanh(x);
+#endif
+}
+ATTNLAB_HD inline float erf_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return erff(x);
+#else
+  return std::erf(x);
+#endif
+}
+ATTNLAB_HD inline double erf_of(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::erf(x);
+#else
+  return std::erf(x);
+#endif
+}
+
 template <class T>
 ATTNLAB_HD inline T max_of(T a, T b) {
   return a > b ? a : b;
@@ -158,6 +201,63 @@ ATTNLAB_HD inline std::size_t key_mask_offset(std::size_t b, std::size_t j, std:
 // `n` rounded up to a multiple of `m` (shared-memory row widths).
 ATTNLAB_HD inline std::size_t round_up(std::size_t n, std::size_t m) {
   return (n + m - 1) / m * m;
+}
+
+// ---- training-step elements (attnlab/cuda_train.hpp) ----------------------------------------
+
+// GELU, torch.nn.functional.gelu: tanh approximation y = ½ x (1 + tanh(c (x + 0.044715 x³))),
+// c = √(2/π), or exact y = x Φ(x); and their derivatives dy/dx.
+template <class T>
+ATTNLAB_HD inline T gelu(T x, bool exact) {
+  if (exact) return T(0.5) * x * (T(1) + erf_of(x * T(0.70710678118654752440)));
+  const T c = T(0.79788456080286535588);
+  return T(0.5) * x * (T(1) + tanh_of(c * (x + T(0.044715) * x * x * x)));
+}
+
+template <class T>
+ATTNLAB_HD inline T gelu_derivative(T x, bool exact) {
+  if (exact) {  // Φ(x) + x φ(x)
+    const T cdf = T(0.5) * (T(1) + erf_of(x * T(0.70710678118654752440)));
+    const T pdf = exp_of(T(-0.5) * x * x) * T(0.39894228040143267794);
+    return cdf + x * pdf;
+  }
+  // ½ (1 + tanh u) + ½ x (1 − tanh² u) c (1 + 3·0.044715 x²),  u = c (x + 0.044715 x³)
+  const T c = T(0.79788456080286535588);
+  const T t = tanh_of(c * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3 * 0.044715) * x * x);
+}
+
+// The normalisation backward of one element (LayerNorm and RMSNorm): with g = dy ⊙ γ,
+//   dx = rstd · (g − mean_g − x̂ · mean_g_xhat)
+// (RMSNorm passes mean_g = 0: no centring).
+template <class T>
+ATTNLAB_HD inline T norm_backward_element(T g, T xhat, T rstd, T mean_g, T mean_g_xhat) {
+  return rstd * (g - mean_g - xhat * mean_g_xhat);
+}
+
+// The scalars of one AdamW step t (torch.optim.AdamW), formed in double on the host and used in T.
+template <class T>
+struct AdamWScalars {
+  T decay;                  // 1 − lr · weight_decay
+  T one_minus_beta1;        // 1 − β1
+  T beta2;                  // β2
+  T one_minus_beta2;        // 1 − β2
+  T step_size;              // lr / (1 − β1^t)
+  T bias_correction2_sqrt;  // √(1 − β2^t)
+  T eps;
+  bool decays;  // weight_decay != 0
+};
+
+// One element of AdamW, in torch's order: p ← p·decay; m ← lerp(m, g, 1−β1);
+// v ← v·β2 + (1−β2) g²; p ← p − step_size · m / (√v / √(1−β2^t) + eps).
+template <class T>
+ATTNLAB_HD inline void adamw_element(T& p, T& m, T& v, T g, const AdamWScalars<T>& s) {
+  if (s.decays) p = p * s.decay;
+  const T w = s.one_minus_beta1;  // torch.lerp(m, g, w), the form that is exact at both ends
+  m = w < T(0.5) ? m + w * (g - m) : g - (g - m) * (T(1) - w);
+  v = v * s.beta2 + s.one_minus_beta2 * g * g;
+  const T denom = sqrt_of(v) / s.bias_correction2_sqrt + s.eps;
+  p = p + (-s.step_size) * m / denom;
 }
 
 }  // namespace attnlab::cuda_math
