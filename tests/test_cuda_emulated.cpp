@@ -163,6 +163,9 @@ TEST_CASE("cuda kernels (CPU emulation): fused forward and backward match the CP
   check_fused<double, 64>({"causal Tq < Tk: unseen keys", 1, 2, 5, 70, 4, 3, true, false, {}},
                           1e-12);
   check_fused<double, 16>({"no mask, no causal", 2, 1, 33, 18, 1, 2, false, false, {}}, 1e-12);
+  // Four rows per thread (tile 64) over three column chunks of 64 (D = 130, Dv = 65).
+  check_fused<float, 64>({"D = 130, Dv = 65, causal, mask", 1, 1, 40, 50, 130, 65, true, true, {}},
+                         1e-5);
 }
 
 TEST_CASE("cuda kernels (CPU emulation): reference softmax rows and their backward") {
