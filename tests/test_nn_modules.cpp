@@ -8,6 +8,7 @@
 #include <memory>
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
 
 #include "attnlab/nn/activation.hpp"
 #include "attnlab/nn/embedding.hpp"

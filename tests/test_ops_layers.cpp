@@ -6,6 +6,8 @@
 #include <limits>
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xstrided_view.hpp>
 
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
