@@ -71,7 +71,7 @@ GradcheckReport gradcheck_sdpa(const Shape4& s, SdpaOptions options, const KeyMa
 
 void expect_gradcheck(const Shape4& s, SdpaOptions options, SdpaPath path,
                       const KeyMask* mask = nullptr) {
-  options.path = path;
+  options = with_path(options, path);
   const auto report = gradcheck_sdpa(s, options, mask);
   INFO(report.table());
   CHECK(report.max_rel_error() <= kGradTol);

@@ -6,7 +6,7 @@ namespace attnlab::bench {
 
 void register_train_benchmarks(bool) {}
 
-void print_train_table(const std::map<std::string, double>&) {
+void print_train_table(const std::map<std::string, std::map<std::string, double>>&) {
   std::printf("\nTraining step: not built yet (needs the Transformer of branch stack)\n");
 }
 

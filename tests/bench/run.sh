@@ -6,4 +6,4 @@ set -e
 cd "$(dirname "$0")/../.."
 cmake --preset bench >/dev/null
 cmake --build --preset bench -j2
-exec build/bench/tests/bench/attnlab_bench --benchmark_min_time=0.2 "$@"
+exec build/bench/tests/bench/attnlab_bench --benchmark_min_time=0.5 "$@"

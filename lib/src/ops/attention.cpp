@@ -175,6 +175,8 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
   cache.path = resolve_sdpa_path(options.path, Tk);
   Tensor4<T> out({B, H, Tq, Dv});
   if (cache.path == SdpaPath::fused) {
+    cache.tile_rows = options.tile_rows ? options.tile_rows : detail::kFusedRowBlock;
+    cache.tile_keys = options.tile_keys ? options.tile_keys : detail::kFusedKeyBlock;
     cache.p = Tensor4<T>();  // not materialised: has_weights() is false
     detail::sdpa_fused_forward(out, cache, q, k, v);
     return out;

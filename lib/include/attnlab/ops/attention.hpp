@@ -58,6 +58,10 @@ struct SdpaOptions {
       head_scale;  // optional (H,): one scale per head, overrides both (learnable scale)
   bool causal = false;
   SdpaPath path = SdpaPath::automatic;
+  // Fused path tiles: query rows x keys per tile; 0 = the tuned default (128 x 512). Results agree
+  // to rounding for any tile size; tests use small tiles to cross tile edges on small inputs.
+  std::size_t tile_rows = 0;
+  std::size_t tile_keys = 0;
 };
 
 // The path that runs for Tk keys: `reference` or `fused`, never `automatic`.
@@ -83,6 +87,7 @@ struct SdpaCache {
   // Fused path only (empty after a reference forward):
   Tensor4<T> out;  // (B,H,Tq,Dv) O, for D_i = rowsum(dO ⊙ O) in the backward
   Tensor3<T> lse;  // (B,H,Tq) log Σ_j exp(S_ij) over visible keys; -inf for a row with none
+  std::size_t tile_rows = 0, tile_keys = 0;  // the fused path's tiles, resolved
 
   bool has_weights() const { return p.size() != 0; }
 };
