@@ -36,6 +36,7 @@ namespace {
 template <class T>
 constexpr T kHidden = -std::numeric_limits<T>::infinity();
 
+// max over x[0..n), vectorised; NaN entries may be ignored (the caller checks where it matters).
 template <class T>
 T row_max(const T* x, std::size_t n) {
   using batch = xsimd::batch<T>;
@@ -147,7 +148,10 @@ void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& 
             T* row = sb.data() + r * t.bc;
             const T m_new = std::max(m[r], row_max(row, t.bc));
             if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
-              std::fill(row, row + t.bc, T(0));
+              // ... unless the row holds NaN (row_max ignores it): propagate, never hide it.
+              const bool has_nan = std::any_of(row, row + t.bc, [](T x) { return std::isnan(x); });
+              std::fill(row, row + t.bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+              if (has_nan) m[r] = l[r] = std::numeric_limits<T>::quiet_NaN();
               continue;
             }
             const T sum = exp_shifted_inplace(row, t.bc, m_new);  // P = exp(S − m'), hidden -> 0

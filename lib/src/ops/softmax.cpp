@@ -30,7 +30,8 @@ T exp_shifted_inplace(T* x, std::size_t n, T shift) {
 
 namespace {
 
-// max over x[0..n), vectorised; -inf for n = 0.
+// max over x[0..n), vectorised; -inf for n = 0. NaN entries may be ignored: callers check for NaN
+// where the max alone would hide it (a row of NaN and -inf).
 template <class T>
 T row_max(const T* x, std::size_t n) {
   using batch = xsimd::batch<T>;
@@ -86,11 +87,12 @@ void softmax_rows_forward(T* p, const T* s, std::size_t rows, std::size_t cols) 
   for (std::size_t r = 0; r < rows; ++r) {
     const T* src = s + r * cols;
     T* dst = p + r * cols;
-    const T max = row_max(src, cols);
+    const T max = row_max(src, cols);  // ignores NaN
     if (max == -std::numeric_limits<T>::infinity()) {
       // No visible entry (all -inf): the row contributes nothing, and never NaN. A NaN logit is
       // not caught here on purpose: it propagates, so that divergence is seen, not hidden.
-      std::fill(dst, dst + cols, T(0));
+      const bool has_nan = std::any_of(src, src + cols, [](T x) { return std::isnan(x); });
+      std::fill(dst, dst + cols, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
       continue;
     }
     if (dst != src) std::copy(src, src + cols, dst);
