@@ -299,10 +299,15 @@ TEST_CASE("sdpa path option: parse, print, and auto picks fused for long key seq
   CHECK_THROWS_WITH_AS(parse_sdpa_path("flash"),
                        "parse_sdpa_path: path expected reference|fused|auto, got 'flash'",
                        std::invalid_argument);
-  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys - 1) == SdpaPath::reference);
-  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys) == SdpaPath::fused);
-  CHECK(resolve_sdpa_path(SdpaPath::reference, 100000) == SdpaPath::reference);
-  CHECK(resolve_sdpa_path(SdpaPath::fused, 1) == SdpaPath::fused);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys - 1, false) ==
+        SdpaPath::reference);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys, false) == SdpaPath::fused);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeysCausal - 1, true) ==
+        SdpaPath::reference);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeysCausal, true) == SdpaPath::fused);
+  CHECK(kSdpaFusedMinKeysCausal <= kSdpaFusedMinKeys);
+  CHECK(resolve_sdpa_path(SdpaPath::reference, 100000, true) == SdpaPath::reference);
+  CHECK(resolve_sdpa_path(SdpaPath::fused, 1, false) == SdpaPath::fused);
   // Through the op: the cache records the path that ran.
   Rng rng(35);
   SdpaCache<float> cache;
@@ -311,7 +316,7 @@ TEST_CASE("sdpa path option: parse, print, and auto picks fused for long key seq
     const auto k = randn<float, 4>({1, 1, Tk, 4}, rng);
     const auto v = randn<float, 4>({1, 1, Tk, 4}, rng);
     sdpa_forward(cache, q, k, v);
-    CHECK(cache.path == resolve_sdpa_path(SdpaPath::automatic, Tk));
+    CHECK(cache.path == resolve_sdpa_path(SdpaPath::automatic, Tk, false));
     CHECK(cache.has_weights() == (cache.path == SdpaPath::reference));
   }
 }

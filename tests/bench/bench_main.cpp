@@ -26,14 +26,15 @@ struct GridPoint {
 
 // The grid of the issue, trimmed to run in minutes on 2 cores: B·H = 64 at T = 4096 is left out
 // (the reference path alone needs 4 GiB for P and about a minute per step), and 1 thread runs
-// D = 64 only.
+// D = 64 only. T = 512 (D = 64) is added: it places the `auto` threshold.
 std::vector<GridPoint> grid(bool quick) {
   std::vector<GridPoint> points;
   for (int threads : {2, 1}) {
     for (std::size_t bh : {8, 64}) {
-      for (std::size_t T : {64, 256, 1024, 4096}) {
+      for (std::size_t T : {64, 256, 512, 1024, 4096}) {
         for (std::size_t D : {16, 64, 128}) {
           if (bh == 64 && T == 4096) continue;
+          if (T == 512 && D != 64) continue;  // T = 512: evidence for the auto threshold only
           if (threads == 1 && D != 64) continue;
           if (quick && (T > 256 || D == 128 || threads == 1)) continue;
           points.push_back({bh, T, D, threads});
@@ -69,6 +70,13 @@ double lookup(const std::map<std::string, std::map<std::string, double>>& m, con
   if (it == m.end()) return -1;
   const auto v = it->second.find(variant);
   return v == it->second.end() ? -1 : v->second;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 std::string cpu_model() {
@@ -169,11 +177,13 @@ int main(int argc, char** argv) {
   if (train) register_train_benchmarks(quick);
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
+  std::printf("load average at start: %s\n", load_average().c_str());
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_table(reporter.seconds, points);
   if (train) print_train_table(reporter.seconds);
   if (memory) print_memory();
+  std::printf("load average at end: %s\n", load_average().c_str());
   benchmark::Shutdown();
   return 0;
 }
