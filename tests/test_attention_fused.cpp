@@ -13,6 +13,7 @@
 #include <xtensor/xbuilder.hpp>
 
 #include "attnlab/gradcheck.hpp"
+#include "attnlab/nn/multi_head_attention.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
@@ -319,4 +320,28 @@ TEST_CASE("sdpa path option: parse, print, and auto picks fused for long key seq
     CHECK(cache.path == resolve_sdpa_path(SdpaPath::automatic, Tk, false));
     CHECK(cache.has_weights() == (cache.path == SdpaPath::reference));
   }
+}
+
+TEST_CASE("MHA attention_weights after a fused forward equal the reference path's weights") {
+  AttentionConfig c;
+  c.d_model = 8;
+  c.heads = 2;
+  c.sdpa.causal = true;
+  c.learnable_scale = true;  // per-head scales reach the recomputation
+  Rng rng(36);
+  const std::size_t T = kSdpaFusedMinKeysCausal + 3;  // causal auto: the fused path
+  const auto x = randn<float, 3>({2, T, 8}, rng);
+  KeyMask mask = xt::ones<bool>({std::size_t{2}, T});
+  mask(1, 0) = false;
+  Rng init_a(1), init_b(1);
+  MultiHeadAttention<float> fused(c, init_a);
+  c.sdpa.path = SdpaPath::reference;
+  MultiHeadAttention<float> reference(c, init_b);
+  CHECK(fused.attention_weights().size() == 0);  // before any forward
+  const auto y_fused = fused.forward(x, &mask);
+  const auto y_ref = reference.forward(x, &mask);
+  CHECK(rel_error(y_fused, y_ref) < kFloatTol);
+  const auto p = fused.attention_weights();
+  REQUIRE(p.shape() == reference.attention_weights().shape());
+  CHECK(rel_error(p, reference.attention_weights()) < 1e-6);
 }
