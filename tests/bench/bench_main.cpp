@@ -131,16 +131,13 @@ void print_memory() {
   std::printf(
       "\nPeak extra heap of one forward+backward, B*H = 8, T = 4096, D = 64, 2 threads\n"
       "(inputs excluded; O, the cache and the gradients dq, dk, dv = 32 MiB included):\n");
-  double ref_bytes = 0;
   for (bool causal : {false, true}) {
     const double ref = static_cast<double>(attention_peak_bytes(s, SdpaPath::reference, causal));
     const double fused = static_cast<double>(attention_peak_bytes(s, SdpaPath::fused, causal));
-    if (!causal) ref_bytes = ref;
     std::printf(
         "  causal %-3s  reference %8.1f MiB   fused %8.1f MiB   fused / reference = 1/%.1f\n",
         causal ? "yes" : "no", ref / mib, fused / mib, ref / fused);
   }
-  (void)ref_bytes;
 }
 
 }  // namespace
