@@ -15,9 +15,18 @@ struct FusedPath {
   static constexpr SdpaPath value = SdpaPath::fused;
 };
 
-// Options with the path set.
+// Tiles of the fused path in the shared tests: tiny, so that even the small inputs of the
+// gradchecks and goldens cross row and key tile edges and run the online softmax across tiles.
+inline constexpr std::size_t kTestTileRows = 2;
+inline constexpr std::size_t kTestTileKeys = 3;
+
+// Options with the path set (and, for the fused path, the tiny test tiles).
 inline SdpaOptions with_path(SdpaOptions options, SdpaPath path) {
   options.path = path;
+  if (path == SdpaPath::fused) {
+    options.tile_rows = kTestTileRows;
+    options.tile_keys = kTestTileKeys;
+  }
   return options;
 }
 

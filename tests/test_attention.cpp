@@ -71,7 +71,7 @@ GradcheckReport gradcheck_sdpa(const Shape4& s, SdpaOptions options, const KeyMa
 
 void expect_gradcheck(const Shape4& s, SdpaOptions options, SdpaPath path,
                       const KeyMask* mask = nullptr) {
-  options.path = path;
+  options = with_path(options, path);
   const auto report = gradcheck_sdpa(s, options, mask);
   INFO(report.table());
   CHECK(report.max_rel_error() <= kGradTol);
@@ -168,6 +168,30 @@ TEST_CASE_TEMPLATE("sdpa: a query row with no visible key gives zeros, never NaN
   // The visible batch is a proper distribution.
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK(p(0, 0, i, 0) + p(0, 0, i, 1) + p(0, 0, i, 3) == doctest::Approx(1.0).epsilon(1e-14));
+  }
+}
+
+TEST_CASE_TEMPLATE("sdpa: a NaN query propagates to its output row, never hidden", TestType,
+                   ReferencePath, FusedPath) {
+  Rng rng(13);
+  auto q = randn<double, 4>({1, 1, 4, 3}, rng);
+  const auto k = randn<double, 4>({1, 1, 5, 3}, rng);
+  const auto v = randn<double, 4>({1, 1, 5, 2}, rng);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (std::size_t d = 0; d < 3; ++d) q(0, 0, 1, d) = nan;  // every score of row 1 is NaN
+  q(0, 0, 2, 0) = nan;                                      // and every score of row 2
+  SdpaOptions options = with_path({}, TestType::value);
+  SUBCASE("no mask") {}
+  SUBCASE("causal") {
+    options.causal = true;
+  }
+  SdpaCache<double> cache;
+  const auto out = sdpa_forward(cache, q, k, v, options);
+  for (std::size_t c = 0; c < 2; ++c) {
+    CHECK(std::isnan(out(0, 0, 1, c)));
+    CHECK(std::isnan(out(0, 0, 2, c)));
+    CHECK(std::isfinite(out(0, 0, 0, c)));
+    CHECK(std::isfinite(out(0, 0, 3, c)));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <xtensor/xbuilder.hpp>
 
 #include "attnlab/gradcheck.hpp"
+#include "attnlab/nn/multi_head_attention.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
@@ -31,7 +32,7 @@ constexpr double kGradTol = 1e-7;  // the suite's gradcheck tolerance (double, c
 enum class MaskKind {
   none,
   random,  // each key visible with probability ~3/4, and batch 0 sees no key at all
-  prefix   // batch 0 hides the first 260 keys (more than one key tile), later batches are random
+  prefix   // batch 0 hides the first `hidden_prefix` keys (more than one key tile), others random
 };
 
 struct Case {
@@ -40,9 +41,12 @@ struct Case {
   bool causal;
   MaskKind mask;
   bool head_scale;
+  std::size_t tile_rows, tile_keys;  // 0: the tuned default (128 x 512)
+  std::size_t hidden_prefix = 0;
 };
 
-KeyMask make_mask(MaskKind kind, std::size_t B, std::size_t Tk, Rng& rng) {
+KeyMask make_mask(MaskKind kind, std::size_t B, std::size_t Tk, Rng& rng,
+                  std::size_t hidden_prefix = 0) {
   KeyMask mask = xt::ones<bool>({B, Tk});
   if (kind == MaskKind::none) return mask;
   const auto u = randn<double, 2>({B, Tk}, rng);
@@ -50,7 +54,7 @@ KeyMask make_mask(MaskKind kind, std::size_t B, std::size_t Tk, Rng& rng) {
     for (std::size_t j = 0; j < Tk; ++j) mask(b, j) = u(b, j) > -0.67;  // P(visible) ≈ 0.75
   }
   for (std::size_t j = 0; j < Tk; ++j) {
-    mask(0, j) = kind == MaskKind::prefix ? j >= 260 : false;
+    mask(0, j) = kind == MaskKind::prefix ? j >= hidden_prefix : false;
   }
   return mask;
 }
@@ -102,19 +106,26 @@ Tensor4<float> to_float(const Tensor4<double>& x) {
 }  // namespace
 
 TEST_CASE("sdpa fused vs reference: float agreement over tiles, masks and odd sizes") {
-  // The fused path tiles 64 query rows x 256 keys: these sizes straddle both tile edges.
+  // Small tiles (16 x 32) cross many tile edges on small inputs; the default tiles (128 x 512) get
+  // sizes that straddle their edges. Tq and Tk are not multiples of the tiles.
   const Case cases[] = {
-      {"300 x 300, several key tiles", 2, 2, 300, 300, 16, 16, false, MaskKind::none, false},
-      {"300 x 300 causal", 2, 2, 300, 300, 16, 16, true, MaskKind::none, false},
-      {"Tq 65, Tk 517, D = 1", 1, 3, 65, 517, 1, 3, false, MaskKind::none, false},
-      {"causal, Tq 600 > Tk 300", 1, 2, 600, 300, 8, 5, true, MaskKind::none, false},
-      {"causal, Tq 70 < Tk 513", 1, 2, 70, 513, 8, 8, true, MaskKind::none, false},
-      {"key mask with an empty batch", 3, 2, 257, 257, 32, 24, false, MaskKind::random, false},
-      {"key mask and causal", 3, 2, 257, 257, 32, 24, true, MaskKind::random, false},
-      {"first key tile hidden", 2, 1, 300, 300, 8, 8, false, MaskKind::prefix, false},
-      {"first key tile hidden, causal", 2, 1, 300, 300, 8, 8, true, MaskKind::prefix, false},
-      {"per-head scale", 2, 3, 129, 300, 64, 64, true, MaskKind::none, true},
-      {"1 x 1, D = 1", 1, 1, 1, 1, 1, 1, false, MaskKind::none, false},
+      {"several row and key tiles", 2, 2, 75, 101, 16, 16, false, MaskKind::none, false, 16, 32},
+      {"causal, Tq == Tk", 2, 2, 101, 101, 16, 16, true, MaskKind::none, false, 16, 32},
+      {"Tq 65, Tk 157, D = 1", 1, 3, 65, 157, 1, 3, false, MaskKind::none, false, 16, 32},
+      {"causal, Tq 90 > Tk 45", 1, 2, 90, 45, 8, 5, true, MaskKind::none, false, 16, 32},
+      {"causal, Tq 20 < Tk 99", 1, 2, 20, 99, 8, 8, true, MaskKind::none, false, 16, 32},
+      {"key mask with an empty batch", 3, 2, 77, 77, 32, 24, false, MaskKind::random, false, 16,
+       32},
+      {"key mask and causal", 3, 2, 77, 77, 32, 24, true, MaskKind::random, false, 16, 32},
+      {"first key tiles hidden", 2, 1, 70, 90, 8, 8, false, MaskKind::prefix, false, 16, 32, 40},
+      {"first key tiles hidden, causal", 2, 1, 70, 90, 8, 8, true, MaskKind::prefix, false, 16, 32,
+       40},
+      {"per-head scale", 2, 3, 50, 70, 64, 64, true, MaskKind::none, true, 16, 32},
+      {"1 x 1, D = 1", 1, 1, 1, 1, 1, 1, false, MaskKind::none, false, 16, 32},
+      {"tiles of one row and one key", 1, 2, 9, 7, 3, 2, true, MaskKind::random, false, 1, 1},
+      {"default tiles, Tq 130, Tk 600", 1, 2, 130, 600, 16, 16, false, MaskKind::none, false, 0, 0},
+      {"default tiles, causal 600 x 600", 1, 1, 600, 600, 16, 16, true, MaskKind::prefix, false, 0,
+       0, 530},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -123,10 +134,12 @@ TEST_CASE("sdpa fused vs reference: float agreement over tiles, masks and odd si
     const auto kd = randn<double, 4>({c.B, c.H, c.Tk, c.D}, rng);
     const auto vd = randn<double, 4>({c.B, c.H, c.Tk, c.Dv}, rng);
     const auto dod = randn<double, 4>({c.B, c.H, c.Tq, c.Dv}, rng);
-    const KeyMask mask = make_mask(c.mask, c.B, c.Tk, rng);
+    const KeyMask mask = make_mask(c.mask, c.B, c.Tk, rng, c.hidden_prefix);
     const KeyMask* mask_ptr = c.mask == MaskKind::none ? nullptr : &mask;
     SdpaOptions options;
     options.causal = c.causal;
+    options.tile_rows = c.tile_rows;
+    options.tile_keys = c.tile_keys;
     if (c.head_scale) {
       for (std::size_t h = 0; h < c.H; ++h) options.head_scale.push_back(0.05 + 0.1 * h);
     }
@@ -156,8 +169,8 @@ TEST_CASE("sdpa fused vs reference: float agreement over tiles, masks and odd si
         CHECK(got == doctest::Approx(expected).epsilon(1e-5).scale(1.0));
       }
     }
-    // An empty row (batch 0 under the random mask, rows before key 260 under the prefix mask with
-    // causal) has O = 0 and dQ = 0 exactly, as on the reference path.
+    // An empty row (batch 0 under the random mask, rows before the first visible key under the
+    // prefix mask with causal) has O = 0 and dQ = 0 exactly, as on the reference path.
     if (c.mask != MaskKind::none) {
       for (std::size_t i = 0; i < c.Tq; ++i) {
         if (!std::isinf(lse(0, 0, i))) continue;
@@ -196,18 +209,21 @@ double weighted_sum(const Tensor4<double>& o, const Tensor4<double>& r) {
 }
 }  // namespace
 
-TEST_CASE("sdpa fused gradcheck: several row and key tiles, causal, hidden first key tile") {
-  // Tq = 300 and Tk = 280: 5 row tiles and 2 key tiles; batch 0 hides keys 0..259, so its rows
-  // start from lse = -inf in the first key tile (and, with causal, rows < 260 stay empty).
-  const std::size_t B = 2, H = 1, Tq = 300, Tk = 280, D = 2, Dv = 2;
+TEST_CASE("sdpa fused gradcheck: several row and key tiles, causal, hidden first key tiles") {
+  // Tiles of 8 rows x 16 keys: Tq = 43 and Tk = 37 give 6 row tiles and 3 key tiles; batch 0 hides
+  // keys 0..19, so its rows start from lse = -inf in the first key tile (and, with causal, rows
+  // < 20 stay empty).
+  const std::size_t B = 2, H = 1, Tq = 43, Tk = 37, D = 3, Dv = 2;
   Rng rng(33);
   auto q = randn<double, 4>({B, H, Tq, D}, rng);
   auto k = randn<double, 4>({B, H, Tk, D}, rng);
   auto v = randn<double, 4>({B, H, Tk, Dv}, rng);
   const auto r = randn<double, 4>({B, H, Tq, Dv}, rng);
-  const KeyMask mask = make_mask(MaskKind::prefix, B, Tk, rng);
+  const KeyMask mask = make_mask(MaskKind::prefix, B, Tk, rng, 20);
   SdpaOptions options;
   options.path = SdpaPath::fused;
+  options.tile_rows = 8;
+  options.tile_keys = 16;
   SUBCASE("not causal") {}
   SUBCASE("causal") {
     options.causal = true;
@@ -254,6 +270,8 @@ TEST_CASE("sdpa: 1 and 2 threads agree, and a fixed thread count is bit-identica
   SdpaOptions options;
   options.causal = true;
   options.head_scale = {0.2, 0.3};
+  options.tile_rows = 32;  // several tiles per slice
+  options.tile_keys = 64;
   for (SdpaPath path : {SdpaPath::reference, SdpaPath::fused}) {
     CAPTURE(std::string(to_string(path)));
     set_num_threads(1);
@@ -282,10 +300,15 @@ TEST_CASE("sdpa path option: parse, print, and auto picks fused for long key seq
   CHECK_THROWS_WITH_AS(parse_sdpa_path("flash"),
                        "parse_sdpa_path: path expected reference|fused|auto, got 'flash'",
                        std::invalid_argument);
-  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys - 1) == SdpaPath::reference);
-  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys) == SdpaPath::fused);
-  CHECK(resolve_sdpa_path(SdpaPath::reference, 100000) == SdpaPath::reference);
-  CHECK(resolve_sdpa_path(SdpaPath::fused, 1) == SdpaPath::fused);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys - 1, false) ==
+        SdpaPath::reference);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeys, false) == SdpaPath::fused);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeysCausal - 1, true) ==
+        SdpaPath::reference);
+  CHECK(resolve_sdpa_path(SdpaPath::automatic, kSdpaFusedMinKeysCausal, true) == SdpaPath::fused);
+  CHECK(kSdpaFusedMinKeysCausal <= kSdpaFusedMinKeys);
+  CHECK(resolve_sdpa_path(SdpaPath::reference, 100000, true) == SdpaPath::reference);
+  CHECK(resolve_sdpa_path(SdpaPath::fused, 1, false) == SdpaPath::fused);
   // Through the op: the cache records the path that ran.
   Rng rng(35);
   SdpaCache<float> cache;
@@ -294,7 +317,31 @@ TEST_CASE("sdpa path option: parse, print, and auto picks fused for long key seq
     const auto k = randn<float, 4>({1, 1, Tk, 4}, rng);
     const auto v = randn<float, 4>({1, 1, Tk, 4}, rng);
     sdpa_forward(cache, q, k, v);
-    CHECK(cache.path == resolve_sdpa_path(SdpaPath::automatic, Tk));
+    CHECK(cache.path == resolve_sdpa_path(SdpaPath::automatic, Tk, false));
     CHECK(cache.has_weights() == (cache.path == SdpaPath::reference));
   }
+}
+
+TEST_CASE("MHA attention_weights after a fused forward equal the reference path's weights") {
+  AttentionConfig c;
+  c.d_model = 8;
+  c.heads = 2;
+  c.sdpa.causal = true;
+  c.learnable_scale = true;  // per-head scales reach the recomputation
+  Rng rng(36);
+  const std::size_t T = kSdpaFusedMinKeysCausal + 3;  // causal auto: the fused path
+  const auto x = randn<float, 3>({2, T, 8}, rng);
+  KeyMask mask = xt::ones<bool>({std::size_t{2}, T});
+  mask(1, 0) = false;
+  Rng init_a(1), init_b(1);
+  MultiHeadAttention<float> fused(c, init_a);
+  c.sdpa.path = SdpaPath::reference;
+  MultiHeadAttention<float> reference(c, init_b);
+  CHECK(fused.attention_weights().size() == 0);  // before any forward
+  const auto y_fused = fused.forward(x, &mask);
+  const auto y_ref = reference.forward(x, &mask);
+  CHECK(rel_error(y_fused, y_ref) < kFloatTol);
+  const auto p = fused.attention_weights();
+  REQUIRE(p.shape() == reference.attention_weights().shape());
+  CHECK(rel_error(p, reference.attention_weights()) < 1e-6);
 }

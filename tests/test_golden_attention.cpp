@@ -30,8 +30,7 @@ TEST_CASE_TEMPLATE("golden: sdpa forward and backward match PyTorch", TestType, 
     const std::string name = c.at("name");
     CAPTURE(name);
     const auto& config = c.at("config");
-    SdpaOptions options;
-    options.path = TestType::value;
+    SdpaOptions options = attnlab::test::with_path({}, TestType::value);
     options.scaling = parse_scaling(config.at("scaling").get<std::string>());
     if (!config.at("scale").is_null()) options.scale = config.at("scale").get<double>();
     options.causal = config.at("causal").get<bool>();

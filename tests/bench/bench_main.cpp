@@ -2,7 +2,9 @@
 // compact table (times of the GEMM floor and ratios attention / floor), the peak memory of
 // attention at T = 4096, and the training-step figures. Google Benchmark flags pass through
 // (e.g. --benchmark_filter=fwdbwd/.*/T:256, --benchmark_min_time=0.1).
-// Own flags: --quick (a small grid, for a smoke run), --no-memory, --no-train.
+// Own flags: --quick (a small grid, for a smoke run), --cpu-time (time with the process CPU
+// clock), --no-memory, --no-train.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,14 +26,15 @@ struct GridPoint {
 
 // The grid of the issue, trimmed to run in minutes on 2 cores: B·H = 64 at T = 4096 is left out
 // (the reference path alone needs 4 GiB for P and about a minute per step), and 1 thread runs
-// D = 64 only.
+// D = 64 only. T = 512 (D = 64) is added: it places the `auto` threshold.
 std::vector<GridPoint> grid(bool quick) {
   std::vector<GridPoint> points;
   for (int threads : {2, 1}) {
     for (std::size_t bh : {8, 64}) {
-      for (std::size_t T : {64, 256, 1024, 4096}) {
+      for (std::size_t T : {64, 256, 512, 1024, 4096}) {
         for (std::size_t D : {16, 64, 128}) {
           if (bh == 64 && T == 4096) continue;
+          if (T == 512 && D != 64) continue;  // T = 512: evidence for the auto threshold only
           if (threads == 1 && D != 64) continue;
           if (quick && (T > 256 || D == 128 || threads == 1)) continue;
           points.push_back({bh, T, D, threads});
@@ -42,25 +45,38 @@ std::vector<GridPoint> grid(bool quick) {
   return points;
 }
 
-// Collects seconds per iteration by benchmark name, prints one line per run on stderr.
+// Collects the per-variant minimum seconds of each grid point, prints one line per point on stderr.
 class TableReporter : public benchmark::BenchmarkReporter {
  public:
-  std::map<std::string, double> seconds;
+  std::map<std::string, std::map<std::string, double>> seconds;  // name -> variant -> s
   bool ReportContext(const Context&) override { return true; }
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-      const double s = run.real_accumulated_time / static_cast<double>(run.iterations);
-      seconds[run.run_name.function_name] = s;
-      std::fprintf(stderr, "  %-48s %10.3f ms  (%lld it)\n", run.run_name.function_name.c_str(),
-                   s * 1e3, static_cast<long long>(run.iterations));
+      auto& entry = seconds[run.run_name.function_name];
+      std::fprintf(stderr, "  %-32s", run.run_name.function_name.c_str());
+      for (const auto& [name, counter] : run.counters) {
+        entry[name] = counter.value;
+        std::fprintf(stderr, " %s %.3f ms", name.c_str(), counter.value * 1e3);
+      }
+      std::fprintf(stderr, "  (%lld it)\n", static_cast<long long>(run.iterations));
     }
   }
 };
 
-double lookup(const std::map<std::string, double>& m, const Shape& s) {
+double lookup(const std::map<std::string, std::map<std::string, double>>& m, const Shape& s,
+              const std::string& variant) {
   const auto it = m.find(name_of(s));
-  return it == m.end() ? -1 : it->second;
+  if (it == m.end()) return -1;
+  const auto v = it->second.find(variant);
+  return v == it->second.end() ? -1 : v->second;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 std::string cpu_model() {
@@ -72,28 +88,28 @@ std::string cpu_model() {
   return "unknown";
 }
 
-void print_table(const std::map<std::string, double>& t, const std::vector<GridPoint>& points) {
+void print_table(const std::map<std::string, std::map<std::string, double>>& t,
+                 const std::vector<GridPoint>& points) {
   std::printf(
       "\nSDPA, float: GEMM floor in ms, then attention / floor (fwd = forward, "
       "f+b = forward+backward; ref = reference path, fused = fused path)\n");
   std::printf("%3s %4s %5s %4s %3s | %9s %6s %6s | %9s %6s %6s\n", "thr", "B*H", "T", "D", "cau",
               "fwd floor", "ref", "fused", "f+b floor", "ref", "fused");
   for (const GridPoint& p : points) {
-    const Shape any_floor{Op::forward, Variant::floor, p.bh, p.T, p.D, false, p.threads};
-    const Shape any_fb{Op::forward_backward, Variant::floor, p.bh, p.T, p.D, false, p.threads};
-    if (lookup(t, any_floor) <= 0 && lookup(t, any_fb) <= 0) continue;  // filtered out
+    const Shape fwd{Op::forward, p.bh, p.T, p.D, p.threads};
+    const Shape fb{Op::forward_backward, p.bh, p.T, p.D, p.threads};
+    if (lookup(t, fwd, "floor") <= 0 && lookup(t, fb, "floor") <= 0) continue;  // filtered out
     for (bool causal : {false, true}) {
       std::printf("%3d %4zu %5zu %4zu %3s |", p.threads, p.bh, p.T, p.D, causal ? "yes" : "no");
-      for (Op op : {Op::forward, Op::forward_backward}) {
-        const double floor = lookup(t, {op, Variant::floor, p.bh, p.T, p.D, false, p.threads});
-        const double ref = lookup(t, {op, Variant::reference, p.bh, p.T, p.D, causal, p.threads});
-        const double fused = lookup(t, {op, Variant::fused, p.bh, p.T, p.D, causal, p.threads});
+      for (const Shape& s : {fwd, fb}) {
+        const double floor = lookup(t, s, "floor");
         if (floor <= 0) {
           std::printf(" %9s %6s %6s |", "-", "-", "-");
           continue;
         }
         std::printf(" %9.3f", floor * 1e3);
-        for (double x : {ref, fused}) {
+        for (const char* path : {"ref", "fused"}) {
+          const double x = lookup(t, s, std::string(path) + (causal ? "_causal" : ""));
           if (x > 0) {
             std::printf(" %6.2f", x / floor);
           } else {
@@ -108,25 +124,20 @@ void print_table(const std::map<std::string, double>& t, const std::vector<GridP
 }
 
 void print_memory() {
-  const Shape s{Op::forward_backward, Variant::fused, 8, 4096, 64, false, 2};
-  attention_peak_bytes({Op::forward_backward, Variant::fused, 8, 64, 64, false, 2},
-                       SdpaPath::fused);  // warm up the thread pool outside the measurement
+  const Shape s{Op::forward_backward, 8, 4096, 64, 2};
+  // Warm up the thread pool outside the measurement.
+  attention_peak_bytes({Op::forward_backward, 8, 64, 64, 2}, SdpaPath::fused, false);
   const double mib = 1024.0 * 1024.0;
   std::printf(
       "\nPeak extra heap of one forward+backward, B*H = 8, T = 4096, D = 64, 2 threads\n"
       "(inputs excluded; O, the cache and the gradients dq, dk, dv = 32 MiB included):\n");
-  double ref_bytes = 0;
   for (bool causal : {false, true}) {
-    Shape c = s;
-    c.causal = causal;
-    const double ref = static_cast<double>(attention_peak_bytes(c, SdpaPath::reference));
-    const double fused = static_cast<double>(attention_peak_bytes(c, SdpaPath::fused));
-    if (!causal) ref_bytes = ref;
+    const double ref = static_cast<double>(attention_peak_bytes(s, SdpaPath::reference, causal));
+    const double fused = static_cast<double>(attention_peak_bytes(s, SdpaPath::fused, causal));
     std::printf(
         "  causal %-3s  reference %8.1f MiB   fused %8.1f MiB   fused / reference = 1/%.1f\n",
         causal ? "yes" : "no", ref / mib, fused / mib, ref / fused);
   }
-  (void)ref_bytes;
 }
 
 }  // namespace
@@ -139,6 +150,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
+      use_cpu_time(true);
     } else if (std::strcmp(argv[i], "--no-memory") == 0) {
       memory = false;
     } else if (std::strcmp(argv[i], "--no-train") == 0) {
@@ -152,25 +165,22 @@ int main(int argc, char** argv) {
   const auto points = grid(quick);
   for (const GridPoint& p : points) {
     for (Op op : {Op::forward, Op::forward_backward}) {
-      for (Variant variant : {Variant::floor, Variant::reference, Variant::fused}) {
-        for (bool causal : {false, true}) {
-          if (variant == Variant::floor && causal) continue;
-          const Shape s{op, variant, p.bh, p.T, p.D, causal, p.threads};
-          benchmark::RegisterBenchmark(name_of(s).c_str(), bench_attention, s)
-              ->UseRealTime()
-              ->Unit(benchmark::kMillisecond);
-        }
-      }
+      const Shape s{op, p.bh, p.T, p.D, p.threads};
+      benchmark::RegisterBenchmark(name_of(s).c_str(), bench_attention, s)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     }
   }
   if (train) register_train_benchmarks(quick);
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
+  std::printf("load average at start: %s\n", load_average().c_str());
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_table(reporter.seconds, points);
   if (train) print_train_table(reporter.seconds);
   if (memory) print_memory();
+  std::printf("load average at end: %s\n", load_average().c_str());
   benchmark::Shutdown();
   return 0;
 }

@@ -7,6 +7,6 @@
 namespace attnlab::bench {
 
 void register_train_benchmarks(bool quick);
-void print_train_table(const std::map<std::string, double>& seconds);
+void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds);
 
 }  // namespace attnlab::bench

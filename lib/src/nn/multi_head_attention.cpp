@@ -121,6 +121,15 @@ std::vector<double> MultiHeadAttention<T>::head_scales() const {
 }
 
 template <class T>
+Tensor4<T> MultiHeadAttention<T>::attention_weights() const {
+  if (sdpa_cache_.has_weights() || q_.size() == 0) return sdpa_cache_.p;
+  SdpaOptions options = config_.sdpa;
+  options.head_scale.assign(sdpa_cache_.scale.begin(), sdpa_cache_.scale.end());
+  return sdpa_weights<T>(q_, k_, options,
+                         sdpa_cache_.has_key_mask ? &sdpa_cache_.key_mask : nullptr);
+}
+
+template <class T>
 Tensor4<T> MultiHeadAttention<T>::attention_scores() const {
   if (q_.size() == 0) {
     throw std::logic_error("MultiHeadAttention::attention_scores: called before forward");

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include <xtensor/xarray.hpp>
@@ -53,9 +54,10 @@ SdpaPath parse_sdpa_path(std::string_view text) {
                               std::string(text) + "'");
 }
 
-SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk) {
+SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk, bool causal) {
   if (path != SdpaPath::automatic) return path;
-  return Tk >= kSdpaFusedMinKeys ? SdpaPath::fused : SdpaPath::reference;
+  return Tk >= (causal ? kSdpaFusedMinKeysCausal : kSdpaFusedMinKeys) ? SdpaPath::fused
+                                                                      : SdpaPath::reference;
 }
 
 double scaling_factor(Scaling mode, std::size_t d) {
@@ -172,9 +174,11 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
   cache.causal = options.causal;
   cache.has_key_mask = key_mask != nullptr;
   cache.key_mask = key_mask ? *key_mask : KeyMask();
-  cache.path = resolve_sdpa_path(options.path, Tk);
+  cache.path = resolve_sdpa_path(options.path, Tk, options.causal);
   Tensor4<T> out({B, H, Tq, Dv});
   if (cache.path == SdpaPath::fused) {
+    cache.tile_rows = options.tile_rows ? options.tile_rows : detail::kFusedRowBlock;
+    cache.tile_keys = options.tile_keys ? options.tile_keys : detail::kFusedKeyBlock;
     cache.p = Tensor4<T>();  // not materialised: has_weights() is false
     detail::sdpa_fused_forward(out, cache, q, k, v);
     return out;
@@ -228,7 +232,8 @@ void reference_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Tens
   const auto bh_count = static_cast<std::ptrdiff_t>(B * H);
 #pragma omp parallel num_threads(num_threads())
   {
-    std::vector<T> ds(Tq * Tk);  // per-thread scratch: dP, then dS in place
+    // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
+    const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
       const std::size_t h = static_cast<std::size_t>(bh) % H;
@@ -244,13 +249,13 @@ void reference_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Tens
       // dV = Pᵀ dO                                     (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
       blas::gemm<T>(true, false, n, dv, m, T(1), pp, n, dop, dv, T(0), dvp, dv);
       // dP = dO Vᵀ                                     (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-      blas::gemm<T>(false, true, m, n, dv, T(1), dop, dv, vp, dv, T(0), ds.data(), n);
+      blas::gemm<T>(false, true, m, n, dv, T(1), dop, dv, vp, dv, T(0), ds.get(), n);
       // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
-      softmax_rows_backward(ds.data(), ds.data(), pp, Tq, Tk);
+      softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
       // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
-      blas::gemm<T>(false, false, m, d, n, s, ds.data(), n, kp, d, T(0), dqp, d);
+      blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
       // dK = s · dSᵀ Q                                 (Tk,Tq) x (Tq,D) -> (Tk,D)
-      blas::gemm<T>(true, false, n, d, m, s, ds.data(), n, qp, d, T(0), dkp, d);
+      blas::gemm<T>(true, false, n, d, m, s, ds.get(), n, qp, d, T(0), dkp, d);
       // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
       T acc = 0;
       for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];

@@ -36,6 +36,7 @@ namespace {
 template <class T>
 constexpr T kHidden = -std::numeric_limits<T>::infinity();
 
+// max over x[0..n), vectorised; NaN entries may be ignored (the caller checks where it matters).
 template <class T>
 T row_max(const T* x, std::size_t n) {
   using batch = xsimd::batch<T>;
@@ -51,6 +52,20 @@ T row_max(const T* x, std::size_t n) {
   }
   for (; i < n; ++i) m = std::max(m, x[i]);
   return m;
+}
+
+// x[c] = p[c] * (x[c] − shift), vectorised: dS = P ⊙ (dP − D_i) in place of dP.
+template <class T>
+void subtract_times(T* x, const T* p, T shift, std::size_t n) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  const batch shift_b(shift);
+  std::size_t c = 0;
+  for (; c + width <= n; c += width) {
+    (batch::load_unaligned(p + c) * (batch::load_unaligned(x + c) - shift_b))
+        .store_unaligned(x + c);
+  }
+  for (; c < n; ++c) x[c] = p[c] * (x[c] - shift);
 }
 
 // One tile's geometry: rows [i0, i0 + br) of the slice, keys [j0, j0 + bc).
@@ -96,13 +111,14 @@ template <class T>
 void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& q,
                         const Tensor4<T>& k, const Tensor4<T>& v) {
   const std::size_t H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D, Dv = cache.Dv;
+  const std::size_t tile_rows = cache.tile_rows, tile_keys = cache.tile_keys;
   cache.lse.resize({cache.B, H, Tq});
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
   const auto bh_count = static_cast<std::ptrdiff_t>(cache.B * H);
 #pragma omp parallel num_threads(num_threads())
   {
-    std::vector<T> sb(kFusedRowBlock * kFusedKeyBlock);   // (Br,Bc) tile: S, then P in place
-    std::vector<T> m(kFusedRowBlock), l(kFusedRowBlock);  // (Br,) running max and sum
+    std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) S, then P
+    std::vector<T> m(tile_rows), l(tile_rows);  // (Br,) running max and sum
     std::vector<T> key_bias(cache.has_key_mask ? Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
@@ -115,14 +131,14 @@ void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& 
       T* lsep = cache.lse.data() + bh * Tq;
       if (cache.has_key_mask) fill_key_bias(key_bias, cache.key_mask, b);
       const T* bias = cache.has_key_mask ? key_bias.data() : nullptr;
-      for (std::size_t i0 = 0; i0 < Tq; i0 += kFusedRowBlock) {
-        const std::size_t br = std::min(kFusedRowBlock, Tq - i0);
+      for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
+        const std::size_t br = std::min(tile_rows, Tq - i0);
         const std::size_t keys = visible_keys(Tk, cache.causal, i0, br);
         std::fill(m.begin(), m.end(), kHidden<T>);
         std::fill(l.begin(), l.end(), T(0));
         T* o_i = op + i0 * Dv;
-        for (std::size_t j0 = 0; j0 < keys; j0 += kFusedKeyBlock) {
-          const Tile t{i0, br, j0, std::min(kFusedKeyBlock, keys - j0)};
+        for (std::size_t j0 = 0; j0 < keys; j0 += tile_keys) {
+          const Tile t{i0, br, j0, std::min(tile_keys, keys - j0)};
           const int rows = static_cast<int>(br), cols = static_cast<int>(t.bc);
           // S = s · Q_i K_jᵀ                           (Br,D) x (D,Bc) -> (Br,Bc)
           blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
@@ -132,7 +148,10 @@ void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& 
             T* row = sb.data() + r * t.bc;
             const T m_new = std::max(m[r], row_max(row, t.bc));
             if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
-              std::fill(row, row + t.bc, T(0));
+              // ... unless the row holds NaN (row_max ignores it): propagate, never hide it.
+              const bool has_nan = std::any_of(row, row + t.bc, [](T x) { return std::isnan(x); });
+              std::fill(row, row + t.bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+              if (has_nan) m[r] = l[r] = std::numeric_limits<T>::quiet_NaN();
               continue;
             }
             const T sum = exp_shifted_inplace(row, t.bc, m_new);  // P = exp(S − m'), hidden -> 0
@@ -172,13 +191,14 @@ void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Ten
                          const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                          const Tensor4<T>& v) {
   const std::size_t H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D, Dv = cache.Dv;
+  const std::size_t tile_rows = cache.tile_rows, tile_keys = cache.tile_keys;
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
   const auto bh_count = static_cast<std::ptrdiff_t>(cache.B * H);
 #pragma omp parallel num_threads(num_threads())
   {
-    std::vector<T> sb(kFusedRowBlock * kFusedKeyBlock);   // (Br,Bc) S, then P
-    std::vector<T> dpb(kFusedRowBlock * kFusedKeyBlock);  // (Br,Bc) dP, then dS
-    std::vector<T> delta(Tq);                             // (Tq,) D_i = rowsum(dO ⊙ O)
+    std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));   // (Br,Bc) S, then P
+    std::vector<T> dpb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) dP, then dS
+    std::vector<T> delta(Tq);  // (Tq,) D_i = rowsum(dO ⊙ O)
     std::vector<T> key_bias(cache.has_key_mask ? Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
@@ -203,12 +223,12 @@ void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Ten
       }
       if (cache.has_key_mask) fill_key_bias(key_bias, cache.key_mask, b);
       const T* bias = cache.has_key_mask ? key_bias.data() : nullptr;
-      for (std::size_t i0 = 0; i0 < Tq; i0 += kFusedRowBlock) {
-        const std::size_t br = std::min(kFusedRowBlock, Tq - i0);
+      for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
+        const std::size_t br = std::min(tile_rows, Tq - i0);
         const std::size_t keys = visible_keys(Tk, cache.causal, i0, br);
         const int rows = static_cast<int>(br);
-        for (std::size_t j0 = 0; j0 < keys; j0 += kFusedKeyBlock) {
-          const Tile t{i0, br, j0, std::min(kFusedKeyBlock, keys - j0)};
+        for (std::size_t j0 = 0; j0 < keys; j0 += tile_keys) {
+          const Tile t{i0, br, j0, std::min(tile_keys, keys - j0)};
           const int cols = static_cast<int>(t.bc);
           // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
           blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
@@ -231,10 +251,7 @@ void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Ten
                         T(0), dpb.data(), cols);
           // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
           for (std::size_t r = 0; r < br; ++r) {
-            const T* p_row = sb.data() + r * t.bc;
-            T* ds_row = dpb.data() + r * t.bc;
-            const T delta_r = delta[i0 + r];
-            for (std::size_t c = 0; c < t.bc; ++c) ds_row[c] = p_row[c] * (ds_row[c] - delta_r);
+            subtract_times(dpb.data() + r * t.bc, sb.data() + r * t.bc, delta[i0 + r], t.bc);
           }
           // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
           blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),

@@ -28,34 +28,95 @@ T exp_shifted_inplace(T* x, std::size_t n, T shift) {
   return sum;
 }
 
+namespace {
+
+// max over x[0..n), vectorised; -inf for n = 0. NaN entries may be ignored: callers check for NaN
+// where the max alone would hide it (a row of NaN and -inf).
+template <class T>
+T row_max(const T* x, std::size_t n) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  T m = -std::numeric_limits<T>::infinity();
+  std::size_t i = 0;
+  if (n >= width) {
+    batch acc = batch::load_unaligned(x);
+    for (i = width; i + width <= n; i += width) acc = xsimd::max(acc, batch::load_unaligned(x + i));
+    alignas(64) T lanes[width];
+    acc.store_aligned(lanes);
+    m = *std::max_element(lanes, lanes + width);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// x[i] *= factor, vectorised.
+template <class T>
+void scale_inplace(T* x, std::size_t n, T factor) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  const batch f(factor);
+  std::size_t i = 0;
+  for (; i + width <= n; i += width) (batch::load_unaligned(x + i) * f).store_unaligned(x + i);
+  for (; i < n; ++i) x[i] *= factor;
+}
+
+// Σ a[i] b[i], vectorised (lane-wise partial sums, then a horizontal add).
+template <class T>
+T dot(const T* a, const T* b, std::size_t n) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  batch acc0(T(0)), acc1(T(0));
+  std::size_t i = 0;
+  for (; i + 2 * width <= n; i += 2 * width) {
+    acc0 = xsimd::fma(batch::load_unaligned(a + i), batch::load_unaligned(b + i), acc0);
+    acc1 = xsimd::fma(batch::load_unaligned(a + i + width), batch::load_unaligned(b + i + width),
+                      acc1);
+  }
+  for (; i + width <= n; i += width) {
+    acc0 = xsimd::fma(batch::load_unaligned(a + i), batch::load_unaligned(b + i), acc0);
+  }
+  T sum = xsimd::hadd(acc0 + acc1);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
 template <class T>
 void softmax_rows_forward(T* p, const T* s, std::size_t rows, std::size_t cols) {
   for (std::size_t r = 0; r < rows; ++r) {
     const T* src = s + r * cols;
     T* dst = p + r * cols;
-    const T row_max = cols ? *std::max_element(src, src + cols) : T(0);
-    if (row_max == -std::numeric_limits<T>::infinity()) {
+    const T max = row_max(src, cols);  // ignores NaN
+    if (max == -std::numeric_limits<T>::infinity()) {
       // No visible entry (all -inf): the row contributes nothing, and never NaN. A NaN logit is
       // not caught here on purpose: it propagates, so that divergence is seen, not hidden.
-      std::fill(dst, dst + cols, T(0));
+      const bool has_nan = std::any_of(src, src + cols, [](T x) { return std::isnan(x); });
+      std::fill(dst, dst + cols, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
       continue;
     }
     if (dst != src) std::copy(src, src + cols, dst);
-    const T sum = exp_shifted_inplace(dst, cols, row_max);  // exp(-inf - max) = 0
-    const T inv = T(1) / sum;                               // sum >= 1: the max entry gives exp(0)
-    for (std::size_t c = 0; c < cols; ++c) dst[c] *= inv;
+    const T sum = exp_shifted_inplace(dst, cols, max);  // exp(-inf - max) = 0
+    scale_inplace(dst, cols, T(1) / sum);               // sum >= 1: the max entry gives exp(0)
   }
 }
 
 template <class T>
 void softmax_rows_backward(T* ds, const T* dp, const T* p, std::size_t rows, std::size_t cols) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
   for (std::size_t r = 0; r < rows; ++r) {
     const T* pr = p + r * cols;
     const T* dpr = dp + r * cols;
     T* dsr = ds + r * cols;
-    T dot = 0;  // rowsum(dp ⊙ p)
-    for (std::size_t c = 0; c < cols; ++c) dot += dpr[c] * pr[c];
-    for (std::size_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dpr[c] - dot);
+    const T row_dot = dot(dpr, pr, cols);  // rowsum(dp ⊙ p)
+    const batch row_dot_b(row_dot);
+    std::size_t c = 0;
+    for (; c + width <= cols; c += width) {
+      const batch d = batch::load_unaligned(dpr + c) - row_dot_b;
+      (batch::load_unaligned(pr + c) * d).store_unaligned(dsr + c);
+    }
+    for (; c < cols; ++c) dsr[c] = pr[c] * (dpr[c] - row_dot);
   }
 }
 

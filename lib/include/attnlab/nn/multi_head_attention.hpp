@@ -75,8 +75,10 @@ class MultiHeadAttention : public SequenceModule<T> {
   std::string_view type_name() const override { return "MultiHeadAttention"; }
   const AttentionConfig& config() const { return config_; }
 
-  // (B,H,Tq,Tk) attention weights P of the last forward (0 at hidden positions).
-  const Tensor4<T>& attention_weights() const { return sdpa_cache_.p; }
+  // (B,H,Tq,Tk) attention weights P of the last forward (0 at hidden positions); empty before the
+  // first forward. After a fused-path forward (which keeps no P) they are recomputed from the
+  // cached q, k, scales and mask.
+  Tensor4<T> attention_weights() const;
   // (B,H,Tq,D) and (B,H,Tk,D): the queries and keys the core saw in the last forward (after
   // QK-norm), for metrics such as the q·k variance.
   const Tensor4<T>& queries() const { return q_; }
