@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <vector>
+
+#include "../parallel_rows.hpp"
 
 namespace attnlab {
 
@@ -29,23 +32,25 @@ Tensor<T, N> layernorm_forward(LayerNormCache<T, N>& cache, const Tensor<T, N>& 
   cache.xhat.resize(x.shape());
   cache.rstd.assign(rows, T(0));
   Tensor<T, N> y(x.shape());
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* xr = x.data() + r * C;
-    T* hr = cache.xhat.data() + r * C;
-    T* yr = y.data() + r * C;
-    T mean = 0;
-    for (std::size_t c = 0; c < C; ++c) mean += xr[c];
-    mean /= T(C);
-    T var = 0;
-    for (std::size_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-    var /= T(C);  // biased, as PyTorch
-    const T rstd = T(1) / std::sqrt(var + T(eps));
-    cache.rstd[r] = rstd;
-    for (std::size_t c = 0; c < C; ++c) {
-      hr[c] = (xr[c] - mean) * rstd;
-      yr[c] = gamma(c) * hr[c] + beta(c);
+  detail::for_row_chunks(rows, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* xr = x.data() + r * C;
+      T* hr = cache.xhat.data() + r * C;
+      T* yr = y.data() + r * C;
+      T mean = 0;
+      for (std::size_t c = 0; c < C; ++c) mean += xr[c];
+      mean /= T(C);
+      T var = 0;
+      for (std::size_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+      var /= T(C);  // biased, as PyTorch
+      const T rstd = T(1) / std::sqrt(var + T(eps));
+      cache.rstd[r] = rstd;
+      for (std::size_t c = 0; c < C; ++c) {
+        hr[c] = (xr[c] - mean) * rstd;
+        yr[c] = gamma(c) * hr[c] + beta(c);
+      }
     }
-  }
+  });
   return y;
 }
 
@@ -64,24 +69,39 @@ LayerNormGrads<T, N> layernorm_backward(const Tensor<T, N>& dy, const LayerNormC
                          Tensor1<T>::from_shape({C})};
   g.dgamma.fill(T(0));
   g.dbeta.fill(T(0));
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* dyr = dy.data() + r * C;
-    const T* hr = cache.xhat.data() + r * C;
-    T* dxr = g.dx.data() + r * C;
-    // g = dy ⊙ γ; dx = rstd · (g − mean(g) − x̂ ⊙ mean(g ⊙ x̂)): the Jacobian of x̂ applied to g.
-    T mean_g = 0, mean_gh = 0;
-    for (std::size_t c = 0; c < C; ++c) {
-      const T gc = dyr[c] * gamma(c);
-      mean_g += gc;
-      mean_gh += gc * hr[c];
-      g.dgamma(c) += dyr[c] * hr[c];
-      g.dbeta(c) += dyr[c];
+  // dγ and dβ are sums over rows: chunk 0 adds into g, the others into their own partials, added
+  // below in chunk order.
+  const std::size_t chunks = detail::row_chunks(rows, C);
+  std::vector<T> partial(chunks > 1 ? (chunks - 1) * 2 * C : 0, T(0));
+  detail::for_chunks(rows, chunks, [&](std::size_t r0, std::size_t r1, std::size_t chunk) {
+    T* dgamma = chunk == 0 ? g.dgamma.data() : partial.data() + (chunk - 1) * 2 * C;
+    T* dbeta = chunk == 0 ? g.dbeta.data() : dgamma + C;
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* dyr = dy.data() + r * C;
+      const T* hr = cache.xhat.data() + r * C;
+      T* dxr = g.dx.data() + r * C;
+      // g = dy ⊙ γ; dx = rstd · (g − mean(g) − x̂ ⊙ mean(g ⊙ x̂)): the Jacobian of x̂ applied to g.
+      T mean_g = 0, mean_gh = 0;
+      for (std::size_t c = 0; c < C; ++c) {
+        const T gc = dyr[c] * gamma(c);
+        mean_g += gc;
+        mean_gh += gc * hr[c];
+        dgamma[c] += dyr[c] * hr[c];
+        dbeta[c] += dyr[c];
+      }
+      mean_g /= T(C);
+      mean_gh /= T(C);
+      const T rstd = cache.rstd[r];
+      for (std::size_t c = 0; c < C; ++c) {
+        dxr[c] = rstd * (dyr[c] * gamma(c) - mean_g - hr[c] * mean_gh);
+      }
     }
-    mean_g /= T(C);
-    mean_gh /= T(C);
-    const T rstd = cache.rstd[r];
+  });
+  for (std::size_t chunk = 1; chunk < chunks; ++chunk) {
+    const T* part = partial.data() + (chunk - 1) * 2 * C;
     for (std::size_t c = 0; c < C; ++c) {
-      dxr[c] = rstd * (dyr[c] * gamma(c) - mean_g - hr[c] * mean_gh);
+      g.dgamma(c) += part[c];
+      g.dbeta(c) += part[C + c];
     }
   }
   return g;
