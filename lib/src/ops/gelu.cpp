@@ -1,10 +1,13 @@
 #include "attnlab/ops/gelu.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
 
 #include <xsimd/xsimd.hpp>
+
+#include "../parallel_rows.hpp"
 
 namespace attnlab {
 
@@ -64,14 +67,27 @@ void gelu_map(T* out, const T* x, const T* dy, std::size_t n, GeluApproximation 
     out[i] = Derivative ? dy[i] * gelu_derivative(x[i], a) : gelu_value(x[i], a);
   }
 }
+
+// gelu_map over [0, n) in parallel. Chunks start at multiples of kBlock (a multiple of the SIMD
+// width), so every element takes the same path, and the result is the same, for any thread count.
+template <class T, bool Derivative>
+void gelu_map_parallel(T* out, const T* x, const T* dy, std::size_t n, GeluApproximation a) {
+  constexpr std::size_t kBlock = 64;
+  static_assert(kBlock % xsimd::batch<T>::size == 0);
+  const std::size_t blocks = (n + kBlock - 1) / kBlock;
+  detail::for_row_chunks(blocks, kBlock, [&](std::size_t b0, std::size_t b1, std::size_t) {
+    const std::size_t i0 = b0 * kBlock, i1 = std::min(n, b1 * kBlock);
+    gelu_map<T, Derivative>(out + i0, x + i0, Derivative ? dy + i0 : nullptr, i1 - i0, a);
+  });
+}
 }  // namespace
 
 template <class T, std::size_t N>
 Tensor<T, N> gelu_forward(GeluCache<T, N>& cache, const Tensor<T, N>& x,
                           GeluApproximation approximation) {
   Tensor<T, N> y(x.shape());
-  gelu_map<T, false>(y.data(), x.data(), nullptr, x.size(), approximation);
-  cache.x = x;
+  gelu_map_parallel<T, false>(y.data(), x.data(), nullptr, x.size(), approximation);
+  detail::assign_copy(cache.x, x);
   cache.approximation = approximation;
   return y;
 }
@@ -86,7 +102,7 @@ Tensor<T, N> gelu_backward(const Tensor<T, N>& dy, const GeluCache<T, N>& cache)
                 std::vector<std::size_t>(dy.shape().begin(), dy.shape().end()),
                 std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
   Tensor<T, N> dx(shape);
-  gelu_map<T, true>(dx.data(), cache.x.data(), dy.data(), dx.size(), cache.approximation);
+  gelu_map_parallel<T, true>(dx.data(), cache.x.data(), dy.data(), dx.size(), cache.approximation);
   return dx;
 }
 

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../parallel_rows.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/threads.hpp"
 
@@ -65,7 +66,7 @@ Tensor<T, N> linear_forward(LinearCache<T, N>& cache, const Tensor<T, N>& x, con
       }
     }
   }
-  cache.x = x;
+  detail::assign_copy(cache.x, x);
   return y;
 }
 

@@ -2,15 +2,17 @@
 
 #include <stdexcept>
 
+#include "../parallel_rows.hpp"
+
 namespace attnlab {
 
 template <class T, std::size_t N>
 Tensor<T, N> relu_forward(ReluCache<T, N>& cache, const Tensor<T, N>& x) {
   Tensor<T, N> y(x.shape());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    y.data()[i] = x.data()[i] > T(0) ? x.data()[i] : T(0);
-  }
-  cache.x = x;
+  detail::for_row_chunks(x.size(), 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+    for (std::size_t i = i0; i < i1; ++i) y.data()[i] = x.data()[i] > T(0) ? x.data()[i] : T(0);
+  });
+  detail::assign_copy(cache.x, x);
   return y;
 }
 
@@ -24,9 +26,11 @@ Tensor<T, N> relu_backward(const Tensor<T, N>& dy, const ReluCache<T, N>& cache)
                 std::vector<std::size_t>(dy.shape().begin(), dy.shape().end()),
                 std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
   Tensor<T, N> dx(shape);
-  for (std::size_t i = 0; i < dx.size(); ++i) {
-    dx.data()[i] = cache.x.data()[i] > T(0) ? dy.data()[i] : T(0);
-  }
+  detail::for_row_chunks(dx.size(), 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      dx.data()[i] = cache.x.data()[i] > T(0) ? dy.data()[i] : T(0);
+    }
+  });
   return dx;
 }
 
