@@ -5,6 +5,8 @@
 #include <cmath>
 #include <string>
 
+#include "../parallel_rows.hpp"
+
 namespace attnlab {
 
 void AttentionConfig::validate() const {
@@ -34,14 +36,16 @@ Tensor4<T> split_heads(const Tensor3<T>& x, std::size_t heads) {
   const std::size_t B = x.shape()[0], Tn = x.shape()[1], HD = x.shape()[2], D = HD / heads;
   assert(D * heads == HD);
   Tensor4<T> out({B, heads, Tn, D});
-  for (std::size_t b = 0; b < B; ++b) {
-    for (std::size_t h = 0; h < heads; ++h) {
+  // One (b, h) slice per task: a pure copy, so the cut does not change the result.
+  detail::for_row_chunks(B * heads, Tn * D, [&](std::size_t s0, std::size_t s1, std::size_t) {
+    for (std::size_t s = s0; s < s1; ++s) {
+      const std::size_t b = s / heads, h = s % heads;
       for (std::size_t t = 0; t < Tn; ++t) {
         const T* src = x.data() + (b * Tn + t) * HD + h * D;  // x[b, t, h·D : (h+1)·D]
-        std::copy(src, src + D, out.data() + ((b * heads + h) * Tn + t) * D);
+        std::copy(src, src + D, out.data() + (s * Tn + t) * D);
       }
     }
-  }
+  });
   return out;
 }
 
@@ -49,16 +53,40 @@ template <class T>
 Tensor3<T> merge_heads(const Tensor4<T>& x) {
   const std::size_t B = x.shape()[0], H = x.shape()[1], Tn = x.shape()[2], D = x.shape()[3];
   Tensor3<T> out({B, Tn, H * D});
-  for (std::size_t b = 0; b < B; ++b) {
-    for (std::size_t h = 0; h < H; ++h) {
+  detail::for_row_chunks(B * H, Tn * D, [&](std::size_t s0, std::size_t s1, std::size_t) {
+    for (std::size_t s = s0; s < s1; ++s) {
+      const std::size_t b = s / H, h = s % H;
       for (std::size_t t = 0; t < Tn; ++t) {
-        const T* src = x.data() + ((b * H + h) * Tn + t) * D;
+        const T* src = x.data() + (s * Tn + t) * D;
         std::copy(src, src + D, out.data() + (b * Tn + t) * H * D + h * D);
       }
     }
-  }
+  });
   return out;
 }
+
+namespace {
+// With one head (B,T,D) and (B,1,T,D) share a memory layout: reshape by moving the buffer.
+template <class T>
+Tensor4<T> split_heads_of(Tensor3<T>&& x, std::size_t heads) {
+  if (heads != 1) return split_heads<T>(x, heads);
+  const std::size_t B = x.shape()[0], Tn = x.shape()[1], D = x.shape()[2];
+  typename Tensor4<T>::inner_shape_type shape{B, 1, Tn, D};
+  typename Tensor4<T>::inner_strides_type strides;
+  xt::compute_strides(shape, xt::layout_type::row_major, strides);
+  return Tensor4<T>(std::move(x.storage()), std::move(shape), std::move(strides));
+}
+
+template <class T>
+Tensor3<T> merge_heads_of(Tensor4<T>&& x) {
+  if (x.shape()[1] != 1) return merge_heads<T>(x);
+  const std::size_t B = x.shape()[0], Tn = x.shape()[2], D = x.shape()[3];
+  typename Tensor3<T>::inner_shape_type shape{B, Tn, D};
+  typename Tensor3<T>::inner_strides_type strides;
+  xt::compute_strides(shape, xt::layout_type::row_major, strides);
+  return Tensor3<T>(std::move(x.storage()), std::move(shape), std::move(strides));
+}
+}  // namespace
 
 template <class T>
 MultiHeadAttention<T>::MultiHeadAttention(const AttentionConfig& config, Rng& rng)
@@ -153,18 +181,19 @@ Tensor3<T> MultiHeadAttention<T>::attend(const Tensor3<T>& x, const Tensor3<T>& 
   wk_used_ = tensor_of<T, 2>(w_k.value);
   wv_used_ = tensor_of<T, 2>(w_v.value);
   wo_used_ = tensor_of<T, 2>(w_o.value);
-  q_ = split_heads<T>(linear_forward<T, 3>(q_proj_, x, wq_used_), H_);  // (B,Tq,H·D) -> (B,H,Tq,D)
-  k_ = split_heads<T>(linear_forward<T, 3>(k_proj_, context, wk_used_), H_);  // (B,H,Tk,D)
-  v_ = split_heads<T>(linear_forward<T, 3>(v_proj_, context, wv_used_), H_);  // (B,H,Tk,Dv)
+  q_ = split_heads_of<T>(linear_forward<T, 3>(q_proj_, x, wq_used_),
+                         H_);  // (B,Tq,H·D) -> (B,H,Tq,D)
+  k_ = split_heads_of<T>(linear_forward<T, 3>(k_proj_, context, wk_used_), H_);  // (B,H,Tk,D)
+  v_ = split_heads_of<T>(linear_forward<T, 3>(v_proj_, context, wv_used_), H_);  // (B,H,Tk,Dv)
   if (config_.qk_norm) {
     q_gamma_used_ = tensor_of<T, 1>(q_norm_gamma.value);
     k_gamma_used_ = tensor_of<T, 1>(k_norm_gamma.value);
     q_ = layernorm_forward<T, 4>(q_norm_, q_, q_gamma_used_, tensor_of<T, 1>(q_norm_beta.value));
     k_ = layernorm_forward<T, 4>(k_norm_, k_, k_gamma_used_, tensor_of<T, 1>(k_norm_beta.value));
   }
-  const Tensor4<T> o = sdpa_forward<T>(sdpa_cache_, q_, k_, v_, sdpa_options(), key_mask);
+  Tensor4<T> o = sdpa_forward<T>(sdpa_cache_, q_, k_, v_, sdpa_options(), key_mask);
   // (B,H,Tq,Dv) -> (B,Tq,H·Dv) x (H·Dv,C) -> (B,Tq,C)
-  return linear_forward<T, 3>(o_proj_, merge_heads<T>(o), wo_used_);
+  return linear_forward<T, 3>(o_proj_, merge_heads_of<T>(std::move(o)), wo_used_);
 }
 
 template <class T>
@@ -197,7 +226,7 @@ Tensor3<T> MultiHeadAttention<T>::backward_impl(const Tensor3<T>& dy) {
   // Exact reverse of attend().
   auto go = linear_backward<T, 3>(dy, o_proj_, wo_used_, false);  // y = merged W_o
   add_into(w_o.grad, go.dw);
-  const Tensor4<T> dout = split_heads<T>(go.dx, H_);  // (B,Tq,H·Dv) -> (B,H,Tq,Dv)
+  const Tensor4<T> dout = split_heads_of<T>(std::move(go.dx), H_);  // (B,Tq,H·Dv) -> (B,H,Tq,Dv)
   SdpaGrads<T> g = sdpa_backward<T>(dout, sdpa_cache_, q_, k_, v_);
   if (config_.learnable_scale) {
     // s = exp(log s): dL/dlog s = s · dL/ds.
@@ -213,16 +242,16 @@ Tensor3<T> MultiHeadAttention<T>::backward_impl(const Tensor3<T>& dy) {
     g.dq = std::move(gq.dx);
     g.dk = std::move(gk.dx);
   }
-  auto gq = linear_backward<T, 3>(merge_heads<T>(g.dq), q_proj_, wq_used_, false);
-  auto gk = linear_backward<T, 3>(merge_heads<T>(g.dk), k_proj_, wk_used_, false);
-  auto gv = linear_backward<T, 3>(merge_heads<T>(g.dv), v_proj_, wv_used_, false);
+  auto gq = linear_backward<T, 3>(merge_heads_of<T>(std::move(g.dq)), q_proj_, wq_used_, false);
+  auto gk = linear_backward<T, 3>(merge_heads_of<T>(std::move(g.dk)), k_proj_, wk_used_, false);
+  auto gv = linear_backward<T, 3>(merge_heads_of<T>(std::move(g.dv)), v_proj_, wv_used_, false);
   add_into(w_q.grad, gq.dw);
   add_into(w_k.grad, gk.dw);
   add_into(w_v.grad, gv.dw);
   Tensor3<T> dcontext = std::move(gk.dx);  // (B,Tk,Cc)
-  for (std::size_t i = 0; i < dcontext.size(); ++i) dcontext.data()[i] += gv.dx.data()[i];
+  detail::add_elements(dcontext.data(), dcontext.data(), gv.dx.data(), dcontext.size());
   if (self_) {
-    for (std::size_t i = 0; i < dcontext.size(); ++i) gq.dx.data()[i] += dcontext.data()[i];
+    detail::add_elements(gq.dx.data(), gq.dx.data(), dcontext.data(), dcontext.size());
     dcontext_ = Tensor3<T>();
   } else {
     dcontext_ = std::move(dcontext);
