@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "../parallel_rows.hpp"
+
 namespace attnlab {
 
 std::string_view to_string(PositionEncoding kind) {
@@ -63,12 +65,15 @@ Tensor3<T> PositionalEncoding<T>::forward_impl(const Tensor3<T>& x) {
   const std::size_t B = x.shape()[0], Tn = x.shape()[1], C = dim_;
   check_arg(Tn <= max_len_, "PositionalEncoding", "x (B, T, C)",
             "T <= max_len = " + std::to_string(max_len_), "T = " + std::to_string(Tn));
-  Tensor3<T> y = x;
-  if (kind_ == PositionEncoding::none) return y;
+  if (kind_ == PositionEncoding::none) return x;
+  Tensor3<T> y(x.shape());
   const T* pos = table.value.data();
-  for (std::size_t b = 0; b < B; ++b) {
-    for (std::size_t i = 0; i < Tn * C; ++i) y.data()[b * Tn * C + i] += pos[i];  // + pos[t, c]
-  }
+  detail::for_row_chunks(B * Tn, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const std::size_t t = r % Tn;  // y[b, t, :] = x[b, t, :] + pos[t, :]
+      detail::add_elements_serial(y.data() + r * C, x.data() + r * C, pos + t * C, C);
+    }
+  });
   return y;
 }
 
@@ -77,9 +82,12 @@ Tensor3<T> PositionalEncoding<T>::backward_impl(const Tensor3<T>& dy) {
   if (kind_ == PositionEncoding::learned) {
     const std::size_t B = dy.shape()[0], Tn = dy.shape()[1], C = dim_;
     T* g = table.grad.data();
-    for (std::size_t b = 0; b < B; ++b) {
-      for (std::size_t i = 0; i < Tn * C; ++i) g[i] += dy.data()[b * Tn * C + i];
-    }
+    // Each element of the table's grad sums over b in batch order, whatever the cut.
+    detail::for_row_chunks(Tn * C, B, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t b = 0; b < B; ++b) {
+        for (std::size_t i = i0; i < i1; ++i) g[i] += dy.data()[b * Tn * C + i];
+      }
+    });
   }
   return dy;
 }

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "../parallel_rows.hpp"
+
 namespace attnlab {
 
 void BlockConfig::validate() const {
@@ -68,14 +70,16 @@ Tensor3<T> TransformerBlock<T>::run_forward(const Tensor3<T>& x, const KeyMask* 
     }
     first_nonfinite_ = where;
   }
-  Tensor3<T> h = x + a;
+  detail::add_elements(a.data(), x.data(), a.data(), a.size());
+  Tensor3<T> h = std::move(a);  // h = x + attn(norm1(x))
   if (!mlp_) return h;
   // y = h + mlp(norm2(h))
   Tensor3<T> m = norm2_ ? norm2_->forward(h) : h;
   note(m, "ln2");
   m = mlp_->forward(m);
   note(m, "mlp");
-  return h + m;
+  detail::add_elements(m.data(), h.data(), m.data(), m.size());
+  return m;  // h + mlp(norm2(h))
 }
 
 template <class T>
@@ -93,21 +97,23 @@ Tensor3<T> TransformerBlock<T>::forward(const Tensor3<T>& x, const KeyMask* key_
 
 template <class T>
 Tensor3<T> TransformerBlock<T>::backward_impl(const Tensor3<T>& dy) {
-  // Reverse of run_forward. dh collects both paths of each residual.
-  Tensor3<T> dh = dy;
+  // Reverse of run_forward. Each residual adds both paths (written into the path's buffer).
+  Tensor3<T> dh;  // dL/dh
   if (mlp_) {
     Tensor3<T> dm = mlp_->backward(dy);  // y = h + mlp(norm2(h))
     note(dm, "mlp (gradient)");
     if (norm2_) dm = norm2_->backward(dm);
     note(dm, "ln2 (gradient)");
-    dh += dm;
+    detail::add_elements(dm.data(), dy.data(), dm.data(), dm.size());
+    dh = std::move(dm);  // dy + dm
   }
-  Tensor3<T> da = attn_.backward(dh);  // h = x + attn(norm1(x))
+  const Tensor3<T>& dh_total = mlp_ ? dh : dy;  // without an MLP, dh = dy
+  Tensor3<T> da = attn_.backward(dh_total);     // h = x + attn(norm1(x))
   note(da, "attn (gradient)");
   if (norm1_) da = norm1_->backward(da);
   note(da, "ln1 (gradient)");
-  dh += da;
-  return dh;
+  detail::add_elements(da.data(), dh_total.data(), da.data(), da.size());
+  return da;  // dh + da
 }
 
 template class TransformerBlock<float>;

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "../parallel_rows.hpp"
 #include "attnlab/ops/softmax.hpp"
 
 namespace attnlab {
@@ -19,27 +21,40 @@ T cross_entropy_forward(CrossEntropyCache<T, N>& cache, const Tensor<T, N>& logi
   const std::size_t V = logits.shape()[N - 1];
   check_arg(V > 0, "cross_entropy_forward", "logits", "a non-empty class axis", "V = 0");
   const std::size_t rows = targets.size();
-  cache.p.resize(logits.shape());
-  double total = 0;  // accumulated in double: many rows of float losses
-  std::size_t labelled = 0;
   for (std::size_t r = 0; r < rows; ++r) {
-    const T* x = logits.data() + r * V;
-    T* p = cache.p.data() + r * V;
     const int target = targets.data()[r];
-    const T row_max = *std::max_element(x, x + V);
-    std::copy(x, x + V, p);
-    const T sum = exp_shifted_inplace(p, V, row_max);  // p = exp(x − max), sum ≥ 1
-    const T inv = T(1) / sum;
-    for (std::size_t c = 0; c < V; ++c) p[c] *= inv;
-    if (target == ignore_index) continue;
-    if (target < 0 || static_cast<std::size_t>(target) >= V) {
+    if (target != ignore_index && (target < 0 || static_cast<std::size_t>(target) >= V)) {
       check_arg(false, "cross_entropy_forward", "targets[" + std::to_string(r) + "] (flat)",
                 "a class in [0, " + std::to_string(V) + ") or ignore_index " +
                     std::to_string(ignore_index),
                 std::to_string(target));
     }
-    // −log p[target] = −(x[target] − max) + log Σ exp(x − max): finite for any finite logits.
-    total += -(static_cast<double>(x[target] - row_max) - std::log(static_cast<double>(sum)));
+  }
+  cache.p.resize(logits.shape());
+  // Row losses in parallel, then summed in row order (in double: many rows of float losses), so
+  // the loss does not depend on the thread count.
+  std::vector<double> row_loss(rows, 0.0);
+  detail::for_row_chunks(rows, V, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* x = logits.data() + r * V;
+      T* p = cache.p.data() + r * V;
+      const int target = targets.data()[r];
+      const T row_max = *std::max_element(x, x + V);
+      std::copy(x, x + V, p);
+      const T sum = exp_shifted_inplace(p, V, row_max);  // p = exp(x − max), sum ≥ 1
+      const T inv = T(1) / sum;
+      for (std::size_t c = 0; c < V; ++c) p[c] *= inv;
+      if (target == ignore_index) continue;
+      // −log p[target] = −(x[target] − max) + log Σ exp(x − max): finite for any finite logits.
+      row_loss[r] =
+          -(static_cast<double>(x[target] - row_max) - std::log(static_cast<double>(sum)));
+    }
+  });
+  double total = 0;
+  std::size_t labelled = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (targets.data()[r] == ignore_index) continue;
+    total += row_loss[r];
     ++labelled;
   }
   cache.targets = targets;
@@ -60,14 +75,16 @@ Tensor<T, N> cross_entropy_backward(const CrossEntropyCache<T, N>& cache, T dlos
   dlogits.fill(T(0));
   if (cache.labelled == 0) return dlogits;  // nothing labelled: zero gradient, not NaN
   const T w = dloss / static_cast<T>(cache.labelled);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const int target = cache.targets.data()[r];
-    if (target == cache.ignore_index) continue;
-    const T* p = cache.p.data() + r * V;
-    T* d = dlogits.data() + r * V;
-    for (std::size_t c = 0; c < V; ++c) d[c] = w * p[c];
-    d[target] -= w;  // (p − onehot) / n
-  }
+  detail::for_row_chunks(rows, V, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const int target = cache.targets.data()[r];
+      if (target == cache.ignore_index) continue;
+      const T* p = cache.p.data() + r * V;
+      T* d = dlogits.data() + r * V;
+      for (std::size_t c = 0; c < V; ++c) d[c] = w * p[c];
+      d[target] -= w;  // (p − onehot) / n
+    }
+  });
   return dlogits;
 }
 

@@ -4,28 +4,35 @@
 #include <stdexcept>
 #include <string>
 
+#include "../parallel_rows.hpp"
+
 namespace attnlab {
 
 template <class T>
 Tensor3<T> embedding_forward(EmbeddingCache& cache, const TokenIds& ids, const Tensor2<T>& table) {
   const std::size_t V = table.shape()[0], C = table.shape()[1];
   const std::size_t B = ids.shape()[0], Tn = ids.shape()[1];
-  Tensor3<T> y({B, Tn, C});
   for (std::size_t i = 0; i < B * Tn; ++i) {
     const int id = ids.data()[i];
-    T* dst = y.data() + i * C;
-    if (id == kNoToken) {
-      std::fill(dst, dst + C, T(0));
-      continue;
-    }
-    if (id < 0 || static_cast<std::size_t>(id) >= V) {
+    if (id != kNoToken && (id < 0 || static_cast<std::size_t>(id) >= V)) {
       check_arg(false, "embedding_forward",
                 "ids[" + std::to_string(i / Tn) + ", " + std::to_string(i % Tn) + "]",
                 "an id in [0, " + std::to_string(V) + ") or -1 (no token)", std::to_string(id));
     }
-    const T* src = table.data() + static_cast<std::size_t>(id) * C;
-    std::copy(src, src + C, dst);  // y[b, t, :] = table[id, :]
   }
+  Tensor3<T> y({B, Tn, C});
+  detail::for_row_chunks(B * Tn, C, [&](std::size_t i0, std::size_t i1, std::size_t) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      const int id = ids.data()[i];
+      T* dst = y.data() + i * C;
+      if (id == kNoToken) {
+        std::fill(dst, dst + C, T(0));
+        continue;
+      }
+      const T* src = table.data() + static_cast<std::size_t>(id) * C;
+      std::copy(src, src + C, dst);  // y[b, t, :] = table[id, :]
+    }
+  });
   cache.ids = ids;
   cache.V = V;
   return y;
