@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "../parallel_rows.hpp"
+
 namespace attnlab {
 
 template <class T>
@@ -22,7 +24,7 @@ void Linear<T>::collect_parameters(const std::string& prefix, ParameterList<T>& 
 
 template <class T>
 Tensor3<T> Linear<T>::forward_impl(const Tensor3<T>& x) {
-  w_used_ = tensor_of<T, 2>(w.value);
+  detail::assign_snapshot(w_used_, w.value);  // reuses the buffer
   if (!has_bias_) return linear_forward<T, 3>(cache_, x, w_used_, nullptr);
   const Tensor1<T> bias = tensor_of<T, 1>(b.value);
   return linear_forward<T, 3>(cache_, x, w_used_, &bias);

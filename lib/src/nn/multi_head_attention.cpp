@@ -177,10 +177,10 @@ Tensor3<T> MultiHeadAttention<T>::attend(const Tensor3<T>& x, const Tensor3<T>& 
               std::to_string(config_.context_dim()));
   }
   self_ = self;
-  wq_used_ = tensor_of<T, 2>(w_q.value);
-  wk_used_ = tensor_of<T, 2>(w_k.value);
-  wv_used_ = tensor_of<T, 2>(w_v.value);
-  wo_used_ = tensor_of<T, 2>(w_o.value);
+  detail::assign_snapshot(wq_used_, w_q.value);
+  detail::assign_snapshot(wk_used_, w_k.value);
+  detail::assign_snapshot(wv_used_, w_v.value);
+  detail::assign_snapshot(wo_used_, w_o.value);
   q_ = split_heads_of<T>(linear_forward<T, 3>(q_proj_, x, wq_used_),
                          H_);  // (B,Tq,H·D) -> (B,H,Tq,D)
   k_ = split_heads_of<T>(linear_forward<T, 3>(k_proj_, context, wk_used_), H_);  // (B,H,Tk,D)
