@@ -101,17 +101,26 @@ LinearGrads<T, N> linear_backward(const Tensor<T, N>& dy, const LinearCache<T, N
     blas::gemm<T>(true, false, int(in), int(out), r, T(1), cache.x.data() + r0 * in, int(in),
                   dy.data() + r0 * out, int(out), T(0), dw, int(out));
   }
-  for (std::size_t c = 1; c < chunks; ++c) {
-    const T* part = partial_dw.data() + (c - 1) * in * out;
-    for (std::size_t i = 0; i < in * out; ++i) g.dw.data()[i] += part[i];
+  // The partials and db are sums over chunks / rows; cut over their elements instead, each element
+  // summed in chunk / row order, so the bits do not depend on this second cut.
+  if (chunks > 1) {
+    detail::for_row_chunks(in * out, chunks, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t c = 1; c < chunks; ++c) {
+        const T* part = partial_dw.data() + (c - 1) * in * out;
+        for (std::size_t i = i0; i < i1; ++i) g.dw.data()[i] += part[i];
+      }
+    });
   }
   if (with_bias) {
     g.db = Tensor1<T>::from_shape({out});
     g.db.fill(T(0));
-    for (std::size_t r = 0; r < rows; ++r) {
-      const T* row = dy.data() + r * out;
-      for (std::size_t c = 0; c < out; ++c) g.db(c) += row[c];
-    }
+    T* db = g.db.data();
+    detail::for_row_chunks(out, rows, [&](std::size_t c0, std::size_t c1, std::size_t) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = dy.data() + r * out;
+        for (std::size_t c = c0; c < c1; ++c) db[c] += row[c];
+      }
+    });
   }
   return g;
 }
