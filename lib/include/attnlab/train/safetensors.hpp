@@ -1,0 +1,114 @@
+// Reading and writing the safetensors format, trusting nothing on the way in.
+// Reference: https://github.com/huggingface/safetensors (README, "Format").
+//
+//   bytes 0..8     N, the header length: an unsigned 64-bit little-endian integer
+//   bytes 8..8+N   a JSON object: tensor name -> {"dtype", "shape", "data_offsets": [begin, end]},
+//                  plus an optional "__metadata__" object of string -> string
+//   bytes 8+N..    the data area: raw little-endian tensor bytes; offsets are relative to its start
+//
+// Loading checks the header length against the file size (and a hard cap), that the JSON parses
+// and has exactly the keys above, every dtype, shape and offset (within the data area, no overlap,
+// no gap, length = product(shape) × dtype size, no overflow). Every failure throws CheckpointError
+// naming the file and the problem. Saving is atomic: a crash leaves the old file or the new one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+namespace attnlab {
+
+// A checkpoint or safetensors file that cannot be read or written. what() is
+// "<file>: <problem>", e.g. "run/ckpt.safetensors: tensor 'w': data_offsets [0, 40] hold 40 bytes,
+// but dtype F32 and shape (3, 4) need 48".
+class CheckpointError : public std::runtime_error {
+ public:
+  CheckpointError(std::string file, const std::string& problem);
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
+// The element types attnlab reads and writes (BOOL is one byte, 0 or 1).
+enum class Dtype { F32, F64, I64, I32, U8, BOOL };
+
+std::string_view to_string(Dtype dtype);               // "F32", ...
+std::optional<Dtype> parse_dtype(std::string_view s);  // nullopt for an unknown name
+std::size_t dtype_size(Dtype dtype);                   // bytes per element
+
+// The Dtype of a C++ element type: float, double, std::int64_t, std::int32_t, std::uint8_t, bool.
+template <class T>
+constexpr Dtype dtype_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return Dtype::F32;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return Dtype::F64;
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    return Dtype::I64;
+  } else if constexpr (std::is_same_v<T, std::int32_t>) {
+    return Dtype::I32;
+  } else if constexpr (std::is_same_v<T, std::uint8_t>) {
+    return Dtype::U8;
+  } else {
+    static_assert(std::is_same_v<T, bool>, "no safetensors dtype for this element type");
+    return Dtype::BOOL;
+  }
+}
+
+struct NamedTensor {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  std::vector<std::size_t> shape;  // () is a scalar with one element
+  std::vector<std::byte> data;     // row-major, little-endian; size = product(shape) × dtype_size
+};
+
+// Copies an array into a NamedTensor of dtype_of<T>().
+template <class T>
+NamedTensor make_named_tensor(std::string name, const xt::xarray<T>& values);
+
+// The values of a tensor as an array of T. Throws CheckpointError (file = `file`) if the dtype is
+// not dtype_of<T>().
+template <class T>
+xt::xarray<T> tensor_values(const NamedTensor& tensor, const std::string& file = "<memory>");
+
+struct SafetensorsFile {
+  std::vector<NamedTensor> tensors;  // in data-offset order
+  std::map<std::string, std::string> metadata;
+
+  // nullptr when absent.
+  const NamedTensor* find(std::string_view name) const;
+};
+
+// The largest header accepted on load (a real checkpoint's header is a few kilobytes).
+inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;  // 100 MiB
+
+// The bytes of a safetensors file: header padded with spaces to a multiple of 8, then the data of
+// each tensor in the given order. Throws CheckpointError (file = `file`) for an invalid tensor
+// list: an empty, duplicate or reserved name, or data whose size does not match dtype and shape.
+std::vector<std::byte> serialize_safetensors(const std::vector<NamedTensor>& tensors,
+                                             const std::map<std::string, std::string>& metadata,
+                                             const std::string& file = "<memory>");
+
+// Parses and validates the bytes of a safetensors file; `file` names the source in errors.
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& file);
+
+// Writes atomically: a temporary file in the target's directory is written, flushed and fsync'd,
+// renamed over `path`, and the directory is fsync'd. On failure the temporary file is removed, the
+// previous file at `path` is untouched, and CheckpointError is thrown.
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Reads and validates a whole file (it must be a regular file). Throws CheckpointError.
+SafetensorsFile load_safetensors(const std::string& path);
+
+}  // namespace attnlab
