@@ -105,7 +105,7 @@ struct ModelFlags {
     s.d_v = d_v;
     s.layers = layers;
     s.attn_only = attn_only;
-    s.norm = parse_norm(norm);
+    s.norm = attnlab::parse_norm(norm);
     s.qk_norm = qk_norm;
     s.learnable_scale = learnable_scale;
     s.causal = causal;

@@ -1,59 +1,33 @@
-// Reference: torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1),
-// ignore_index=-100, reduction="mean"). Computed in double per row, max-subtracted.
+// The loss is the stack's fused softmax cross-entropy (ops/cross_entropy.hpp); this adds the
+// argmax accuracy over the labelled positions.
 #include "attnlab/train/loss.hpp"
 
 #include <cmath>
 #include <limits>
 
-#include "attnlab/train/tasks.hpp"
+#include "attnlab/ops/cross_entropy.hpp"
 
 namespace attnlab::train {
 
 LossResult masked_cross_entropy(const Tensor3<float>& logits, const TokenIds& targets,
                                 bool want_grad) {
-  const std::size_t B = logits.shape()[0], T = logits.shape()[1], V = logits.shape()[2];
-  check_shape("masked_cross_entropy", "targets", targets,
-              {static_cast<std::ptrdiff_t>(B), static_cast<std::ptrdiff_t>(T)});
   LossResult r;
+  const TokenIds pred = predictions(logits);  // checks nothing; shapes are checked below
   if (want_grad) {
-    r.dlogits = Tensor3<float>::from_shape({B, T, V});
-    r.dlogits.fill(0.0f);
+    auto ce = softmax_cross_entropy<float, 3>(logits, targets);
+    r.loss = ce.loss;
+    r.labelled = ce.labelled;
+    r.dlogits = std::move(ce.dlogits);
+  } else {
+    CrossEntropyCache<float, 3> cache;
+    r.loss = cross_entropy_forward<float, 3>(cache, logits, targets);
+    r.labelled = cache.labelled;
   }
-  for (std::size_t i = 0; i < B * T; ++i)
-    if (targets.data()[i] != kIgnoreIndex) ++r.labelled;
-  if (r.labelled == 0) return r;
-  const double inv = 1.0 / static_cast<double>(r.labelled);
-  double total = 0;
-  std::size_t correct = 0;
-  for (std::size_t i = 0; i < B * T; ++i) {
-    const int y = targets.data()[i];
-    if (y == kIgnoreIndex) continue;
-    check_arg(y >= 0 && static_cast<std::size_t>(y) < V, "masked_cross_entropy", "target",
-              "in [0, " + std::to_string(V) + ") or -100", std::to_string(y));
-    const float* row = logits.data() + i * V;
-    double m = -std::numeric_limits<double>::infinity();
-    std::size_t best = 0;
-    for (std::size_t j = 0; j < V; ++j)
-      if (row[j] > m || std::isnan(row[j])) {
-        m = row[j];
-        best = j;
-        if (std::isnan(row[j])) break;
-      }
-    if (best == static_cast<std::size_t>(y)) ++correct;
-    double z = 0;
-    for (std::size_t j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - m);
-    const double lse = m + std::log(z);
-    total += lse - static_cast<double>(row[y]);
-    if (want_grad) {
-      float* d = r.dlogits.data() + i * V;
-      for (std::size_t j = 0; j < V; ++j)
-        d[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - lse) * inv);
-      d[y] -= static_cast<float>(inv);
-    }
-  }
-  r.loss = total * inv;
   if (!std::isfinite(r.loss)) r.loss = std::numeric_limits<double>::quiet_NaN();
-  r.accuracy = static_cast<double>(correct) * inv;
+  std::size_t correct = 0;
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (targets.data()[i] != kIgnoreIndex && pred.data()[i] == targets.data()[i]) ++correct;
+  r.accuracy = r.labelled ? static_cast<double>(correct) / static_cast<double>(r.labelled) : 0.0;
   return r;
 }
 
@@ -64,7 +38,7 @@ TokenIds predictions(const Tensor3<float>& logits) {
     const float* row = logits.data() + i * V;
     std::size_t best = 0;
     for (std::size_t j = 1; j < V; ++j)
-      if (row[j] > row[best]) best = j;
+      if (row[j] > row[best] || std::isnan(row[j])) best = j;
     out.data()[i] = static_cast<int>(best);
   }
   return out;

@@ -41,7 +41,7 @@ TrainConfig study_base(int steps, int batch) {
   c.model.d_v = 64;
   c.model.layers = 1;
   c.model.attn_only = true;
-  c.model.norm = NormKind::layernorm;
+  c.model.norm = Norm::layernorm;
   c.model.positions = false;
   c.optimizer = "adamw";
   c.beta1 = 0.9;

@@ -29,25 +29,6 @@ namespace attnlab::train {
 
 std::atomic<bool> g_stop_requested{false};
 
-std::string_view to_string(NormKind kind) {
-  switch (kind) {
-    case NormKind::layernorm:
-      return "layernorm";
-    case NormKind::rmsnorm:
-      return "rmsnorm";
-    case NormKind::none:
-      return "none";
-  }
-  return "?";
-}
-
-NormKind parse_norm(std::string_view text) {
-  for (NormKind k : {NormKind::layernorm, NormKind::rmsnorm, NormKind::none})
-    if (text == to_string(k)) return k;
-  throw std::invalid_argument("norm: expected layernorm|rmsnorm|none, got '" + std::string(text) +
-                              "'");
-}
-
 void validate(const ModelSpec& s) {
   const char* op = "model";
   check_arg(s.d_model >= 1, op, "d_model", ">= 1", std::to_string(s.d_model));

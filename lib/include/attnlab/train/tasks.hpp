@@ -22,13 +22,15 @@
 #include <string_view>
 #include <vector>
 
+#include "attnlab/ops/cross_entropy.hpp"
+#include "attnlab/ops/embedding.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab::train {
 
-inline constexpr int kAbsent = -1;         // a field not present at a position
-inline constexpr int kIgnoreIndex = -100;  // an unlabelled position (PyTorch's ignore_index)
+inline constexpr int kAbsent = kNoToken;  // -1: a field not present at a position
+// kIgnoreIndex (-100, ops/cross_entropy.hpp): an unlabelled position (PyTorch's ignore_index)
 
 enum class TaskKind { recall, mqar, reverse, sort };
 std::string_view to_string(TaskKind kind);

@@ -18,14 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/nn/norm.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/train/tasks.hpp"
 
 namespace attnlab::train {
-
-enum class NormKind { layernorm, rmsnorm, none };
-std::string_view to_string(NormKind kind);
-NormKind parse_norm(std::string_view text);
 
 // The model's shape and attention options (the vocabularies come from the task).
 struct ModelSpec {
@@ -35,13 +32,14 @@ struct ModelSpec {
   int d_v = 0;  // 0: d_model / heads
   int layers = 1;
   bool attn_only = true;
-  NormKind norm = NormKind::layernorm;
+  Norm norm = Norm::layernorm;
   bool qk_norm = false;
   bool learnable_scale = false;
   Scaling scaling = Scaling::sqrt_dk;
   std::optional<double> scale;  // explicit scale, overrides scaling
   bool causal = false;
   bool positions = true;  // learned positional embedding
+  int d_ff = 0;           // MLP width; 0: 4 · d_model
 };
 
 // Throws std::invalid_argument naming the field (e.g. heads that do not divide d_model when d_k or
