@@ -2,6 +2,7 @@
 // runs the library's checkers (gradcheck.hpp, nn/gradcheck_module.hpp) on it.
 #include "attnlab/train/layer_check.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 
@@ -43,6 +44,14 @@ AttentionConfig attention_config(const ModelSpec& s) {
 }
 
 }  // namespace
+
+bool layer_check_passed(const GradcheckReport& report) {
+  for (const auto& r : report.results)
+    if (r.rel_error > kLayerGradTolerance &&
+        std::max(r.analytic_norm, r.numeric_norm) > kZeroGradientNorm)
+      return false;
+  return true;
+}
 
 const std::vector<std::string>& checkable_layers() {
   static const std::vector<std::string> layers = {"attention",   "mha",       "block",

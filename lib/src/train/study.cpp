@@ -312,6 +312,11 @@ StudyPlan study_preset(const std::string& preset) {
     StudyGroup g;
     g.name = "recall/adamw";
     g.base = study_base(kQuickSteps, kQuickBatch);
+    // 16 pairs over 32 keys and 32 values (T = 17): learnable by one head within the quick
+    // budget; the task defaults (32 pairs over 64 symbols) are the full preset's.
+    g.base.task.keys = 32;
+    g.base.task.values = 32;
+    g.base.task.pairs = 16;
     g.arms = {kNone, kSqrt, kDk};
     g.d_k = {16, 64, 256};
     g.lrs = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1};

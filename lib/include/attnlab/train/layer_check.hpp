@@ -15,6 +15,14 @@ namespace attnlab::train {
 // The relative-error tolerance of `attnlab gradcheck` (that of the stack's test suite).
 inline constexpr double kLayerGradTolerance = 1e-6;
 
+// A tensor whose true gradient is zero (k_norm.beta: the softmax ignores a shift shared by every
+// key) has a meaningless relative error between two round-off-sized vectors; it is judged on the
+// gradient norms instead, which must both stay under this.
+inline constexpr double kZeroGradientNorm = 1e-7;
+
+// Every tensor within kLayerGradTolerance relative error, or with both norms <= kZeroGradientNorm.
+bool layer_check_passed(const GradcheckReport& report);
+
 const std::vector<std::string>& checkable_layers();
 
 // layer: one of checkable_layers(). batch B and seq T size the input. Throws std::invalid_argument

@@ -40,7 +40,7 @@ struct StudyPlan {
 
 // The quick preset's run length, sized so that 45 runs finish in < 10 minutes on 2 cores with
 // --jobs 2 (measured: see data/results/quick).
-inline constexpr int kQuickSteps = 600;
+inline constexpr int kQuickSteps = 400;
 inline constexpr int kQuickBatch = 32;
 
 // "micro" (a seconds-long smoke test), "quick" (< 10 minutes on 2 cores with --jobs 2), "full".
