@@ -136,7 +136,7 @@ void write_saturation(const std::string& dir, const std::vector<SaturationRow>& 
   write_text_file(dir + "/saturation.dat", dat.str());
   std::ostringstream gp;
   gp << "# attnlab saturation: re-render with `gnuplot saturation.gp`\n"
-     << "set terminal " << gnuplot_png_terminal() << " size 1500,900\n"
+     << "set terminal " << gnuplot_png_terminal() << " size 1500,900\nset termoption noenhanced\n"
      << "set output 'saturation.png'\nset multiplot layout 2,3 title 'Attention at initialisation "
         "vs d_k ("
      << keys << " keys, x unit RMS, W ~ N(0,1/d_model))'\n"
