@@ -60,9 +60,9 @@ CheckpointMeta sample_meta(std::uint64_t step) {
 
 template <class T>
 TensorList<T> sample_optimizer_state(TinyModel<T>& m) {
-  return {{"m.layer.w", xt::xarray<T>(m.w.value * T(0.1))},
-          {"v.layer.w", xt::xarray<T>(m.w.value * m.w.value)},
-          {"step", xt::xarray<T>({T(7)})}};
+  return {{"optim.layer.w.exp_avg", xt::xarray<T>(m.w.value * T(0.1))},
+          {"optim.layer.w.exp_avg_sq", xt::xarray<T>(m.w.value * m.w.value)},
+          {"optim.layer.b.momentum", xt::xarray<T>({T(7), T(6), T(5), T(4)})}};
 }
 
 }  // namespace
@@ -80,7 +80,7 @@ TEST_CASE_TEMPLATE("checkpoint: round trip of parameters, optimizer state and me
   const auto raw = load_safetensors(path);
   REQUIRE(raw.find("layer.w") != nullptr);
   CHECK(raw.find("layer.w")->dtype == dtype_of<T>());
-  CHECK(raw.find("optim.m.layer.w") != nullptr);
+  CHECK(raw.find("optim.layer.w.exp_avg") != nullptr);
   CHECK(raw.metadata.at("format_version") == "attnlab-1");
   CHECK(raw.metadata.at("dtype") == std::string(to_string(dtype_of<T>())));
 
@@ -108,7 +108,7 @@ TEST_CASE_TEMPLATE("checkpoint: round trip of parameters, optimizer state and me
   }
 
   // With an expected optimizer state, exactly those tensors are loaded.
-  TensorList<T> expected = {{"m.layer.w", xt::xarray<T>(xt::zeros<T>({3, 4}))}};
+  TensorList<T> expected = {{"optim.layer.w.exp_avg", xt::xarray<T>(xt::zeros<T>({3, 4}))}};
   TinyModel<T> again;
   const auto partial = load_checkpoint(path, again.params(), &expected,
                                        CheckpointLoadOptions{.allow_extra_tensors = true});
@@ -218,7 +218,7 @@ TEST_CASE("checkpoint: every load failure names the file and leaves the model un
   }
   SUBCASE("a tensor that the model does not have") {
     const auto file = variant("extra.safetensors", [](SafetensorsFile& f) {
-      f.tensors.push_back(make_named_tensor<float>("layer.stray", xt::xarray<float>({1.0f})));
+      f.tensors.push_back(make_stored_tensor<float>("layer.stray", xt::xarray<float>({1.0f})));
     });
     expect_failure(file, target.params(),
                    "1 tensors in the file are not in the model: 'layer.stray'");
@@ -235,7 +235,7 @@ TEST_CASE("checkpoint: every load failure names the file and leaves the model un
         xt::xarray<float> w = tensor_values<float>(*f.find("layer.w"));
         w(1, 2) = bad;
         for (auto& t : f.tensors) {
-          if (t.name == "layer.w") t = make_named_tensor<float>("layer.w", w);
+          if (t.name == "layer.w") t = make_stored_tensor<float>("layer.w", w);
         }
       });
       expect_failure(file, target.params(), "rejected: tensor 'layer.w' has the non-finite value");
@@ -243,17 +243,20 @@ TEST_CASE("checkpoint: every load failure names the file and leaves the model un
     }
   }
   SUBCASE("expected optimizer state that is missing or has another shape") {
-    TensorList<float> optim = {{"m.layer.w", xt::xarray<float>(xt::zeros<float>({3, 4}))}};
-    expect_failure(path, target.params(), "missing tensor 'optim.m.layer.w' (optimizer state)",
-                   &optim);
+    TensorList<float> optim = {
+        {"optim.layer.w.exp_avg", xt::xarray<float>(xt::zeros<float>({3, 4}))}};
+    expect_failure(path, target.params(),
+                   "missing tensor 'optim.layer.w.exp_avg' (optimizer state)", &optim);
     CHECK(optim.size() == 1);  // untouched too
     const auto with_optim = dir.file("optim.safetensors");
     save_checkpoint(with_optim, saved.params(),
-                    {{"m.layer.w", xt::xarray<float>(xt::zeros<float>({4, 3}))}}, sample_meta(1));
-    expect_failure(with_optim, target.params(),
-                   "tensor 'optim.m.layer.w' has shape (4, 3), but the model's optimizer state "
-                   "has shape (3, 4)",
-                   &optim);
+                    {{"optim.layer.w.exp_avg", xt::xarray<float>(xt::zeros<float>({4, 3}))}},
+                    sample_meta(1));
+    expect_failure(
+        with_optim, target.params(),
+        "tensor 'optim.layer.w.exp_avg' has shape (4, 3), but the model's optimizer state "
+        "has shape (3, 4)",
+        &optim);
   }
   SUBCASE("a directory, an empty file and a truncated file") {
     expect_failure(dir.path().string(), target.params(), "is a directory");
@@ -284,10 +287,16 @@ TEST_CASE("checkpoint: saving refuses non-finite values and reserved names, keep
       CheckpointError);
   model.w.value(2, 1) = 0.0;
   CHECK_THROWS_WITH_AS(
-      save_checkpoint(path, model.params(),
-                      {{"v", xt::xarray<double>({1.0, std::numeric_limits<double>::infinity()})}},
+      save_checkpoint(
+          path, model.params(),
+          {{"optim.v", xt::xarray<double>({1.0, std::numeric_limits<double>::infinity()})}},
+          sample_meta(2)),
+      doctest::Contains("refusing to save: optimizer state 'optim.v' has the non-finite value inf"),
+      CheckpointError);
+  CHECK_THROWS_WITH_AS(
+      save_checkpoint(path, model.params(), {{"exp_avg", xt::xarray<double>({1.0})}},
                       sample_meta(2)),
-      doctest::Contains("refusing to save: optimizer state 'v' has the non-finite value inf"),
+      doctest::Contains("optimizer state 'exp_avg': its name must start with 'optim.'"),
       CheckpointError);
   CheckpointMeta reserved = sample_meta(2);
   reserved.extra["step"] = "5";
