@@ -319,14 +319,21 @@ TEST_CASE("checkpoint: saving refuses non-finite values and reserved names, keep
 TEST_CASE("checkpoint: a writer killed at random points never leaves a torn checkpoint") {
   test::TempDir dir;
   const auto path = dir.file("ckpt.safetensors");
-  // About 1 MiB, so that a write takes long enough to be interrupted in the middle.
-  TinyModel<float> model(256, 1024);
+  // Half a MiB, so that a write takes long enough to be interrupted in the middle.
+  TinyModel<float> model(128, 1024);
   const auto fill = [&](std::uint64_t step) {
     model.w.value.fill(static_cast<float>(step));
     model.b.value.fill(-static_cast<float>(step));
   };
-  fill(0);
-  save_checkpoint(path, model.params(), {}, sample_meta(0));
+  // Kills land uniformly within three save durations of the fork, so that they hit the middle of
+  // the first write as well as later ones, whatever the machine's (or the sanitizer's) speed.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    fill(0);
+    save_checkpoint(path, model.params(), {}, sample_meta(0));
+  }
+  const double save_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 3;
 
   constexpr int kKills = 50;
   Rng rng(2024);
@@ -349,13 +356,13 @@ TEST_CASE("checkpoint: a writer killed at random points never leaves a torn chec
         ::_exit(3);
       }
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(rng.below(30000)));
+    std::this_thread::sleep_for(std::chrono::duration<double>(3 * save_seconds * rng.uniform()));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
     REQUIRE(WIFSIGNALED(status));  // the writer did not fail on its own
 
-    TinyModel<float> probe(256, 1024);
+    TinyModel<float> probe(128, 1024);
     const auto loaded = load_checkpoint(path, probe.params());  // throws if torn
     const auto step = loaded.meta.step;
     CHECK(step >= last);
@@ -374,8 +381,10 @@ TEST_CASE("checkpoint: a writer killed at random points never leaves a torn chec
   for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
     mid_write += entry.path().filename().string().find(".tmp-") != std::string::npos;
   }
-  MESSAGE(kKills << " kills: " << mid_write << " in the middle of a write, " << progressed
-                 << " after a newer save; last step " << last << "; " << seconds << " s");
+  MESSAGE("one save takes " << save_seconds * 1e3 << " ms; " << kKills << " kills: " << mid_write
+                            << " in the middle of a write, " << progressed
+                            << " after a newer save; last step " << last << "; " << seconds
+                            << " s");
   // For the test to mean much, kills must land both in the middle of writes and after saves.
   CHECK(mid_write >= 5);
   CHECK(progressed >= 5);
