@@ -60,9 +60,9 @@ CheckpointMeta sample_meta(std::uint64_t step) {
 
 template <class T>
 TensorList<T> sample_optimizer_state(TinyModel<T>& m) {
-  return {{"optim.layer.w.exp_avg", xt::xarray<T>(m.w.value * T(0.1))},
-          {"optim.layer.w.exp_avg_sq", xt::xarray<T>(m.w.value * m.w.value)},
-          {"optim.layer.b.momentum", xt::xarray<T>({T(7), T(6), T(5), T(4)})}};
+  return {{"layer.w.exp_avg", xt::xarray<T>(m.w.value * T(0.1))},
+          {"layer.w.exp_avg_sq", xt::xarray<T>(m.w.value * m.w.value)},
+          {"layer.b.momentum", xt::xarray<T>({T(7), T(6), T(5), T(4)})}};
 }
 
 }  // namespace
@@ -108,7 +108,7 @@ TEST_CASE_TEMPLATE("checkpoint: round trip of parameters, optimizer state and me
   }
 
   // With an expected optimizer state, exactly those tensors are loaded.
-  TensorList<T> expected = {{"optim.layer.w.exp_avg", xt::xarray<T>(xt::zeros<T>({3, 4}))}};
+  TensorList<T> expected = {{"layer.w.exp_avg", xt::xarray<T>(xt::zeros<T>({3, 4}))}};
   TinyModel<T> again;
   const auto partial = load_checkpoint(path, again.params(), &expected,
                                        CheckpointLoadOptions{.allow_extra_tensors = true});
@@ -243,14 +243,13 @@ TEST_CASE("checkpoint: every load failure names the file and leaves the model un
     }
   }
   SUBCASE("expected optimizer state that is missing or has another shape") {
-    TensorList<float> optim = {
-        {"optim.layer.w.exp_avg", xt::xarray<float>(xt::zeros<float>({3, 4}))}};
+    TensorList<float> optim = {{"layer.w.exp_avg", xt::xarray<float>(xt::zeros<float>({3, 4}))}};
     expect_failure(path, target.params(),
                    "missing tensor 'optim.layer.w.exp_avg' (optimizer state)", &optim);
     CHECK(optim.size() == 1);  // untouched too
     const auto with_optim = dir.file("optim.safetensors");
     save_checkpoint(with_optim, saved.params(),
-                    {{"optim.layer.w.exp_avg", xt::xarray<float>(xt::zeros<float>({4, 3}))}},
+                    {{"layer.w.exp_avg", xt::xarray<float>(xt::zeros<float>({4, 3}))}},
                     sample_meta(1));
     expect_failure(
         with_optim, target.params(),
@@ -287,16 +286,10 @@ TEST_CASE("checkpoint: saving refuses non-finite values and reserved names, keep
       CheckpointError);
   model.w.value(2, 1) = 0.0;
   CHECK_THROWS_WITH_AS(
-      save_checkpoint(
-          path, model.params(),
-          {{"optim.v", xt::xarray<double>({1.0, std::numeric_limits<double>::infinity()})}},
-          sample_meta(2)),
-      doctest::Contains("refusing to save: optimizer state 'optim.v' has the non-finite value inf"),
-      CheckpointError);
-  CHECK_THROWS_WITH_AS(
-      save_checkpoint(path, model.params(), {{"exp_avg", xt::xarray<double>({1.0})}},
+      save_checkpoint(path, model.params(),
+                      {{"v", xt::xarray<double>({1.0, std::numeric_limits<double>::infinity()})}},
                       sample_meta(2)),
-      doctest::Contains("optimizer state 'exp_avg': its name must start with 'optim.'"),
+      doctest::Contains("refusing to save: optimizer state 'optim.v' has the non-finite value inf"),
       CheckpointError);
   CheckpointMeta reserved = sample_meta(2);
   reserved.extra["step"] = "5";

@@ -29,7 +29,7 @@ def write(kind, name, blob):
 def checkpoint(params, optim=None, meta=None, dtype=np.float32):
     tensors = {k: np.asarray(v, dtype=dtype) for k, v in params.items()}
     for k, v in (optim or {}).items():
-        tensors[k] = np.asarray(v, dtype=dtype)
+        tensors["optim." + k] = np.asarray(v, dtype=dtype)
     md = {"format_version": "attnlab-1", "dtype": "F32" if dtype == np.float32 else "F64",
           "model_config": '{"layers":1}', "step": "3", "rng_state": "1 2 0 0"}
     md.update(meta or {})
@@ -58,7 +58,7 @@ def main():
     # checkpoint reader: the fuzz target's model has layer.w (3, 4) and layer.b (4,), float
     write("checkpoint", "valid", checkpoint({"layer.w": w, "layer.b": b}))
     write("checkpoint", "valid_optim", checkpoint({"layer.w": w, "layer.b": b},
-                                                  optim={"optim.layer.w.exp_avg": w * 0.1, "optim.layer.w.exp_avg_sq": w * w}))
+                                                  optim={"layer.w.exp_avg": w * 0.1, "layer.w.exp_avg_sq": w * w}))
     write("checkpoint", "wrong_shape", checkpoint({"layer.w": w.T.copy(), "layer.b": b}))
     write("checkpoint", "double", checkpoint({"layer.w": w, "layer.b": b}, dtype=np.float64))
     write("checkpoint", "nan", checkpoint({"layer.w": w, "layer.b": np.array([0, np.nan, 0, 0])}))

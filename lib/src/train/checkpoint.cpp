@@ -119,13 +119,9 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
     tensors.push_back(make_stored_tensor<T>(p.name, p.param->value));
   }
   for (const auto& [name, values] : optimizer_state) {
-    if (!name.starts_with(kOptimizerTensorPrefix)) {
-      throw CheckpointError(path, "cannot save optimizer state " + in_quotes(name) +
-                                      ": its name must start with " +
-                                      in_quotes(kOptimizerTensorPrefix));
-    }
-    check_finite(path, "optimizer state " + in_quotes(name), values, "refusing to save");
-    tensors.push_back(make_stored_tensor<T>(name, values));
+    const std::string stored = std::string(kOptimizerTensorPrefix) + name;
+    check_finite(path, "optimizer state " + in_quotes(stored), values, "refusing to save");
+    tensors.push_back(make_stored_tensor<T>(stored, values));
   }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, value] : meta.extra) {
@@ -210,13 +206,15 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const ParameterList<T>
   if (optimizer_state && !optimizer_state->empty()) {
     for (const auto& [name, expected] : *optimizer_state) {
       const std::vector<std::size_t> shape(expected.shape().begin(), expected.shape().end());
-      optim.emplace_back(name, checked_tensor<T>(file, path, name, &shape, "optimizer state"));
-      used.insert(name);
+      optim.emplace_back(name,
+                         checked_tensor<T>(file, path, prefix + name, &shape, "optimizer state"));
+      used.insert(prefix + name);
     }
   } else if (optimizer_state) {
     for (const auto& t : file.tensors) {
       if (!t.name.starts_with(prefix)) continue;
-      optim.emplace_back(t.name, checked_tensor<T>(file, path, t.name, nullptr, "optimizer state"));
+      optim.emplace_back(t.name.substr(prefix.size()),
+                         checked_tensor<T>(file, path, t.name, nullptr, "optimizer state"));
       used.insert(t.name);
     }
   }

@@ -2,8 +2,8 @@
 // in one safetensors file (attnlab/train/safetensors.hpp).
 //
 // Layout: each parameter is a tensor named by its parameter name ("blocks.0.attn.w_q"), F32 for a
-// float model and F64 for a double one; optimizer state tensors keep their full names, which start
-// with "optim." (Optimizer::state_tensors(): "optim.blocks.0.attn.w_q.exp_avg").
+// float model and F64 for a double one; optimizer state tensors are stored as "optim.<name>" (the
+// API takes and returns <name> without the prefix).
 // __metadata__ holds
 //   format_version  "attnlab-1"
 //   dtype           "F32" | "F64"
@@ -35,8 +35,8 @@ namespace attnlab {
 inline constexpr std::string_view kCheckpointFormatVersion = "attnlab-1";
 inline constexpr std::string_view kOptimizerTensorPrefix = "optim.";
 
-// Named tensors that are not parameters: an optimizer's state ("optim.<param>.<slot>"); the same
-// type as Optimizer<T>::state_tensors().
+// Named tensors that are not parameters, e.g. an optimizer's state ("blocks.0.attn.w_q.exp_avg",
+// stored as "optim.blocks.0.attn.w_q.exp_avg").
 template <class T>
 using TensorList = std::vector<std::pair<std::string, xt::xarray<T>>>;
 
@@ -59,7 +59,7 @@ struct LoadedCheckpoint {
   std::vector<std::string> ignored_tensors;  // present in the file, not loaded
 };
 
-// Writes params and the optimizer state (every name must start with "optim.") to `path` atomically.
+// Writes params (by name) and the optimizer state (under "optim.") to `path` atomically.
 // Throws CheckpointError for a non-finite value (naming the tensor and the index), a duplicate or
 // reserved name, or an I/O failure (the previous file at `path` is then intact); throws
 // std::invalid_argument for a null parameter pointer.
@@ -72,10 +72,10 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
 //  - format_version is "attnlab-1", and step and rng_state parse;
 //  - every parameter is present, with dtype F32 (float) or F64 (double) and the model's shape, and
 //    finite values;
-//  - optimizer_state (when not null): if it is not empty, it names the tensors expected and their
-//    shapes (pass optimizer.state_tensors()), which must all be present; then
-//    optimizer.load_state(*optimizer_state, step) cannot fail and the restore is all-or-nothing.
-//    If it is empty it is filled with every "optim." tensor of the file;
+//  - optimizer_state (when not null): if it is not empty, it names the tensors expected (without
+//    the prefix) and their shapes, which must all be present (pass the optimizer's current state
+//    so that restoring it afterwards cannot fail: the restore is then all-or-nothing); if it is
+//    empty it is filled with every "optim." tensor of the file, prefix removed;
 //  - no other tensors, unless options.allow_extra_tensors.
 // Only then are the parameter values (and optimizer_state) assigned; grads are left alone.
 // Throws CheckpointError naming the file and the problem; params are then unchanged.
