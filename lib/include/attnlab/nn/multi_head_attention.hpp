@@ -1,0 +1,124 @@
+// Multi-head attention on the hand-written core (ops/attention.hpp).
+// Reference: Vaswani et al. 2017, §3.2.2; torch.nn.MultiheadAttention without biases.
+//
+//   Q = x W_q        (B,Tq,C)  x (C, H·D)   -> (B,Tq,H·D) -> heads (B,H,Tq,D)
+//   K = ctx W_k      (B,Tk,Cc) x (Cc, H·D)  -> (B,Tk,H·D) -> heads (B,H,Tk,D)
+//   V = ctx W_v      (B,Tk,Cc) x (Cc, H·Dv) -> (B,Tk,H·Dv) -> heads (B,H,Tk,Dv)
+//   [optional QK-norm: Q, K <- LayerNorm over D per head, shared γ, β (ViT-22B, Dehghani et al.
+//    2023; Wortsman et al. 2023)]
+//   O = sdpa(Q, K, V) (B,H,Tq,Dv) -> merged (B,Tq,H·Dv)
+//   y = O W_o        (B,Tq,H·Dv) x (H·Dv, C) -> (B,Tq,C)
+// ctx = x for self-attention. d_model C, heads H, d_k D and d_v Dv are independent.
+//
+// Parameters: "w_q", "w_k", "w_v", "w_o" drawn from N(0, 1/fan_in) in that order (so q·k has
+// variance ≈ D at init for unit-RMS inputs); with qk_norm also "q_norm.gamma", "q_norm.beta",
+// "k_norm.gamma", "k_norm.beta" (D,); with learnable_scale also "log_scale" (H,), initialised to
+// log of the mode's scale and fed to the core as SdpaOptions::head_scale = exp(log_scale).
+// None of the options changes the random draws: one seed gives the same weights in every mode.
+#pragma once
+
+#include <optional>
+
+#include "attnlab/nn/module.hpp"
+#include "attnlab/ops/attention.hpp"
+#include "attnlab/ops/layernorm.hpp"
+#include "attnlab/ops/linear.hpp"
+#include "attnlab/random.hpp"
+
+namespace attnlab {
+
+struct AttentionConfig {
+  std::size_t d_model = 0;    // C, width of the queries' input and of the output
+  std::size_t heads = 1;      // H
+  std::size_t d_k = 0;        // D; 0: d_model / heads (d_model must then divide evenly)
+  std::size_t d_v = 0;        // Dv; 0: d_model / heads (same rule)
+  std::size_t d_context = 0;  // Cc, width of the keys'/values' input (cross-attention); 0: d_model
+  SdpaOptions sdpa;           // scaling mode, explicit scale, causal; head_scale must stay empty
+  bool qk_norm = false;
+  bool learnable_scale = false;
+
+  // Throws std::invalid_argument naming the field: zero sizes, a d_model that heads do not divide
+  // when d_k or d_v is derived, a non-positive explicit scale, a non-empty sdpa.head_scale.
+  void validate() const;
+  std::size_t head_dim_k() const { return d_k ? d_k : d_model / heads; }
+  std::size_t head_dim_v() const { return d_v ? d_v : d_model / heads; }
+  std::size_t context_dim() const { return d_context ? d_context : d_model; }
+};
+
+template <class T>
+class MultiHeadAttention : public SequenceModule<T> {
+ public:
+  // Validates the config, then draws w_q, w_k, w_v, w_o from `rng`.
+  MultiHeadAttention(const AttentionConfig& config, Rng& rng);
+
+  // Self-attention without a mask: forward(x) / backward(dy) from SequenceModule.
+  using SequenceModule<T>::forward;
+  // Self-attention. x: (B, T, C); key_mask: (B, T), true = may attend (PyTorch SDPA polarity), or
+  // nullptr. Returns (B, T, C).
+  Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
+  // Cross-attention: queries from x (B, Tq, C), keys and values from context (B, Tk, Cc);
+  // key_mask: (B, Tk), true = may attend, or nullptr. Returns (B, Tq, C).
+  Tensor3<T> forward_cross(const Tensor3<T>& x, const Tensor3<T>& context,
+                           const KeyMask* key_mask = nullptr);
+
+  struct CrossGrads {
+    Tensor3<T> dx;        // (B, Tq, C)
+    Tensor3<T> dcontext;  // (B, Tk, Cc)
+  };
+  // Backward of forward_cross: returns dx and dcontext, ADDS into the parameter grads.
+  // (backward(dy) after a cross forward returns dx only.)
+  CrossGrads backward_cross(const Tensor3<T>& dy);
+
+  void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
+  std::size_t in_features() const override { return config_.d_model; }
+  std::size_t out_features() const override { return config_.d_model; }
+  std::string_view type_name() const override { return "MultiHeadAttention"; }
+  const AttentionConfig& config() const { return config_; }
+
+  // (B,H,Tq,Tk) attention weights P of the last forward (0 at hidden positions).
+  const Tensor4<T>& attention_weights() const { return sdpa_cache_.p; }
+  // (B,H,Tq,D) and (B,H,Tk,D): the queries and keys the core saw in the last forward (after
+  // QK-norm), for metrics such as the q·k variance.
+  const Tensor4<T>& queries() const { return q_; }
+  const Tensor4<T>& keys() const { return k_; }
+  // (H,) the scale each head used in the last forward.
+  std::vector<double> head_scales() const;
+  // The SdpaOptions the core receives (with head_scale filled for a learnable scale).
+  SdpaOptions sdpa_options() const;
+
+  Parameter<T> w_q;                                                   // (C, H·D)
+  Parameter<T> w_k;                                                   // (Cc, H·D)
+  Parameter<T> w_v;                                                   // (Cc, H·Dv)
+  Parameter<T> w_o;                                                   // (H·Dv, C)
+  Parameter<T> q_norm_gamma, q_norm_beta, k_norm_gamma, k_norm_beta;  // (D,) with qk_norm
+  Parameter<T> log_scale;                                             // (H,) with learnable_scale
+
+ protected:
+  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
+  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+
+ private:
+  Tensor3<T> attend(const Tensor3<T>& x, const Tensor3<T>& context, const KeyMask* key_mask,
+                    bool self);
+
+  AttentionConfig config_;
+  std::size_t H_, D_, Dv_;
+  bool self_ = true;
+  // Cache of the last forward.
+  Tensor2<T> wq_used_, wk_used_, wv_used_, wo_used_;  // weights the forward used
+  LinearCache<T, 3> q_proj_, k_proj_, v_proj_, o_proj_;
+  LayerNormCache<T, 4> q_norm_, k_norm_;
+  Tensor1<T> q_gamma_used_, k_gamma_used_;
+  Tensor4<T> q_, k_, v_;  // (B,H,Tq,D), (B,H,Tk,D), (B,H,Tk,Dv) as fed to the core
+  SdpaCache<T> sdpa_cache_;
+  Tensor3<T> dcontext_;  // (B,Tk,Cc) of the last backward after a cross forward
+};
+
+// (B,T,H·D) -> (B,H,T,D): one contiguous D-row copy per (b, t, h).
+template <class T>
+Tensor4<T> split_heads(const Tensor3<T>& x, std::size_t heads);
+// (B,H,T,D) -> (B,T,H·D), the inverse.
+template <class T>
+Tensor3<T> merge_heads(const Tensor4<T>& x);
+
+}  // namespace attnlab

@@ -1,0 +1,73 @@
+// Normalisation layers over the model width C (ops/layernorm.hpp, ops/rmsnorm.hpp).
+//   LayerNorm: parameters "gamma" (C,) ones, "beta" (C,) zeros.
+//   RMSNorm:   parameter "gamma" (C,) ones.
+// make_norm builds the one a config names, or nullptr for Norm::none (the identity).
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "attnlab/nn/module.hpp"
+#include "attnlab/ops/layernorm.hpp"
+#include "attnlab/ops/rmsnorm.hpp"
+
+namespace attnlab {
+
+enum class Norm { layernorm, rmsnorm, none };
+
+// "layernorm" | "rmsnorm" | "none"; parse throws std::invalid_argument naming the value.
+std::string_view to_string(Norm norm);
+Norm parse_norm(std::string_view text);
+
+template <class T>
+class LayerNorm : public SequenceModule<T> {
+ public:
+  explicit LayerNorm(std::size_t dim, double eps = kLayerNormEps);
+
+  void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
+  std::size_t in_features() const override { return dim_; }
+  std::size_t out_features() const override { return dim_; }
+  std::string_view type_name() const override { return "LayerNorm"; }
+
+  Parameter<T> gamma;  // (C,)
+  Parameter<T> beta;   // (C,)
+
+ protected:
+  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
+  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+
+ private:
+  std::size_t dim_;
+  double eps_;
+  LayerNormCache<T, 3> cache_;
+  Tensor1<T> gamma_used_;
+};
+
+template <class T>
+class RMSNorm : public SequenceModule<T> {
+ public:
+  explicit RMSNorm(std::size_t dim, double eps = kRmsNormEps);
+
+  void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
+  std::size_t in_features() const override { return dim_; }
+  std::size_t out_features() const override { return dim_; }
+  std::string_view type_name() const override { return "RMSNorm"; }
+
+  Parameter<T> gamma;  // (C,)
+
+ protected:
+  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
+  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+
+ private:
+  std::size_t dim_;
+  double eps_;
+  RmsNormCache<T, 3> cache_;
+  Tensor1<T> gamma_used_;
+};
+
+// A LayerNorm or RMSNorm of width dim, or nullptr for Norm::none.
+template <class T>
+std::unique_ptr<SequenceModule<T>> make_norm(Norm norm, std::size_t dim);
+
+}  // namespace attnlab

@@ -1,0 +1,50 @@
+// Positional information added to the token embeddings: x[b, t, :] + pos[t, :].
+//   learned:    parameter "table" (max_len, C) drawn from N(0, 1) (an embedding like the tokens').
+//   sinusoidal: fixed, no parameters. Vaswani et al. 2017, §3.5:
+//               pos[t, 2i] = sin(t / 10000^(2i/C)),  pos[t, 2i+1] = cos(t / 10000^(2i/C)).
+//   none:       the identity.
+#pragma once
+
+#include <string_view>
+
+#include "attnlab/nn/module.hpp"
+#include "attnlab/random.hpp"
+
+namespace attnlab {
+
+enum class PositionEncoding { learned, sinusoidal, none };
+
+// "learned" | "sinusoidal" | "none"; parse throws std::invalid_argument naming the value.
+std::string_view to_string(PositionEncoding kind);
+PositionEncoding parse_position_encoding(std::string_view text);
+
+// The (max_len, dim) sinusoidal table.
+template <class T>
+Tensor2<T> sinusoidal_table(std::size_t max_len, std::size_t dim);
+
+template <class T>
+class PositionalEncoding : public SequenceModule<T> {
+ public:
+  // Draws the learned table from `rng` (nothing is drawn for the other kinds).
+  PositionalEncoding(PositionEncoding kind, std::size_t max_len, std::size_t dim, Rng& rng);
+
+  void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
+  std::size_t in_features() const override { return dim_; }
+  std::size_t out_features() const override { return dim_; }
+  std::string_view type_name() const override { return "PositionalEncoding"; }
+  PositionEncoding kind() const { return kind_; }
+  std::size_t max_len() const { return max_len_; }
+
+  Parameter<T> table;  // (max_len, C): learned, or the fixed sinusoids (not listed as a parameter)
+
+ protected:
+  // Throws std::invalid_argument when T > max_len.
+  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
+  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+
+ private:
+  PositionEncoding kind_;
+  std::size_t max_len_, dim_;
+};
+
+}  // namespace attnlab

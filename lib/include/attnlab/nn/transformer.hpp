@@ -1,0 +1,92 @@
+// The tiny transformer of the study:
+//   x = Σ_fields embed_i(fields[i]) + pos        (B,T,C)
+//   x = blocks[0..L)(x)                          (B,T,C)
+//   logits = head(norm_f(x))                     (B,T,C) x (C,V) -> (B,T,V)
+// Parameters: "embed.fields.<i>.table", "pos.table" (learned positions), "blocks.<l>.*",
+// "ln_f.*", "head.w" (C, V), no head bias.
+//
+// Initialisation (explicit, documented, independent of the attention options): from one Rng, in
+// this order: the field tables N(0, 1), the learned position table N(0, 1), then per block
+// w_q, w_k, w_v, w_o, mlp.fc1.w, mlp.fc2.w from N(0, 1/fan_in), then head.w from N(0, 1/C).
+// Biases and norm shifts start at 0, norm gains at 1, log_scale at log of the mode's scale.
+// The scaling mode, explicit scale, causal flag, qk_norm and learnable_scale never change a draw,
+// so one seed gives every scaling mode identical initial weights.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnlab/nn/embedding.hpp"
+#include "attnlab/nn/linear.hpp"
+#include "attnlab/nn/positional.hpp"
+#include "attnlab/nn/transformer_block.hpp"
+
+namespace attnlab {
+
+struct TransformerConfig {
+  std::vector<std::size_t> vocab_sizes;  // one vocabulary per input field (at least one)
+  std::size_t max_len = 64;              // longest sequence (size of the position table)
+  std::size_t d_model = 64;              // C
+  std::size_t heads = 4;                 // H
+  std::size_t d_k = 0;                   // D; 0: d_model / heads
+  std::size_t d_v = 0;                   // Dv; 0: d_model / heads
+  std::size_t d_ff = 256;                // F (ignored when attn_only)
+  std::size_t layers = 2;                // number of blocks
+  std::size_t out_vocab = 0;             // V, the classes of the head
+  bool attn_only = false;
+  Norm norm = Norm::layernorm;
+  SdpaOptions attention;  // scaling mode, explicit scale, causal (head_scale must stay empty)
+  bool qk_norm = false;
+  bool learnable_scale = false;
+  PositionEncoding positions = PositionEncoding::learned;
+
+  // Throws std::invalid_argument whose message names the field, e.g.
+  // "TransformerConfig: d_model expected divisible by heads (4) when d_k is 0, got 30".
+  void validate() const;
+  AttentionConfig attention_config() const;
+  BlockConfig block_config() const;
+};
+
+template <class T>
+class Transformer : public Module<T> {
+ public:
+  // Validates the config, then draws every weight from `rng` (order above).
+  Transformer(const TransformerConfig& config, Rng& rng);
+
+  // fields: one (B, T) id tensor per vocabulary, ids in [0, vocab) or kNoToken (-1: absent);
+  // key_mask: (B, T), true = may attend, or nullptr. Returns logits (B, T, out_vocab).
+  // Throws std::invalid_argument on a wrong field count or T > max_len, ShapeError on mismatch.
+  Tensor3<T> forward(const std::vector<TokenIds>& fields, const KeyMask* key_mask = nullptr);
+  // dlogits: (B, T, out_vocab) of the last forward. ADDS into every parameter's grad.
+  // Throws std::logic_error before forward, ShapeError on mismatch.
+  void backward(const Tensor3<T>& dlogits);
+
+  void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
+  const TransformerConfig& config() const { return config_; }
+  std::size_t num_blocks() const { return blocks_.size(); }
+  TransformerBlock<T>& block(std::size_t i) { return *blocks_.at(i); }
+  const TransformerBlock<T>& block(std::size_t i) const { return *blocks_.at(i); }
+
+  // Non-finite check for the trainer. When enabled (off by default: it costs one pass over each
+  // activation and gradient), forward and backward record the first place whose output or
+  // gradient holds a NaN or inf, e.g. "blocks.1.attn (head 2)" or "head"; forward clears the
+  // record. first_nonfinite() is empty while everything was finite.
+  void set_nonfinite_check(bool enabled);
+  std::optional<std::string> first_nonfinite() const { return first_nonfinite_; }
+
+ private:
+  void note(const Tensor3<T>& t, const std::string& where);
+
+  TransformerConfig config_;
+  MultiFieldEmbedding<T> embed_;
+  PositionalEncoding<T> pos_;
+  std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
+  std::unique_ptr<SequenceModule<T>> norm_f_;  // nullptr for Norm::none
+  Linear<T> head_;
+  bool has_forward_ = false;
+  bool check_nonfinite_ = false;
+  std::optional<std::string> first_nonfinite_;
+};
+
+}  // namespace attnlab

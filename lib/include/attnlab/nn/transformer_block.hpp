@@ -1,0 +1,68 @@
+// A pre-LN transformer block (Xiong et al. 2020; GPT-2):
+//   h = x + attn(norm1(x))
+//   y = h + mlp(norm2(h))          (omitted in the attention-only variant: y = h)
+// norm is LayerNorm, RMSNorm or none (the identity).
+// Parameters: "ln1.*", "attn.*", and unless attn_only "ln2.*", "mlp.fc1.*", "mlp.fc2.*".
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "attnlab/nn/feed_forward.hpp"
+#include "attnlab/nn/multi_head_attention.hpp"
+#include "attnlab/nn/norm.hpp"
+
+namespace attnlab {
+
+struct BlockConfig {
+  AttentionConfig attention;
+  std::size_t d_ff = 0;  // F, the MLP width (ignored when attn_only)
+  bool attn_only = false;
+  Norm norm = Norm::layernorm;
+
+  // Throws std::invalid_argument naming the field (attention.validate() included).
+  void validate() const;
+};
+
+template <class T>
+class TransformerBlock : public SequenceModule<T> {
+ public:
+  // Draws attention weights, then MLP weights, from `rng`.
+  TransformerBlock(const BlockConfig& config, Rng& rng);
+
+  using SequenceModule<T>::forward;
+  // x: (B, T, C); key_mask: (B, T), true = may attend, or nullptr. Returns (B, T, C).
+  Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
+
+  void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
+  std::size_t in_features() const override { return config_.attention.d_model; }
+  std::size_t out_features() const override { return config_.attention.d_model; }
+  std::string_view type_name() const override { return "TransformerBlock"; }
+  const BlockConfig& config() const { return config_; }
+
+  MultiHeadAttention<T>& attention() { return attn_; }
+  const MultiHeadAttention<T>& attention() const { return attn_; }
+
+  // When enabled, forward and backward record the first sub-module ("ln1", "attn", "ln2", "mlp")
+  // whose output or input gradient holds a non-finite value (see Transformer::first_nonfinite).
+  void set_nonfinite_check(bool enabled) { check_nonfinite_ = enabled; }
+  const std::optional<std::string>& first_nonfinite() const { return first_nonfinite_; }
+  void clear_nonfinite() { first_nonfinite_.reset(); }
+
+ protected:
+  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
+  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+
+ private:
+  Tensor3<T> run_forward(const Tensor3<T>& x, const KeyMask* key_mask);
+  void note(const Tensor3<T>& t, const char* where);
+
+  BlockConfig config_;
+  std::unique_ptr<SequenceModule<T>> norm1_, norm2_;  // nullptr for Norm::none
+  MultiHeadAttention<T> attn_;
+  std::unique_ptr<FeedForward<T>> mlp_;  // nullptr when attn_only
+  bool check_nonfinite_ = false;
+  std::optional<std::string> first_nonfinite_;
+};
+
+}  // namespace attnlab

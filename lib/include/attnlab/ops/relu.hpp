@@ -1,0 +1,26 @@
+// ReLU activation, forward and backward.
+// Reference: torch.nn.functional.relu. The derivative at exactly 0 is taken as 0, as in PyTorch.
+//
+//   y = max(x, 0)
+#pragma once
+
+#include <cstddef>
+
+#include "attnlab/tensor.hpp"
+
+namespace attnlab {
+
+template <class T, std::size_t N>
+struct ReluCache {
+  Tensor<T, N> x;
+};
+
+// x: any shape. Returns y (same shape) and fills `cache`.
+template <class T, std::size_t N>
+Tensor<T, N> relu_forward(ReluCache<T, N>& cache, const Tensor<T, N>& x);
+
+// dy: same shape as x. Returns dx = dy where x > 0, else 0 (assigns).
+template <class T, std::size_t N>
+Tensor<T, N> relu_backward(const Tensor<T, N>& dy, const ReluCache<T, N>& cache);
+
+}  // namespace attnlab

@@ -1,0 +1,81 @@
+// The optimizer base: owns the list of named parameters it updates, their per-parameter state
+// tensors ("slots" such as exp_avg) and the step count, and makes that state addressable by name
+// so that a checkpoint can save and restore it.
+//
+// Reference: torch.optim.Optimizer (state_dict / load_state_dict), flattened to named tensors.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+#include "attnlab/nn/parameter.hpp"
+
+namespace attnlab {
+
+// One named state tensor, e.g. {"optim.blocks.0.attn.w_q.exp_avg", (C, C)}.
+template <class T>
+using NamedTensor = std::pair<std::string, xt::xarray<T>>;
+
+// "optim.<param>.<slot>": the name of a state tensor in state_tensors() and in checkpoints.
+std::string optim_state_name(const std::string& param, const std::string& slot);
+
+template <class T>
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter from its current grad, at the current lr. Reads the grads and
+  // does not clear them. Throws ShapeError naming the parameter if a value or grad no longer has
+  // the shape the parameter had at construction.
+  void step();
+  // Assigns 0 to every grad.
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  // Throws std::invalid_argument unless lr is finite and >= 0.
+  void set_lr(double lr);
+  // Updates taken so far (the t of the bias corrections; 0 before the first step).
+  std::size_t step_count() const { return step_; }
+  const ParameterList<T>& parameters() const { return params_; }
+  // "SGD" or "AdamW"; the op name in error messages.
+  const std::string& name() const { return name_; }
+
+  // Every state tensor, named optim_state_name(param, slot), in parameter order then slot order.
+  // The step count is separate: step_count(). The tensors are copies.
+  std::vector<NamedTensor<T>> state_tensors() const;
+  // Restores what state_tensors() and step_count() returned, for the same parameters (same names
+  // and shapes). All checks run before anything is assigned: a missing, unknown or duplicate name
+  // throws std::invalid_argument naming the tensor, a wrong shape throws ShapeError.
+  void load_state(const std::vector<NamedTensor<T>>& tensors, std::size_t step_count);
+
+ protected:
+  // Validates the list: non-empty, no null Parameter, no empty or duplicate name, no Parameter
+  // listed twice, every grad shaped like its value. Errors name the parameter.
+  Optimizer(std::string name, ParameterList<T> params, double lr);
+
+  // Adds a zero-initialised state tensor per parameter, shaped like the parameter; returns its
+  // slot.
+  std::size_t add_slot(const std::string& slot);
+  // State tensor `slot` of parameter i.
+  xt::xarray<T>& state(std::size_t slot, std::size_t i) { return slots_[slot][i]; }
+
+  // Updates parameter i; t is the 1-based number of this step.
+  virtual void update(std::size_t i, Parameter<T>& p, std::size_t t) = 0;
+
+ private:
+  std::string name_;
+  ParameterList<T> params_;
+  std::vector<std::vector<std::size_t>> shapes_;   // shape of each parameter at construction
+  std::vector<std::string> slot_names_;            // e.g. {"exp_avg", "exp_avg_sq"}
+  std::vector<std::vector<xt::xarray<T>>> slots_;  // slots_[slot][param]
+  double lr_ = 0;
+  std::size_t step_ = 0;
+};
+
+}  // namespace attnlab

@@ -1,0 +1,92 @@
+#include "attnlab/nn/positional.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace attnlab {
+
+std::string_view to_string(PositionEncoding kind) {
+  switch (kind) {
+    case PositionEncoding::learned:
+      return "learned";
+    case PositionEncoding::sinusoidal:
+      return "sinusoidal";
+    case PositionEncoding::none:
+      return "none";
+  }
+  return "?";
+}
+
+PositionEncoding parse_position_encoding(std::string_view text) {
+  if (text == "learned") return PositionEncoding::learned;
+  if (text == "sinusoidal") return PositionEncoding::sinusoidal;
+  if (text == "none") return PositionEncoding::none;
+  throw std::invalid_argument(
+      "parse_position_encoding: positions expected learned|sinusoidal|none, got '" +
+      std::string(text) + "'");
+}
+
+template <class T>
+Tensor2<T> sinusoidal_table(std::size_t max_len, std::size_t dim) {
+  constexpr double kBase = 10000.0;  // Vaswani et al. 2017, §3.5
+  Tensor2<T> table({max_len, dim});
+  for (std::size_t t = 0; t < max_len; ++t) {
+    for (std::size_t c = 0; c < dim; ++c) {
+      const double freq = std::pow(kBase, -static_cast<double>(c - c % 2) / double(dim));
+      const double angle = double(t) * freq;
+      table(t, c) = static_cast<T>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+    }
+  }
+  return table;
+}
+
+template <class T>
+PositionalEncoding<T>::PositionalEncoding(PositionEncoding kind, std::size_t max_len,
+                                          std::size_t dim, Rng& rng)
+    : kind_(kind), max_len_(max_len), dim_(dim) {
+  check_arg(max_len > 0, "PositionalEncoding", "max_len", "> 0", std::to_string(max_len));
+  check_arg(dim > 0, "PositionalEncoding", "dim", "> 0", std::to_string(dim));
+  if (kind == PositionEncoding::learned) {
+    table = make_parameter<T>(randn<T, 2>({max_len, dim}, rng, 1.0));
+  } else if (kind == PositionEncoding::sinusoidal) {
+    table = make_parameter<T>(sinusoidal_table<T>(max_len, dim));
+  }
+}
+
+template <class T>
+void PositionalEncoding<T>::collect_parameters(const std::string& prefix, ParameterList<T>& out) {
+  if (kind_ == PositionEncoding::learned) out.push_back({prefix + "table", &table});
+}
+
+template <class T>
+Tensor3<T> PositionalEncoding<T>::forward_impl(const Tensor3<T>& x) {
+  const std::size_t B = x.shape()[0], Tn = x.shape()[1], C = dim_;
+  check_arg(Tn <= max_len_, "PositionalEncoding", "x (B, T, C)",
+            "T <= max_len = " + std::to_string(max_len_), "T = " + std::to_string(Tn));
+  Tensor3<T> y = x;
+  if (kind_ == PositionEncoding::none) return y;
+  const T* pos = table.value.data();
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t i = 0; i < Tn * C; ++i) y.data()[b * Tn * C + i] += pos[i];  // + pos[t, c]
+  }
+  return y;
+}
+
+template <class T>
+Tensor3<T> PositionalEncoding<T>::backward_impl(const Tensor3<T>& dy) {
+  if (kind_ == PositionEncoding::learned) {
+    const std::size_t B = dy.shape()[0], Tn = dy.shape()[1], C = dim_;
+    T* g = table.grad.data();
+    for (std::size_t b = 0; b < B; ++b) {
+      for (std::size_t i = 0; i < Tn * C; ++i) g[i] += dy.data()[b * Tn * C + i];
+    }
+  }
+  return dy;
+}
+
+template Tensor2<float> sinusoidal_table<float>(std::size_t, std::size_t);
+template Tensor2<double> sinusoidal_table<double>(std::size_t, std::size_t);
+template class PositionalEncoding<float>;
+template class PositionalEncoding<double>;
+
+}  // namespace attnlab

@@ -1,0 +1,116 @@
+#include "attnlab/nn/transformer_block.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace attnlab {
+
+void BlockConfig::validate() const {
+  attention.validate();
+  if (!attn_only) check_arg(d_ff > 0, "BlockConfig", "d_ff", "> 0", std::to_string(d_ff));
+}
+
+namespace {
+template <class T>
+bool all_finite(const Tensor3<T>& t) {
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (!std::isfinite(t.data()[i])) return false;
+  }
+  return true;
+}
+}  // namespace
+
+template <class T>
+TransformerBlock<T>::TransformerBlock(const BlockConfig& config, Rng& rng)
+    : config_((config.validate(), config)),
+      norm1_(make_norm<T>(config.norm, config.attention.d_model)),
+      norm2_(config.attn_only ? nullptr : make_norm<T>(config.norm, config.attention.d_model)),
+      attn_(config.attention, rng) {
+  if (!config_.attn_only) {
+    mlp_ = std::make_unique<FeedForward<T>>(config_.attention.d_model, config_.d_ff, rng);
+  }
+}
+
+template <class T>
+void TransformerBlock<T>::collect_parameters(const std::string& prefix, ParameterList<T>& out) {
+  if (norm1_) norm1_->collect_parameters(prefix + "ln1.", out);
+  attn_.collect_parameters(prefix + "attn.", out);
+  if (norm2_) norm2_->collect_parameters(prefix + "ln2.", out);
+  if (mlp_) mlp_->collect_parameters(prefix + "mlp.", out);
+}
+
+template <class T>
+void TransformerBlock<T>::note(const Tensor3<T>& t, const char* where) {
+  if (!check_nonfinite_ || first_nonfinite_ || all_finite(t)) return;
+  first_nonfinite_ = where;
+}
+
+template <class T>
+Tensor3<T> TransformerBlock<T>::run_forward(const Tensor3<T>& x, const KeyMask* key_mask) {
+  first_nonfinite_.reset();
+  // h = x + attn(norm1(x))
+  Tensor3<T> a = norm1_ ? norm1_->forward(x) : x;
+  note(a, "ln1");
+  a = attn_.forward(a, key_mask);
+  if (check_nonfinite_ && !first_nonfinite_ && !all_finite(a)) {
+    // Name the first head whose attention weights went non-finite, if any.
+    const auto& p = attn_.attention_weights();
+    const std::size_t B = p.shape()[0], H = p.shape()[1], n = p.shape()[2] * p.shape()[3];
+    std::string where = "attn";
+    for (std::size_t h = 0; h < H && where == "attn"; ++h) {
+      for (std::size_t b = 0; b < B; ++b) {
+        const T* s = p.data() + (b * H + h) * n;
+        if (!std::all_of(s, s + n, [](T v) { return std::isfinite(v); })) {
+          where = "attn (head " + std::to_string(h) + ")";
+          break;
+        }
+      }
+    }
+    first_nonfinite_ = where;
+  }
+  Tensor3<T> h = x + a;
+  if (!mlp_) return h;
+  // y = h + mlp(norm2(h))
+  Tensor3<T> m = norm2_ ? norm2_->forward(h) : h;
+  note(m, "ln2");
+  m = mlp_->forward(m);
+  note(m, "mlp");
+  return h + m;
+}
+
+template <class T>
+Tensor3<T> TransformerBlock<T>::forward_impl(const Tensor3<T>& x) {
+  return run_forward(x, nullptr);
+}
+
+template <class T>
+Tensor3<T> TransformerBlock<T>::forward(const Tensor3<T>& x, const KeyMask* key_mask) {
+  this->check_input(x);
+  Tensor3<T> y = run_forward(x, key_mask);
+  this->mark_forward(x.shape()[0], x.shape()[1]);
+  return y;
+}
+
+template <class T>
+Tensor3<T> TransformerBlock<T>::backward_impl(const Tensor3<T>& dy) {
+  // Reverse of run_forward. dh collects both paths of each residual.
+  Tensor3<T> dh = dy;
+  if (mlp_) {
+    Tensor3<T> dm = mlp_->backward(dy);  // y = h + mlp(norm2(h))
+    note(dm, "mlp (gradient)");
+    if (norm2_) dm = norm2_->backward(dm);
+    note(dm, "ln2 (gradient)");
+    dh += dm;
+  }
+  Tensor3<T> da = attn_.backward(dh);  // h = x + attn(norm1(x))
+  note(da, "attn (gradient)");
+  if (norm1_) da = norm1_->backward(da);
+  note(da, "ln1 (gradient)");
+  dh += da;
+  return dh;
+}
+
+template class TransformerBlock<float>;
+template class TransformerBlock<double>;
+
+}  // namespace attnlab

@@ -1,0 +1,72 @@
+#include "attnlab/ops/gelu.hpp"
+
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+namespace attnlab {
+
+namespace {
+constexpr double kGeluCubic = 0.044715;
+
+template <class T>
+T gelu_value(T x, GeluApproximation a) {
+  if (a == GeluApproximation::exact) {
+    return T(0.5) * x * (T(1) + std::erf(x / T(std::numbers::sqrt2)));
+  }
+  const T c = T(std::sqrt(2.0 / std::numbers::pi));
+  return T(0.5) * x * (T(1) + std::tanh(c * (x + T(kGeluCubic) * x * x * x)));
+}
+
+template <class T>
+T gelu_derivative(T x, GeluApproximation a) {
+  if (a == GeluApproximation::exact) {
+    // d/dx x Φ(x) = Φ(x) + x φ(x)
+    const T cdf = T(0.5) * (T(1) + std::erf(x / T(std::numbers::sqrt2)));
+    const T pdf = std::exp(T(-0.5) * x * x) / T(std::sqrt(2.0 * std::numbers::pi));
+    return cdf + x * pdf;
+  }
+  // u = c (x + a x³), y = ½ x (1 + tanh u): y' = ½ (1 + tanh u) + ½ x (1 − tanh² u) c (1 + 3a x²)
+  const T c = T(std::sqrt(2.0 / std::numbers::pi));
+  const T t = std::tanh(c * (x + T(kGeluCubic) * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3 * kGeluCubic) * x * x);
+}
+}  // namespace
+
+template <class T, std::size_t N>
+Tensor<T, N> gelu_forward(GeluCache<T, N>& cache, const Tensor<T, N>& x,
+                          GeluApproximation approximation) {
+  Tensor<T, N> y(x.shape());
+  for (std::size_t i = 0; i < x.size(); ++i) y.data()[i] = gelu_value(x.data()[i], approximation);
+  cache.x = x;
+  cache.approximation = approximation;
+  return y;
+}
+
+template <class T, std::size_t N>
+Tensor<T, N> gelu_backward(const Tensor<T, N>& dy, const GeluCache<T, N>& cache) {
+  if (cache.x.size() == 0) {
+    throw std::logic_error("gelu_backward: the cache is empty: call gelu_forward first");
+  }
+  const auto& shape = cache.x.shape();
+  check_extents("gelu_backward", "dy",
+                std::vector<std::size_t>(dy.shape().begin(), dy.shape().end()),
+                std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
+  Tensor<T, N> dx(shape);
+  for (std::size_t i = 0; i < dx.size(); ++i) {
+    dx.data()[i] = dy.data()[i] * gelu_derivative(cache.x.data()[i], cache.approximation);
+  }
+  return dx;
+}
+
+#define ATTNLAB_INSTANTIATE_GELU(T, N)                                            \
+  template Tensor<T, N> gelu_forward<T, N>(GeluCache<T, N>&, const Tensor<T, N>&, \
+                                           GeluApproximation);                    \
+  template Tensor<T, N> gelu_backward<T, N>(const Tensor<T, N>&, const GeluCache<T, N>&);
+ATTNLAB_INSTANTIATE_GELU(float, 2)
+ATTNLAB_INSTANTIATE_GELU(float, 3)
+ATTNLAB_INSTANTIATE_GELU(double, 2)
+ATTNLAB_INSTANTIATE_GELU(double, 3)
+#undef ATTNLAB_INSTANTIATE_GELU
+
+}  // namespace attnlab

@@ -1,0 +1,212 @@
+// The attnlab binary, run as a user runs it: bad input gives one line and status 2, a tiny run
+// learns, the micro study writes every output, data files round-trip through make-data and train,
+// runs are deterministic, and resume continues exactly.
+#include <doctest/doctest.h>
+
+#ifdef ATTNLAB_CLI_PATH
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh scratch folder per test case (ctest runs cases in parallel processes).
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("attnlab_cli_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+Run cli(const std::string& args, const fs::path& dir) {
+  const std::string cmd = std::string("'") + ATTNLAB_CLI_PATH + "' " + args + " >'" +
+                          (dir / "stdout.txt").string() + "' 2>'" + (dir / "stderr.txt").string() +
+                          "'";
+  const int raw = std::system(cmd.c_str());
+  Run r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(dir / "stdout.txt");
+  r.err = slurp(dir / "stderr.txt");
+  return r;
+}
+
+// Exactly one line on stderr, "attnlab: error: ...", and status 2.
+void check_bad_input(const std::string& args, const fs::path& dir, const std::string& needle) {
+  CAPTURE(args);
+  const Run r = cli(args, dir);
+  CHECK(r.status == 2);
+  CHECK(r.err.rfind("attnlab: error: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find(needle) != std::string::npos);
+}
+
+const char* kTinyRecall =
+    "--task recall --keys 8 --values 8 --pairs 4 --d-model 16 --heads 1 --attn-only "
+    "--batch 16 --eval-size 64 --threads 1 --quiet";
+
+}  // namespace
+
+TEST_CASE("cli: bad flag values print one error line and exit with status 2") {
+  const auto dir = scratch("bad_flags");
+  check_bad_input("train --steps -5", dir, "--steps");
+  check_bad_input("train --steps 0", dir, "--steps");
+  check_bad_input("train --scaling sqrt", dir, "--scaling");
+  check_bad_input("train --d-model 64 --heads 3", dir, "--heads 3");
+  check_bad_input("train --lr nan", dir, "--lr");
+  check_bad_input("train --lr -1", dir, "--lr");
+  check_bad_input("train --lr abc", dir, "--lr");
+  check_bad_input("train --task copy", dir, "--task");
+  check_bad_input("train --data '" + (dir / "missing.txt").string() + "'", dir, "missing.txt");
+  check_bad_input("train --frobnicate", dir, "frobnicate");
+  check_bad_input("study --preset huge", dir, "--preset");
+  check_bad_input("study --jobs 0", dir, "--jobs");
+  check_bad_input("gradcheck --layer conv", dir, "--layer");
+  check_bad_input("eval --checkpoint '" + (dir / "nope").string() + "'", dir, "nope");
+  check_bad_input("", dir, "subcommand");
+  // A malformed data line names the file and the line.
+  std::ofstream(dir / "bad.txt") << "# header\n1 2 3 | 3 2 1\n1 2 3 3 2 1\n";
+  check_bad_input(
+      "train --task reverse --length 3 --symbols 4 --data '" + (dir / "bad.txt").string() + "'",
+      dir, "bad.txt:3: missing '|'");
+  // --help works everywhere and is not an error.
+  for (const char* sub :
+       {"", "train ", "eval ", "study ", "gradcheck ", "saturation ", "make-data "}) {
+    const Run r = cli(std::string(sub) + "--help", dir);
+    CHECK(r.status == 0);
+    CHECK(r.err.empty());
+    CHECK(r.out.find("Usage") != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
+  const auto dir = scratch("tiny_train");
+  const Run r =
+      cli(std::string("train ") + kTinyRecall + " --steps 150 --lr 0.01 --eval-every 50 --out '" +
+              (dir / "run").string() + "'",
+          dir);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  for (const char* f : {"metrics.csv", "summary.json", "model.safetensors"})
+    CHECK(fs::exists(dir / "run" / f));
+  const auto summary = nlohmann::json::parse(slurp(dir / "run" / "summary.json"));
+  CHECK(summary["final_eval_loss"].get<double>() < 0.8 * summary["init_eval_loss"].get<double>());
+  CHECK(summary["status"] == "finished");
+  // eval reads the checkpoint back and reports the same loss.
+  const Run e = cli("eval --checkpoint '" + (dir / "run").string() + "' --show 1", dir);
+  REQUIRE(e.status == 0);
+  CHECK(e.out.find("query attention") != std::string::npos);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "loss %.4f", summary["final_eval_loss"].get<double>());
+  CHECK(e.out.find(expected) != std::string::npos);
+}
+
+TEST_CASE("cli: same seed and threads give an identical metrics.csv") {
+  const auto dir = scratch("determinism");
+  for (const char* name : {"a", "b"}) {
+    const Run r =
+        cli(std::string("train ") + kTinyRecall + " --steps 30 --eval-every 10 --seed 7 --out '" +
+                (dir / name).string() + "'",
+            dir);
+    REQUIRE(r.status == 0);
+  }
+  const std::string a = slurp(dir / "a" / "metrics.csv");
+  CHECK(a.size() > 100);
+  CHECK(a == slurp(dir / "b" / "metrics.csv"));
+  const Run c = cli(std::string("train ") + kTinyRecall +
+                        " --steps 30 --eval-every 10 --seed 8 --out '" + (dir / "c").string() + "'",
+                    dir);
+  REQUIRE(c.status == 0);
+  CHECK(a != slurp(dir / "c" / "metrics.csv"));
+}
+
+TEST_CASE("cli: resume continues exactly (40 steps == 20 + save + resume + 20)") {
+  const auto dir = scratch("resume");
+  const std::string common =
+      std::string("train ") + kTinyRecall + " --steps 40 --eval-every 5 --lr 0.01 --seed 3";
+  REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  const Run first = cli(common + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir);
+  CHECK(first.status == 130);  // stopped early, checkpoint saved
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  const std::string full = slurp(dir / "full" / "metrics.csv");
+  CHECK(full.size() > 100);
+  CHECK(full == slurp(dir / "split" / "metrics.csv"));
+}
+
+TEST_CASE("cli: make-data then train --data round trip") {
+  const auto dir = scratch("data_round_trip");
+  const Run m =
+      cli("make-data --task sort --length 5 --symbols 6 --train-size 300 --valid-size 50 --out '" +
+              (dir / "data").string() + "'",
+          dir);
+  REQUIRE(m.status == 0);
+  REQUIRE(fs::exists(dir / "data" / "sort" / "train.txt"));
+  const Run t =
+      cli("train --quiet --task sort --length 5 --symbols 6 --d-model 16 --heads 2 --attn-only "
+          "--steps 20 "
+          "--batch 8 --eval-every 10 --data '" +
+              (dir / "data" / "sort" / "train.txt").string() + "' --out '" +
+              (dir / "run").string() + "'",
+          dir);
+  REQUIRE(t.status == 0);
+  CHECK(fs::exists(dir / "run" / "metrics.csv"));
+  // The file's shape must match the task: a different length is a clear error.
+  check_bad_input("train --quiet --task sort --length 6 --symbols 6 --data '" +
+                      (dir / "data" / "sort" / "train.txt").string() + "'",
+                  dir, "positions, the task expects 6");
+}
+
+TEST_CASE("cli: the micro study writes every output file") {
+  const auto dir = scratch("micro_study");
+  const Run r =
+      cli("study --preset micro --jobs 2 --quiet --out '" + (dir / "study").string() + "'", dir);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  for (const char* f : {"summary.csv", "summary.md", "recall_adamw_loss_vs_lr.png",
+                        "recall_adamw_loss_vs_lr.dat", "recall_adamw_loss_vs_lr.gp",
+                        "recall_adamw_curves_dk16.png", "recall_adamw_curves_dk16.dat",
+                        "recall_adamw_curves_dk16.gp", "recall_adamw_attention_dk16.png",
+                        "recall_adamw_attention_dk16.dat", "recall_adamw_attention_dk16.gp"}) {
+    CAPTURE(f);
+    CHECK(fs::exists(dir / "study" / f));
+  }
+  const std::string csv = slurp(dir / "study" / "summary.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 3 * 2 * 2);
+  const std::string md = slurp(dir / "study" / "summary.md");
+  CHECK(md.find("LR sensitivity") != std::string::npos);
+  CHECK(md.find("fails at every LR") != std::string::npos);
+  CHECK(r.out.find("summary.md") != std::string::npos);
+}
+
+TEST_CASE("cli: saturation writes its table and plot") {
+  const auto dir = scratch("saturation");
+  const Run r = cli("saturation --keys 16 --batch 2 --out '" + (dir / "sat").string() + "'", dir);
+  REQUIRE(r.status == 0);
+  for (const char* f :
+       {"saturation.csv", "saturation.md", "saturation.dat", "saturation.gp", "saturation.png"})
+    CHECK(fs::exists(dir / "sat" / f));
+  CHECK(r.out.find("Var(q.k)/d_k") != std::string::npos);
+}
+
+#endif  // ATTNLAB_CLI_PATH

@@ -1,0 +1,126 @@
+// linear, layernorm, rmsnorm, gelu, relu, embedding and cross-entropy against golden values from
+// PyTorch (tests/golden/make_goldens.py: F.linear, F.layer_norm, F.gelu, F.embedding,
+// F.cross_entropy and autograd, in float64).
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <xtensor/xarray.hpp>
+
+#include "attnlab/ops/cross_entropy.hpp"
+#include "attnlab/ops/embedding.hpp"
+#include "attnlab/ops/gelu.hpp"
+#include "attnlab/ops/layernorm.hpp"
+#include "attnlab/ops/linear.hpp"
+#include "attnlab/ops/relu.hpp"
+#include "attnlab/ops/rmsnorm.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+using attnlab::test::golden_file;
+using attnlab::test::golden_tensor;
+using attnlab::test::rel_error;
+
+namespace {
+constexpr double kGoldenTol = 1e-12;  // float64 on both sides; only summation order differs
+
+const nlohmann::json& layer_case(const std::string& name) {
+  for (const auto& c : golden_file("layers.json").at("cases")) {
+    if (c.at("name") == name) return c;
+  }
+  throw std::runtime_error("layers.json has no case " + name);
+}
+}  // namespace
+
+TEST_CASE("golden: linear y = x W + b with W stored (in, out) matches PyTorch") {
+  const auto& c = layer_case("linear");
+  REQUIRE(c.at("config").at("weight_layout") == "in_out");
+  const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+  const Tensor2<double> w = golden_tensor(c, "w");
+  const Tensor1<double> b = golden_tensor(c, "b");
+  LinearCache<double, 3> cache;
+  const auto y = linear_forward<double, 3>(cache, x, w, &b);
+  CHECK(rel_error(y, golden_tensor(c, "y")) < kGoldenTol);
+  const auto g = linear_backward<double, 3>(r, cache, w, true);
+  CHECK(rel_error(g.dx, golden_tensor(c, "dx")) < kGoldenTol);
+  CHECK(rel_error(g.dw, golden_tensor(c, "dw")) < kGoldenTol);
+  CHECK(rel_error(g.db, golden_tensor(c, "db")) < kGoldenTol);
+}
+
+TEST_CASE("golden: layernorm and rmsnorm match PyTorch (eps 1e-5)") {
+  {
+    const auto& c = layer_case("layernorm");
+    CHECK(c.at("config").at("eps").get<double>() == kLayerNormEps);
+    const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+    const Tensor1<double> gamma = golden_tensor(c, "gamma"), beta = golden_tensor(c, "beta");
+    LayerNormCache<double, 3> cache;
+    CHECK(rel_error(layernorm_forward<double, 3>(cache, x, gamma, beta), golden_tensor(c, "y")) <
+          kGoldenTol);
+    const auto g = layernorm_backward<double, 3>(r, cache, gamma);
+    CHECK(rel_error(g.dx, golden_tensor(c, "dx")) < kGoldenTol);
+    CHECK(rel_error(g.dgamma, golden_tensor(c, "dgamma")) < kGoldenTol);
+    CHECK(rel_error(g.dbeta, golden_tensor(c, "dbeta")) < kGoldenTol);
+  }
+  {
+    const auto& c = layer_case("rmsnorm");
+    CHECK(c.at("config").at("eps").get<double>() == kRmsNormEps);
+    const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+    const Tensor1<double> gamma = golden_tensor(c, "gamma");
+    RmsNormCache<double, 3> cache;
+    CHECK(rel_error(rmsnorm_forward<double, 3>(cache, x, gamma), golden_tensor(c, "y")) <
+          kGoldenTol);
+    const auto g = rmsnorm_backward<double, 3>(r, cache, gamma);
+    CHECK(rel_error(g.dx, golden_tensor(c, "dx")) < kGoldenTol);
+    CHECK(rel_error(g.dgamma, golden_tensor(c, "dgamma")) < kGoldenTol);
+  }
+}
+
+TEST_CASE("golden: gelu (tanh and exact) and relu match PyTorch") {
+  for (const auto& [name, approximation] : {std::pair{"gelu_tanh", GeluApproximation::tanh},
+                                            std::pair{"gelu_none", GeluApproximation::exact}}) {
+    CAPTURE(name);
+    const auto& c = layer_case(name);
+    const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+    GeluCache<double, 3> cache;
+    CHECK(rel_error(gelu_forward<double, 3>(cache, x, approximation), golden_tensor(c, "y")) <
+          kGoldenTol);
+    CHECK(rel_error(gelu_backward<double, 3>(r, cache), golden_tensor(c, "dx")) < kGoldenTol);
+  }
+  const auto& c = layer_case("relu");
+  const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+  ReluCache<double, 3> cache;
+  CHECK(rel_error(relu_forward<double, 3>(cache, x), golden_tensor(c, "y")) == 0);
+  CHECK(rel_error(relu_backward<double, 3>(r, cache), golden_tensor(c, "dx")) == 0);
+}
+
+TEST_CASE("golden: embedding gather and scatter-add with repeated ids match PyTorch") {
+  const auto& c = layer_case("embedding");
+  const Tensor2<double> table = golden_tensor(c, "table");
+  const TokenIds ids = xt::cast<int>(golden_tensor(c, "ids"));
+  const Tensor3<double> r = golden_tensor(c, "r");
+  EmbeddingCache cache;
+  CHECK(rel_error(embedding_forward<double>(cache, ids, table), golden_tensor(c, "y")) == 0);
+  const auto dtable = embedding_backward<double>(r, cache);
+  CHECK(rel_error(dtable, golden_tensor(c, "dtable")) < kGoldenTol);
+  // ids 0 and 6 are unused: their rows get exactly zero gradient.
+  for (std::size_t j = 0; j < 3; ++j) {
+    CHECK(dtable(0, j) == 0);
+    CHECK(dtable(6, j) == 0);
+  }
+}
+
+TEST_CASE("golden: cross-entropy with ignore_index and logits of +-50 matches PyTorch") {
+  const auto& file = golden_file("cross_entropy.json");
+  REQUIRE(file.at("cases").size() >= 3);
+  for (const auto& c : file.at("cases")) {
+    const std::string name = c.at("name");
+    CAPTURE(name);
+    const Tensor3<double> logits = golden_tensor(c, "logits");
+    const TokenIds targets = xt::cast<int>(golden_tensor(c, "targets"));
+    CrossEntropyCache<double, 3> cache;
+    const double loss = cross_entropy_forward<double, 3>(cache, logits, targets);
+    CHECK(cache.labelled == c.at("config").at("num_labelled").get<std::size_t>());
+    CHECK(loss == doctest::Approx(golden_tensor(c, "loss")()).epsilon(1e-13));
+    CHECK(rel_error(cross_entropy_backward<double, 3>(cache), golden_tensor(c, "dlogits")) <
+          kGoldenTol);
+  }
+}

@@ -1,0 +1,268 @@
+// The layer ops (linear, embedding, layernorm, rmsnorm, gelu, relu, cross-entropy): gradient
+// checks in double, properties an implementation must have, and bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <xtensor/xarray.hpp>
+
+#include "attnlab/gradcheck.hpp"
+#include "attnlab/ops/cross_entropy.hpp"
+#include "attnlab/ops/embedding.hpp"
+#include "attnlab/ops/gelu.hpp"
+#include "attnlab/ops/layernorm.hpp"
+#include "attnlab/ops/linear.hpp"
+#include "attnlab/ops/relu.hpp"
+#include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/random.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+constexpr double kGradTol = 1e-6;  // ‖g − ĝ‖ / max(‖g‖, ‖ĝ‖), central differences in double
+
+template <class A, class B>
+double dot(const A& a, const B& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a.data()[i] * b.data()[i];
+  return s;
+}
+
+template <class S>
+std::vector<std::size_t> dims(const S& s) {
+  return std::vector<std::size_t>(s.begin(), s.end());
+}
+
+void expect_passed(const GradcheckReport& report) {
+  INFO(report.table());
+  CHECK(report.max_rel_error() <= kGradTol);
+  for (const auto& r : report.results) CHECK(r.analytic_norm > 1e-6);  // never zeros vs zeros
+}
+
+}  // namespace
+
+TEST_CASE("linear gradcheck: dx, dW and db, with and without bias, rank 2 and 3") {
+  Rng rng(11);
+  auto x = randn<double, 3>({2, 3, 5}, rng);
+  auto w = randn<double, 2>({5, 4}, rng);
+  auto b = randn<double, 1>({4}, rng);
+  const auto r = randn<double, 3>({2, 3, 4}, rng);
+  for (bool with_bias : {true, false}) {
+    CAPTURE(with_bias);
+    const auto loss = [&] {
+      LinearCache<double, 3> c;
+      return dot(linear_forward<double, 3>(c, x, w, with_bias ? &b : nullptr), r);
+    };
+    LinearCache<double, 3> cache;
+    linear_forward<double, 3>(cache, x, w, with_bias ? &b : nullptr);
+    const auto g = linear_backward<double, 3>(r, cache, w, with_bias);
+    std::vector<GradcheckTensor> tensors{{"dx", x.data(), g.dx.data(), dims(x.shape())},
+                                         {"dw", w.data(), g.dw.data(), dims(w.shape())}};
+    if (with_bias) tensors.push_back({"db", b.data(), g.db.data(), {4}});
+    expect_passed(check_gradients(tensors, loss));
+    CHECK(g.db.size() == (with_bias ? 4u : 0u));
+  }
+  // Rank 2 gives the same numbers as rank 3 with the rows flattened.
+  const Tensor2<double> x2 = xt::reshape_view(x, {6, 5});
+  LinearCache<double, 2> c2;
+  LinearCache<double, 3> c3;
+  const auto y2 = linear_forward<double, 2>(c2, x2, w, &b);
+  const auto y3 = linear_forward<double, 3>(c3, x, w, &b);
+  CHECK(std::equal(y2.begin(), y2.end(), y3.begin()));
+}
+
+TEST_CASE("linear bad input: wrong width, wrong bias, backward before forward") {
+  Rng rng(1);
+  const auto x = randn<double, 3>({2, 3, 5}, rng);
+  const auto w = randn<double, 2>({4, 4}, rng);
+  LinearCache<double, 3> cache;
+  CHECK_THROWS_WITH_AS((linear_forward<double, 3>(cache, x, w)),
+                       "linear_forward: x expected (*, *, 4), got (2, 3, 5)", ShapeError);
+  const auto w5 = randn<double, 2>({5, 4}, rng);
+  const Tensor1<double> b3 = xt::zeros<double>({3});
+  CHECK_THROWS_AS((linear_forward<double, 3>(cache, x, w5, &b3)), ShapeError);
+  const Tensor3<double> dy = xt::zeros<double>({2, 3, 4});
+  CHECK_THROWS_AS((linear_backward<double, 3>(dy, LinearCache<double, 3>{}, w5, true)),
+                  std::logic_error);
+}
+
+TEST_CASE("embedding gradcheck, absent ids give zero rows, out-of-range ids throw") {
+  Rng rng(12);
+  auto table = randn<double, 2>({6, 3}, rng);
+  TokenIds ids = {{1, 4, kNoToken, 1}, {0, 5, 5, 2}};
+  const auto r = randn<double, 3>({2, 4, 3}, rng);
+  const auto loss = [&] {
+    EmbeddingCache c;
+    return dot(embedding_forward<double>(c, ids, table), r);
+  };
+  EmbeddingCache cache;
+  const auto y = embedding_forward<double>(cache, ids, table);
+  for (std::size_t j = 0; j < 3; ++j) CHECK(y(0, 2, j) == 0.0);  // kNoToken contributes nothing
+  const auto dtable = embedding_backward<double>(r, cache);
+  for (std::size_t j = 0; j < 3; ++j) CHECK(dtable(3, j) == 0.0);  // id 3 unused
+  expect_passed(check_gradients({{"dtable", table.data(), dtable.data(), {6, 3}}}, loss));
+
+  TokenIds bad = {{1, 6}};
+  CHECK_THROWS_WITH_AS(
+      (embedding_forward<double>(cache, bad, table)),
+      "embedding_forward: ids[0, 1] expected an id in [0, 6) or -1 (no token), got 6",
+      std::invalid_argument);
+  bad(0, 1) = -2;
+  CHECK_THROWS_AS((embedding_forward<double>(cache, bad, table)), std::invalid_argument);
+  CHECK_THROWS_AS((embedding_backward<double>(r, EmbeddingCache{})), std::logic_error);
+}
+
+TEST_CASE("layernorm and rmsnorm gradcheck over ranks 2, 3 and 4") {
+  Rng rng(13);
+  SUBCASE("layernorm rank 3") {
+    auto x = randn<double, 3>({2, 3, 6}, rng);
+    auto gamma = randn<double, 1>({6}, rng);
+    auto beta = randn<double, 1>({6}, rng);
+    const auto r = randn<double, 3>({2, 3, 6}, rng);
+    const auto loss = [&] {
+      LayerNormCache<double, 3> c;
+      return dot(layernorm_forward<double, 3>(c, x, gamma, beta), r);
+    };
+    LayerNormCache<double, 3> cache;
+    layernorm_forward<double, 3>(cache, x, gamma, beta);
+    const auto g = layernorm_backward<double, 3>(r, cache, gamma);
+    expect_passed(check_gradients({{"dx", x.data(), g.dx.data(), {2, 3, 6}},
+                                   {"dgamma", gamma.data(), g.dgamma.data(), {6}},
+                                   {"dbeta", beta.data(), g.dbeta.data(), {6}}},
+                                  loss));
+  }
+  SUBCASE("layernorm rank 4 (QK-norm heads)") {
+    auto x = randn<double, 4>({2, 2, 3, 4}, rng);
+    auto gamma = randn<double, 1>({4}, rng);
+    auto beta = randn<double, 1>({4}, rng);
+    const auto r = randn<double, 4>({2, 2, 3, 4}, rng);
+    const auto loss = [&] {
+      LayerNormCache<double, 4> c;
+      return dot(layernorm_forward<double, 4>(c, x, gamma, beta), r);
+    };
+    LayerNormCache<double, 4> cache;
+    layernorm_forward<double, 4>(cache, x, gamma, beta);
+    const auto g = layernorm_backward<double, 4>(r, cache, gamma);
+    expect_passed(check_gradients({{"dx", x.data(), g.dx.data(), {2, 2, 3, 4}},
+                                   {"dgamma", gamma.data(), g.dgamma.data(), {4}},
+                                   {"dbeta", beta.data(), g.dbeta.data(), {4}}},
+                                  loss));
+  }
+  SUBCASE("rmsnorm rank 2") {
+    auto x = randn<double, 2>({5, 6}, rng);
+    auto gamma = randn<double, 1>({6}, rng);
+    const auto r = randn<double, 2>({5, 6}, rng);
+    const auto loss = [&] {
+      RmsNormCache<double, 2> c;
+      return dot(rmsnorm_forward<double, 2>(c, x, gamma), r);
+    };
+    RmsNormCache<double, 2> cache;
+    rmsnorm_forward<double, 2>(cache, x, gamma);
+    const auto g = rmsnorm_backward<double, 2>(r, cache, gamma);
+    expect_passed(check_gradients(
+        {{"dx", x.data(), g.dx.data(), {5, 6}}, {"dgamma", gamma.data(), g.dgamma.data(), {6}}},
+        loss));
+  }
+}
+
+TEST_CASE("layernorm output rows have mean 0 and variance 1 before the affine, rmsnorm RMS 1") {
+  Rng rng(14);
+  const Tensor2<double> x = randn<double, 2>({4, 32}, rng, 3.0) + 5.0;
+  const Tensor1<double> ones = xt::ones<double>({32}), zeros = xt::zeros<double>({32});
+  LayerNormCache<double, 2> lc;
+  const auto y = layernorm_forward<double, 2>(lc, x, ones, zeros);
+  RmsNormCache<double, 2> rc;
+  const auto z = rmsnorm_forward<double, 2>(rc, x, ones);
+  for (std::size_t i = 0; i < 4; ++i) {
+    double mean = 0, var = 0, ms = 0;
+    for (std::size_t j = 0; j < 32; ++j) mean += y(i, j) / 32;
+    for (std::size_t j = 0; j < 32; ++j) var += (y(i, j) - mean) * (y(i, j) - mean) / 32;
+    for (std::size_t j = 0; j < 32; ++j) ms += z(i, j) * z(i, j) / 32;
+    CHECK(std::abs(mean) < 1e-12);
+    CHECK(var == doctest::Approx(1.0).epsilon(1e-5));  // eps inside the root
+    CHECK(ms == doctest::Approx(1.0).epsilon(1e-5));
+  }
+  const Tensor1<double> wrong = xt::ones<double>({31});
+  CHECK_THROWS_AS((layernorm_forward<double, 2>(lc, x, wrong, wrong)), ShapeError);
+  CHECK_THROWS_AS((rmsnorm_forward<double, 2>(rc, x, wrong)), ShapeError);
+}
+
+TEST_CASE("gelu (tanh and exact) and relu gradcheck; gelu forms differ by < 1e-3") {
+  Rng rng(15);
+  auto x = randn<double, 3>({2, 3, 7}, rng, 2.0);
+  const auto r = randn<double, 3>({2, 3, 7}, rng);
+  for (auto a : {GeluApproximation::tanh, GeluApproximation::exact}) {
+    const auto loss = [&] {
+      GeluCache<double, 3> c;
+      return dot(gelu_forward<double, 3>(c, x, a), r);
+    };
+    GeluCache<double, 3> cache;
+    gelu_forward<double, 3>(cache, x, a);
+    const auto dx = gelu_backward<double, 3>(r, cache);
+    expect_passed(check_gradients({{"dx", x.data(), dx.data(), {2, 3, 7}}}, loss));
+  }
+  GeluCache<double, 3> ct, ce;
+  CHECK(xt::amax(xt::abs(gelu_forward<double, 3>(ct, x, GeluApproximation::tanh) -
+                         gelu_forward<double, 3>(ce, x, GeluApproximation::exact)))() < 1e-3);
+  const auto loss = [&] {
+    ReluCache<double, 3> c;
+    return dot(relu_forward<double, 3>(c, x), r);
+  };
+  ReluCache<double, 3> cache;
+  relu_forward<double, 3>(cache, x);
+  const auto dx = relu_backward<double, 3>(r, cache);
+  expect_passed(check_gradients({{"dx", x.data(), dx.data(), {2, 3, 7}}}, loss));
+}
+
+TEST_CASE("cross-entropy gradcheck with ignored positions, rank 2 and 3") {
+  Rng rng(16);
+  auto logits = randn<double, 3>({2, 4, 5}, rng, 2.0);
+  const TokenIds targets = {{1, kIgnoreIndex, 4, 0}, {2, 2, kIgnoreIndex, 3}};
+  const auto loss = [&] {
+    CrossEntropyCache<double, 3> c;
+    return cross_entropy_forward<double, 3>(c, logits, targets);
+  };
+  const auto result = softmax_cross_entropy<double, 3>(logits, targets);
+  CHECK(result.labelled == 6);
+  CHECK(result.loss == doctest::Approx(loss()).epsilon(1e-15));
+  for (std::size_t v = 0; v < 5; ++v) CHECK(result.dlogits(0, 1, v) == 0.0);  // ignored
+  expect_passed(
+      check_gradients({{"dlogits", logits.data(), result.dlogits.data(), {2, 4, 5}}}, loss));
+
+  auto logits2 = randn<double, 2>({3, 4}, rng);
+  const xt::xtensor<int, 1> targets2 = {3, 0, kIgnoreIndex};
+  const auto loss2 = [&] {
+    CrossEntropyCache<double, 2> c;
+    return cross_entropy_forward<double, 2>(c, logits2, targets2);
+  };
+  const auto r2 = softmax_cross_entropy<double, 2>(logits2, targets2);
+  expect_passed(check_gradients({{"dlogits", logits2.data(), r2.dlogits.data(), {3, 4}}}, loss2));
+}
+
+TEST_CASE("cross-entropy edge cases: no labelled position, huge logits, bad targets") {
+  Rng rng(17);
+  const auto logits = randn<double, 3>({2, 3, 4}, rng);
+  TokenIds none = xt::ones<int>({2, 3}) * kIgnoreIndex;
+  const auto empty = softmax_cross_entropy<double, 3>(logits, none);
+  CHECK(empty.loss == 0.0);
+  CHECK(empty.labelled == 0);
+  CHECK(xt::all(xt::equal(empty.dlogits, 0.0)));
+
+  // Logits of ±1e4 in float: still finite, the confident correct row has loss ~0.
+  Tensor3<float> big = {{{1e4f, -1e4f, 0.f}, {-1e4f, 1e4f, 0.f}}};
+  const TokenIds t = {{0, 0}};
+  const auto res = softmax_cross_entropy<float, 3>(big, t);
+  CHECK(std::isfinite(res.loss));
+  CHECK(res.loss == doctest::Approx(1e4).epsilon(1e-6));  // (0 + 2e4) / 2
+  CHECK(test::all_finite(res.dlogits));
+
+  TokenIds bad = {{0, 4, 1}, {1, 1, 1}};
+  CHECK_THROWS_AS((softmax_cross_entropy<double, 3>(logits, bad)), std::invalid_argument);
+  const TokenIds wrong_shape = xt::zeros<int>({2, 2});
+  CHECK_THROWS_AS((softmax_cross_entropy<double, 3>(logits, wrong_shape)), ShapeError);
+  CHECK_THROWS_AS((cross_entropy_backward<double, 3>(CrossEntropyCache<double, 3>{})),
+                  std::logic_error);
+}

@@ -1,0 +1,381 @@
+// TransformerBlock and Transformer: gradient checks (block input and parameters; the whole
+// model's parameter gradients of the cross-entropy loss), parameter names, initialisation,
+// the Module contract, the non-finite hook, bad configuration, and overfitting one batch.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include <xtensor/xarray.hpp>
+
+#include "attnlab/nn/gradcheck_module.hpp"
+#include "attnlab/nn/transformer.hpp"
+#include "attnlab/ops/cross_entropy.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+constexpr double kGradTol = 1e-6;
+
+// See test_multi_head_attention.cpp: k_norm.beta has an exactly zero gradient.
+void expect_passed(const GradcheckReport& report) {
+  INFO(report.table());
+  for (const auto& r : report.results) {
+    CAPTURE(r.name);
+    if (r.name.ends_with("k_norm.beta")) {
+      CHECK(r.analytic_norm < 1e-12);
+      CHECK(r.max_abs_error < 1e-8);
+      continue;
+    }
+    CHECK(r.rel_error <= kGradTol);
+    CHECK(r.analytic_norm > 1e-8);
+  }
+}
+
+TransformerConfig tiny_config() {
+  TransformerConfig c;
+  c.vocab_sizes = {5, 3};
+  c.max_len = 6;
+  c.d_model = 8;
+  c.heads = 2;
+  c.d_ff = 12;
+  c.layers = 2;
+  c.out_vocab = 4;
+  return c;
+}
+
+// Two fields: field 1 is absent (-1) at some positions.
+std::vector<TokenIds> tiny_fields() {
+  return {TokenIds{{1, 4, 0, 2, 3}, {2, 2, 1, 0, 4}},
+          TokenIds{{kNoToken, 1, kNoToken, 2, 0}, {0, kNoToken, 1, kNoToken, kNoToken}}};
+}
+
+// Targets with unlabelled positions.
+TokenIds tiny_targets() {
+  return {{kIgnoreIndex, 3, 0, kIgnoreIndex, 1}, {2, 0, 3, 1, kIgnoreIndex}};
+}
+
+std::vector<std::string> names_of(Module<double>& m) {
+  std::vector<std::string> out;
+  for (const auto& p : m.parameters()) out.push_back(p.name);
+  return out;
+}
+
+void jitter_norms(Module<double>& m, Rng& rng) {
+  for (auto& p : m.parameters()) {
+    const bool trained_from_constant =
+        p.name.find("gamma") != std::string::npos || p.name.find("beta") != std::string::npos ||
+        p.name.find("log_scale") != std::string::npos || p.name.ends_with(".b");
+    if (!trained_from_constant) continue;
+    for (auto& v : p.param->value) v += 0.2 * rng.normal();
+  }
+}
+
+GradcheckReport check_transformer(Transformer<double>& model, const KeyMask* mask = nullptr) {
+  const auto fields = tiny_fields();
+  const auto targets = tiny_targets();
+  return check_parameter_gradients(model, [&](bool with_backward) {
+    const auto logits = model.forward(fields, mask);
+    CrossEntropyCache<double, 3> cache;
+    const double loss = cross_entropy_forward<double, 3>(cache, logits, targets);
+    if (with_backward) model.backward(cross_entropy_backward<double, 3>(cache));
+    return loss;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("TransformerBlock gradcheck: layernorm, rmsnorm, no norm, attention-only, masked") {
+  Rng rng(41);
+  BlockConfig c;
+  c.attention.d_model = 6;
+  c.attention.heads = 2;
+  c.attention.d_k = 4;
+  c.attention.sdpa.causal = true;
+  c.d_ff = 10;
+  std::vector<std::string> expected{"ln1.gamma", "ln1.beta",  "attn.w_q",  "attn.w_k",
+                                    "attn.w_v",  "attn.w_o",  "ln2.gamma", "ln2.beta",
+                                    "mlp.fc1.w", "mlp.fc1.b", "mlp.fc2.w", "mlp.fc2.b"};
+  SUBCASE("layernorm") {}
+  SUBCASE("rmsnorm") {
+    c.norm = Norm::rmsnorm;
+    expected = {"ln1.gamma", "attn.w_q",  "attn.w_k",  "attn.w_v",  "attn.w_o",
+                "ln2.gamma", "mlp.fc1.w", "mlp.fc1.b", "mlp.fc2.w", "mlp.fc2.b"};
+  }
+  SUBCASE("none") {
+    c.norm = Norm::none;
+    expected = {"attn.w_q",  "attn.w_k",  "attn.w_v",  "attn.w_o",
+                "mlp.fc1.w", "mlp.fc1.b", "mlp.fc2.w", "mlp.fc2.b"};
+  }
+  SUBCASE("attention only") {
+    c.attn_only = true;
+    expected = {"ln1.gamma", "ln1.beta", "attn.w_q", "attn.w_k", "attn.w_v", "attn.w_o"};
+  }
+  TransformerBlock<double> block(c, rng);
+  CHECK(names_of(block) == expected);
+  jitter_norms(block, rng);
+  const auto x = randn<double, 3>({2, 4, 6}, rng);
+  const KeyMask mask = {{true, true, false, true}, {false, true, true, true}};
+  const auto report = check_module_gradients(
+      block, x, [&](const Tensor3<double>& in) { return block.forward(in, &mask); },
+      [&](const Tensor3<double>& dy) { return block.backward(dy); });
+  CHECK(report.results.size() == expected.size() + 1);
+  expect_passed(report);
+}
+
+TEST_CASE("Transformer gradcheck: every parameter of the cross-entropy loss, tiny size") {
+  Rng rng(42);
+  TransformerConfig c = tiny_config();
+  SUBCASE("defaults: learned positions, layernorm, sqrt_dk") {}
+  SUBCASE("causal, rmsnorm, d_k and d_v free, sinusoidal positions") {
+    c.attention.causal = true;
+    c.norm = Norm::rmsnorm;
+    c.d_k = 5;
+    c.d_v = 3;
+    c.positions = PositionEncoding::sinusoidal;
+  }
+  SUBCASE("attention-only, QK-norm, learnable scale, scaling none") {
+    c.attn_only = true;
+    c.qk_norm = true;
+    c.learnable_scale = true;
+    c.attention.scaling = Scaling::none;
+  }
+  SUBCASE("no norm, scaling dk, one layer") {
+    c.norm = Norm::none;
+    c.attention.scaling = Scaling::dk;
+    c.layers = 1;
+  }
+  Transformer<double> model(c, rng);
+  jitter_norms(model, rng);
+  expect_passed(check_transformer(model));
+}
+
+TEST_CASE("Transformer gradcheck with a key padding mask") {
+  Rng rng(43);
+  Transformer<double> model(tiny_config(), rng);
+  const KeyMask mask = {{true, true, true, false, false}, {true, true, true, true, false}};
+  expect_passed(check_transformer(model, &mask));
+}
+
+TEST_CASE("Transformer parameter names are hierarchical and stable") {
+  Rng rng(44);
+  TransformerConfig c = tiny_config();
+  c.layers = 1;
+  c.learnable_scale = true;
+  Transformer<double> model(c, rng);
+  CHECK(names_of(model) == std::vector<std::string>{
+                               "embed.fields.0.table", "embed.fields.1.table", "pos.table",
+                               "blocks.0.ln1.gamma", "blocks.0.ln1.beta", "blocks.0.attn.w_q",
+                               "blocks.0.attn.w_k", "blocks.0.attn.w_v", "blocks.0.attn.w_o",
+                               "blocks.0.attn.log_scale", "blocks.0.ln2.gamma", "blocks.0.ln2.beta",
+                               "blocks.0.mlp.fc1.w", "blocks.0.mlp.fc1.b", "blocks.0.mlp.fc2.w",
+                               "blocks.0.mlp.fc2.b", "ln_f.gamma", "ln_f.beta", "head.w"});
+  CHECK(model.parameters("model.").front().name == "model.embed.fields.0.table");
+  const auto logits = model.forward(tiny_fields());
+  CHECK(logits.shape() == std::array<std::size_t, 3>{2, 5, 4});
+  CHECK(model.block(0).attention().attention_weights().shape() ==
+        std::array<std::size_t, 4>{2, 2, 5, 5});
+}
+
+TEST_CASE("Transformer init: identical weights for every scaling mode and attention option") {
+  TransformerConfig a = tiny_config();
+  std::vector<TransformerConfig> others(4, a);
+  others[0].attention.scaling = Scaling::none;
+  others[1].attention.scaling = Scaling::dk;
+  others[2].attention.scale = 0.25;
+  others[3].attention.causal = true;
+  others[3].qk_norm = true;
+  others[3].learnable_scale = true;
+  Rng ra(45);
+  Transformer<float> reference(a, ra);
+  std::unordered_map<std::string, xt::xarray<float>> values;
+  for (auto& p : reference.parameters()) values[p.name] = p.param->value;
+  for (const auto& c : others) {
+    Rng rb(45);
+    Transformer<float> model(c, rb);
+    for (auto& p : model.parameters()) {
+      CAPTURE(p.name);
+      if (values.count(p.name)) CHECK(p.param->value == values[p.name]);
+    }
+  }
+  // Documented statistics: embeddings N(0, 1), projections N(0, 1/fan_in).
+  TransformerConfig big = a;
+  big.vocab_sizes = {4096};
+  big.d_model = 64;
+  big.out_vocab = 4;
+  Rng rng(46);
+  Transformer<double> model(big, rng);
+  for (auto& p : model.parameters()) {
+    double var = 0;
+    for (double v : p.param->value) var += v * v / double(p.param->value.size());
+    if (p.name == "embed.fields.0.table") CHECK(var == doctest::Approx(1.0).epsilon(0.02));
+    if (p.name == "blocks.0.attn.w_q") CHECK(var == doctest::Approx(1.0 / 64).epsilon(0.05));
+  }
+}
+
+TEST_CASE("Transformer contract: backward twice doubles grads, backward before forward throws") {
+  Rng rng(47);
+  Transformer<double> model(tiny_config(), rng);
+  const Tensor3<double> dlogits = randn<double, 3>({2, 5, 4}, rng);
+  CHECK_THROWS_WITH_AS(model.backward(dlogits), "Transformer::backward: called before forward",
+                       std::logic_error);
+  model.forward(tiny_fields());
+  model.backward(dlogits);
+  std::vector<xt::xarray<double>> once;
+  for (auto& p : model.parameters()) once.push_back(p.param->grad);
+  model.backward(dlogits);
+  std::size_t i = 0;
+  for (auto& p : model.parameters()) {
+    CAPTURE(p.name);
+    CHECK(test::rel_error(p.param->grad, xt::xarray<double>(2.0 * once[i++])) < 1e-13);
+  }
+  model.zero_grad();
+  CHECK_THROWS_AS(model.backward(randn<double, 3>({2, 4, 4}, rng)), ShapeError);
+}
+
+TEST_CASE("Transformer bad configuration and input name the field") {
+  Rng rng(48);
+  const auto expect_error = [&](const TransformerConfig& c, const std::string& message) {
+    CHECK_THROWS_WITH_AS(Transformer<float>(c, rng), message.c_str(), std::invalid_argument);
+  };
+  TransformerConfig c = tiny_config();
+  c.d_model = 10;
+  c.heads = 4;
+  expect_error(c,
+               "TransformerConfig: d_model expected divisible by heads (4) when d_k is 0 "
+               "(derived), got 10");
+  c.d_k = 4;
+  expect_error(c,
+               "TransformerConfig: d_model expected divisible by heads (4) when d_v is 0 "
+               "(derived), got 10");
+  c.d_v = 4;
+  CHECK_NOTHROW(Transformer<float>(c, rng));
+  c = tiny_config();
+  c.vocab_sizes = {};
+  expect_error(c, "TransformerConfig: vocab_sizes expected at least one field, got none");
+  c.vocab_sizes = {5, 0};
+  expect_error(c, "TransformerConfig: vocab_sizes[1] expected > 0, got 0");
+  c = tiny_config();
+  c.layers = 0;
+  expect_error(c, "TransformerConfig: layers expected > 0, got 0");
+  c = tiny_config();
+  c.out_vocab = 0;
+  expect_error(c, "TransformerConfig: out_vocab expected > 0, got 0");
+  c = tiny_config();
+  c.d_ff = 0;
+  expect_error(c, "TransformerConfig: d_ff expected > 0 (or attn_only), got 0");
+  c.attn_only = true;
+  CHECK_NOTHROW(Transformer<float>(c, rng));
+  c = tiny_config();
+  c.max_len = 0;
+  expect_error(c, "TransformerConfig: max_len expected > 0, got 0");
+  c = tiny_config();
+  c.attention.scale = 0.0;
+  expect_error(c, "TransformerConfig: attention.scale expected a finite value > 0, got 0.000000");
+  CHECK_THROWS_WITH_AS(parse_scaling("sqrt"),
+                       "parse_scaling: mode expected none|sqrt_dk|dk, got 'sqrt'",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_norm("batchnorm"),
+                       "parse_norm: norm expected layernorm|rmsnorm|none, got 'batchnorm'",
+                       std::invalid_argument);
+  CHECK(parse_norm("rmsnorm") == Norm::rmsnorm);
+  CHECK(to_string(Norm::layernorm) == "layernorm");
+
+  Transformer<float> model(tiny_config(), rng);
+  CHECK_THROWS_WITH_AS(model.forward({tiny_fields()[0]}),
+                       "Transformer::forward: fields expected 2 id tensors (one per vocabulary), "
+                       "got 1",
+                       std::invalid_argument);
+  const std::vector<TokenIds> too_long{xt::zeros<int>({1, 7}), xt::zeros<int>({1, 7})};
+  CHECK_THROWS_AS(model.forward(too_long), std::invalid_argument);
+  const std::vector<TokenIds> out_of_range{TokenIds{{5}}, TokenIds{{0}}};
+  CHECK_THROWS_AS(model.forward(out_of_range), std::invalid_argument);
+}
+
+TEST_CASE("Transformer non-finite hook names the first module, and is silent when finite") {
+  Rng rng(49);
+  Transformer<float> model(tiny_config(), rng);
+  CHECK_FALSE(model.first_nonfinite());
+  model.set_nonfinite_check(true);
+  model.forward(tiny_fields());
+  CHECK_FALSE(model.first_nonfinite());
+  // A NaN in one block's query weights: the first bad output is that block's attention.
+  auto params = model.parameters();
+  for (auto& p : params) {
+    if (p.name == "blocks.1.attn.w_q")
+      p.param->value(0, 0) = std::numeric_limits<float>::quiet_NaN();
+  }
+  model.forward(tiny_fields());
+  REQUIRE(model.first_nonfinite());
+  CHECK(model.first_nonfinite()->starts_with("blocks.1.attn"));
+  // A non-finite gradient only: an infinite upstream gradient is caught at the head.
+  Transformer<float> clean(tiny_config(), rng);
+  clean.set_nonfinite_check(true);
+  clean.forward(tiny_fields());
+  Tensor3<float> dlogits = xt::zeros<float>({2, 5, 4});
+  dlogits(0, 0, 0) = std::numeric_limits<float>::infinity();
+  clean.backward(dlogits);
+  REQUIRE(clean.first_nonfinite());
+  CHECK(*clean.first_nonfinite() == "head (gradient)");
+  // Disabled: nothing is recorded.
+  model.set_nonfinite_check(false);
+  model.forward(tiny_fields());
+  CHECK_FALSE(model.first_nonfinite());
+}
+
+TEST_CASE("A tiny Transformer overfits one fixed batch (loss < 1e-3) within 300 Adam steps") {
+  // Plain Adam (β1 0.9, β2 0.999, lr 1e-2, no weight decay), written here so that this test does
+  // not depend on the optimizer library.
+  Rng rng(50);
+  TransformerConfig c;
+  c.vocab_sizes = {8};
+  c.max_len = 8;
+  c.d_model = 16;
+  c.heads = 2;
+  c.d_ff = 32;
+  c.layers = 1;
+  c.out_vocab = 8;
+  c.attention.causal = true;
+  Transformer<float> model(c, rng);
+  TokenIds ids({4, 8});
+  TokenIds targets({4, 8});
+  for (std::size_t b = 0; b < 4; ++b) {
+    for (std::size_t t = 0; t < 8; ++t) {
+      ids(b, t) = static_cast<int>(rng.below(8));
+      targets(b, t) = static_cast<int>(rng.below(8));
+    }
+  }
+  auto params = model.parameters();
+  std::vector<xt::xarray<float>> m1, m2;
+  for (auto& p : params) {
+    m1.push_back(xt::zeros<float>(p.param->value.shape()));
+    m2.push_back(xt::zeros<float>(p.param->value.shape()));
+  }
+  constexpr float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  float loss = 0;
+  int steps = 0;
+  for (; steps < 300; ++steps) {
+    model.zero_grad();
+    const auto logits = model.forward({ids});
+    CrossEntropyCache<float, 3> cache;
+    loss = cross_entropy_forward<float, 3>(cache, logits, targets);
+    if (loss < 1e-3f) break;
+    model.backward(cross_entropy_backward<float, 3>(cache));
+    const float c1 = 1 - std::pow(b1, float(steps + 1)), c2 = 1 - std::pow(b2, float(steps + 1));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      float* w = params[i].param->value.data();
+      const float* g = params[i].param->grad.data();
+      for (std::size_t j = 0; j < params[i].param->value.size(); ++j) {
+        m1[i].data()[j] = b1 * m1[i].data()[j] + (1 - b1) * g[j];
+        m2[i].data()[j] = b2 * m2[i].data()[j] + (1 - b2) * g[j] * g[j];
+        w[j] -= lr * (m1[i].data()[j] / c1) / (std::sqrt(m2[i].data()[j] / c2) + eps);
+      }
+    }
+  }
+  MESSAGE("overfit: loss " << loss << " after " << steps << " steps");
+  CHECK(loss < 1e-3f);
+}
