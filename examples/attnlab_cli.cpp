@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "attnlab/threads.hpp"
+#include "attnlab/train/checkpoint.hpp"
 #include "attnlab/train/data_file.hpp"
 #include "attnlab/train/layer_check.hpp"
 #include "attnlab/train/plot.hpp"
@@ -240,6 +241,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e3))
       ->capture_default_str();
   train->add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   train->add_option("--threads", tc.threads, "worker threads")
       ->check(CLI::Range(1, 1024))
@@ -316,7 +318,9 @@ int main(int argc, char** argv) {
   gradcheck->add_option("--seq", gc_seq, "sequence length T")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  gradcheck->add_option("--seed", gc_seed, "seed")->capture_default_str();
+  gradcheck->add_option("--seed", gc_seed, "seed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   // ---- saturation ----
   auto* saturation = app.add_subcommand(
@@ -332,7 +336,9 @@ int main(int argc, char** argv) {
   saturation->add_option("--d-model", sc.d_model, "model width C")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  saturation->add_option("--seed", sc.seed, "seed")->capture_default_str();
+  saturation->add_option("--seed", sc.seed, "seed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   saturation->add_option("--out", sat_out, "output directory")->capture_default_str();
 
   // ---- make-data ----
@@ -352,6 +358,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   make_data
       ->add_option("--seed", md_seed, "seed of the training examples (valid is the fixed eval set)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 
   try {
@@ -361,6 +368,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty())
+      return error_line(std::string("unknown subcommand '") + argv[1] +
+                            "' (expected train, eval, study, gradcheck, saturation or make-data)",
+                        kExitBadInput);
     return error_line(e.what(), kExitBadInput);
   }
 
@@ -430,6 +441,8 @@ int main(int argc, char** argv) {
   } catch (const BadInput& e) {
     return error_line(e.what(), kExitBadInput);
   } catch (const DataFileError& e) {
+    return error_line(e.what(), kExitBadInput);
+  } catch (const CheckpointError& e) {
     return error_line(e.what(), kExitBadInput);
   } catch (const std::invalid_argument& e) {
     return error_line(e.what(), kExitBadInput);

@@ -265,4 +265,54 @@ TEST_CASE("cli: SIGINT saves a checkpoint and exits cleanly, and the run resumes
   CHECK(nlohmann::json::parse(slurp(dir / "periodic" / "summary.json"))["steps_done"] == 30);
 }
 
+TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
+  const auto dir = scratch("flag_table");
+  const std::pair<const char*, const char*> cases[] = {
+      {"train --d-model 0", "--d-model"},
+      {"train --heads 0", "--heads"},
+      {"train --d-k 0", "--d-k"},
+      {"train --d-v -1", "--d-v"},
+      {"train --layers 0", "--layers"},
+      {"train --norm batchnorm", "--norm"},
+      {"train --scaling sqrt", "--scaling"},
+      {"train --scale 0", "--scale"},
+      {"train --scale inf", "--scale"},
+      {"train --optimizer adam", "--optimizer"},
+      {"train --lr 0", "--lr"},
+      {"train --schedule linear", "--schedule"},
+      {"train --warmup -1", "--warmup"},
+      {"train --steps 10 --warmup 20", "warmup"},
+      {"train --steps 1.5", "--steps"},
+      {"train --batch 0", "--batch"},
+      {"train --clip -1", "--clip"},
+      {"train --weight-decay nan", "--weight-decay"},
+      {"train --seed -1", "--seed"},
+      {"train --threads 0", "--threads"},
+      {"train --eval-every 0", "--eval-every"},
+      {"train --eval-size 0", "--eval-size"},
+      {"train --save-every -1", "--save-every"},
+      {"train --stop-after 0", "--stop-after"},
+      {"train --resume /nonexistent/run", "--resume"},
+      {"train --keys 0", "--keys"},
+      {"train --pairs 100", "pairs"},
+      {"train --task mqar --queries 40", "queries"},
+      {"train --symbols 1", "--symbols"},
+      {"train --length 0", "--length"},
+      {"train --steps", "--steps"},
+      {"eval", "--checkpoint"},
+      {"eval --checkpoint /tmp --show -1", "--show"},
+      {"study --steps 0", "--steps"},
+      {"gradcheck --batch 0", "--batch"},
+      {"gradcheck --seq 0", "--seq"},
+      {"saturation --keys 1", "--keys"},
+      {"saturation --batch 0", "--batch"},
+      {"make-data --train-size 0", "--train-size"},
+      {"make-data --task copy", "--task"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const auto& [args, needle] : cases) check_bad_input(args, dir, needle);
+  // A directory that holds no checkpoint: the file error names it.
+  check_bad_input("eval --checkpoint '" + dir.string() + "'", dir, "model.safetensors");
+}
+
 #endif  // ATTNLAB_CLI_PATH
