@@ -138,3 +138,21 @@ TEST_CASE("data file errors name the file, the line and the problem") {
   CHECK(error_of(std::filesystem::temp_directory_path().string()).find("is a directory") !=
         std::string::npos);
 }
+
+TEST_CASE("data file hostile input: invalid UTF-8, overlong lines, missing targets") {
+  const auto path = temp_path("hostile.txt");
+  write(path, "1 \xff\xfe 3 | 3 2 1\n");
+  CHECK(error_of(path).find(path + ":1: position 2: '") == 0);
+  write(path, std::string(kMaxDataLineBytes + 10, '1') + " | 1\n");
+  CHECK(error_of(path).find(path + ":1: line longer than") == 0);
+  write(path, "1 2 3 |\n");
+  CHECK(error_of(path) == path + ":1: 3 positions but 0 targets");
+  write(path, "| 1 2\n");
+  CHECK(error_of(path) == path + ":1: no positions before '|'");
+  write(path, "1 2 | 2 1 | 1\n");
+  CHECK(error_of(path) == path + ":1: more than one '|'");
+  write(path, "1:2 3 | 1 2\n");
+  CHECK(error_of(path) == path + ":1: position 2 has 1 fields, expected 2");
+  write(path, "# only a comment\n\n   \n");
+  CHECK(error_of(path).find("no examples") != std::string::npos);
+}
