@@ -6,6 +6,7 @@ set grid
 set key top right
 set multiplot layout 1,3 title 'recall/adamw: final eval loss vs peak LR (dashed: loss at init)'
 set logscale x
+set xrange [0.000666667:0.15]
 set xlabel 'peak learning rate'
 set ylabel 'final eval loss'
 set yrange [0:5]

@@ -189,7 +189,8 @@ std::vector<std::string> plot_group(const std::string& out, const StudyGroup& g,
     gp << gp_header(name + ".png", 450 * static_cast<int>(g.d_k.size()), 450,
                     g.name + ": final eval loss vs peak LR (dashed: loss at init)",
                     "1," + std::to_string(g.d_k.size()))
-       << "set logscale x\nset xlabel 'peak learning rate'\nset ylabel 'final eval loss'\n"
+       << "set logscale x\nset xrange [" << g.lrs.front() / 1.5 << ':' << g.lrs.back() * 1.5
+       << "]\nset xlabel 'peak learning rate'\nset ylabel 'final eval loss'\n"
        << "set yrange [0:" << std::ceil(loss_init * 1.15) << "]\n";
     for (int d : g.d_k) {
       gp << "set title 'd_k = " << d << "'\nplot ";
