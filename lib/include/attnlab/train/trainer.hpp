@@ -8,7 +8,10 @@
 // Determinism: the initial weights come from Rng(seed) and the data stream from a second Rng
 // derived from the seed only (never from the scaling mode or the LR), so within a seed every arm of
 // a study starts from the same weights and sees the same batches. With a fixed thread count two
-// runs give bit-identical metrics.csv.
+// runs give bit-identical metrics.csv. A different thread count changes the float rounding (the
+// layers split rows into one chunk per thread and sum weight-gradient partials chunk by chunk), so
+// metrics then agree only to float tolerance. A study runs every job single-threaded, so its
+// results do not depend on --jobs.
 #pragma once
 
 #include <atomic>
