@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include <xtensor/xarray.hpp>
 
 #include "attnlab/nn/gradcheck_module.hpp"
 #include "attnlab/nn/multi_head_attention.hpp"
+#include "attnlab/ops/softmax.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -317,4 +319,58 @@ TEST_CASE("MHA bad configuration names the field") {
   CHECK_THROWS_AS(m.forward(rank4), ShapeError);
   const KeyMask wrong_mask = xt::ones<bool>({1, 3});
   CHECK_THROWS_AS(m.forward(randn<double, 3>({1, 2, 8}, rng), &wrong_mask), ShapeError);
+}
+
+TEST_CASE("MHA attention_scores: the logits of the last forward, softmax gives the weights") {
+  Rng rng(40);
+  AttentionConfig c = small_config();
+  c.sdpa.causal = true;
+  c.learnable_scale = true;
+  MultiHeadAttention<double> m(c, rng);
+  CHECK_THROWS_AS(m.attention_scores(), std::logic_error);
+  const KeyMask mask = {{true, true, false, true}, {true, true, true, true}};
+  m.forward(randn<double, 3>({2, 4, 6}, rng), &mask);
+  m.log_scale.value(1) += 1.0;  // a later change must not alter the last forward's scores
+  const auto s = m.attention_scores();
+  CHECK(s.shape() == std::array<std::size_t, 4>{2, 2, 4, 4});
+  CHECK(s(0, 0, 0, 1) == -std::numeric_limits<double>::infinity());  // causal
+  CHECK(s(0, 1, 3, 2) == -std::numeric_limits<double>::infinity());  // masked key
+  CHECK(test::rel_error(softmax_forward(s), m.attention_weights()) < 1e-15);
+  // S = s_h · q·k with s_h the scale the forward used.
+  const auto& q = m.queries();
+  const auto& k = m.keys();
+  double dot = 0;
+  for (std::size_t d = 0; d < 4; ++d) dot += q(1, 1, 3, d) * k(1, 1, 2, d);
+  CHECK(s(1, 1, 3, 2) == doctest::Approx(dot / 2.0));  // 1/√4 at init
+}
+
+TEST_CASE("MHA float and double agree, and unwritten dx entries would show as NaN") {
+  Rng ra(41), rb(41);
+  AttentionConfig c = small_config();
+  c.qk_norm = true;
+  c.sdpa.causal = true;
+  MultiHeadAttention<double> md(c, ra);
+  MultiHeadAttention<float> mf(c, rb);
+  Rng rx(42);
+  const auto x = randn<double, 3>({3, 5, 6}, rx);
+  const auto dy = randn<double, 3>({3, 5, 6}, rx);
+  const Tensor3<float> xf = xt::cast<float>(x), dyf = xt::cast<float>(dy);
+  {
+    // Fill the heap with NaN in blocks of the sizes the forward and backward allocate, so that
+    // recycled memory that is never written shows up as NaN in the results.
+    std::vector<Tensor3<float>> poison;
+    for (std::size_t w : {4u, 5u, 6u, 8u, 10u, 12u, 15u}) {
+      for (int k = 0; k < 3; ++k) {
+        poison.emplace_back(Tensor3<float>::shape_type{3, 5, w},
+                            std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+  }
+  const auto yf = mf.forward(xf);
+  const auto dxf = mf.backward(dyf);
+  CHECK(test::all_finite(yf));
+  CHECK(test::all_finite(dxf));
+  CHECK(test::rel_error(yf, md.forward(x)) < 1e-5);
+  CHECK(test::rel_error(dxf, md.backward(dy)) < 1e-5);
+  CHECK(test::rel_error(mf.w_q.grad, md.w_q.grad) < 1e-5);
 }

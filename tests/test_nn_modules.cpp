@@ -8,6 +8,8 @@
 #include <memory>
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
 
 #include "attnlab/nn/activation.hpp"
 #include "attnlab/nn/embedding.hpp"
@@ -230,4 +232,64 @@ TEST_CASE("NaN poisoning: every entry of dx and of the parameter grads is writte
   for (auto& p : ln.parameters()) p.param->grad.fill(std::numeric_limits<double>::quiet_NaN());
   ln.backward(dy);
   for (auto& p : ln.parameters()) CHECK(std::isnan(p.param->grad(0)));
+}
+
+namespace {
+
+// A user's own layer, y = x ⊙ scale (per channel), with a backward that can be broken on purpose.
+class ChannelScale : public SequenceModule<double> {
+ public:
+  ChannelScale(std::size_t dim, bool broken) : dim_(dim), broken_(broken) {
+    scale = make_parameter<double>(xt::xarray<double>(xt::linspace<double>(0.5, 1.5, dim)));
+  }
+  void collect_parameters(const std::string& prefix, ParameterList<double>& out) override {
+    out.push_back({prefix + "scale", &scale});
+  }
+  std::size_t in_features() const override { return dim_; }
+  std::size_t out_features() const override { return dim_; }
+  std::string_view type_name() const override { return "ChannelScale"; }
+  Parameter<double> scale;
+
+ protected:
+  Tensor3<double> forward_impl(const Tensor3<double>& x) override {
+    x_ = x;
+    Tensor3<double> y = x;
+    for (std::size_t i = 0; i < y.size(); ++i) y.data()[i] *= scale.value(i % dim_);
+    return y;
+  }
+  Tensor3<double> backward_impl(const Tensor3<double>& dy) override {
+    Tensor3<double> dx = dy;
+    for (std::size_t i = 0; i < dx.size(); ++i) {
+      dx.data()[i] *= scale.value(i % dim_);
+      // The bug: the last channel's parameter gradient is dropped.
+      if (!broken_ || i % dim_ != dim_ - 1) scale.grad(i % dim_) += dy.data()[i] * x_.data()[i];
+    }
+    return dx;
+  }
+
+ private:
+  std::size_t dim_;
+  bool broken_;
+  Tensor3<double> x_;
+};
+
+}  // namespace
+
+TEST_CASE("module gradient checker: passes a correct user layer, pinpoints a broken one") {
+  Rng rng(29);
+  const auto x = randn<double, 3>({2, 3, 4}, rng);
+  ChannelScale good(4, false), bad(4, true);
+  const auto ok = check_module_gradients(good, x);
+  expect_passed(ok, 2);
+  const auto report = check_module_gradients(bad, x);
+  INFO(report.table());
+  REQUIRE(report.results.size() == 2);
+  CHECK(report.results[0].name == "x");
+  CHECK(report.results[0].rel_error <= kGradTol);  // dx is right
+  CHECK(report.results[1].name == "scale");
+  CHECK(report.results[1].rel_error > 0.1);
+  CHECK(report.results[1].worst_index == 3);  // the dropped channel
+  CHECK(report.results[1].analytic_at_worst == 0.0);
+  CHECK_FALSE(report.passed(kGradTol));
+  CHECK(report.table().find("scale") != std::string::npos);
 }

@@ -6,6 +6,8 @@
 #include <limits>
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xstrided_view.hpp>
 
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
@@ -16,6 +18,7 @@
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/random.hpp"
+#include "attnlab/threads.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -265,4 +268,29 @@ TEST_CASE("cross-entropy edge cases: no labelled position, huge logits, bad targ
   CHECK_THROWS_AS((softmax_cross_entropy<double, 3>(logits, wrong_shape)), ShapeError);
   CHECK_THROWS_AS((cross_entropy_backward<double, 3>(CrossEntropyCache<double, 3>{})),
                   std::logic_error);
+}
+
+TEST_CASE("linear with 2 threads: same numbers as 1 thread, and deterministic") {
+  Rng rng(18);
+  const auto x = randn<double, 3>({3, 100, 5}, rng);  // 300 rows: split into 2 chunks
+  const auto w = randn<double, 2>({5, 7}, rng);
+  const auto b = randn<double, 1>({7}, rng);
+  const auto dy = randn<double, 3>({3, 100, 7}, rng);
+  const auto run = [&] {
+    LinearCache<double, 3> cache;
+    auto y = linear_forward<double, 3>(cache, x, w, &b);
+    return std::pair{y, linear_backward<double, 3>(dy, cache, w, true)};
+  };
+  const auto [y1, g1] = run();
+  set_num_threads(2);
+  const auto [y2, g2] = run();
+  const auto [y3, g3] = run();
+  set_num_threads(1);
+  CHECK(test::rel_error(y1, y2) < 1e-15);
+  CHECK(test::rel_error(g1.dx, g2.dx) < 1e-15);
+  CHECK(test::rel_error(g1.dw, g2.dw) < 1e-14);  // the row sum is split in two partials
+  CHECK(test::rel_error(g1.db, g2.db) == 0);
+  CHECK(y2 == y3);  // bit-identical for a fixed thread count
+  CHECK(g2.dx == g3.dx);
+  CHECK(g2.dw == g3.dw);
 }

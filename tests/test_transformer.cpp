@@ -379,3 +379,28 @@ TEST_CASE("A tiny Transformer overfits one fixed batch (loss < 1e-3) within 300 
   MESSAGE("overfit: loss " << loss << " after " << steps << " steps");
   CHECK(loss < 1e-3f);
 }
+
+TEST_CASE("Transformer float and double agree on logits and gradients") {
+  TransformerConfig c = tiny_config();
+  c.attention.causal = true;
+  c.qk_norm = true;
+  c.learnable_scale = true;
+  Rng rf(51), rd(51);
+  Transformer<float> mf(c, rf);
+  Transformer<double> md(c, rd);
+  const auto fields = tiny_fields();
+  const auto targets = tiny_targets();
+  const auto lf = mf.forward(fields);
+  const auto ld = md.forward(fields);
+  CHECK(test::rel_error(lf, ld) < 1e-5);
+  mf.backward(softmax_cross_entropy<float, 3>(lf, targets).dlogits);
+  md.backward(softmax_cross_entropy<double, 3>(ld, targets).dlogits);
+  auto pf = mf.parameters();
+  auto pd = md.parameters();
+  REQUIRE(pf.size() == pd.size());
+  for (std::size_t i = 0; i < pf.size(); ++i) {
+    CAPTURE(pf[i].name);
+    if (pf[i].name.ends_with("k_norm.beta")) continue;  // exactly 0 up to rounding
+    CHECK(test::rel_error(pf[i].param->grad, pd[i].param->grad) < 1e-4);
+  }
+}

@@ -10,10 +10,14 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
   tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, embedding
   tests/data/golden/cross_entropy.json  mean cross-entropy with ignore_index=-100
+  tests/data/golden/mha.json            multi-head attention (self, cross, QK-norm, learnable
+                                        scale) and a pre-LN transformer block: outputs, attention
+                                        weights, input and parameter gradients
   tests/data/interop/torch_written.safetensors  file written by the Python safetensors package
 
 How to run (from the repository root):
-  python3 tests/golden/make_goldens.py
+  python3 tests/golden/make_goldens.py            # every file
+  python3 tests/golden/make_goldens.py mha.json   # only the named files
 Requires torch, numpy and safetensors (pip install torch numpy safetensors).
 The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
 safetensors 0.8.0, Python 3.11.7.
@@ -502,14 +506,158 @@ def write_interop():
     print(f"wrote {os.path.relpath(path, ROOT)} ({os.path.getsize(path)} bytes)")
 
 
+
+# --------------------------------------------------------------------------
+# 7. multi-head attention and the pre-LN transformer block
+# --------------------------------------------------------------------------
+# attnlab stores projections as (in, out): q = x @ w_q with w_q (C, H*D); heads
+# are split as q.view(B, T, H, D).transpose(1, 2) and merged back the same way.
+
+def split_heads(t, h):
+    b, n, hd = t.shape
+    return t.view(b, n, h, hd // h).transpose(1, 2)
+
+
+def merge_heads(t):
+    b, h, n, d = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * d)
+
+
+def mha_forward(x, ctx, w, cfg, mask):
+    """w: dict of leaf tensors. Returns (y, p)."""
+    h = cfg["heads"]
+    q = split_heads(x @ w["w_q"], h)
+    k = split_heads(ctx @ w["w_k"], h)
+    v = split_heads(ctx @ w["w_v"], h)
+    d = q.shape[-1]
+    if cfg["qk_norm"]:
+        q = F.layer_norm(q, (d,), w["q_norm.gamma"], w["q_norm.beta"], eps=1e-5)
+        k = F.layer_norm(k, (d,), w["k_norm.gamma"], w["k_norm.beta"], eps=1e-5)
+    if cfg["learnable_scale"]:
+        scale = torch.exp(w["log_scale"])[:, None, None]  # (H, 1, 1)
+    else:
+        scale = effective_scale(cfg["scaling"], cfg["scale"], d)
+    vis = visibility(x.shape[0], h, q.shape[2], k.shape[2], cfg["causal"], mask)
+    o, p = masked_attention(q, k, v, scale, vis)
+    return merge_heads(o) @ w["w_o"], p
+
+
+MHA_CASES = [
+    # name, B, Tq, Tk, C, Cc, H, D, Dv, scaling, scale, causal, mask, qk_norm, learnable_scale, cross
+    ("self_sqrt_dk",            2, 4, 4, 8, 8, 2, 4, 4, "sqrt_dk", None, False, None, False, False, False),
+    ("self_causal_dk_free_dv",  2, 5, 5, 6, 6, 2, 5, 3, "dk",      None, True,  None, False, False, False),
+    ("self_explicit_scale_mask", 2, 5, 5, 6, 6, 3, 2, 4, "sqrt_dk", 0.37, False,
+     [[1, 0, 1, 1, 0], [0, 1, 1, 1, 1]], False, False, False),
+    ("cross_masked",            2, 3, 5, 6, 7, 2, 4, 4, "none",    None, False,
+     [[1, 1, 0, 1, 1], [1, 0, 1, 1, 0]], False, False, True),
+    ("qk_norm_learnable_scale", 2, 4, 4, 6, 6, 2, 4, 4, "sqrt_dk", None, True,
+     [[1, 1, 1, 0], [0, 1, 1, 1]], True, True, False),
+    ("one_head_dk_4x_dmodel",   2, 3, 3, 4, 4, 1, 16, 4, "sqrt_dk", None, False, None, False, False, False),
+]
+
+
+def mha_cases():
+    out_cases = []
+    for idx, (name, b, tq, tk, c, cc, h, d, dv, scaling, scale, causal, mask_rows, qk_norm,
+              learnable, cross) in enumerate(MHA_CASES):
+        seed = 6000 + idx
+        g = gen(seed)
+        cfg = {"d_model": c, "d_context": cc, "heads": h, "d_k": d, "d_v": dv,
+               "scaling": scaling, "scale": scale, "causal": causal, "has_mask": mask_rows is not None,
+               "qk_norm": qk_norm, "learnable_scale": learnable, "cross": cross, "seed": seed}
+        x = randn(g, b, tq, c).requires_grad_()
+        ctx = randn(g, b, tk, cc).requires_grad_() if cross else x
+        w = {"w_q": randn(g, c, h * d) / math.sqrt(c), "w_k": randn(g, cc, h * d) / math.sqrt(cc),
+             "w_v": randn(g, cc, h * dv) / math.sqrt(cc), "w_o": randn(g, h * dv, c) / math.sqrt(h * dv)}
+        if qk_norm:
+            for nm in ("q_norm", "k_norm"):
+                w[nm + ".gamma"] = 1 + 0.3 * randn(g, d)
+                w[nm + ".beta"] = 0.3 * randn(g, d)
+        if learnable:
+            w["log_scale"] = math.log(effective_scale(scaling, scale, d)) + 0.3 * randn(g, h)
+        for t in w.values():
+            t.requires_grad_()
+        mask = torch.tensor(mask_rows, dtype=torch.bool) if mask_rows else None
+        r = randn(g, b, tq, c)
+        y, p = mha_forward(x, ctx, w, cfg, mask)
+        inputs = [x] + ([ctx] if cross else []) + list(w.values())
+        grads = torch.autograd.grad((y * r).sum(), inputs)
+        if not (cross or qk_norm or learnable or mask is not None or causal) and d * h == c and dv == d:
+            # independent cross-check: torch.nn.MultiheadAttention without biases
+            ref = torch.nn.MultiheadAttention(c, h, bias=False, batch_first=True, dtype=DT)
+            with torch.no_grad():
+                ref.in_proj_weight.copy_(torch.cat([w["w_q"].t(), w["w_k"].t(), w["w_v"].t()]))
+                ref.out_proj.weight.copy_(w["w_o"].t())
+            y_ref, _ = ref(x, x, x, need_weights=False)
+            close(y, y_ref)
+        tensors = {"x": x}
+        if cross:
+            tensors["context"] = ctx
+        tensors.update(w)
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"r": r, "y": y, "p": p, "dx": grads[0]})
+        offset = 1
+        if cross:
+            tensors["dcontext"] = grads[1]
+            offset = 2
+        for key, gr in zip(w.keys(), grads[offset:]):
+            tensors["d" + key] = gr
+        out_cases.append(case(name, cfg, tensors))
+
+    # a pre-LN transformer block: h = x + mha(ln1(x)); y = h + fc2(gelu_tanh(fc1(ln2(h))))
+    seed = 6100
+    g = gen(seed)
+    b, t, c, h, d, f = 2, 5, 6, 2, 4, 10
+    cfg = {"d_model": c, "heads": h, "d_k": d, "d_v": d, "d_ff": f, "scaling": "sqrt_dk",
+           "scale": None, "causal": True, "norm": "layernorm", "qk_norm": False,
+           "learnable_scale": False, "seed": seed}
+    x = randn(g, b, t, c).requires_grad_()
+    w = {"ln1.gamma": 1 + 0.3 * randn(g, c), "ln1.beta": 0.3 * randn(g, c),
+         "attn.w_q": randn(g, c, h * d) / math.sqrt(c), "attn.w_k": randn(g, c, h * d) / math.sqrt(c),
+         "attn.w_v": randn(g, c, h * d) / math.sqrt(c), "attn.w_o": randn(g, h * d, c) / math.sqrt(h * d),
+         "ln2.gamma": 1 + 0.3 * randn(g, c), "ln2.beta": 0.3 * randn(g, c),
+         "mlp.fc1.w": randn(g, c, f) / math.sqrt(c), "mlp.fc1.b": 0.3 * randn(g, f),
+         "mlp.fc2.w": randn(g, f, c) / math.sqrt(f), "mlp.fc2.b": 0.3 * randn(g, c)}
+    for v in w.values():
+        v.requires_grad_()
+    r = randn(g, b, t, c)
+    a_in = F.layer_norm(x, (c,), w["ln1.gamma"], w["ln1.beta"], eps=1e-5)
+    attn_w = {k[len("attn."):]: v for k, v in w.items() if k.startswith("attn.")}
+    a, _ = mha_forward(a_in, a_in, attn_w, dict(cfg, cross=False), None)
+    hid = x + a
+    m_in = F.layer_norm(hid, (c,), w["ln2.gamma"], w["ln2.beta"], eps=1e-5)
+    m = F.gelu(m_in @ w["mlp.fc1.w"] + w["mlp.fc1.b"], approximate="tanh") @ w["mlp.fc2.w"] + w["mlp.fc2.b"]
+    y = hid + m
+    grads = torch.autograd.grad((y * r).sum(), [x] + list(w.values()))
+    tensors = {"x": x}
+    tensors.update(w)
+    tensors.update({"r": r, "y": y, "dx": grads[0]})
+    for key, gr in zip(w.keys(), grads[1:]):
+        tensors["d" + key] = gr
+    out_cases.append(case("block_pre_ln_causal", cfg, tensors))
+    return out_cases
+
+
 def main():
+    import sys
     os.makedirs(GOLDEN_DIR, exist_ok=True)
-    write_json("sdpa.json", sdpa_cases())
-    write_json("softmax.json", softmax_cases())
-    write_json("optim.json", optim_cases())
-    write_json("layers.json", layer_cases())
-    write_json("cross_entropy.json", cross_entropy_cases())
-    write_interop()
+    makers = {
+        "sdpa.json": sdpa_cases,
+        "softmax.json": softmax_cases,
+        "optim.json": optim_cases,
+        "layers.json": layer_cases,
+        "cross_entropy.json": cross_entropy_cases,
+        "mha.json": mha_cases,
+    }
+    wanted = sys.argv[1:] or list(makers) + ["interop"]
+    for name in wanted:
+        if name == "interop":
+            write_interop()
+        elif name in makers:
+            write_json(name, makers[name]())
+        else:
+            raise SystemExit(f"unknown output {name!r}; choose from {sorted(makers)} or interop")
 
 
 if __name__ == "__main__":

@@ -121,6 +121,17 @@ std::vector<double> MultiHeadAttention<T>::head_scales() const {
 }
 
 template <class T>
+Tensor4<T> MultiHeadAttention<T>::attention_scores() const {
+  if (q_.size() == 0) {
+    throw std::logic_error("MultiHeadAttention::attention_scores: called before forward");
+  }
+  SdpaOptions options = config_.sdpa;
+  options.head_scale.assign(sdpa_cache_.scale.begin(), sdpa_cache_.scale.end());
+  return sdpa_scores<T>(q_, k_, options,
+                        sdpa_cache_.has_key_mask ? &sdpa_cache_.key_mask : nullptr);
+}
+
+template <class T>
 Tensor3<T> MultiHeadAttention<T>::attend(const Tensor3<T>& x, const Tensor3<T>& context,
                                          const KeyMask* key_mask, bool self) {
   if (self) {

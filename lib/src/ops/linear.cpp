@@ -1,8 +1,11 @@
 #include "attnlab/ops/linear.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "attnlab/blas.hpp"
+#include "attnlab/threads.hpp"
 
 namespace attnlab {
 
@@ -23,30 +26,42 @@ template <class S>
 std::vector<std::size_t> dims(const S& s) {
   return std::vector<std::size_t>(s.begin(), s.end());
 }
+
+// Rows are split into contiguous chunks, one per thread; a chunk smaller than this is not worth a
+// thread. The split depends only on (rows, num_threads()), so results are deterministic for a
+// fixed thread count.
+constexpr std::size_t kMinRowsPerChunk = 64;
+
+std::size_t chunk_count(std::size_t rows) {
+  const auto threads = static_cast<std::size_t>(num_threads());
+  return std::max<std::size_t>(1, std::min(threads, rows / kMinRowsPerChunk));
+}
 }  // namespace
 
 template <class T, std::size_t N>
 Tensor<T, N> linear_forward(LinearCache<T, N>& cache, const Tensor<T, N>& x, const Tensor2<T>& w,
                             const Tensor1<T>* b) {
   const std::size_t in = w.shape()[0], out = w.shape()[1];
+  check_arg(in > 0 && out > 0, "linear_forward", "w", "a non-empty (In, Out) matrix",
+            format_shape_of(w.shape()));
   check_extents("linear_forward", "x", dims(x.shape()), with_last<N>(in));
   if (b) check_shape("linear_forward", "b", *b, {e(out)});
-  const std::size_t rows = x.size() / (in ? in : 1);
+  const std::size_t rows = x.size() / in;
   auto y_shape = x.shape();
   y_shape[N - 1] = out;
   Tensor<T, N> y(y_shape);
-  if (rows > 0 && out > 0) {
-    if (in == 0) {
-      y.fill(T(0));
-    } else {
-      //                                               (rows,In) x (In,Out) -> (rows,Out)
-      blas::gemm<T>(false, false, int(rows), int(out), int(in), T(1), x.data(), int(in), w.data(),
-                    int(out), T(0), y.data(), int(out));
-    }
+  const std::size_t chunks = chunk_count(rows);
+#pragma omp parallel for num_threads(int(chunks)) schedule(static)
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
+    if (r1 == r0) continue;
+    //                                                 (r,In) x (In,Out) -> (r,Out)
+    blas::gemm<T>(false, false, int(r1 - r0), int(out), int(in), T(1), x.data() + r0 * in, int(in),
+                  w.data(), int(out), T(0), y.data() + r0 * out, int(out));
     if (b) {
-      for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t r = r0; r < r1; ++r) {
         T* row = y.data() + r * out;
-        for (std::size_t c = 0; c < out; ++c) row[c] += (*b)(c);
+        for (std::size_t k = 0; k < out; ++k) row[k] += (*b)(k);
       }
     }
   }
@@ -68,12 +83,27 @@ LinearGrads<T, N> linear_backward(const Tensor<T, N>& dy, const LinearCache<T, N
   check_extents("linear_backward", "x (cache)", dims(cache.x.shape()), with_last<N>(in));
   const std::size_t rows = cache.x.size() / in;
   LinearGrads<T, N> g{Tensor<T, N>(cache.x.shape()), Tensor2<T>({in, out}), Tensor1<T>()};
-  // dx = dy Wᵀ                                       (rows,Out) x (Out,In) -> (rows,In)
-  blas::gemm<T>(false, true, int(rows), int(in), int(out), T(1), dy.data(), int(out), w.data(),
-                int(out), T(0), g.dx.data(), int(in));
-  // dW = xᵀ dy                                       (In,rows) x (rows,Out) -> (In,Out)
-  blas::gemm<T>(true, false, int(in), int(out), int(rows), T(1), cache.x.data(), int(in), dy.data(),
-                int(out), T(0), g.dw.data(), int(out));
+  g.dw.fill(T(0));
+  const std::size_t chunks = chunk_count(rows);
+  // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
+  std::vector<T> partial_dw(chunks > 1 ? (chunks - 1) * in * out : 0);
+#pragma omp parallel for num_threads(int(chunks)) schedule(static)
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
+    const int r = int(r1 - r0);
+    if (r == 0) continue;  // only when rows = 0: dW stays 0
+    // dx = dy Wᵀ                                     (r,Out) x (Out,In) -> (r,In)
+    blas::gemm<T>(false, true, r, int(in), int(out), T(1), dy.data() + r0 * out, int(out), w.data(),
+                  int(out), T(0), g.dx.data() + r0 * in, int(in));
+    // dW = xᵀ dy                                     (In,r) x (r,Out) -> (In,Out)
+    T* dw = c == 0 ? g.dw.data() : partial_dw.data() + (c - 1) * in * out;
+    blas::gemm<T>(true, false, int(in), int(out), r, T(1), cache.x.data() + r0 * in, int(in),
+                  dy.data() + r0 * out, int(out), T(0), dw, int(out));
+  }
+  for (std::size_t c = 1; c < chunks; ++c) {
+    const T* part = partial_dw.data() + (c - 1) * in * out;
+    for (std::size_t i = 0; i < in * out; ++i) g.dw.data()[i] += part[i];
+  }
   if (with_bias) {
     g.db = Tensor1<T>::from_shape({out});
     g.db.fill(T(0));

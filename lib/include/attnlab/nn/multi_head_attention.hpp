@@ -81,7 +81,11 @@ class MultiHeadAttention : public SequenceModule<T> {
   // QK-norm), for metrics such as the q·k variance.
   const Tensor4<T>& queries() const { return q_; }
   const Tensor4<T>& keys() const { return k_; }
-  // (H,) the scale each head used in the last forward.
+  // (B,H,Tq,Tk) the scaled logits S = s · Q Kᵀ of the last forward, hidden positions at -inf
+  // (recomputed from the cached q, k, scales and mask; for saturation metrics). Throws
+  // std::logic_error before any forward.
+  Tensor4<T> attention_scores() const;
+  // (H,) the scale of each head for the next forward (exp(log_scale) with a learnable scale).
   std::vector<double> head_scales() const;
   // The SdpaOptions the core receives (with head_scale filled for a learnable scale).
   SdpaOptions sdpa_options() const;

@@ -2,7 +2,9 @@
 // Reference: torch.nn.functional.linear(x, weight, bias) with weight = Wᵀ: attnlab stores W as
 // (In, Out), so y = x W + b needs no transpose in the forward gemm.
 //
-//   y = x W + b      (..., In) x (In, Out) -> (..., Out), N = 2 or 3 leading-axes-flattened rows
+//   y = x W + b      (rows, In) x (In, Out) -> (rows, Out)
+//
+// x has rank N = 2 (B, In) or 3 (B, T, In); its leading axes are flattened into rows.
 #pragma once
 
 #include <cstddef>

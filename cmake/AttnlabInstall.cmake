@@ -1,0 +1,29 @@
+# Install rules: the library, its headers and a CMake package (config, targets, version file), so
+# that an outside project can write find_package(attnlab) and link attnlab::attnlab.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(ATTNLAB_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/attnlab")
+# Substituted into the config: a static attnlab's consumers link BLAS themselves.
+get_target_property(ATTNLAB_LIBRARY_TYPE attnlab TYPE)
+
+# With the CUDA backend, the static attnlab_cuda is part of the link interface: export it too.
+set(ATTNLAB_EXPORTED_TARGETS attnlab)
+if(TARGET attnlab_cuda)
+  list(APPEND ATTNLAB_EXPORTED_TARGETS attnlab_cuda)
+endif()
+install(TARGETS ${ATTNLAB_EXPORTED_TARGETS} EXPORT attnlabTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/lib/include/attnlab" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT attnlabTargets NAMESPACE attnlab:: DESTINATION ${ATTNLAB_INSTALL_CMAKEDIR})
+
+configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/attnlabConfig.cmake.in"
+  "${PROJECT_BINARY_DIR}/attnlabConfig.cmake" INSTALL_DESTINATION ${ATTNLAB_INSTALL_CMAKEDIR})
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/attnlabConfigVersion.cmake"
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/attnlabConfig.cmake"
+              "${PROJECT_BINARY_DIR}/attnlabConfigVersion.cmake"
+        DESTINATION ${ATTNLAB_INSTALL_CMAKEDIR})

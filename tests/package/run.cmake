@@ -1,0 +1,62 @@
+# Builds and runs the outside project in this folder against attnlab; run by ctest with cmake -P.
+#   -DMODE=package       installs the build tree at BUILD_DIR into WORK_DIR/prefix, then
+#                        configures the project with find_package(attnlab) from that prefix
+#   -DMODE=subdirectory  configures the project with add_subdirectory(SOURCE_DIR) and compiles
+#                        app.cpp against the attnlab target; with -DFULL=ON it also builds the
+#                        library from source (a minute of CPU), links and runs the program
+# Other variables: SOURCE_DIR (attnlab checkout), BUILD_DIR (attnlab build tree), WORK_DIR (scratch),
+# LIBDIR (CMAKE_INSTALL_LIBDIR), GENERATOR, CXX_COMPILER, BUILD_TYPE, JOBS.
+cmake_minimum_required(VERSION 3.25)
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+set(consumer_build "${WORK_DIR}/consumer-${MODE}")
+if(MODE STREQUAL "package")
+  set(prefix "${WORK_DIR}/prefix")
+  file(REMOVE_RECURSE "${prefix}" "${consumer_build}")
+  run_step("cmake --install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
+  foreach(f ${LIBDIR}/cmake/attnlab/attnlabConfig.cmake
+            ${LIBDIR}/cmake/attnlab/attnlabConfigVersion.cmake
+            ${LIBDIR}/cmake/attnlab/attnlabTargets.cmake include/attnlab/attnlab.hpp
+            include/attnlab/optim/adamw.hpp)
+    if(NOT EXISTS "${prefix}/${f}")
+      message(FATAL_ERROR "cmake --install did not install ${f}")
+    endif()
+  endforeach()
+  set(how "-DCMAKE_PREFIX_PATH=${prefix}")
+elseif(MODE STREQUAL "subdirectory")
+  # Kept between runs: the library build is incremental.
+  set(how "-DATTNLAB_SOURCE_DIR=${SOURCE_DIR}" -DATTNLAB_CUDA=OFF)
+else()
+  message(FATAL_ERROR "MODE: expected package or subdirectory, got '${MODE}'")
+endif()
+
+run_step("configure (${MODE})" "${CMAKE_COMMAND}" -S "${CMAKE_CURRENT_LIST_DIR}" -B "${consumer_build}"
+         -G "${GENERATOR}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}"
+         ${how})
+if(MODE STREQUAL "subdirectory")
+  # As a subproject attnlab must not add its own tests, examples or install rules.
+  file(STRINGS "${consumer_build}/CMakeCache.txt" own_targets
+       REGEX "^ATTNLAB_(BUILD_TESTS|BUILD_EXAMPLES|INSTALL):BOOL=ON$")
+  if(own_targets)
+    message(FATAL_ERROR "attnlab as a subproject turned on: ${own_targets}")
+  endif()
+  if(NOT FULL)
+    run_step("compile app.cpp (${MODE})" "${CMAKE_COMMAND}" --build "${consumer_build}" --target
+             app_objects)
+    message(STATUS "app.cpp compiled against attnlab::attnlab from add_subdirectory")
+    return()
+  endif()
+endif()
+run_step("build (${MODE})" "${CMAKE_COMMAND}" --build "${consumer_build}" --parallel ${JOBS})
+run_step("run (${MODE})" "${consumer_build}/app")
+message(STATUS "${step_output}")
+if(NOT step_output MATCHES "attnlab consumer: .*: ok")
+  message(FATAL_ERROR "unexpected output: ${step_output}")
+endif()
