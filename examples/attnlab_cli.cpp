@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand(
       "train", "train one model; writes metrics.csv, summary.json, model.safetensors");
   TrainConfig tc;
+  tc.threads = num_threads();  // the number of cores unless --threads says otherwise
   ModelFlags train_model_flags;
   TaskFlags train_task;
   std::string train_data, train_valid;
@@ -389,6 +390,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*gradcheck) {
+      set_num_threads(1);  // tiny double-precision layers: threads only add overhead
       const ModelSpec spec = gc_model.spec();
       const GradcheckReport report = check_layer(layer, spec, gc_batch, gc_seq, gc_seed);
       std::fputs(report.table().c_str(), stdout);

@@ -209,4 +209,60 @@ TEST_CASE("cli: saturation writes its table and plot") {
   CHECK(r.out.find("Var(q.k)/d_k") != std::string::npos);
 }
 
+TEST_CASE("cli: a diverged run stops cleanly with status 3 and names the layer") {
+  const auto dir = scratch("diverged");
+  // A scale of 1e38 overflows the float logits at the first step.
+  const Run r = cli(std::string("train ") + kTinyRecall + " --steps 20 --scale 1e38 --out '" +
+                        (dir / "run").string() + "'",
+                    dir);
+  CHECK(r.status == 3);
+  CHECK(r.err.empty());
+  const auto summary = nlohmann::json::parse(slurp(dir / "run" / "summary.json"));
+  CHECK(summary["status"] == "diverged at step 1");
+  CHECK(summary["first_nonfinite_layer"].get<std::string>().find("blocks.0.attn") == 0);
+  CHECK_FALSE(fs::exists(dir / "run" / "model.safetensors"));  // never saves non-finite weights
+}
+
+TEST_CASE("cli: gradcheck prints a row per tensor and passes on the stack's layers") {
+  const auto dir = scratch("gradcheck");
+  const Run r =
+      cli("gradcheck --layer mha --d-model 8 --heads 2 --d-k 5 --qk-norm --learnable-scale", dir);
+  CHECK(r.status == 0);
+  for (const char* row :
+       {"w_q", "w_k", "w_v", "w_o", "q_norm.gamma", "k_norm.beta", "log_scale", "PASS"})
+    CHECK(r.out.find(row) != std::string::npos);
+  const Run t =
+      cli("gradcheck --layer block --d-model 4 --heads 2 --batch 1 --seq 3 --causal", dir);
+  CHECK(t.status == 0);
+  CHECK(t.out.find("mlp.fc2.w") != std::string::npos);
+}
+
+TEST_CASE("cli: SIGINT saves a checkpoint and exits cleanly, and the run resumes from it") {
+  const auto dir = scratch("sigint");
+  const fs::path run = dir / "run";
+  // Start a long run, wait until it has written its first metrics row, then interrupt it.
+  const std::string cmd = "'" + std::string(ATTNLAB_CLI_PATH) + "' train " + kTinyRecall +
+                          " --steps 100000000 --eval-every 10 --out '" + run.string() +
+                          "' >/dev/null 2>'" + (dir / "stderr.txt").string() + "' & pid=$!; " +
+                          "for i in $(seq 1 600); do [ -s '" + (run / "metrics.csv").string() +
+                          "' ] && break; sleep 0.05; done; sleep 0.2; kill -INT $pid; wait $pid; " +
+                          "echo $? > '" + (dir / "status.txt").string() + "'";
+  std::ofstream(dir / "interrupt.sh") << cmd << '\n';
+  REQUIRE(std::system(("bash '" + (dir / "interrupt.sh").string() + "'").c_str()) == 0);
+  CHECK(std::stoi(slurp(dir / "status.txt")) == 130);
+  CHECK(slurp(dir / "stderr.txt").empty());
+  const auto summary = nlohmann::json::parse(slurp(run / "summary.json"));
+  CHECK(summary["status"] == "interrupted");
+  CHECK(fs::exists(run / "model.safetensors"));
+  // --save-every also leaves a checkpoint; a resumed run continues to --steps.
+  const Run r = cli(std::string("train ") + kTinyRecall +
+                        " --steps 30 --save-every 10 --stop-after 25 --out '" +
+                        (dir / "periodic").string() + "'",
+                    dir);
+  CHECK(r.status == 130);
+  const Run resumed = cli("train --quiet --resume '" + (dir / "periodic").string() + "'", dir);
+  CHECK(resumed.status == 0);
+  CHECK(nlohmann::json::parse(slurp(dir / "periodic" / "summary.json"))["steps_done"] == 30);
+}
+
 #endif  // ATTNLAB_CLI_PATH

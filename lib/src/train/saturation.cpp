@@ -136,13 +136,14 @@ void write_saturation(const std::string& dir, const std::vector<SaturationRow>& 
   write_text_file(dir + "/saturation.dat", dat.str());
   std::ostringstream gp;
   gp << "# attnlab saturation: re-render with `gnuplot saturation.gp`\n"
-     << "set terminal " << gnuplot_png_terminal() << " size 1500,900\n"
+     << "set terminal " << gnuplot_png_terminal() << " size 1500,900\nset termoption noenhanced\n"
      << "set output 'saturation.png'\nset multiplot layout 2,3 title 'Attention at initialisation "
         "vs d_k ("
      << keys << " keys, x unit RMS, W ~ N(0,1/d_model))'\n"
      << "set logscale x 2\nset xlabel 'd_k'\nset grid\nset key top left\n";
   for (int p = 0; p < 5; ++p) {
-    gp << "set title '" << titles[p] << "'\n";
+    gp << "set title '" << titles[p] << "'\n"
+       << (p == 0 ? "set key bottom left\n" : "set key top left\n");
     if (p == 4) gp << "set yrange [0:2]\n";
     gp << "plot " << plots[p].str() << '\n';
   }

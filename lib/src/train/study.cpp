@@ -123,7 +123,8 @@ std::string gp_header(const std::string& png, int width, int height, const std::
   gp << "# attnlab study plot: re-render with `gnuplot " << png.substr(0, png.size() - 4)
      << ".gp` in this folder\n"
      << "set terminal " << gnuplot_png_terminal() << " size " << width << ',' << height
-     << " font ',10'\nset output '" << png << "'\nset grid\nset key top right\n"
+     << " font ',10'\nset termoption noenhanced\nset output '" << png
+     << "'\nset grid\nset key top right\n"
      << "set multiplot layout " << layout << " title '" << title << "'\n";
   return gp.str();
 }
@@ -320,7 +321,7 @@ StudyPlan study_preset(const std::string& preset) {
     g.arms = {kNone, kSqrt, kDk};
     g.d_k = {16, 64, 256};
     g.lrs = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1};
-    g.seeds = {0};
+    g.seeds = {0, 1};
     plan.groups.push_back(g);
   } else if (preset == "full") {
     StudyGroup a;
