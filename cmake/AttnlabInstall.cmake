@@ -7,7 +7,12 @@ set(ATTNLAB_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/attnlab")
 # Substituted into the config: a static attnlab's consumers link BLAS themselves.
 get_target_property(ATTNLAB_LIBRARY_TYPE attnlab TYPE)
 
-install(TARGETS attnlab EXPORT attnlabTargets
+# With the CUDA backend, the static attnlab_cuda is part of the link interface: export it too.
+set(ATTNLAB_EXPORTED_TARGETS attnlab)
+if(TARGET attnlab_cuda)
+  list(APPEND ATTNLAB_EXPORTED_TARGETS attnlab_cuda)
+endif()
+install(TARGETS ${ATTNLAB_EXPORTED_TARGETS} EXPORT attnlabTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

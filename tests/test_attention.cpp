@@ -1,5 +1,7 @@
 // sdpa_forward / sdpa_backward: gradient checks over the option grid, the seed's numbers, the
-// statistics behind the √d_k argument, float vs double, and bad input.
+// statistics behind the √d_k argument, float vs double, and bad input. Every test that runs the op
+// runs on both CPU paths (TEST_CASE_TEMPLATE over ReferencePath and FusedPath,
+// tests/sdpa_paths.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,8 +14,13 @@
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/random.hpp"
 #include "helpers.hpp"
+#include "sdpa_paths.hpp"
 
 using namespace attnlab;
+using attnlab::test::FusedPath;
+using attnlab::test::ReferencePath;
+using attnlab::test::weights_of;
+using attnlab::test::with_path;
 
 namespace {
 
@@ -62,7 +69,9 @@ GradcheckReport gradcheck_sdpa(const Shape4& s, SdpaOptions options, const KeyMa
   return report;
 }
 
-void expect_gradcheck(const Shape4& s, const SdpaOptions& options, const KeyMask* mask = nullptr) {
+void expect_gradcheck(const Shape4& s, SdpaOptions options, SdpaPath path,
+                      const KeyMask* mask = nullptr) {
+  options.path = path;
   const auto report = gradcheck_sdpa(s, options, mask);
   INFO(report.table());
   CHECK(report.max_rel_error() <= kGradTol);
@@ -72,7 +81,8 @@ void expect_gradcheck(const Shape4& s, const SdpaOptions& options, const KeyMask
 
 }  // namespace
 
-TEST_CASE("sdpa gradcheck: every scaling mode and an explicit scale") {
+TEST_CASE_TEMPLATE("sdpa gradcheck: every scaling mode and an explicit scale", TestType,
+                   ReferencePath, FusedPath) {
   const Shape4 s{2, 2, 5, 5, 4, 4};
   SdpaOptions options;
   SUBCASE("none") {
@@ -87,47 +97,50 @@ TEST_CASE("sdpa gradcheck: every scaling mode and an explicit scale") {
   SUBCASE("explicit scale 0.37") {
     options.scale = 0.37;
   }
-  expect_gradcheck(s, options);
+  expect_gradcheck(s, options, TestType::value);
 }
 
-TEST_CASE("sdpa gradcheck: causal, Tq == Tk and Tq != Tk") {
+TEST_CASE_TEMPLATE("sdpa gradcheck: causal, Tq == Tk and Tq != Tk", TestType, ReferencePath,
+                   FusedPath) {
   SdpaOptions options;
   options.causal = true;
   SUBCASE("Tq == Tk") {
-    expect_gradcheck({2, 2, 6, 6, 4, 4}, options);
+    expect_gradcheck({2, 2, 6, 6, 4, 4}, options, TestType::value);
   }
   SUBCASE("Tq < Tk") {
-    expect_gradcheck({1, 2, 3, 5, 4, 3}, options);
+    expect_gradcheck({1, 2, 3, 5, 4, 3}, options, TestType::value);
   }
   SUBCASE("Tq > Tk") {
-    expect_gradcheck({1, 2, 6, 4, 4, 3}, options);
+    expect_gradcheck({1, 2, 6, 4, 4, 3}, options, TestType::value);
   }
 }
 
-TEST_CASE("sdpa gradcheck: key mask, including a fully masked row") {
+TEST_CASE_TEMPLATE("sdpa gradcheck: key mask, including a fully masked row", TestType,
+                   ReferencePath, FusedPath) {
   KeyMask mask = {{true, false, true, true, false}, {false, false, false, false, false}};
   SdpaOptions options;
   SUBCASE("mask") {}
   SUBCASE("mask and causal") {
     options.causal = true;
   }
-  expect_gradcheck({2, 2, 4, 5, 3, 3}, options, &mask);
+  expect_gradcheck({2, 2, 4, 5, 3, 3}, options, TestType::value, &mask);
 }
 
-TEST_CASE("sdpa gradcheck: Tq != Tk and Dv != D") {
-  expect_gradcheck({2, 3, 3, 7, 5, 2}, SdpaOptions{});
+TEST_CASE_TEMPLATE("sdpa gradcheck: Tq != Tk and Dv != D", TestType, ReferencePath, FusedPath) {
+  expect_gradcheck({2, 3, 3, 7, 5, 2}, SdpaOptions{}, TestType::value);
 }
 
-TEST_CASE("sdpa gradcheck: D = 1 and D = 256") {
+TEST_CASE_TEMPLATE("sdpa gradcheck: D = 1 and D = 256", TestType, ReferencePath, FusedPath) {
   SUBCASE("D = 1") {
-    expect_gradcheck({2, 2, 4, 4, 1, 2}, SdpaOptions{});
+    expect_gradcheck({2, 2, 4, 4, 1, 2}, SdpaOptions{}, TestType::value);
   }
   SUBCASE("D = 256") {
-    expect_gradcheck({1, 1, 3, 4, 256, 2}, SdpaOptions{});
+    expect_gradcheck({1, 1, 3, 4, 256, 2}, SdpaOptions{}, TestType::value);
   }
 }
 
-TEST_CASE("sdpa: a query row with no visible key gives zeros, never NaN") {
+TEST_CASE_TEMPLATE("sdpa: a query row with no visible key gives zeros, never NaN", TestType,
+                   ReferencePath, FusedPath) {
   Rng rng(11);
   const auto q = randn<double, 4>({2, 1, 3, 4}, rng);
   const auto k = randn<double, 4>({2, 1, 4, 4}, rng);
@@ -135,50 +148,54 @@ TEST_CASE("sdpa: a query row with no visible key gives zeros, never NaN") {
   const auto dout = randn<double, 4>({2, 1, 3, 2}, rng);
   KeyMask mask = {{true, true, false, true}, {false, false, false, false}};
   SdpaCache<double> cache;
-  const auto out = sdpa_forward(cache, q, k, v, SdpaOptions{}, &mask);
+  const SdpaOptions options = with_path({}, TestType::value);
+  const auto out = sdpa_forward(cache, q, k, v, options, &mask);
   const auto g = sdpa_backward(dout, cache, q, k, v);
+  const auto p = weights_of(cache, q, k, options, &mask);
   CHECK(test::all_finite(out));
   CHECK(test::all_finite(g.dq));
   CHECK(test::all_finite(g.dk));
   CHECK(test::all_finite(g.dv));
   for (std::size_t i = 0; i < 3; ++i) {
-    for (std::size_t j = 0; j < 4; ++j) CHECK(cache.p(1, 0, i, j) == 0.0);
+    for (std::size_t j = 0; j < 4; ++j) CHECK(p(1, 0, i, j) == 0.0);
     for (std::size_t c = 0; c < 2; ++c) CHECK(out(1, 0, i, c) == 0.0);
     for (std::size_t c = 0; c < 4; ++c) CHECK(g.dq(1, 0, i, c) == 0.0);
   }
   for (std::size_t j = 0; j < 4; ++j) {
     for (std::size_t c = 0; c < 4; ++c) CHECK(g.dk(1, 0, j, c) == 0.0);
-    CHECK(cache.p(0, 0, 1, 2) == 0.0);  // a hidden key gets no weight
+    CHECK(p(0, 0, 1, 2) == 0.0);  // a hidden key gets no weight
   }
   // The visible batch is a proper distribution.
   for (std::size_t i = 0; i < 3; ++i) {
-    CHECK(cache.p(0, 0, i, 0) + cache.p(0, 0, i, 1) + cache.p(0, 0, i, 3) ==
-          doctest::Approx(1.0).epsilon(1e-14));
+    CHECK(p(0, 0, i, 0) + p(0, 0, i, 1) + p(0, 0, i, 3) == doctest::Approx(1.0).epsilon(1e-14));
   }
 }
 
-TEST_CASE("sdpa: causal weights are lower triangular (top-left aligned)") {
+TEST_CASE_TEMPLATE("sdpa: causal weights are lower triangular (top-left aligned)", TestType,
+                   ReferencePath, FusedPath) {
   Rng rng(12);
   const auto q = randn<double, 4>({1, 1, 3, 2}, rng);
   const auto k = randn<double, 4>({1, 1, 5, 2}, rng);
   const auto v = randn<double, 4>({1, 1, 5, 2}, rng);
   SdpaCache<double> cache;
-  SdpaOptions options;
+  SdpaOptions options = with_path({}, TestType::value);
   options.causal = true;
   sdpa_forward(cache, q, k, v, options);
+  const auto p = weights_of(cache, q, k, options);
   for (std::size_t i = 0; i < 3; ++i) {
     for (std::size_t j = 0; j < 5; ++j) {
       if (j <= i) {
-        CHECK(cache.p(0, 0, i, j) > 0);
+        CHECK(p(0, 0, i, j) > 0);
       } else {
-        CHECK(cache.p(0, 0, i, j) == 0);
+        CHECK(p(0, 0, i, j) == 0);
       }
     }
   }
-  CHECK(cache.p(0, 0, 0, 0) == 1.0);  // query 0 sees key 0 alone
+  CHECK(p(0, 0, 0, 0) == 1.0);  // query 0 sees key 0 alone
 }
 
-TEST_CASE("seed numbers: d_k = 64 turns scores 45 and 2 into 5.625 and 0.25") {
+TEST_CASE_TEMPLATE("seed numbers: d_k = 64 turns scores 45 and 2 into 5.625 and 0.25", TestType,
+                   ReferencePath, FusedPath) {
   CHECK(scaling_factor(Scaling::sqrt_dk, 64) * 45 == 5.625);
   CHECK(scaling_factor(Scaling::sqrt_dk, 64) * 2 == 0.25);
   // Through the op itself: q = e0, k0 = 45 e0, k1 = 2 e0 give raw scores 45 and 2.
@@ -192,13 +209,17 @@ TEST_CASE("seed numbers: d_k = 64 turns scores 45 and 2 into 5.625 and 0.25") {
   CHECK(scores(0, 0, 0, 0) == 5.625);
   CHECK(scores(0, 0, 0, 1) == 0.25);
   SdpaCache<double> cache;
-  sdpa_forward(cache, q, k, v);
+  const SdpaOptions scaled = with_path({}, TestType::value);
+  sdpa_forward(cache, q, k, v, scaled);
+  const auto p = weights_of(cache, q, k, scaled);
   // The ranking survives and the gap is exp(5.375), not exp(43): the softmax is not saturated.
-  CHECK(std::log(cache.p(0, 0, 0, 0) / cache.p(0, 0, 0, 1)) == doctest::Approx(5.375));
-  SdpaOptions unscaled;
+  CHECK(std::log(p(0, 0, 0, 0) / p(0, 0, 0, 1)) == doctest::Approx(5.375));
+  if (!cache.has_weights())
+    CHECK(cache.lse(0, 0, 0) == doctest::Approx(5.625 + std::log1p(std::exp(-5.375))));
+  SdpaOptions unscaled = scaled;
   unscaled.scaling = Scaling::none;
   sdpa_forward(cache, q, k, v, unscaled);
-  CHECK(cache.p(0, 0, 0, 1) < 1e-18);  // exp(-43): a one-hot row
+  CHECK(weights_of(cache, q, k, unscaled)(0, 0, 0, 1) < 1e-18);  // exp(-43): a one-hot row
 }
 
 TEST_CASE("seed numbers: d_k = 16, sqrt(16) = 4 and a raw score of 40 becomes 10") {
@@ -251,6 +272,7 @@ double mean_entropy(std::size_t d, Scaling mode, std::uint64_t seed) {
   const auto v = randn<double, 4>({4, 4, 32, 1}, rng);
   SdpaOptions options;
   options.scaling = mode;
+  options.path = SdpaPath::reference;  // the statistic reads the weights
   SdpaCache<double> cache;
   sdpa_forward(cache, q, k, v, options);
   double h = 0;
@@ -292,14 +314,15 @@ TEST_CASE("statistics: entropy at init falls with d_k unscaled and stays flat wh
   CHECK(s4 == doctest::Approx(std::log(32.0) - 0.5).epsilon(0.05));
 }
 
-TEST_CASE("sdpa: float and double forward passes agree") {
+TEST_CASE_TEMPLATE("sdpa: float and double forward passes agree", TestType, ReferencePath,
+                   FusedPath) {
   Rng rng(21);
   const auto qd = randn<double, 4>({2, 3, 7, 16}, rng);
   const auto kd = randn<double, 4>({2, 3, 9, 16}, rng);
   const auto vd = randn<double, 4>({2, 3, 9, 8}, rng);
   KeyMask mask = xt::ones<bool>({2, 9});
   mask(1, 4) = false;
-  SdpaOptions options;
+  SdpaOptions options = with_path({}, TestType::value);
   options.causal = true;
   SdpaCache<double> cd;
   SdpaCache<float> cf;
@@ -308,37 +331,42 @@ TEST_CASE("sdpa: float and double forward passes agree") {
       sdpa_forward(cf, Tensor4<float>(xt::cast<float>(qd)), Tensor4<float>(xt::cast<float>(kd)),
                    Tensor4<float>(xt::cast<float>(vd)), options, &mask);
   CHECK(test::rel_error(od, of) < 1e-5);
-  CHECK(test::rel_error(cd.p, cf.p) < 1e-5);
+  CHECK(cd.has_weights() == (TestType::value == SdpaPath::reference));
+  CHECK(cf.has_weights() == (TestType::value == SdpaPath::reference));
+  if (cd.has_weights()) CHECK(test::rel_error(cd.p, cf.p) < 1e-5);
+  if (!cd.has_weights()) CHECK(test::rel_error(cd.lse, cf.lse) < 1e-5);
 }
 
-TEST_CASE("sdpa: bad inputs throw ShapeError naming both shapes") {
+TEST_CASE_TEMPLATE("sdpa: bad inputs throw ShapeError naming both shapes", TestType, ReferencePath,
+                   FusedPath) {
   Tensor4<double> q = xt::zeros<double>({2, 4, 5, 16});
   Tensor4<double> k = xt::zeros<double>({2, 4, 7, 16});
   Tensor4<double> v = xt::zeros<double>({2, 4, 7, 8});
   SdpaCache<double> cache;
+  const SdpaOptions path_only = with_path({}, TestType::value);
   SUBCASE("rank mismatch") {
     xt::xarray<double> q3 = xt::zeros<double>({2, 5, 16});
     CHECK_THROWS_WITH_AS(
-        sdpa_forward<double>(cache, q3, xt::xarray<double>(k), xt::xarray<double>(v)),
+        sdpa_forward<double>(cache, q3, xt::xarray<double>(k), xt::xarray<double>(v), path_only),
         doctest::Contains("sdpa_forward: q expected (*, *, *, *), got (2, 5, 16)"), ShapeError);
   }
   SUBCASE("D of q differs from D of k") {
     Tensor4<double> k8 = xt::zeros<double>({2, 4, 7, 8});
-    CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k8, v),
+    CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k8, v, path_only),
                          "sdpa_forward: k expected (2, 4, *, 16), got (2, 4, 7, 8)", ShapeError);
   }
   SUBCASE("Tk of k differs from Tk of v") {
     Tensor4<double> v6 = xt::zeros<double>({2, 4, 6, 8});
-    CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k, v6),
+    CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k, v6, path_only),
                          "sdpa_forward: v expected (2, 4, 7, *), got (2, 4, 6, 8)", ShapeError);
   }
   SUBCASE("key mask of the wrong shape") {
     KeyMask mask = xt::ones<bool>({2, 5});
-    CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k, v, SdpaOptions{}, &mask),
+    CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k, v, path_only, &mask),
                          "sdpa_forward: key_mask expected (2, 7), got (2, 5)", ShapeError);
   }
   SUBCASE("non-finite explicit scale") {
-    SdpaOptions options;
+    SdpaOptions options = path_only;
     options.scale = std::numeric_limits<double>::quiet_NaN();
     CHECK_THROWS_WITH_AS(
         sdpa_forward(cache, q, k, v, options),
@@ -350,7 +378,7 @@ TEST_CASE("sdpa: bad inputs throw ShapeError naming both shapes") {
                          std::invalid_argument);
   }
   SUBCASE("dout of the wrong shape") {
-    sdpa_forward(cache, q, k, v);
+    sdpa_forward(cache, q, k, v, path_only);
     Tensor4<double> dout = xt::zeros<double>({2, 4, 5, 16});
     CHECK_THROWS_WITH_AS(sdpa_backward(dout, cache, q, k, v),
                          "sdpa_backward: dout expected (2, 4, 5, 8), got (2, 4, 5, 16)",
@@ -361,6 +389,10 @@ TEST_CASE("sdpa: bad inputs throw ShapeError naming both shapes") {
 TEST_CASE("sdpa: backward before forward throws logic_error") {
   Tensor4<double> q = xt::zeros<double>({1, 1, 2, 2});
   SdpaCache<double> empty;
+  SUBCASE("reference") {}
+  SUBCASE("fused") {
+    empty.path = SdpaPath::fused;
+  }
   CHECK_THROWS_AS(sdpa_backward(Tensor4<double>(xt::zeros<double>({1, 1, 2, 2})), empty, q, q, q),
                   std::logic_error);
 }

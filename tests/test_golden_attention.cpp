@@ -8,17 +8,22 @@
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "helpers.hpp"
+#include "sdpa_paths.hpp"
 
 using namespace attnlab;
+using attnlab::test::FusedPath;
 using attnlab::test::golden_file;
 using attnlab::test::golden_tensor;
+using attnlab::test::ReferencePath;
 using attnlab::test::rel_error;
+using attnlab::test::weights_of;
 
 namespace {
 constexpr double kGoldenTol = 1e-12;  // float64 on both sides; only summation order differs
 }
 
-TEST_CASE("golden: sdpa forward and backward match PyTorch") {
+TEST_CASE_TEMPLATE("golden: sdpa forward and backward match PyTorch", TestType, ReferencePath,
+                   FusedPath) {
   const auto& file = golden_file("sdpa.json");
   REQUIRE(file.at("cases").size() >= 10);
   for (const auto& c : file.at("cases")) {
@@ -26,6 +31,7 @@ TEST_CASE("golden: sdpa forward and backward match PyTorch") {
     CAPTURE(name);
     const auto& config = c.at("config");
     SdpaOptions options;
+    options.path = TestType::value;
     options.scaling = parse_scaling(config.at("scaling").get<std::string>());
     if (!config.at("scale").is_null()) options.scale = config.at("scale").get<double>();
     options.causal = config.at("causal").get<bool>();
@@ -39,7 +45,9 @@ TEST_CASE("golden: sdpa forward and backward match PyTorch") {
     CHECK(resolve_scale(options, q.shape()[3]) ==
           doctest::Approx(config.at("effective_scale").get<double>()).epsilon(1e-15));
     CHECK(rel_error(out, golden_tensor(c, "out")) < kGoldenTol);
-    CHECK(rel_error(cache.p, golden_tensor(c, "p")) < kGoldenTol);
+    CHECK(cache.has_weights() == (TestType::value == SdpaPath::reference));
+    const auto p = weights_of(cache, q, k, options, has_mask ? &mask : nullptr);
+    CHECK(rel_error(p, golden_tensor(c, "p")) < kGoldenTol);
     const auto g = sdpa_backward(r, cache, q, k, v);
     CHECK(rel_error(g.dq, golden_tensor(c, "dq")) < kGoldenTol);
     CHECK(rel_error(g.dk, golden_tensor(c, "dk")) < kGoldenTol);

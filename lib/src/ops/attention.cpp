@@ -6,6 +6,7 @@
 
 #include <xtensor/xarray.hpp>
 
+#include "attention_fused.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/threads.hpp"
@@ -30,6 +31,31 @@ Scaling parse_scaling(std::string_view text) {
   if (text == "dk") return Scaling::dk;
   throw std::invalid_argument("parse_scaling: mode expected none|sqrt_dk|dk, got '" +
                               std::string(text) + "'");
+}
+
+std::string_view to_string(SdpaPath path) {
+  switch (path) {
+    case SdpaPath::reference:
+      return "reference";
+    case SdpaPath::fused:
+      return "fused";
+    case SdpaPath::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
+SdpaPath parse_sdpa_path(std::string_view text) {
+  if (text == "reference") return SdpaPath::reference;
+  if (text == "fused") return SdpaPath::fused;
+  if (text == "auto") return SdpaPath::automatic;
+  throw std::invalid_argument("parse_sdpa_path: path expected reference|fused|auto, got '" +
+                              std::string(text) + "'");
+}
+
+SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk) {
+  if (path != SdpaPath::automatic) return path;
+  return Tk >= kSdpaFusedMinKeys ? SdpaPath::fused : SdpaPath::reference;
 }
 
 double scaling_factor(Scaling mode, std::size_t d) {
@@ -146,8 +172,16 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
   cache.causal = options.causal;
   cache.has_key_mask = key_mask != nullptr;
   cache.key_mask = key_mask ? *key_mask : KeyMask();
-  cache.p.resize({B, H, Tq, Tk});
+  cache.path = resolve_sdpa_path(options.path, Tk);
   Tensor4<T> out({B, H, Tq, Dv});
+  if (cache.path == SdpaPath::fused) {
+    cache.p = Tensor4<T>();  // not materialised: has_weights() is false
+    detail::sdpa_fused_forward(out, cache, q, k, v);
+    return out;
+  }
+  cache.out = Tensor4<T>();
+  cache.lse = Tensor3<T>();
+  cache.p.resize({B, H, Tq, Tk});
 
   const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), dv = static_cast<int>(Dv);
   const auto bh_count = static_cast<std::ptrdiff_t>(B * H);
@@ -180,23 +214,15 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const xt::xarray<T>& q, const xt::x
   return sdpa_forward<T>(cache, Tensor4<T>(q), Tensor4<T>(k), Tensor4<T>(v), options, key_mask);
 }
 
+namespace {
+
+// The reference backward on the materialised P: assigns g.dq, g.dk, g.dv and dscale_part (B·H).
 template <class T>
-SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, const Tensor4<T>& q,
-                           const Tensor4<T>& k, const Tensor4<T>& v) {
+void reference_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Tensor4<T>& dout,
+                        const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                        const Tensor4<T>& v) {
   const std::size_t B = cache.B, H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D,
                     Dv = cache.Dv;
-  if (cache.p.size() == 0 || cache.p.shape()[2] != Tq) {
-    throw std::logic_error("sdpa_backward: the cache is empty: call sdpa_forward first");
-  }
-  const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
-  check_shape("sdpa_backward", "dout", dout, {e(B), e(H), e(Tq), e(Dv)});
-  check_shape("sdpa_backward", "q", q, {e(B), e(H), e(Tq), e(D)});
-  check_shape("sdpa_backward", "k", k, {e(B), e(H), e(Tk), e(D)});
-  check_shape("sdpa_backward", "v", v, {e(B), e(H), e(Tk), e(Dv)});
-
-  SdpaGrads<T> g{Tensor4<T>({B, H, Tq, D}), Tensor4<T>({B, H, Tk, D}), Tensor4<T>({B, H, Tk, Dv}),
-                 Tensor1<T>::from_shape({H})};
-  std::vector<T> dscale_part(B * H);
   const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), d = static_cast<int>(D),
             dv = static_cast<int>(Dv);
   const auto bh_count = static_cast<std::ptrdiff_t>(B * H);
@@ -231,9 +257,46 @@ SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, co
       dscale_part[bh] = acc / s;
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, const Tensor4<T>& q,
+                           const Tensor4<T>& k, const Tensor4<T>& v) {
+  const std::size_t B = cache.B, H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D,
+                    Dv = cache.Dv;
+  const bool fused = cache.path == SdpaPath::fused;
+  if (fused ? cache.lse.size() == 0 || cache.lse.shape()[2] != Tq
+            : cache.p.size() == 0 || cache.p.shape()[2] != Tq) {
+    throw std::logic_error("sdpa_backward: the cache is empty: call sdpa_forward first");
+  }
+  const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
+  check_shape("sdpa_backward", "dout", dout, {e(B), e(H), e(Tq), e(Dv)});
+  check_shape("sdpa_backward", "q", q, {e(B), e(H), e(Tq), e(D)});
+  check_shape("sdpa_backward", "k", k, {e(B), e(H), e(Tk), e(D)});
+  check_shape("sdpa_backward", "v", v, {e(B), e(H), e(Tk), e(Dv)});
+
+  SdpaGrads<T> g{Tensor4<T>({B, H, Tq, D}), Tensor4<T>({B, H, Tk, D}), Tensor4<T>({B, H, Tk, Dv}),
+                 Tensor1<T>::from_shape({H})};
+  std::vector<T> dscale_part(B * H);
+  if (fused) {
+    detail::sdpa_fused_backward(g, dscale_part, dout, cache, q, k, v);
+  } else {
+    reference_backward(g, dscale_part, dout, cache, q, k, v);
+  }
   g.dscale.fill(T(0));
   for (std::size_t bh = 0; bh < B * H; ++bh) g.dscale(bh % H) += dscale_part[bh];  // fixed order
   return g;
+}
+
+template <class T>
+Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options,
+                        const KeyMask* key_mask) {
+  Tensor4<T> p = sdpa_scores(q, k, options, key_mask);  // hidden positions at -inf
+  const std::size_t Tk = p.shape()[3];
+  softmax_rows_forward(p.data(), p.data(), p.size() / Tk, Tk);  // P = softmax(S), in place
+  return p;
 }
 
 #define ATTNLAB_INSTANTIATE_SDPA(T)                                                              \
@@ -243,6 +306,8 @@ SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, co
                                       const Tensor4<T>&, const SdpaOptions&, const KeyMask*);    \
   template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const xt::xarray<T>&, const xt::xarray<T>&, \
                                       const xt::xarray<T>&, const SdpaOptions&, const KeyMask*); \
+  template Tensor4<T> sdpa_weights<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,  \
+                                      const KeyMask*);                                           \
   template SdpaGrads<T> sdpa_backward<T>(const Tensor4<T>&, const SdpaCache<T>&,                 \
                                          const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>&);
 ATTNLAB_INSTANTIATE_SDPA(float)

@@ -10,6 +10,15 @@
 // mode. Masking: `causal` lets query i see key j iff j ≤ i (top-left aligned, as PyTorch's
 // is_causal); the key mask (B, Tk) has true = may attend. A query row that sees no key gets P = 0,
 // O = 0 and zero gradients: never NaN.
+//
+// Two CPU paths honour this contract (SdpaOptions::path):
+//  - reference: the readable definition below; materialises P (B,H,Tq,Tk) in the cache.
+//  - fused: flash-style (Dao et al. 2022, "FlashAttention", alg. 1 and 2, and FlashAttention-2),
+//    lib/src/ops/attention_fused.cpp. Online softmax over key blocks; the cache keeps only O and
+//    the per-row log-sum-exp, and the backward recomputes P block by block, so the extra memory is
+//    O(Tk) per row block instead of O(Tq·Tk). cache.p stays empty (has_weights() is false): callers
+//    that need the weights use the reference path or sdpa_weights().
+//  - auto (the default): fused when Tk >= kSdpaFusedMinKeys, reference otherwise.
 #pragma once
 
 #include <optional>
@@ -24,9 +33,20 @@ namespace attnlab {
 
 enum class Scaling { none, sqrt_dk, dk };
 
+// Which CPU implementation runs: see the file comment. `automatic` is spelled "auto" in text.
+enum class SdpaPath { reference, fused, automatic };
+
+// `automatic` picks the fused path from this many keys on (measured: tests/bench, README
+// Performance). Below it, the reference path is as fast and also gives the weights.
+inline constexpr std::size_t kSdpaFusedMinKeys = 512;
+
 // "none" | "sqrt_dk" | "dk"; parse throws std::invalid_argument naming the value it got.
 std::string_view to_string(Scaling mode);
 Scaling parse_scaling(std::string_view text);
+
+// "reference" | "fused" | "auto"; parse throws std::invalid_argument naming the value it got.
+std::string_view to_string(SdpaPath path);
+SdpaPath parse_sdpa_path(std::string_view text);
 
 // The scale of a mode for head dim d: 1, 1/√d or 1/d.
 double scaling_factor(Scaling mode, std::size_t d);
@@ -37,7 +57,11 @@ struct SdpaOptions {
   std::vector<double>
       head_scale;  // optional (H,): one scale per head, overrides both (learnable scale)
   bool causal = false;
+  SdpaPath path = SdpaPath::automatic;
 };
+
+// The path that runs for Tk keys: `reference` or `fused`, never `automatic`.
+SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk);
 
 // The scale applied to every head for head dim d (ignores head_scale). Throws std::invalid_argument
 // for a non-finite or non-positive explicit scale.
@@ -51,9 +75,16 @@ struct SdpaCache {
   bool causal = false;
   bool has_key_mask = false;
   KeyMask key_mask;  // (B, Tk), true = may attend; empty when has_key_mask is false
-  // (B,H,Tq,Tk) attention weights of the last forward: 0 at hidden positions and in rows that see
-  // no key. Readable by callers for inspection and metrics.
+  SdpaPath path = SdpaPath::reference;  // the path the last forward ran (never `automatic`)
+  // Reference path only: (B,H,Tq,Tk) attention weights of the last forward, 0 at hidden positions
+  // and in rows that see no key. Readable by callers for inspection and metrics. Empty after a
+  // fused forward: use has_weights(), and sdpa_weights() to recompute them.
   Tensor4<T> p;
+  // Fused path only (empty after a reference forward):
+  Tensor4<T> out;  // (B,H,Tq,Dv) O, for D_i = rowsum(dO ⊙ O) in the backward
+  Tensor3<T> lse;  // (B,H,Tq) log Σ_j exp(S_ij) over visible keys; -inf for a row with none
+
+  bool has_weights() const { return p.size() != 0; }
 };
 
 // q: (B,H,Tq,D), k: (B,H,Tk,D), v: (B,H,Tk,Dv); key_mask: (B,Tk) or nullptr.
@@ -76,6 +107,12 @@ template <class T>
 Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options = {},
                        const KeyMask* key_mask = nullptr);
 
+// P = softmax(S) (B,H,Tq,Tk), recomputed as the reference path does (hidden positions and empty
+// rows are 0). For metrics after a fused forward. q: (B,H,Tq,D), k: (B,H,Tk,D).
+template <class T>
+Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options = {},
+                        const KeyMask* key_mask = nullptr);
+
 template <class T>
 struct SdpaGrads {
   Tensor4<T> dq;      // (B,H,Tq,D)
@@ -85,7 +122,8 @@ struct SdpaGrads {
 };
 
 // dout: (B,H,Tq,Dv), the gradient of the loss with respect to O. q, k, v: the forward's inputs.
-// Returns fresh gradients (assigns; nothing is accumulated). Throws ShapeError on mismatch.
+// Returns fresh gradients (assigns; nothing is accumulated). Throws ShapeError on mismatch and
+// std::logic_error when the cache holds no forward. Runs the path the forward ran.
 //   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = s · dS K,  dK = s · dSᵀ Q.
 template <class T>
 SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, const Tensor4<T>& q,

@@ -1,0 +1,590 @@
+// Fused GPU attention, FlashAttention-2 style (Dao 2023, Algorithms 1 and 2), in plain FMA
+// arithmetic for float and double. No (Tq, Tk) matrix is ever stored.
+//
+//   forward    one block per (query tile, b·h): loop over key tiles, S = s·Q Kᵀ in shared memory,
+//              online softmax (running max and sum per row), O ← α·O + P V; saves O and the
+//              log-sum-exp (LSE) of each row.
+//   row_dot    D = rowsum(dO ⊙ O) (= rowsum(dP ⊙ P)), one warp per row.
+//   dK/dV      one block per (key tile, b·h): loop over the query tiles that can see the keys,
+//              recompute P = exp(s·Q Kᵀ − LSE), dV += Pᵀ dO, dP = dO Vᵀ, dS = s·P ⊙ (dP − D),
+//              dK += dSᵀ Q.
+//   dQ         one block per (query tile, b·h): loop over key tiles, dQ += dS K.
+// Every output element has exactly one writer: deterministic, no atomics, no zeroed memory needed.
+//
+// Tiles: TILE query rows × TILE keys (TILE = 64, or 16 when the head dims need more shared memory
+// than the device has). 256 threads; thread (ty, tx) = (t / 16, t % 16) owns rows ty + 16·i and
+// columns tx + 16·j of each product's output (micro_gemm), so that its shared-memory reads are
+// broadcasts along rows and consecutive (or odd-strided) along columns. Head dims are padded with
+// zeros to a multiple of 64 in shared memory: the padding adds zeros to every dot product.
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "attnlab/cuda.hpp"
+#include "attnlab/cuda_attention.hpp"
+#include "attnlab/cuda_math.hpp"
+#include "check.hpp"
+#include "reduce.cuh"
+
+namespace attnlab::cuda {
+
+namespace {
+
+namespace cm = cuda_math;
+
+constexpr int kThreads = 256;
+constexpr int kSide = 16;   // threads per side of the 16 × 16 thread grid
+constexpr int kChunk = 64;  // output columns per micro_gemm pass over a head dim
+constexpr int kChunkCols = kChunk / kSide;
+
+// acc[i][j] += Σ_{k < K} A(ty + 16i, k) · B(k, n0 + tx + 16j), with A(r, k) = a[r·a_rs + k·a_ks]
+// and B(k, c) = b[k·b_ks + c·b_cs] in shared memory.
+template <class T, int MI, int NJ>
+__device__ inline void micro_gemm(T (&acc)[MI][NJ], const T* a, int a_rs, int a_ks, const T* b,
+                                  int b_ks, int b_cs, int K, int ty, int tx, int n0) {
+#pragma unroll 4
+  for (int k = 0; k < K; ++k) {
+    T av[MI], bv[NJ];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) av[i] = a[(ty + kSide * i) * a_rs + k * a_ks];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) bv[j] = b[k * b_ks + (n0 + tx + kSide * j) * b_cs];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) acc[i][j] += av[i] * bv[j];
+    }
+  }
+}
+
+template <class T, int MI, int NJ>
+__device__ inline void fill(T (&acc)[MI][NJ], T value) {
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) acc[i][j] = value;
+  }
+}
+
+// Copies rows [row0, row0 + TILE) of a (rows, width) global matrix into shared memory with row
+// stride ld, zero-filling rows ≥ rows and columns in [width, padded).
+template <class T>
+__device__ inline void load_tile(T* dst, int ld, const T* src, std::size_t row0, std::size_t rows,
+                                 int width, int padded, int tile) {
+  for (int e = threadIdx.x; e < tile * padded; e += blockDim.x) {
+    const int r = e / padded, c = e % padded;
+    const std::size_t row = row0 + r;
+    dst[r * ld + c] = (row < rows && c < width) ? src[row * width + c] : T(0);
+  }
+}
+
+template <class T>
+__device__ inline void zero_tile(T* dst, int count) {
+  for (int e = threadIdx.x; e < count; e += blockDim.x) dst[e] = T(0);
+}
+
+// Shared-memory geometry of one kernel for head dims D, Dv.
+struct Geometry {
+  int dp, dvp;  // D and Dv padded to multiples of kChunk
+  int ldd, lddv, lds;
+  __host__ __device__ explicit Geometry(std::size_t D, std::size_t Dv, int tile)
+      : dp(static_cast<int>(cm::round_up(D, kChunk))),
+        dvp(static_cast<int>(cm::round_up(Dv, kChunk))),
+        ldd(dp + 1),
+        lddv(dvp + 1),
+        lds(tile + 1) {}
+};
+
+// Whether key j is visible to query i, for in-range i and j.
+template <class T>
+__device__ inline bool visible(const SdpaDeviceArgs<T>& a, std::size_t b, std::size_t i,
+                               std::size_t j) {
+  return i < a.Tq && j < a.Tk &&
+         cm::key_visible(i, j, a.causal,
+                         a.key_mask == nullptr || a.key_mask[cm::key_mask_offset(b, j, a.Tk)] != 0);
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+template <class T>
+std::size_t forward_smem(const Geometry& g, int tile) {
+  // Q, K-then-V, S/P, O accumulator, row max / sum / rescale
+  return sizeof(T) * (static_cast<std::size_t>(tile) * g.ldd + tile * std::max(g.ldd, g.lddv) +
+                      tile * g.lds + tile * g.dvp + 3 * tile);
+}
+
+template <class T, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    fused_forward_kernel(T* out, T* lse, SdpaDeviceArgs<T> a) {
+  constexpr int MI = TILE / kSide, NS = TILE / kSide;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Geometry g(a.D, a.Dv, TILE);
+  const int ldkv = max(g.ldd, g.lddv);
+  T* qs = reinterpret_cast<T*>(smem_raw);  // (TILE, dp)  queries of this tile
+  T* kvs = qs + TILE * g.ldd;              // (TILE, dp) keys, then (TILE, dvp) values
+  T* ss = kvs + TILE * ldkv;               // (TILE, TILE) scores, then weights
+  T* os = ss + TILE * g.lds;               // (TILE, dvp) unnormalised output
+  T* row_max = os + TILE * g.dvp;
+  T* row_sum = row_max + TILE;
+  T* row_rescale = row_sum + TILE;
+
+  const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
+  const int lane = t % detail::kWarpSize, warp = t / detail::kWarpSize;
+  const int warps = kThreads / detail::kWarpSize;
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H);
+  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * TILE;
+  const T s = a.scale[cm::head_of(bh, a.H)];
+  const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
+
+  load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
+  zero_tile(os, TILE * g.dvp);
+  for (int r = t; r < TILE; r += kThreads) {
+    row_max[r] = cm::negative_infinity<T>();
+    row_sum[r] = T(0);
+  }
+  // The last query of the tile sees keys [0, key_end); later keys are hidden from the whole tile.
+  const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
+  const std::size_t key_end = cm::causal_key_end(last_query, a.Tk, a.causal);
+
+  for (std::size_t j0 = 0; j0 < key_end; j0 += TILE) {
+    __syncthreads();  // the previous tile's O update has finished reading V and P
+    load_tile(kvs, ldkv, a.k + bh * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
+    __syncthreads();
+    {  // S = s · Q Kᵀ, hidden at -inf                  (TILE,dp) x (dp,TILE) -> (TILE,TILE)
+      T acc[MI][NS];
+      fill(acc, T(0));
+      micro_gemm(acc, qs, g.ldd, 1, kvs, 1, ldkv, g.dp, ty, tx, 0);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+          const int r = ty + kSide * i, c = tx + kSide * j;
+          ss[r * g.lds + c] =
+              visible(a, b, i0 + r, j0 + c) ? s * acc[i][j] : cm::negative_infinity<T>();
+        }
+      }
+    }
+    __syncthreads();  // S complete, K no longer read
+    load_tile(kvs, ldkv, a.v + bh * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
+    // Online softmax, one warp per row: P = exp(S − m_new), l ← α·l + Σ P, α = exp(m_old − m_new).
+    for (int r = warp; r < TILE; r += warps) {
+      T tile_max = cm::negative_infinity<T>();
+      for (int c = lane; c < TILE; c += detail::kWarpSize) {
+        tile_max = cm::max_of(tile_max, ss[r * g.lds + c]);
+      }
+      tile_max = detail::warp_max(tile_max);
+      const cm::OnlineSoftmax<T> old{row_max[r], row_sum[r]};
+      const T new_max = cm::max_of(old.max, tile_max);
+      T tile_sum = 0;
+      for (int c = lane; c < TILE; c += detail::kWarpSize) {
+        const T p = cm::exp_shifted(ss[r * g.lds + c], new_max);
+        ss[r * g.lds + c] = p;
+        tile_sum += p;
+      }
+      tile_sum = detail::warp_sum(tile_sum);
+      if (lane == 0) {
+        const T rescale = old.rescale_factor(new_max);
+        row_rescale[r] = rescale;
+        row_sum[r] = old.sum * rescale + tile_sum;
+        row_max[r] = new_max;
+      }
+    }
+    __syncthreads();
+    // O ← α·O + P V                                    (TILE,TILE) x (TILE,dvp) -> (TILE,dvp)
+    for (int n0 = 0; n0 < g.dvp; n0 += kChunk) {
+      T acc[MI][kChunkCols];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+        const int r = ty + kSide * i;
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          acc[i][j] = os[r * g.dvp + n0 + tx + kSide * j] * row_rescale[r];
+        }
+      }
+      micro_gemm(acc, ss, g.lds, 1, kvs, ldkv, 1, TILE, ty, tx, n0);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          os[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j] = acc[i][j];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // O = O / l (0 for a row with no visible key); LSE = m + log l (-inf for such a row).
+  for (int e = t; e < TILE * Dv; e += kThreads) {
+    const int r = e / Dv, c = e % Dv;
+    const std::size_t i = i0 + r;
+    if (i < a.Tq) {
+      const cm::OnlineSoftmax<T> state{row_max[r], row_sum[r]};
+      out[cm::bhrc_offset(bh, i, c, a.Tq, a.Dv)] = os[r * g.dvp + c] * state.inverse_sum();
+    }
+  }
+  for (int r = t; r < TILE; r += kThreads) {
+    if (i0 + r < a.Tq) {
+      lse[bh * a.Tq + i0 + r] = cm::OnlineSoftmax<T>{row_max[r], row_sum[r]}.log_sum_exp();
+    }
+  }
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+// D_i = Σ_c dO[i][c] · O[i][c], one warp per row.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    row_dot_kernel(T* row_dot, const T* dout, const T* out, std::size_t rows, std::size_t Dv) {
+  const std::size_t row = static_cast<std::size_t>(blockIdx.x) * (kThreads / detail::kWarpSize) +
+                          threadIdx.x / detail::kWarpSize;
+  const int lane = threadIdx.x % detail::kWarpSize;
+  if (row >= rows) return;  // whole warps leave together
+  T acc = 0;
+  for (std::size_t c = lane; c < Dv; c += detail::kWarpSize) {
+    acc += dout[row * Dv + c] * out[row * Dv + c];
+  }
+  acc = detail::warp_sum(acc);
+  if (lane == 0) row_dot[row] = acc;
+}
+
+// Loads the per-row LSE and D of query rows [i0, i0 + TILE); -inf and 0 beyond Tq.
+template <class T>
+__device__ inline void load_row_stats(T* lse_s, T* dot_s, const T* lse, const T* row_dot,
+                                      std::size_t bh, std::size_t i0, std::size_t Tq, int tile) {
+  for (int r = threadIdx.x; r < tile; r += blockDim.x) {
+    const bool in = i0 + r < Tq;
+    lse_s[r] = in ? lse[bh * Tq + i0 + r] : cm::negative_infinity<T>();
+    dot_s[r] = in ? row_dot[bh * Tq + i0 + r] : T(0);
+  }
+}
+
+// P = exp(s·Q Kᵀ − LSE) at the thread's own elements of the tile pair (queries i0 + r, keys
+// j0 + c), with Q and K in shared memory; 0 at hidden positions and beyond Tq or Tk.
+template <class T, int MI, int NS>
+__device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, int ldd, int dp,
+                                    const T* lse_s, const SdpaDeviceArgs<T>& a, std::size_t b, T s,
+                                    std::size_t i0, std::size_t j0, int ty, int tx) {
+  fill(p, T(0));
+  micro_gemm(p, qs, ldd, 1, ks, 1, ldd, dp, ty, tx, 0);  // Q Kᵀ  (TILE,dp) x (dp,TILE)
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int r = ty + kSide * i, c = tx + kSide * j;
+      p[i][j] = visible(a, b, i0 + r, j0 + c) ? cm::weight_from_lse(s * p[i][j], lse_s[r]) : T(0);
+    }
+  }
+}
+
+// dS = s·P ⊙ (dP − D) with dP = dO Vᵀ (dO and V in shared memory), written to ds at the thread's
+// own elements. D = rowsum(dO ⊙ O) equals rowsum(dP ⊙ P).
+template <class T, int MI, int NS>
+__device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* dos, const T* vs,
+                               int lddv, int dvp, const T* dot_s, T s, int ty, int tx) {
+  T dp_acc[MI][NS];
+  fill(dp_acc, T(0));
+  micro_gemm(dp_acc, dos, lddv, 1, vs, 1, lddv, dvp, ty, tx, 0);  // dO Vᵀ (TILE,dvp) x (dvp,TILE)
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int r = ty + kSide * i, c = tx + kSide * j;
+      ds[r * lds + c] = s * cm::softmax_backward_element(p[i][j], dp_acc[i][j], dot_s[r]);
+    }
+  }
+}
+
+template <class T>
+std::size_t key_pass_smem(const Geometry& g, int tile) {
+  // K, V, Q, dO, P/dS, dK and dV accumulators, LSE and D of the query tile
+  return sizeof(T) *
+         (static_cast<std::size_t>(tile) * (2 * g.ldd + 2 * g.lddv + g.lds + g.dp + g.dvp) +
+          2 * tile);
+}
+
+// dK and dV of one key tile, over every query tile that can see it.
+template <class T, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    fused_key_pass_kernel(T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
+                          SdpaDeviceArgs<T> a) {
+  constexpr int MI = TILE / kSide, NS = TILE / kSide;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Geometry g(a.D, a.Dv, TILE);
+  T* ks = reinterpret_cast<T*>(smem_raw);  // (TILE, dp)
+  T* vs = ks + TILE * g.ldd;               // (TILE, dvp)
+  T* qs = vs + TILE * g.lddv;              // (TILE, dp)
+  T* dos = qs + TILE * g.ldd;              // (TILE, dvp)
+  T* ps = dos + TILE * g.lddv;             // (TILE queries, TILE keys): P, then dS
+  T* dks = ps + TILE * g.lds;              // (TILE, dp)
+  T* dvs = dks + TILE * g.dp;              // (TILE, dvp)
+  T* lse_s = dvs + TILE * g.dvp;
+  T* dot_s = lse_s + TILE;
+
+  const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H);
+  const std::size_t j0 = static_cast<std::size_t>(blockIdx.x) * TILE;
+  const T s = a.scale[cm::head_of(bh, a.H)];
+  const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
+
+  load_tile(ks, g.ldd, a.k + bh * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
+  load_tile(vs, g.lddv, a.v + bh * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
+  zero_tile(dks, TILE * g.dp);
+  zero_tile(dvs, TILE * g.dvp);
+  // Only queries i ≥ j0 can see these keys when causal; start at the tile holding query j0.
+  const std::size_t first_query = cm::causal_query_begin(j0, a.causal) / TILE * TILE;
+
+  for (std::size_t i0 = first_query; i0 < a.Tq; i0 += TILE) {
+    __syncthreads();  // the previous query tile is no longer read
+    load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
+    load_tile(dos, g.lddv, dout + bh * a.Tq * a.Dv, i0, a.Tq, Dv, g.dvp, TILE);
+    load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
+    __syncthreads();
+    // P = exp(s·Q Kᵀ − LSE), kept in registers for dS and stored for dV
+    T p[MI][NS];
+    tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, s, i0, j0, ty, tx);
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+      for (int j = 0; j < NS; ++j) ps[(ty + kSide * i) * g.lds + tx + kSide * j] = p[i][j];
+    }
+    __syncthreads();
+    // dV += Pᵀ dO                                      (TILE,TILE)ᵀ x (TILE,dvp) -> (TILE,dvp)
+    for (int n0 = 0; n0 < g.dvp; n0 += kChunk) {
+      T acc[MI][kChunkCols];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          acc[i][j] = dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j];
+        }
+      }
+      micro_gemm(acc, ps, 1, g.lds, dos, g.lddv, 1, TILE, ty, tx, n0);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j] = acc[i][j];
+        }
+      }
+    }
+    __syncthreads();  // P is no longer read: overwrite it with dS
+    tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
+    __syncthreads();
+    // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
+    for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
+      T acc[MI][kChunkCols];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          acc[i][j] = dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j];
+        }
+      }
+      micro_gemm(acc, ps, 1, g.lds, qs, g.ldd, 1, TILE, ty, tx, n0);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j] = acc[i][j];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // Keys that no query sees keep their zero accumulators: every element is written.
+  for (int e = t; e < TILE * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    if (j0 + r < a.Tk) dk[cm::bhrc_offset(bh, j0 + r, c, a.Tk, a.D)] = dks[r * g.dp + c];
+  }
+  for (int e = t; e < TILE * Dv; e += kThreads) {
+    const int r = e / Dv, c = e % Dv;
+    if (j0 + r < a.Tk) dv[cm::bhrc_offset(bh, j0 + r, c, a.Tk, a.Dv)] = dvs[r * g.dvp + c];
+  }
+}
+
+template <class T>
+std::size_t query_pass_smem(const Geometry& g, int tile) {
+  // Q, dO, K, V, dS, dQ accumulator, LSE and D
+  return sizeof(T) *
+         (static_cast<std::size_t>(tile) * (2 * g.ldd + 2 * g.lddv + g.lds + g.dp) + 2 * tile);
+}
+
+// dQ of one query tile, over the key tiles it can see.
+template <class T, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    fused_query_pass_kernel(T* dq, const T* dout, const T* lse, const T* row_dot,
+                            SdpaDeviceArgs<T> a) {
+  constexpr int MI = TILE / kSide;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Geometry g(a.D, a.Dv, TILE);
+  T* qs = reinterpret_cast<T*>(smem_raw);  // (TILE, dp)
+  T* dos = qs + TILE * g.ldd;              // (TILE, dvp)
+  T* ks = dos + TILE * g.lddv;             // (TILE, dp)
+  T* vs = ks + TILE * g.ldd;               // (TILE, dvp)
+  T* ds = vs + TILE * g.lddv;              // (TILE, TILE)
+  T* dqs = ds + TILE * g.lds;              // (TILE, dp)
+  T* lse_s = dqs + TILE * g.dp;
+  T* dot_s = lse_s + TILE;
+
+  const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H);
+  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * TILE;
+  const T s = a.scale[cm::head_of(bh, a.H)];
+  const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
+
+  load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
+  load_tile(dos, g.lddv, dout + bh * a.Tq * a.Dv, i0, a.Tq, Dv, g.dvp, TILE);
+  load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
+  zero_tile(dqs, TILE * g.dp);
+  const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
+  const std::size_t key_end = cm::causal_key_end(last_query, a.Tk, a.causal);
+
+  for (std::size_t j0 = 0; j0 < key_end; j0 += TILE) {
+    __syncthreads();  // the previous key tile and dS are no longer read
+    load_tile(ks, g.ldd, a.k + bh * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
+    load_tile(vs, g.lddv, a.v + bh * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
+    __syncthreads();
+    {
+      T p[MI][MI];
+      tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, s, i0, j0, ty, tx);
+      tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
+    }
+    __syncthreads();
+    // dQ += dS K  (dS already carries s)               (TILE,TILE) x (TILE,dp) -> (TILE,dp)
+    for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
+      T acc[MI][kChunkCols];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          acc[i][j] = dqs[(ty + kSide * i) * g.dp + n0 + tx + kSide * j];
+        }
+      }
+      micro_gemm(acc, ds, g.lds, 1, ks, g.ldd, 1, TILE, ty, tx, n0);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunkCols; ++j) {
+          dqs[(ty + kSide * i) * g.dp + n0 + tx + kSide * j] = acc[i][j];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = t; e < TILE * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    if (i0 + r < a.Tq) dq[cm::bhrc_offset(bh, i0 + r, c, a.Tq, a.D)] = dqs[r * g.dp + c];
+  }
+}
+
+// ---- launch glue ----------------------------------------------------------------------------
+
+std::size_t shared_memory_limit() {
+  int device = 0, bytes = 0;
+  ATTNLAB_CUDA_CHECK(cudaGetDevice(&device));
+  ATTNLAB_CUDA_CHECK(
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return static_cast<std::size_t>(bytes);
+}
+
+template <class T>
+std::size_t most_smem(std::size_t D, std::size_t Dv, int tile) {
+  const Geometry g(D, Dv, tile);
+  return std::max(
+      {forward_smem<T>(g, tile), key_pass_smem<T>(g, tile), query_pass_smem<T>(g, tile)});
+}
+
+template <class T>
+void check_grid(const SdpaDeviceArgs<T>& a, int tile) {
+  const std::size_t tiles = cm::tile_count(std::max(a.Tq, a.Tk), tile);
+  if (a.B * a.H > 65535 || tiles > 0x7fffffffu) {
+    throw std::invalid_argument("cuda sdpa fused: B*H = " + std::to_string(a.B * a.H) +
+                                " exceeds 65535 (grid y); use the reference path");
+  }
+}
+
+// Launches kernel<<<grid, kThreads, smem>>> after raising its dynamic shared-memory limit.
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, std::size_t smem, Args... args) {
+  ATTNLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  kernel<<<grid, kThreads, smem>>>(args...);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int TILE>
+void forward_with(T* out, T* lse, const SdpaDeviceArgs<T>& a) {
+  const dim3 grid(static_cast<unsigned>(cm::tile_count(a.Tq, TILE)),
+                  static_cast<unsigned>(a.B * a.H));
+  launch(fused_forward_kernel<T, TILE>, grid, forward_smem<T>(Geometry(a.D, a.Dv, TILE), TILE), out,
+         lse, a);
+}
+
+template <class T, int TILE>
+void backward_with(T* dq, T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
+                   const SdpaDeviceArgs<T>& a) {
+  const Geometry g(a.D, a.Dv, TILE);
+  const auto bh = static_cast<unsigned>(a.B * a.H);
+  launch(fused_key_pass_kernel<T, TILE>,
+         dim3(static_cast<unsigned>(cm::tile_count(a.Tk, TILE)), bh), key_pass_smem<T>(g, TILE), dk,
+         dv, dout, lse, row_dot, a);
+  launch(fused_query_pass_kernel<T, TILE>,
+         dim3(static_cast<unsigned>(cm::tile_count(a.Tq, TILE)), bh), query_pass_smem<T>(g, TILE),
+         dq, dout, lse, row_dot, a);
+}
+
+}  // namespace
+
+template <class T>
+int sdpa_fused_tile_rows(std::size_t D, std::size_t Dv) {
+  const std::size_t limit = shared_memory_limit();
+  if (most_smem<T>(D, Dv, 64) <= limit) return 64;
+  if (most_smem<T>(D, Dv, 16) <= limit) return 16;
+  throw std::invalid_argument("cuda sdpa fused: head dims D = " + std::to_string(D) +
+                              ", Dv = " + std::to_string(Dv) + " need " +
+                              std::to_string(most_smem<T>(D, Dv, 16)) +
+                              " bytes of shared memory, the device has " + std::to_string(limit) +
+                              "; use the reference path");
+}
+
+template <class T>
+void sdpa_fused_forward(T* out, T* lse, const SdpaDeviceArgs<T>& a) {
+  if (a.B * a.H * a.Tq == 0) return;
+  const int tile = sdpa_fused_tile_rows<T>(a.D, a.Dv);
+  check_grid(a, tile);
+  if (tile == 64) {
+    forward_with<T, 64>(out, lse, a);
+  } else {
+    forward_with<T, 16>(out, lse, a);
+  }
+}
+
+template <class T>
+void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out, const T* lse,
+                         const SdpaDeviceArgs<T>& a) {
+  const std::size_t rows = a.B * a.H * a.Tq;
+  if (rows == 0) return;
+  const int tile = sdpa_fused_tile_rows<T>(a.D, a.Dv);
+  check_grid(a, tile);
+  // D = rowsum(dO ⊙ O), 8 rows (warps) per block
+  constexpr std::size_t rows_per_block = kThreads / detail::kWarpSize;
+  row_dot_kernel<T><<<static_cast<unsigned>(cm::tile_count(rows, rows_per_block)), kThreads>>>(
+      row_dot, dout, out, rows, a.Dv);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+  if (tile == 64) {
+    backward_with<T, 64>(dq, dk, dv, dout, lse, row_dot, a);
+  } else {
+    backward_with<T, 16>(dq, dk, dv, dout, lse, row_dot, a);
+  }
+}
+
+#define ATTNLAB_INSTANTIATE(T)                                                       \
+  template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);                    \
+  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);             \
+  template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, \
+                                       const SdpaDeviceArgs<T>&);
+ATTNLAB_INSTANTIATE(float)
+ATTNLAB_INSTANTIATE(double)
+#undef ATTNLAB_INSTANTIATE
+
+}  // namespace attnlab::cuda

@@ -1,0 +1,185 @@
+// Device queries, DeviceBuffer, error reporting, the cuBLAS handle and the row-major GEMM.
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "attnlab/cuda.hpp"
+#include "check.hpp"
+
+namespace attnlab {
+
+namespace cuda::detail {
+
+void throw_cuda_error(const char* file, int line, const char* call, cudaError_t error) {
+  throw CudaError(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                  " failed: " + cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
+}
+
+void throw_cublas_error(const char* file, int line, const char* call, cublasStatus_t status) {
+  throw CudaError(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                  " failed: " + cublasGetStatusName(status) + ": " + cublasGetStatusString(status));
+}
+
+namespace {
+std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+}  // namespace
+
+cublasHandle_t cublas_handle() {
+  // Never destroyed: at process exit the CUDA runtime may already be gone.
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    ATTNLAB_CUBLAS_CHECK(cublasCreate(&h));
+    return h;
+  }();
+  ATTNLAB_CUBLAS_CHECK(cublasSetMathMode(
+      handle, tf32_flag().load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return handle;
+}
+
+}  // namespace cuda::detail
+
+bool cuda_built() {
+  return true;
+}
+
+int cuda_device_count() {
+  // Probed once: without a driver the static runtime answers cudaErrorInsufficientDriver or
+  // cudaErrorNoDevice, which means "no device", not a failure.
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+bool cuda_available() {
+  return cuda_device_count() > 0;
+}
+
+std::string cuda_device_name() {
+  cuda::require_device("cuda_device_name");
+  int device = 0;
+  ATTNLAB_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  ATTNLAB_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const auto gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+         std::to_string(prop.minor) + ", " + std::to_string(static_cast<int>(gib + 0.5)) + " GiB)";
+}
+
+namespace cuda {
+
+void require_device(const char* op) {
+  if (!cuda_available()) {
+    throw CudaError(std::string(op) +
+                    ": no CUDA device is available (no driver, or no GPU on this machine)");
+  }
+}
+
+void synchronize() {
+  ATTNLAB_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void set_allow_tf32(bool allow) {
+  detail::tf32_flag().store(allow);
+}
+bool allow_tf32() {
+  return detail::tf32_flag().load();
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  require_device("DeviceBuffer");
+  if (bytes > 0) ATTNLAB_CUDA_CHECK(cudaMalloc(&data_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) (void)cudaFree(data_);  // a destructor must not throw
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) (void)cudaFree(data_);
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::copy_from_host(const void* host, std::size_t bytes) {
+  if (bytes > bytes_) {
+    throw CudaError("DeviceBuffer::copy_from_host: " + std::to_string(bytes) +
+                    " bytes into a buffer of " + std::to_string(bytes_));
+  }
+  if (bytes > 0) ATTNLAB_CUDA_CHECK(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::copy_to_host(void* host, std::size_t bytes) const {
+  if (bytes > bytes_) {
+    throw CudaError("DeviceBuffer::copy_to_host: " + std::to_string(bytes) +
+                    " bytes from a buffer of " + std::to_string(bytes_));
+  }
+  if (bytes > 0) ATTNLAB_CUDA_CHECK(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::poison() {
+  if (bytes_ > 0) ATTNLAB_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes_));
+}
+
+namespace {
+// Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the operands and m, n.
+cublasOperation_t op_of(bool trans) {
+  return trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+cublasStatus_t gemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const float* alpha, const float* a, int lda, long long sa,
+                            const float* b, int ldb, long long sb, const float* beta, float* c,
+                            int ldc, long long sc, int batch) {
+  return cublasSgemmStridedBatched(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc,
+                                   sc, batch);
+}
+cublasStatus_t gemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const double* alpha, const double* a, int lda,
+                            long long sa, const double* b, int ldb, long long sb,
+                            const double* beta, double* c, int ldc, long long sc, int batch) {
+  return cublasDgemmStridedBatched(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc,
+                                   sc, batch);
+}
+}  // namespace
+
+template <class T>
+void gemm_strided_batched(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a,
+                          int lda, long long stride_a, const T* b, int ldb, long long stride_b,
+                          T beta, T* c, int ldc, long long stride_c, int batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  //                     column-major: Cᵀ (n, m) = op(B)ᵀ (n, k) · op(A)ᵀ (k, m)
+  ATTNLAB_CUBLAS_CHECK(gemm_batched(detail::cublas_handle(), op_of(trans_b), op_of(trans_a), n, m,
+                                    k, &alpha, b, ldb, stride_b, a, lda, stride_a, &beta, c, ldc,
+                                    stride_c, batch));
+}
+
+template void gemm_strided_batched<float>(bool, bool, int, int, int, float, const float*, int,
+                                          long long, const float*, int, long long, float, float*,
+                                          int, long long, int);
+template void gemm_strided_batched<double>(bool, bool, int, int, int, double, const double*, int,
+                                           long long, const double*, int, long long, double,
+                                           double*, int, long long, int);
+
+}  // namespace cuda
+}  // namespace attnlab

@@ -1,0 +1,265 @@
+// Fused, flash-style SDPA on the CPU: the same contract as the reference path in attention.cpp.
+// References: Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
+// IO-Awareness", algorithms 1 (forward, online softmax) and 2 (backward, recomputing P); Dao 2023,
+// "FlashAttention-2" (D_i = rowsum(dO ⊙ O), saving the log-sum-exp rather than max and sum).
+//
+// Per (b, h) slice, one thread, OpenBLAS single-threaded inside; the slice is cut into row blocks
+// of Br queries and key blocks of Bc keys (Br x Bc tiles, both gemm'd through blas.hpp):
+//   forward, per row block i, for each key block j:
+//     S = s · Q_i K_jᵀ                 (Br,D) x (D,Bc) -> (Br,Bc), hidden positions at -inf
+//     m' = max(m, rowmax S);  P = exp(S − m');  l = e^(m − m') l + rowsum P
+//     O_i = e^(m − m') O_i + P V_j      (Br,Bc) x (Bc,Dv) -> (Br,Dv)
+//   then O_i /= l and lse_i = m + log l (−inf, and O_i = 0, for a row that sees no key).
+//   backward, with D_i = rowsum(dO_i ⊙ O_i) and P = exp(S − lse) recomputed per tile:
+//     dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ⊙ (dP − D_i),
+//     dQ_i += s · dS K_j,  dK_j += s · dSᵀ Q_i.
+// (rowsum(dP ⊙ P) = rowsum(dO ⊙ P V) = rowsum(dO ⊙ O) = D_i: the reference's softmax-Jacobian
+// term without the full row of P.) Causal tiles entirely above the diagonal are skipped.
+// Extra memory: two Br x Bc tiles and O(Tk) per thread, plus O and lse in the cache.
+#include "attention_fused.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include "attnlab/blas.hpp"
+#include "attnlab/ops/softmax.hpp"
+#include "attnlab/threads.hpp"
+
+namespace attnlab::detail {
+
+namespace {
+
+template <class T>
+constexpr T kHidden = -std::numeric_limits<T>::infinity();
+
+template <class T>
+T row_max(const T* x, std::size_t n) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  std::size_t i = 0;
+  T m = kHidden<T>;
+  if (n >= width) {
+    batch acc = batch::load_unaligned(x);
+    for (i = width; i + width <= n; i += width) acc = xsimd::max(acc, batch::load_unaligned(x + i));
+    alignas(64) T lanes[width];
+    acc.store_aligned(lanes);
+    m = *std::max_element(lanes, lanes + width);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// One tile's geometry: rows [i0, i0 + br) of the slice, keys [j0, j0 + bc).
+struct Tile {
+  std::size_t i0, br, j0, bc;
+};
+
+// Hides the tile's masked positions: -inf where j > i (causal) or where the key mask is false,
+// given as an additive bias row (0 or -inf per key, length Tk) or nullptr.
+template <class T>
+void mask_tile(T* sb, const Tile& t, bool causal, const T* key_bias) {
+  if (key_bias) {
+    for (std::size_t r = 0; r < t.br; ++r) {
+      T* row = sb + r * t.bc;
+      for (std::size_t c = 0; c < t.bc; ++c) row[c] += key_bias[t.j0 + c];
+    }
+  }
+  if (causal && t.j0 + t.bc - 1 > t.i0) {  // the tile crosses the diagonal
+    for (std::size_t r = 0; r < t.br; ++r) {
+      const std::size_t i = t.i0 + r;
+      const std::size_t first_hidden = i + 1 > t.j0 ? i + 1 - t.j0 : 0;
+      T* row = sb + r * t.bc;
+      for (std::size_t c = first_hidden; c < t.bc; ++c) row[c] = kHidden<T>;
+    }
+  }
+}
+
+// Number of keys a causal row block [i0, i0 + br) can see: keys j <= i0 + br - 1.
+std::size_t visible_keys(std::size_t Tk, bool causal, std::size_t i0, std::size_t br) {
+  return causal ? std::min(Tk, i0 + br) : Tk;
+}
+
+// bias[j] = 0 where key j of batch b may be attended, -inf where the mask hides it.
+template <class T>
+void fill_key_bias(std::vector<T>& bias, const KeyMask& mask, std::size_t b) {
+  const bool* m = mask.data() + b * bias.size();
+  for (std::size_t j = 0; j < bias.size(); ++j) bias[j] = m[j] ? T(0) : kHidden<T>;
+}
+
+}  // namespace
+
+template <class T>
+void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& q,
+                        const Tensor4<T>& k, const Tensor4<T>& v) {
+  const std::size_t H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D, Dv = cache.Dv;
+  cache.lse.resize({cache.B, H, Tq});
+  const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
+  const auto bh_count = static_cast<std::ptrdiff_t>(cache.B * H);
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<T> sb(kFusedRowBlock * kFusedKeyBlock);   // (Br,Bc) tile: S, then P in place
+    std::vector<T> m(kFusedRowBlock), l(kFusedRowBlock);  // (Br,) running max and sum
+    std::vector<T> key_bias(cache.has_key_mask ? Tk : 0);
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+      const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
+      const T s = cache.scale[h];
+      const T* qp = q.data() + bh * Tq * D;
+      const T* kp = k.data() + bh * Tk * D;
+      const T* vp = v.data() + bh * Tk * Dv;
+      T* op = out.data() + bh * Tq * Dv;
+      T* lsep = cache.lse.data() + bh * Tq;
+      if (cache.has_key_mask) fill_key_bias(key_bias, cache.key_mask, b);
+      const T* bias = cache.has_key_mask ? key_bias.data() : nullptr;
+      for (std::size_t i0 = 0; i0 < Tq; i0 += kFusedRowBlock) {
+        const std::size_t br = std::min(kFusedRowBlock, Tq - i0);
+        const std::size_t keys = visible_keys(Tk, cache.causal, i0, br);
+        std::fill(m.begin(), m.end(), kHidden<T>);
+        std::fill(l.begin(), l.end(), T(0));
+        T* o_i = op + i0 * Dv;
+        for (std::size_t j0 = 0; j0 < keys; j0 += kFusedKeyBlock) {
+          const Tile t{i0, br, j0, std::min(kFusedKeyBlock, keys - j0)};
+          const int rows = static_cast<int>(br), cols = static_cast<int>(t.bc);
+          // S = s · Q_i K_jᵀ                           (Br,D) x (D,Bc) -> (Br,Bc)
+          blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
+                        sb.data(), cols);
+          mask_tile(sb.data(), t, cache.causal, bias);
+          for (std::size_t r = 0; r < br; ++r) {
+            T* row = sb.data() + r * t.bc;
+            const T m_new = std::max(m[r], row_max(row, t.bc));
+            if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
+              std::fill(row, row + t.bc, T(0));
+              continue;
+            }
+            const T sum = exp_shifted_inplace(row, t.bc, m_new);  // P = exp(S − m'), hidden -> 0
+            if (j0 > 0) {
+              const T correction = std::exp(m[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
+              l[r] *= correction;
+              T* o_row = o_i + r * Dv;
+              for (std::size_t c = 0; c < Dv; ++c) o_row[c] *= correction;
+            }
+            l[r] += sum;
+            m[r] = m_new;
+          }
+          // O_i = correction · O_i + P V_j (the first tile assigns)   (Br,Bc) x (Bc,Dv) -> (Br,Dv)
+          blas::gemm<T>(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
+                        j0 > 0 ? T(1) : T(0), o_i, dv);
+        }
+        if (keys == 0) std::fill(o_i, o_i + br * Dv, T(0));  // no key block ran (Tk = 0 guard)
+        for (std::size_t r = 0; r < br; ++r) {
+          T* o_row = o_i + r * Dv;
+          if (l[r] == T(0)) {  // the row sees no key: O = 0, lse = -inf, never NaN
+            std::fill(o_row, o_row + Dv, T(0));
+            lsep[i0 + r] = kHidden<T>;
+            continue;
+          }
+          const T inv = T(1) / l[r];
+          for (std::size_t c = 0; c < Dv; ++c) o_row[c] *= inv;
+          lsep[i0 + r] = m[r] + std::log(l[r]);
+        }
+      }
+    }
+  }
+  cache.out = out;
+}
+
+template <class T>
+void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Tensor4<T>& dout,
+                         const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                         const Tensor4<T>& v) {
+  const std::size_t H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D, Dv = cache.Dv;
+  const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
+  const auto bh_count = static_cast<std::ptrdiff_t>(cache.B * H);
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<T> sb(kFusedRowBlock * kFusedKeyBlock);   // (Br,Bc) S, then P
+    std::vector<T> dpb(kFusedRowBlock * kFusedKeyBlock);  // (Br,Bc) dP, then dS
+    std::vector<T> delta(Tq);                             // (Tq,) D_i = rowsum(dO ⊙ O)
+    std::vector<T> key_bias(cache.has_key_mask ? Tk : 0);
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+      const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
+      const T s = cache.scale[h];
+      const T* qp = q.data() + bh * Tq * D;
+      const T* kp = k.data() + bh * Tk * D;
+      const T* vp = v.data() + bh * Tk * Dv;
+      const T* op = cache.out.data() + bh * Tq * Dv;
+      const T* dop = dout.data() + bh * Tq * Dv;
+      const T* lsep = cache.lse.data() + bh * Tq;
+      T* dqp = g.dq.data() + bh * Tq * D;
+      T* dkp = g.dk.data() + bh * Tk * D;
+      T* dvp = g.dv.data() + bh * Tk * Dv;
+      std::fill(dqp, dqp + Tq * D, T(0));
+      std::fill(dkp, dkp + Tk * D, T(0));
+      std::fill(dvp, dvp + Tk * Dv, T(0));
+      for (std::size_t i = 0; i < Tq; ++i) {
+        T acc = 0;
+        for (std::size_t c = 0; c < Dv; ++c) acc += dop[i * Dv + c] * op[i * Dv + c];
+        delta[i] = acc;
+      }
+      if (cache.has_key_mask) fill_key_bias(key_bias, cache.key_mask, b);
+      const T* bias = cache.has_key_mask ? key_bias.data() : nullptr;
+      for (std::size_t i0 = 0; i0 < Tq; i0 += kFusedRowBlock) {
+        const std::size_t br = std::min(kFusedRowBlock, Tq - i0);
+        const std::size_t keys = visible_keys(Tk, cache.causal, i0, br);
+        const int rows = static_cast<int>(br);
+        for (std::size_t j0 = 0; j0 < keys; j0 += kFusedKeyBlock) {
+          const Tile t{i0, br, j0, std::min(kFusedKeyBlock, keys - j0)};
+          const int cols = static_cast<int>(t.bc);
+          // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
+          blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
+                        sb.data(), cols);
+          mask_tile(sb.data(), t, cache.causal, bias);
+          for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
+            T* row = sb.data() + r * t.bc;
+            const T lse = lsep[i0 + r];
+            if (lse == kHidden<T>) {
+              std::fill(row, row + t.bc, T(0));
+            } else {
+              exp_shifted_inplace(row, t.bc, lse);
+            }
+          }
+          // dV_j += Pᵀ dO_i                           (Bc,Br) x (Br,Dv) -> (Bc,Dv)
+          blas::gemm<T>(true, false, cols, dv, rows, T(1), sb.data(), cols, dop + i0 * Dv, dv, T(1),
+                        dvp + j0 * Dv, dv);
+          // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
+          blas::gemm<T>(false, true, rows, cols, dv, T(1), dop + i0 * Dv, dv, vp + j0 * Dv, dv,
+                        T(0), dpb.data(), cols);
+          // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
+          for (std::size_t r = 0; r < br; ++r) {
+            const T* p_row = sb.data() + r * t.bc;
+            T* ds_row = dpb.data() + r * t.bc;
+            const T delta_r = delta[i0 + r];
+            for (std::size_t c = 0; c < t.bc; ++c) ds_row[c] = p_row[c] * (ds_row[c] - delta_r);
+          }
+          // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
+          blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
+                        dqp + i0 * D, d);
+          // dK_j += s · dSᵀ Q_i                       (Bc,Br) x (Br,D) -> (Bc,D)
+          blas::gemm<T>(true, false, cols, d, rows, s, dpb.data(), cols, qp + i0 * D, d, T(1),
+                        dkp + j0 * D, d);
+        }
+      }
+      // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
+      T acc = 0;
+      for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
+      dscale_part[bh] = acc / s;
+    }
+  }
+}
+
+#define ATTNLAB_INSTANTIATE_SDPA_FUSED(T)                                                         \
+  template void sdpa_fused_forward<T>(Tensor4<T>&, SdpaCache<T>&, const Tensor4<T>&,              \
+                                      const Tensor4<T>&, const Tensor4<T>&);                      \
+  template void sdpa_fused_backward<T>(SdpaGrads<T>&, std::vector<T>&, const Tensor4<T>&,         \
+                                       const SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&, \
+                                       const Tensor4<T>&);
+ATTNLAB_INSTANTIATE_SDPA_FUSED(float)
+ATTNLAB_INSTANTIATE_SDPA_FUSED(double)
+#undef ATTNLAB_INSTANTIATE_SDPA_FUSED
+
+}  // namespace attnlab::detail

@@ -1,0 +1,329 @@
+// The CUDA kernels' shared arithmetic (attnlab/cuda_math.hpp), run on the CPU: the online-softmax
+// merge, the softmax-backward element, the causal bounds and the index math. These run on every
+// machine, with or without CUDA. The last two tests replay the fused kernels' per-row algorithm
+// (tiles of keys, running max and sum, P recomputed from the log-sum-exp) with these helpers and
+// compare it with the CPU op.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <xtensor/xbuilder.hpp>
+
+#include "attnlab/cuda_math.hpp"
+#include "attnlab/ops/attention.hpp"
+#include "attnlab/ops/softmax.hpp"
+#include "attnlab/random.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+namespace cm = attnlab::cuda_math;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// log Σ exp(x) over the finite entries, computed directly in long double.
+double direct_log_sum_exp(const std::vector<double>& x) {
+  long double m = -kInf;
+  for (double v : x) m = std::max<long double>(m, v);
+  if (m == -kInf) return -kInf;
+  long double s = 0;
+  for (double v : x) s += v == -kInf ? 0.0L : std::exp(static_cast<long double>(v) - m);
+  return static_cast<double>(m + std::log(s));
+}
+
+std::vector<double> random_scores(std::size_t n, Rng& rng, double hidden_fraction) {
+  std::vector<double> x(n);
+  for (auto& v : x) v = rng.uniform() < hidden_fraction ? -kInf : 8.0 * (rng.uniform() - 0.5);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("cuda_math: the online softmax equals the two-pass log-sum-exp for any block split") {
+  Rng rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::size_t n = 1 + static_cast<std::size_t>(rng.uniform() * 90);
+    const auto x = random_scores(n, rng, trial % 3 == 0 ? 0.5 : 0.1);
+    // Element by element.
+    cm::OnlineSoftmax<double> one;
+    for (double v : x) one.add(v);
+    // Blocks of random size, each reduced on its own, then merged (as the kernels' tiles and warps
+    // do).
+    cm::OnlineSoftmax<double> blocks;
+    for (std::size_t start = 0; start < n;) {
+      const std::size_t len = 1 + static_cast<std::size_t>(rng.uniform() * 16);
+      cm::OnlineSoftmax<double> block;
+      for (std::size_t j = start; j < std::min(n, start + len); ++j) block.add(x[j]);
+      blocks.merge(block.max, block.sum);
+      start += len;
+    }
+    const double expected = direct_log_sum_exp(x);
+    CAPTURE(n);
+    if (expected == -kInf) {
+      CHECK(one.log_sum_exp() == -kInf);
+      CHECK(blocks.log_sum_exp() == -kInf);
+    } else {
+      CHECK(one.log_sum_exp() == doctest::Approx(expected).epsilon(1e-13));
+      CHECK(blocks.log_sum_exp() == doctest::Approx(expected).epsilon(1e-13));
+      CHECK(one.max == blocks.max);
+    }
+  }
+}
+
+TEST_CASE("cuda_math: the empty state is the identity of merge, and empty rows give 0 not NaN") {
+  cm::OnlineSoftmax<float> empty;
+  CHECK(empty.max == -std::numeric_limits<float>::infinity());
+  CHECK(empty.sum == 0.0f);
+  CHECK(empty.log_sum_exp() == -std::numeric_limits<float>::infinity());
+  CHECK(empty.inverse_sum() == 0.0f);
+  CHECK(empty.rescale_factor(-std::numeric_limits<float>::infinity()) == 0.0f);
+  cm::OnlineSoftmax<float> row;
+  row.add(1.5f);
+  row.add(-0.5f);
+  const cm::OnlineSoftmax<float> before = row;
+  row.merge(empty.max, empty.sum);
+  CHECK(row.max == before.max);
+  CHECK(row.sum == before.sum);
+  empty.merge(before.max, before.sum);
+  CHECK(empty.max == before.max);
+  CHECK(empty.sum == before.sum);
+  // All hidden: every helper stays finite or -inf, never NaN.
+  cm::OnlineSoftmax<double> hidden;
+  for (int j = 0; j < 5; ++j) hidden.add(-kInf);
+  CHECK(hidden.sum == 0.0);
+  CHECK(!std::isnan(hidden.log_sum_exp()));
+  CHECK(cm::exp_shifted(-kInf, -kInf) == 0.0);
+  CHECK(cm::weight_from_lse(0.3, -kInf) == 0.0);
+  CHECK(cm::weight_from_lse(-kInf, 0.7) == 0.0);
+}
+
+TEST_CASE("cuda_math: rescale_factor carries earlier sums to a new max") {
+  cm::OnlineSoftmax<double> state;
+  state.add(1.0);
+  state.add(2.0);
+  const double m_new = 5.0;
+  // Σ exp(x − m_new) over the old scores = old sum · rescale_factor(m_new)
+  CHECK(state.sum * state.rescale_factor(m_new) ==
+        doctest::Approx(std::exp(1.0 - m_new) + std::exp(2.0 - m_new)).epsilon(1e-15));
+  CHECK(state.rescale_factor(state.max) == 1.0);
+}
+
+TEST_CASE("cuda_math: the softmax-backward element equals the Jacobian product") {
+  Rng rng(5);
+  const auto s = randn<double, 1>({7}, rng);
+  const auto dp = randn<double, 1>({7}, rng);
+  Tensor1<double> p = softmax_forward<double, 1>(s);
+  const auto jac = softmax_jacobian(p);
+  double dot = 0;
+  for (std::size_t j = 0; j < 7; ++j) dot += dp(j) * p(j);
+  for (std::size_t i = 0; i < 7; ++i) {
+    double expected = 0;  // (J dp)_i, J symmetric
+    for (std::size_t j = 0; j < 7; ++j) expected += jac(i, j) * dp(j);
+    CHECK(cm::softmax_backward_element(p(i), dp(i), dot) ==
+          doctest::Approx(expected).epsilon(1e-13));
+  }
+  // A hidden position (p = 0) gives exactly 0 whatever dp is.
+  CHECK(cm::softmax_backward_element(0.0, std::numeric_limits<double>::quiet_NaN(), 0.2) == 0.0);
+  CHECK(cm::softmax_backward_element(0.0f, std::numeric_limits<float>::infinity(), 0.2f) == 0.0f);
+}
+
+TEST_CASE("cuda_math: causal bounds agree with key_visible") {
+  for (std::size_t Tq : {1, 3, 7}) {
+    for (std::size_t Tk : {1, 4, 7, 9}) {
+      for (bool causal : {false, true}) {
+        CAPTURE(Tq);
+        CAPTURE(Tk);
+        CAPTURE(causal);
+        for (std::size_t i = 0; i < Tq; ++i) {
+          std::size_t visible = 0, last = 0;
+          for (std::size_t j = 0; j < Tk; ++j) {
+            if (cm::key_visible(i, j, causal, true)) {
+              ++visible;
+              last = j;
+            }
+          }
+          CHECK(cm::causal_key_end(i, Tk, causal) == visible);  // keys [0, end) are visible
+          if (visible > 0) CHECK(last + 1 == visible);
+        }
+        for (std::size_t j = 0; j < Tk; ++j) {
+          std::size_t first = Tq;
+          for (std::size_t i = Tq; i-- > 0;) {
+            if (cm::key_visible(i, j, causal, true)) first = i;
+          }
+          // No query before causal_query_begin sees key j.
+          if (first < Tq) CHECK(cm::causal_query_begin(j, causal) == first);
+          if (first == Tq) CHECK(cm::causal_query_begin(j, causal) >= Tq);
+        }
+      }
+    }
+  }
+  CHECK_FALSE(cm::key_visible(4, 2, false, false));  // the mask hides regardless of causality
+  CHECK(cm::key_visible(4, 2, true, true));
+  CHECK_FALSE(cm::key_visible(2, 4, true, true));
+}
+
+TEST_CASE("cuda_math: index math matches the xtensor layouts") {
+  Tensor4<double> t = xt::zeros<double>({2, 3, 5, 4});
+  for (std::size_t b = 0; b < 2; ++b) {
+    for (std::size_t h = 0; h < 3; ++h) {
+      const std::size_t bh = b * 3 + h;
+      CHECK(cm::batch_of(bh, 3) == b);
+      CHECK(cm::head_of(bh, 3) == h);
+      for (std::size_t i = 0; i < 5; ++i) {
+        for (std::size_t j = 0; j < 4; ++j) {
+          CHECK(cm::bhrc_offset(bh, i, j, 5, 4) ==
+                static_cast<std::size_t>(&t(b, h, i, j) - t.data()));
+        }
+      }
+    }
+  }
+  KeyMask mask = xt::ones<bool>({3, 6});
+  for (std::size_t b = 0; b < 3; ++b) {
+    for (std::size_t j = 0; j < 6; ++j) {
+      CHECK(cm::key_mask_offset(b, j, 6) == static_cast<std::size_t>(&mask(b, j) - mask.data()));
+    }
+  }
+  CHECK(cm::tile_count(64, 64) == 1);
+  CHECK(cm::tile_count(65, 64) == 2);
+  CHECK(cm::tile_count(1, 16) == 1);
+  CHECK(cm::round_up(1, 64) == 64);
+  CHECK(cm::round_up(64, 64) == 64);
+  CHECK(cm::round_up(257, 64) == 320);
+}
+
+namespace {
+
+struct FusedReplay {
+  Tensor4<double> out;  // (B,H,Tq,Dv)
+  Tensor3<double> lse;  // (B,H,Tq)
+};
+
+// The fused forward kernel's algorithm for every row, in scalar C++: key tiles of `tile`, tile max,
+// P = exp_shifted(S, new max), O ← rescale · O + P V, then O · inverse_sum and the log-sum-exp.
+FusedReplay replay_fused_forward(const Tensor4<double>& q, const Tensor4<double>& k,
+                                 const Tensor4<double>& v, double s, bool causal,
+                                 const KeyMask* mask, std::size_t tile) {
+  const std::size_t B = q.shape()[0], H = q.shape()[1], Tq = q.shape()[2], D = q.shape()[3];
+  const std::size_t Tk = k.shape()[2], Dv = v.shape()[3];
+  FusedReplay r{Tensor4<double>({B, H, Tq, Dv}), Tensor3<double>({B, H, Tq})};
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t i = 0; i < Tq; ++i) {
+        cm::OnlineSoftmax<double> state;
+        std::vector<double> o(Dv, 0.0);
+        const std::size_t key_end = cm::causal_key_end(i, Tk, causal);
+        for (std::size_t j0 = 0; j0 < key_end; j0 += tile) {
+          std::vector<double> sc(tile, -kInf);
+          double tile_max = -kInf;
+          for (std::size_t c = 0; c < tile && j0 + c < Tk; ++c) {
+            const std::size_t j = j0 + c;
+            if (!cm::key_visible(i, j, causal, !mask || (*mask)(b, j))) continue;
+            double dot = 0;
+            for (std::size_t d = 0; d < D; ++d) dot += q(b, h, i, d) * k(b, h, j, d);
+            sc[c] = s * dot;
+            tile_max = std::max(tile_max, sc[c]);
+          }
+          const double new_max = cm::max_of(state.max, tile_max);
+          const double rescale = state.rescale_factor(new_max);
+          double tile_sum = 0;
+          for (double& x : o) x *= rescale;
+          for (std::size_t c = 0; c < tile && j0 + c < Tk; ++c) {
+            const double p = cm::exp_shifted(sc[c], new_max);
+            tile_sum += p;
+            for (std::size_t e = 0; e < Dv; ++e) o[e] += p * v(b, h, j0 + c, e);
+          }
+          state.sum = state.sum * rescale + tile_sum;
+          state.max = new_max;
+        }
+        for (std::size_t e = 0; e < Dv; ++e) r.out(b, h, i, e) = o[e] * state.inverse_sum();
+        r.lse(b, h, i) = state.log_sum_exp();
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda_math: replaying the fused forward with these helpers matches the CPU op") {
+  Rng rng(17);
+  const std::size_t B = 2, H = 2, Tq = 9, Tk = 11, D = 5, Dv = 3;
+  const auto q = randn<double, 4>({B, H, Tq, D}, rng);
+  const auto k = randn<double, 4>({B, H, Tk, D}, rng);
+  const auto v = randn<double, 4>({B, H, Tk, Dv}, rng);
+  KeyMask mask = xt::ones<bool>({B, Tk});
+  for (std::size_t j = 0; j < Tk; ++j) mask(1, j) = j % 3 == 1;  // batch 1: keys 1, 4, 7, 10
+  for (bool causal : {false, true}) {
+    for (std::size_t tile : {1, 4, 16}) {
+      CAPTURE(causal);
+      CAPTURE(tile);
+      SdpaOptions options;
+      options.causal = causal;
+      SdpaCache<double> cache;
+      const auto expected = sdpa_forward(cache, q, k, v, options, &mask);
+      const double s = resolve_scale(options, D);
+      const auto replay = replay_fused_forward(q, k, v, s, causal, &mask, tile);
+      CHECK(test::rel_error(replay.out, expected) < 1e-14);
+      // lse against the CPU op's scores; with causal, query 0 of batch 1 sees no key (key 0
+      // hidden).
+      const auto scores = sdpa_scores(q, k, options, &mask);
+      for (std::size_t b = 0; b < B; ++b) {
+        for (std::size_t h = 0; h < H; ++h) {
+          for (std::size_t i = 0; i < Tq; ++i) {
+            std::vector<double> row(Tk);
+            for (std::size_t j = 0; j < Tk; ++j) row[j] = scores(b, h, i, j);
+            const double lse = direct_log_sum_exp(row);
+            if (lse == -kInf) {
+              CHECK(replay.lse(b, h, i) == -kInf);
+              for (std::size_t e = 0; e < Dv; ++e) CHECK(replay.out(b, h, i, e) == 0.0);
+            } else {
+              CHECK(replay.lse(b, h, i) == doctest::Approx(lse).epsilon(1e-13));
+            }
+          }
+        }
+      }
+      if (causal) CHECK(replay.lse(1, 0, 0) == -kInf);
+    }
+  }
+}
+
+TEST_CASE("cuda_math: P from the log-sum-exp and D = rowsum(dO * O) give the CPU op's gradients") {
+  Rng rng(19);
+  const std::size_t B = 1, H = 2, Tq = 6, Tk = 7, D = 4, Dv = 3;
+  const auto q = randn<double, 4>({B, H, Tq, D}, rng);
+  const auto k = randn<double, 4>({B, H, Tk, D}, rng);
+  const auto v = randn<double, 4>({B, H, Tk, Dv}, rng);
+  const auto dout = randn<double, 4>({B, H, Tq, Dv}, rng);
+  KeyMask mask = xt::ones<bool>({B, Tk});
+  mask(0, 0) = false;  // with causal, query 0 sees nothing
+  SdpaOptions options;
+  options.causal = true;
+  SdpaCache<double> cache;
+  const auto out = sdpa_forward(cache, q, k, v, options, &mask);
+  const auto g = sdpa_backward(dout, cache, q, k, v);
+  const double s = resolve_scale(options, D);
+  const auto replay = replay_fused_forward(q, k, v, s, true, &mask, 4);
+  // The flash backward's dQ, from the helpers: dQ_i = s Σ_j dS_ij k_j, dS_ij = P_ij (dP_ij − D_i).
+  Tensor4<double> dq = xt::zeros<double>({B, H, Tq, D});
+  for (std::size_t h = 0; h < H; ++h) {
+    for (std::size_t i = 0; i < Tq; ++i) {
+      double row_dot = 0;  // D_i = rowsum(dO ⊙ O)
+      for (std::size_t e = 0; e < Dv; ++e) row_dot += dout(0, h, i, e) * out(0, h, i, e);
+      for (std::size_t j = 0; j < Tk; ++j) {
+        double score = 0, dp = 0;
+        for (std::size_t d = 0; d < D; ++d) score += q(0, h, i, d) * k(0, h, j, d);
+        for (std::size_t e = 0; e < Dv; ++e) dp += dout(0, h, i, e) * v(0, h, j, e);
+        const bool visible = cm::key_visible(i, j, true, mask(0, j));
+        const double p = visible ? cm::weight_from_lse(s * score, replay.lse(0, h, i)) : 0.0;
+        CHECK(p == doctest::Approx(cache.p(0, h, i, j)).epsilon(1e-13));
+        const double ds = s * cm::softmax_backward_element(p, dp, row_dot);
+        for (std::size_t d = 0; d < D; ++d) dq(0, h, i, d) += ds * k(0, h, j, d);
+      }
+    }
+  }
+  CHECK(test::rel_error(dq, g.dq) < 1e-13);
+  for (std::size_t d = 0; d < D; ++d) CHECK(dq(0, 0, 0, d) == 0.0);  // the empty row
+}
