@@ -25,7 +25,7 @@ namespace {
 
 std::vector<std::byte> bytes_of(std::string_view s) {
   std::vector<std::byte> out(s.size());
-  std::memcpy(out.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
   return out;
 }
 
@@ -59,7 +59,7 @@ std::vector<std::byte> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::byte> out(chars.size());
-  std::memcpy(out.data(), chars.data(), chars.size());
+  if (!chars.empty()) std::memcpy(out.data(), chars.data(), chars.size());
   return out;
 }
 
@@ -72,7 +72,7 @@ std::size_t count_temp_files(const std::filesystem::path& dir) {
 }
 
 // Several dtypes, a scalar and an empty tensor, and metadata.
-std::vector<NamedTensor> sample_tensors() {
+std::vector<StoredTensor> sample_tensors() {
   xt::xarray<float> w = xt::arange<float>(12) * 0.25f - 1.0f;
   w.reshape({3, 4});
   xt::xarray<double> b = {1.0, -2.0, 3.5, 1e-300};
@@ -83,14 +83,14 @@ std::vector<NamedTensor> sample_tensors() {
   xt::xarray<double> scalar = xt::xarray<double>::from_shape({});
   scalar() = 42.0;
   xt::xarray<float> empty = xt::xarray<float>::from_shape({0, 3});
-  return {make_named_tensor<float>("w", w),
-          make_named_tensor<double>("b", b),
-          make_named_tensor<std::int64_t>("i", i),
-          make_named_tensor<std::int32_t>("j", j),
-          make_named_tensor<std::uint8_t>("u", u),
-          make_named_tensor<bool>("m", m),
-          make_named_tensor<double>("scalar", scalar),
-          make_named_tensor<float>("empty", empty)};
+  return {make_stored_tensor<float>("w", w),
+          make_stored_tensor<double>("b", b),
+          make_stored_tensor<std::int64_t>("i", i),
+          make_stored_tensor<std::int32_t>("j", j),
+          make_stored_tensor<std::uint8_t>("u", u),
+          make_stored_tensor<bool>("m", m),
+          make_stored_tensor<double>("scalar", scalar),
+          make_stored_tensor<float>("empty", empty)};
 }
 
 const std::map<std::string, std::string> kSampleMetadata = {{"format", "pt"},
@@ -107,7 +107,7 @@ TEST_CASE("safetensors: round trip of every dtype, a scalar, an empty tensor and
   CHECK(loaded.metadata == kSampleMetadata);
   REQUIRE(loaded.tensors.size() == tensors.size());
   for (const auto& t : tensors) {
-    const NamedTensor* l = loaded.find(t.name);
+    const StoredTensor* l = loaded.find(t.name);
     REQUIRE(l != nullptr);
     CHECK(l->dtype == t.dtype);
     CHECK(l->shape == t.shape);
@@ -123,7 +123,7 @@ TEST_CASE("safetensors: round trip of every dtype, a scalar, an empty tensor and
 }
 
 TEST_CASE("safetensors: tensor_values rejects the wrong element type") {
-  const auto t = make_named_tensor<float>("w", xt::xarray<float>({1.0f, 2.0f}));
+  const auto t = make_stored_tensor<float>("w", xt::xarray<float>({1.0f, 2.0f}));
   CHECK_THROWS_WITH_AS(tensor_values<double>(t, "x.safetensors"),
                        "x.safetensors: tensor 'w' has dtype F32, expected F64", CheckpointError);
 }
@@ -132,7 +132,7 @@ TEST_CASE("safetensors: the exact byte layout of a small file") {
   xt::xarray<float> a = {1.0f, -2.0f};
   xt::xarray<std::int64_t> n = {(std::int64_t{1} << 40) + 5};
   const auto bytes = serialize_safetensors(
-      {make_named_tensor<float>("a", a), make_named_tensor<std::int64_t>("n", n)}, {{"k", "v"}});
+      {make_stored_tensor<float>("a", a), make_stored_tensor<std::int64_t>("n", n)}, {{"k", "v"}});
 
   // Written out by hand from the format's definition.
   std::string header =
@@ -157,7 +157,7 @@ TEST_CASE("safetensors: a file written by attnlab reads back with an independent
   xt::xarray<double> d = {{0.5, -1.5, 2.25}, {1e10, -0.0, 3.0}};
   xt::xarray<std::int32_t> j = {-7, 8};
   save_safetensors(path,
-                   {make_named_tensor<double>("d", d), make_named_tensor<std::int32_t>("j", j)},
+                   {make_stored_tensor<double>("d", d), make_stored_tensor<std::int32_t>("j", j)},
                    {{"who", "attnlab"}});
 
   const auto raw = read_file(path);
@@ -222,9 +222,9 @@ TEST_CASE("safetensors: a file written by Python's safetensors loads with the ri
 TEST_CASE("safetensors: save replaces a file atomically and leaves no temporary file") {
   test::TempDir dir;
   const auto path = dir.file("ckpt.safetensors");
-  save_safetensors(path, {make_named_tensor<float>("a", xt::xarray<float>({1.0f}))});
+  save_safetensors(path, {make_stored_tensor<float>("a", xt::xarray<float>({1.0f}))});
   const auto first = read_file(path);
-  save_safetensors(path, {make_named_tensor<float>("a", xt::xarray<float>({2.0f, 3.0f}))});
+  save_safetensors(path, {make_stored_tensor<float>("a", xt::xarray<float>({2.0f, 3.0f}))});
   CHECK(read_file(path) != first);
   CHECK(load_safetensors(path).find("a")->shape == std::vector<std::size_t>{2});
   CHECK(count_temp_files(dir.path()) == 0);
@@ -239,24 +239,24 @@ TEST_CASE("safetensors: save replaces a file atomically and leaves no temporary 
 TEST_CASE("safetensors: a failed save removes its temporary file and keeps the old file") {
   test::TempDir dir;
   const auto path = dir.file("ckpt.safetensors");
-  save_safetensors(path, {make_named_tensor<float>("a", xt::xarray<float>({1.0f}))});
+  save_safetensors(path, {make_stored_tensor<float>("a", xt::xarray<float>({1.0f}))});
   const auto before = read_file(path);
 
   SUBCASE("invalid tensors: size does not match the shape") {
-    NamedTensor bad{"a", Dtype::F32, {3}, zeros(8)};
+    StoredTensor bad{"a", Dtype::F32, {3}, zeros(8)};
     CHECK_THROWS_WITH_AS(save_safetensors(path, {bad}),
                          doctest::Contains("cannot write tensor 'a': 8 bytes do not match"),
                          CheckpointError);
   }
   SUBCASE("invalid tensors: a duplicate name") {
-    const auto t = make_named_tensor<float>("a", xt::xarray<float>({1.0f}));
+    const auto t = make_stored_tensor<float>("a", xt::xarray<float>({1.0f}));
     CHECK_THROWS_WITH_AS(save_safetensors(path, {t, t}), doctest::Contains("'a' twice"),
                          CheckpointError);
   }
   SUBCASE("invalid tensors: the reserved name __metadata__ and an empty name") {
-    const auto t = make_named_tensor<float>("__metadata__", xt::xarray<float>({1.0f}));
+    const auto t = make_stored_tensor<float>("__metadata__", xt::xarray<float>({1.0f}));
     CHECK_THROWS_AS(save_safetensors(path, {t}), CheckpointError);
-    const auto e = make_named_tensor<float>("", xt::xarray<float>({1.0f}));
+    const auto e = make_stored_tensor<float>("", xt::xarray<float>({1.0f}));
     CHECK_THROWS_AS(save_safetensors(path, {e}), CheckpointError);
   }
   SUBCASE("metadata that is not UTF-8") {

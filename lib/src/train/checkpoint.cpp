@@ -63,7 +63,7 @@ template <class T>
 xt::xarray<T> checked_tensor(const SafetensorsFile& file, const std::string& path,
                              const std::string& name, const std::vector<std::size_t>* shape,
                              const std::string& what) {
-  const NamedTensor* t = file.find(name);
+  const StoredTensor* t = file.find(name);
   if (!t) throw CheckpointError(path, "missing tensor " + in_quotes(name) + " (" + what + ")");
   if (t->dtype != dtype_of<T>()) {
     throw CheckpointError(path, "tensor " + in_quotes(name) + " has dtype " +
@@ -105,7 +105,7 @@ std::optional<Rng::State> parse_rng_state(std::string_view text) {
 template <class T>
 void save_checkpoint(const std::string& path, const ParameterList<T>& params,
                      const TensorList<T>& optimizer_state, const CheckpointMeta& meta) {
-  std::vector<NamedTensor> tensors;
+  std::vector<StoredTensor> tensors;
   tensors.reserve(params.size() + optimizer_state.size());
   for (const auto& p : params) {
     check_arg(p.param != nullptr, "save_checkpoint", "parameter " + in_quotes(p.name),
@@ -116,11 +116,12 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
                                       " is reserved for optimizer state");
     }
     check_finite(path, "parameter " + in_quotes(p.name), p.param->value, "refusing to save");
-    tensors.push_back(make_named_tensor<T>(p.name, p.param->value));
+    tensors.push_back(make_stored_tensor<T>(p.name, p.param->value));
   }
   for (const auto& [name, values] : optimizer_state) {
-    check_finite(path, "optimizer state " + in_quotes(name), values, "refusing to save");
-    tensors.push_back(make_named_tensor<T>(std::string(kOptimizerTensorPrefix) + name, values));
+    const std::string stored = std::string(kOptimizerTensorPrefix) + name;
+    check_finite(path, "optimizer state " + in_quotes(stored), values, "refusing to save");
+    tensors.push_back(make_stored_tensor<T>(stored, values));
   }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, value] : meta.extra) {

@@ -246,8 +246,8 @@ std::size_t dtype_size(Dtype dtype) {
 }
 
 template <class T>
-NamedTensor make_named_tensor(std::string name, const xt::xarray<T>& values) {
-  NamedTensor t;
+StoredTensor make_stored_tensor(std::string name, const xt::xarray<T>& values) {
+  StoredTensor t;
   t.name = std::move(name);
   t.dtype = dtype_of<T>();
   t.shape.assign(values.shape().begin(), values.shape().end());
@@ -265,7 +265,7 @@ NamedTensor make_named_tensor(std::string name, const xt::xarray<T>& values) {
 }
 
 template <class T>
-xt::xarray<T> tensor_values(const NamedTensor& tensor, const std::string& file) {
+xt::xarray<T> tensor_values(const StoredTensor& tensor, const std::string& file) {
   if (tensor.dtype != dtype_of<T>()) {
     fail(file, "tensor " + in_quotes(tensor.name) + " has dtype " +
                    std::string(to_string(tensor.dtype)) + ", expected " +
@@ -287,9 +287,9 @@ xt::xarray<T> tensor_values(const NamedTensor& tensor, const std::string& file) 
   return out;
 }
 
-#define ATTNLAB_INSTANTIATE_TENSOR_IO(T)                                        \
-  template NamedTensor make_named_tensor<T>(std::string, const xt::xarray<T>&); \
-  template xt::xarray<T> tensor_values<T>(const NamedTensor&, const std::string&);
+#define ATTNLAB_INSTANTIATE_TENSOR_IO(T)                                          \
+  template StoredTensor make_stored_tensor<T>(std::string, const xt::xarray<T>&); \
+  template xt::xarray<T> tensor_values<T>(const StoredTensor&, const std::string&);
 ATTNLAB_INSTANTIATE_TENSOR_IO(float)
 ATTNLAB_INSTANTIATE_TENSOR_IO(double)
 ATTNLAB_INSTANTIATE_TENSOR_IO(std::int64_t)
@@ -298,14 +298,14 @@ ATTNLAB_INSTANTIATE_TENSOR_IO(std::uint8_t)
 ATTNLAB_INSTANTIATE_TENSOR_IO(bool)
 #undef ATTNLAB_INSTANTIATE_TENSOR_IO
 
-const NamedTensor* SafetensorsFile::find(std::string_view name) const {
+const StoredTensor* SafetensorsFile::find(std::string_view name) const {
   for (const auto& t : tensors) {
     if (t.name == name) return &t;
   }
   return nullptr;
 }
 
-std::vector<std::byte> serialize_safetensors(const std::vector<NamedTensor>& tensors,
+std::vector<std::byte> serialize_safetensors(const std::vector<StoredTensor>& tensors,
                                              const std::map<std::string, std::string>& metadata,
                                              const std::string& file) {
   // Insertion order is kept: __metadata__ first, then the tensors in the caller's order.
@@ -411,7 +411,7 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
   }
 
   for (auto& e : entries) {
-    NamedTensor t;
+    StoredTensor t;
     t.name = std::move(e.name);
     t.dtype = e.dtype;
     t.shape = std::move(e.shape);
@@ -430,7 +430,7 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
   return out;
 }
 
-void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+void save_safetensors(const std::string& path, const std::vector<StoredTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   const auto bytes = serialize_safetensors(tensors, metadata, path);
 

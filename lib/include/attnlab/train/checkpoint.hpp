@@ -2,7 +2,8 @@
 // in one safetensors file (attnlab/train/safetensors.hpp).
 //
 // Layout: each parameter is a tensor named by its parameter name ("blocks.0.attn.w_q"), F32 for a
-// float model and F64 for a double one; optimizer state tensors are named "optim.<name>".
+// float model and F64 for a double one; optimizer state tensors are stored as "optim.<name>" (the
+// API takes and returns <name> without the prefix).
 // __metadata__ holds
 //   format_version  "attnlab-1"
 //   dtype           "F32" | "F64"
@@ -34,7 +35,8 @@ namespace attnlab {
 inline constexpr std::string_view kCheckpointFormatVersion = "attnlab-1";
 inline constexpr std::string_view kOptimizerTensorPrefix = "optim.";
 
-// Named tensors that are not parameters, e.g. an optimizer's moments ("m.blocks.0.attn.w_q").
+// Named tensors that are not parameters, e.g. an optimizer's state ("blocks.0.attn.w_q.exp_avg",
+// stored as "optim.blocks.0.attn.w_q.exp_avg").
 template <class T>
 using TensorList = std::vector<std::pair<std::string, xt::xarray<T>>>;
 
@@ -71,8 +73,9 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
 //  - every parameter is present, with dtype F32 (float) or F64 (double) and the model's shape, and
 //    finite values;
 //  - optimizer_state (when not null): if it is not empty, it names the tensors expected (without
-//    the prefix) and their shapes, which must all be present; if it is empty it is filled with
-//    every "optim." tensor of the file;
+//    the prefix) and their shapes, which must all be present (pass the optimizer's current state
+//    so that restoring it afterwards cannot fail: the restore is then all-or-nothing); if it is
+//    empty it is filled with every "optim." tensor of the file, prefix removed;
 //  - no other tensors, unless options.allow_extra_tensors.
 // Only then are the parameter values (and optimizer_state) assigned; grads are left alone.
 // Throws CheckpointError naming the file and the problem; params are then unchanged.

@@ -65,28 +65,28 @@ constexpr Dtype dtype_of() {
   }
 }
 
-struct NamedTensor {
+struct StoredTensor {
   std::string name;
   Dtype dtype = Dtype::F32;
   std::vector<std::size_t> shape;  // () is a scalar with one element
   std::vector<std::byte> data;     // row-major, little-endian; size = product(shape) × dtype_size
 };
 
-// Copies an array into a NamedTensor of dtype_of<T>().
+// Copies an array into a StoredTensor of dtype_of<T>().
 template <class T>
-NamedTensor make_named_tensor(std::string name, const xt::xarray<T>& values);
+StoredTensor make_stored_tensor(std::string name, const xt::xarray<T>& values);
 
 // The values of a tensor as an array of T. Throws CheckpointError (file = `file`) if the dtype is
 // not dtype_of<T>().
 template <class T>
-xt::xarray<T> tensor_values(const NamedTensor& tensor, const std::string& file = "<memory>");
+xt::xarray<T> tensor_values(const StoredTensor& tensor, const std::string& file = "<memory>");
 
 struct SafetensorsFile {
-  std::vector<NamedTensor> tensors;  // in data-offset order
+  std::vector<StoredTensor> tensors;  // in data-offset order
   std::map<std::string, std::string> metadata;
 
   // nullptr when absent.
-  const NamedTensor* find(std::string_view name) const;
+  const StoredTensor* find(std::string_view name) const;
 };
 
 // The largest header accepted on load (a real checkpoint's header is a few kilobytes).
@@ -95,7 +95,7 @@ inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;  // 10
 // The bytes of a safetensors file: header padded with spaces to a multiple of 8, then the data of
 // each tensor in the given order. Throws CheckpointError (file = `file`) for an invalid tensor
 // list: an empty, duplicate or reserved name, or data whose size does not match dtype and shape.
-std::vector<std::byte> serialize_safetensors(const std::vector<NamedTensor>& tensors,
+std::vector<std::byte> serialize_safetensors(const std::vector<StoredTensor>& tensors,
                                              const std::map<std::string, std::string>& metadata,
                                              const std::string& file = "<memory>");
 
@@ -105,7 +105,7 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
 // Writes atomically: a temporary file in the target's directory is written, flushed and fsync'd,
 // renamed over `path`, and the directory is fsync'd. On failure the temporary file is removed, the
 // previous file at `path` is untouched, and CheckpointError is thrown.
-void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+void save_safetensors(const std::string& path, const std::vector<StoredTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 // Reads and validates a whole file (it must be a regular file). Throws CheckpointError.

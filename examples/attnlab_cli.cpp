@@ -1,0 +1,453 @@
+// attnlab: the command-line tool. A thin layer: CLI11 parses and validates the flags, lib/train
+// does the work. Exit status: 0 success, 1 a failed check or I/O failure, 2 bad input (one line
+// "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted (checkpoint saved).
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "attnlab/threads.hpp"
+#include "attnlab/train/checkpoint.hpp"
+#include "attnlab/train/data_file.hpp"
+#include "attnlab/train/layer_check.hpp"
+#include "attnlab/train/plot.hpp"
+#include "attnlab/train/saturation.hpp"
+#include "attnlab/train/study.hpp"
+#include "attnlab/train/tasks.hpp"
+#include "attnlab/train/trainer.hpp"
+
+using namespace attnlab;
+using namespace attnlab::train;
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitDiverged = 3;
+constexpr int kExitInterrupted = 130;
+
+// Any problem with what the user gave us: printed as one line, exit status 2.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int error_line(const std::string& message, int status) {
+  std::string one = message;
+  for (char& c : one)
+    if (c == '\n' || c == '\r') c = ' ';
+  std::fprintf(stderr, "attnlab: error: %s\n", one.c_str());
+  return status;
+}
+
+void on_signal(int) {
+  g_stop_requested.store(true);
+}
+
+// Rejects NaN and infinities, which CLI11's Range lets through (every comparison with NaN fails).
+const CLI::Validator kFinite(
+    [](std::string& text) {
+      try {
+        std::size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used == text.size() && std::isfinite(v)) return std::string();
+      } catch (const std::exception&) {
+      }
+      return "value " + text + " is not a finite number";
+    },
+    "FINITE");
+
+const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort"};
+const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
+
+// Flags shared by train and gradcheck: the model's shape and attention options.
+struct ModelFlags {
+  int d_model = 64, heads = 1, d_k = 0, d_v = 0, layers = 1;
+  bool attn_only = false, qk_norm = false, learnable_scale = false, causal = false;
+  std::string norm = "layernorm", scaling = "sqrt_dk";
+  double scale = 0;
+
+  void add(CLI::App& app) {
+    app.add_option("--d-model", d_model, "model width C")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    app.add_option("--heads", heads, "attention heads H")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    app.add_option("--d-k", d_k, "head dim of q and k (default d_model / heads)")
+        ->check(CLI::Range(1, 8192));
+    app.add_option("--d-v", d_v, "head dim of v (default d_model / heads)")
+        ->check(CLI::Range(1, 8192));
+    app.add_option("--layers", layers, "transformer blocks")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
+    app.add_flag("--attn-only", attn_only, "blocks without the MLP");
+    app.add_option("--norm", norm, "normalisation")
+        ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
+        ->capture_default_str();
+    app.add_flag("--qk-norm", qk_norm, "LayerNorm on q and k per head");
+    app.add_flag("--learnable-scale", learnable_scale, "a learnable attention scale per head");
+    app.add_flag("--causal", causal, "causal attention");
+    app.add_option("--scaling", scaling, "attention scale: 1, 1/sqrt(d_k) or 1/d_k")
+        ->check(CLI::IsMember(kModes))
+        ->capture_default_str();
+    app.add_option("--scale", scale, "explicit attention scale (overrides --scaling)")
+        ->check(kFinite)
+        ->check(CLI::PositiveNumber);
+  }
+  ModelSpec spec() const {
+    ModelSpec s;
+    s.d_model = d_model;
+    s.heads = heads;
+    s.d_k = d_k;
+    s.d_v = d_v;
+    s.layers = layers;
+    s.attn_only = attn_only;
+    s.norm = attnlab::parse_norm(norm);
+    s.qk_norm = qk_norm;
+    s.learnable_scale = learnable_scale;
+    s.causal = causal;
+    s.scaling = parse_scaling(scaling);
+    if (scale > 0) s.scale = scale;
+    if (d_k == 0 && d_model % heads != 0)
+      throw BadInput("--heads " + std::to_string(heads) + " does not divide --d-model " +
+                     std::to_string(d_model) + " (give --d-k and --d-v to decouple them)");
+    try {
+      validate(s);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
+    return s;
+  }
+};
+
+struct TaskFlags {
+  std::string task = "recall";
+  int keys = 64, values = 64, pairs = 32, queries = 8, symbols = 16, length = 12;
+  void add(CLI::App& app) {
+    app.add_option("--task", task, "task")->check(CLI::IsMember(kTasks))->capture_default_str();
+    app.add_option("--keys", keys, "recall/mqar: key symbols")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    app.add_option("--values", values, "recall/mqar: value symbols")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    app.add_option("--pairs", pairs, "recall/mqar: key-value pairs per example")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    app.add_option("--queries", queries, "mqar: queries per example")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    app.add_option("--symbols", symbols, "reverse/sort: alphabet size")
+        ->check(CLI::Range(2, 100000))
+        ->capture_default_str();
+    app.add_option("--length", length, "reverse/sort: sequence length")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+  }
+  TaskConfig config() const {
+    TaskConfig c;
+    c.kind = parse_task(task);
+    c.keys = keys;
+    c.values = values;
+    c.pairs = pairs;
+    c.queries = queries;
+    c.symbols = symbols;
+    c.length = length;
+    try {
+      task_shape(c);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
+    return c;
+  }
+};
+
+int run_train(TrainConfig config) {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const TrainResult r = train_model(config);
+  if (r.diverged) {
+    std::fprintf(stdout, "diverged at step %d (%s); outputs in %s\n", r.diverged_step,
+                 r.diverged_where.c_str(), config.out.c_str());
+    return kExitDiverged;
+  }
+  if (r.interrupted) {
+    std::fprintf(stdout,
+                 "interrupted at step %d: checkpoint saved in %s (continue with --resume %s)\n",
+                 r.steps_done, config.out.c_str(), config.out.c_str());
+    return kExitInterrupted;
+  }
+  std::fprintf(stdout,
+               "done: %d steps in %.1f s, eval loss %.4f (at init %.4f), eval accuracy %.3f\n"
+               "outputs: %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
+               r.steps_done, r.seconds, r.final_eval_loss, r.init_eval_loss, r.final_eval_acc,
+               config.out.c_str(), config.out.c_str(), config.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "attnlab: train toy transformers and measure how attention scaling (none, 1/sqrt(d_k), "
+      "1/d_k) affects stability"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every subcommand");
+
+  // ---- train ----
+  auto* train = app.add_subcommand(
+      "train", "train one model; writes metrics.csv, summary.json, model.safetensors");
+  TrainConfig tc;
+  tc.threads = num_threads();  // the number of cores unless --threads says otherwise
+  ModelFlags train_model_flags;
+  TaskFlags train_task;
+  std::string train_data, train_valid;
+  train_task.add(*train);
+  train->add_option("--data", train_data, "train on this data file (format: data/README.md)")
+      ->check(CLI::ExistingFile);
+  train->add_option("--valid", train_valid, "evaluate on this data file")->check(CLI::ExistingFile);
+  train_model_flags.add(*train);
+  train->add_option("--optimizer", tc.optimizer, "optimizer")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  train->add_option("--lr", tc.lr, "peak learning rate")
+      ->check(kFinite)
+      ->check(CLI::Range(1e-12, 1e3))
+      ->capture_default_str();
+  train
+      ->add_option("--schedule", tc.schedule,
+                   "LR schedule (cosine: linear warmup then cosine decay)")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  train->add_option("--warmup", tc.warmup, "warmup steps")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
+  train->add_option("--steps", tc.steps, "training steps")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  train->add_option("--batch", tc.batch, "examples per step")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  train->add_option("--clip", tc.clip, "clip the global grad norm to this (0: off)")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1e12))
+      ->capture_default_str();
+  train->add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1e3))
+      ->capture_default_str();
+  train->add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  train->add_option("--threads", tc.threads, "worker threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  train->add_option("--out", tc.out, "output directory")->capture_default_str();
+  train->add_option("--eval-every", tc.eval_every, "evaluate and log every N steps")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  train->add_option("--eval-size", tc.eval_size, "examples in the fixed eval set")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  train->add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
+  train->add_option("--resume", tc.resume, "continue the run saved in this directory")
+      ->check(CLI::ExistingDirectory);
+  train
+      ->add_option("--stop-after", tc.stop_after,
+                   "stop after step N with a checkpoint, as if interrupted (exit 130)")
+      ->check(CLI::Range(1, 100000000));
+  bool quiet = false;
+  train->add_flag("--quiet", quiet, "no progress output");
+
+  // ---- eval ----
+  auto* eval =
+      app.add_subcommand("eval", "loss, accuracy and example predictions of a trained run");
+  std::string eval_dir, eval_valid;
+  int eval_show = 4;
+  eval->add_option("--checkpoint", eval_dir, "a run directory (holding model.safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  eval->add_option("--valid", eval_valid,
+                   "evaluate on this data file instead of the task's eval set")
+      ->check(CLI::ExistingFile);
+  eval->add_option("--show", eval_show, "examples to print")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+
+  // ---- study ----
+  auto* study =
+      app.add_subcommand("study", "the scaling study: mode x d_k x LR x seeds, tables and plots");
+  std::string preset = "quick";
+  StudyOptions so;
+  study
+      ->add_option("--preset", preset,
+                   "micro: seconds; quick: < 10 min on 2 cores with --jobs 2; full: hours")
+      ->check(CLI::IsMember({"micro", "quick", "full"}))
+      ->capture_default_str();
+  study->add_option("--jobs", so.jobs, "training runs in parallel (each single-threaded)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  study->add_option("--out", so.out, "output directory")->capture_default_str();
+  study->add_option("--steps", so.steps, "override the preset's training steps")
+      ->check(CLI::Range(1, 100000000));
+  bool study_quiet = false;
+  study->add_flag("--quiet", study_quiet, "no progress output");
+
+  // ---- gradcheck ----
+  auto* gradcheck = app.add_subcommand(
+      "gradcheck", "central-difference gradient check of one layer (double precision)");
+  std::string layer = "attention";
+  ModelFlags gc_model;
+  int gc_batch = 2, gc_seq = 5;
+  std::uint64_t gc_seed = 0;
+  gradcheck->add_option("--layer", layer, "layer to check")
+      ->check(CLI::IsMember(checkable_layers()))
+      ->capture_default_str();
+  gc_model.d_model = 8;
+  gc_model.heads = 2;
+  gc_model.add(*gradcheck);
+  gradcheck->add_option("--batch", gc_batch, "batch size B")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  gradcheck->add_option("--seq", gc_seq, "sequence length T")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  gradcheck->add_option("--seed", gc_seed, "seed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
+  // ---- saturation ----
+  auto* saturation = app.add_subcommand(
+      "saturation", "attention saturation at initialisation vs d_k, per mode (no training)");
+  SaturationConfig sc;
+  std::string sat_out = "runs/saturation";
+  saturation->add_option("--keys", sc.keys, "keys per query Tk")
+      ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  saturation->add_option("--batch", sc.batch, "sequences sampled")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  saturation->add_option("--d-model", sc.d_model, "model width C")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  saturation->add_option("--seed", sc.seed, "seed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  saturation->add_option("--out", sat_out, "output directory")->capture_default_str();
+
+  // ---- make-data ----
+  auto* make_data =
+      app.add_subcommand("make-data", "write DIR/<task>/{train,valid}.txt in the data-file format");
+  TaskFlags md_task;
+  std::string md_out = "data";
+  int md_train = 2000, md_valid = 512;
+  std::uint64_t md_seed = 0;
+  md_task.add(*make_data);
+  make_data->add_option("--out", md_out, "data root directory")->capture_default_str();
+  make_data->add_option("--train-size", md_train, "training examples")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  make_data->add_option("--valid-size", md_valid, "validation examples")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  make_data
+      ->add_option("--seed", md_seed, "seed of the training examples (valid is the fixed eval set)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty())
+      return error_line(std::string("unknown subcommand '") + argv[1] +
+                            "' (expected train, eval, study, gradcheck, saturation or make-data)",
+                        kExitBadInput);
+    return error_line(e.what(), kExitBadInput);
+  }
+
+  try {
+    if (*train) {
+      tc.task = train_task.config();
+      tc.model = train_model_flags.spec();
+      tc.data_file = train_data;
+      tc.valid_file = train_valid;
+      tc.progress = !quiet;
+      return run_train(tc);
+    }
+    if (*eval) {
+      const EvalReport r = evaluate_run(eval_dir, eval_show, eval_valid);
+      std::fputs(r.text.c_str(), stdout);
+      return 0;
+    }
+    if (*study) {
+      so.progress = !study_quiet;
+      const StudyPlan plan = study_preset(preset);
+      const StudyOutcome r = run_study(plan, so);
+      std::printf("\nstudy '%s': %zu runs in %.0f s\n", preset.c_str(), r.runs.size(), r.seconds);
+      std::printf("table:  %s\n", r.summary_md.c_str());
+      std::printf("csv:    %s\n", r.summary_csv.c_str());
+      for (const auto& p : r.plots) std::printf("plot:   %s\n", p.c_str());
+      if (!r.plot_error.empty()) return error_line(r.plot_error, kExitFailure);
+      return 0;
+    }
+    if (*gradcheck) {
+      set_num_threads(1);  // tiny double-precision layers: threads only add overhead
+      const ModelSpec spec = gc_model.spec();
+      const GradcheckReport report = check_layer(layer, spec, gc_batch, gc_seq, gc_seed);
+      std::fputs(report.table().c_str(), stdout);
+      const bool ok = layer_check_passed(report);
+      std::printf(
+          "%s: max relative error %.3g (tolerance %.0e; a tensor whose gradient norms are both "
+          "under %.0e counts as a zero gradient)\n",
+          ok ? "PASS" : "FAIL", report.max_rel_error(), kLayerGradTolerance, kZeroGradientNorm);
+      return ok ? 0 : kExitFailure;
+    }
+    if (*saturation) {
+      const auto rows = saturation_sweep(sc);
+      std::fputs(saturation_table(rows, sc.keys).c_str(), stdout);
+      try {
+        write_saturation(sat_out, rows, sc.keys);
+      } catch (const PlotError& e) {
+        return error_line(e.what(), kExitFailure);
+      }
+      std::printf("\ntable: %s/saturation.md\nplot:  %s/saturation.png\n", sat_out.c_str(),
+                  sat_out.c_str());
+      return 0;
+    }
+    if (*make_data) {
+      const TaskConfig c = md_task.config();
+      const std::string dir = md_out + "/" + std::string(to_string(c.kind));
+      std::filesystem::create_directories(dir);
+      Rng rng(md_seed);
+      write_data_file(dir + "/train.txt",
+                      generate_batch(c, static_cast<std::size_t>(md_train), rng),
+                      to_string(c.kind));
+      write_data_file(dir + "/valid.txt", eval_batch(c, static_cast<std::size_t>(md_valid)),
+                      to_string(c.kind));
+      std::printf("wrote %s/train.txt (%d examples) and %s/valid.txt (%d examples)\n", dir.c_str(),
+                  md_train, dir.c_str(), md_valid);
+      return 0;
+    }
+  } catch (const BadInput& e) {
+    return error_line(e.what(), kExitBadInput);
+  } catch (const DataFileError& e) {
+    return error_line(e.what(), kExitBadInput);
+  } catch (const CheckpointError& e) {
+    return error_line(e.what(), kExitBadInput);
+  } catch (const std::invalid_argument& e) {
+    return error_line(e.what(), kExitBadInput);
+  } catch (const std::exception& e) {
+    return error_line(e.what(), kExitFailure);
+  }
+  return 0;
+}

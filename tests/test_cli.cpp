@@ -1,0 +1,318 @@
+// The attnlab binary, run as a user runs it: bad input gives one line and status 2, a tiny run
+// learns, the micro study writes every output, data files round-trip through make-data and train,
+// runs are deterministic, and resume continues exactly.
+#include <doctest/doctest.h>
+
+#ifdef ATTNLAB_CLI_PATH
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh scratch folder per test case (ctest runs cases in parallel processes).
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("attnlab_cli_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+Run cli(const std::string& args, const fs::path& dir) {
+  const std::string cmd = std::string("'") + ATTNLAB_CLI_PATH + "' " + args + " >'" +
+                          (dir / "stdout.txt").string() + "' 2>'" + (dir / "stderr.txt").string() +
+                          "'";
+  const int raw = std::system(cmd.c_str());
+  Run r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(dir / "stdout.txt");
+  r.err = slurp(dir / "stderr.txt");
+  return r;
+}
+
+// Exactly one line on stderr, "attnlab: error: ...", and status 2.
+void check_bad_input(const std::string& args, const fs::path& dir, const std::string& needle) {
+  CAPTURE(args);
+  const Run r = cli(args, dir);
+  CHECK(r.status == 2);
+  CHECK(r.err.rfind("attnlab: error: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find(needle) != std::string::npos);
+}
+
+const char* kTinyRecall =
+    "--task recall --keys 8 --values 8 --pairs 4 --d-model 16 --heads 1 --attn-only "
+    "--batch 16 --eval-size 64 --threads 1 --quiet";
+
+}  // namespace
+
+TEST_CASE("cli: bad flag values print one error line and exit with status 2") {
+  const auto dir = scratch("bad_flags");
+  check_bad_input("train --steps -5", dir, "--steps");
+  check_bad_input("train --steps 0", dir, "--steps");
+  check_bad_input("train --scaling sqrt", dir, "--scaling");
+  check_bad_input("train --d-model 64 --heads 3", dir, "--heads 3");
+  check_bad_input("train --lr nan", dir, "--lr");
+  check_bad_input("train --lr -1", dir, "--lr");
+  check_bad_input("train --lr abc", dir, "--lr");
+  check_bad_input("train --task copy", dir, "--task");
+  check_bad_input("train --data '" + (dir / "missing.txt").string() + "'", dir, "missing.txt");
+  check_bad_input("train --frobnicate", dir, "frobnicate");
+  check_bad_input("study --preset huge", dir, "--preset");
+  check_bad_input("study --jobs 0", dir, "--jobs");
+  check_bad_input("gradcheck --layer conv", dir, "--layer");
+  check_bad_input("eval --checkpoint '" + (dir / "nope").string() + "'", dir, "nope");
+  check_bad_input("", dir, "subcommand");
+  // A malformed data line names the file and the line.
+  std::ofstream(dir / "bad.txt") << "# header\n1 2 3 | 3 2 1\n1 2 3 3 2 1\n";
+  check_bad_input(
+      "train --task reverse --length 3 --symbols 4 --data '" + (dir / "bad.txt").string() + "'",
+      dir, "bad.txt:3: missing '|'");
+  // --help works everywhere and is not an error.
+  for (const char* sub :
+       {"", "train ", "eval ", "study ", "gradcheck ", "saturation ", "make-data "}) {
+    const Run r = cli(std::string(sub) + "--help", dir);
+    CHECK(r.status == 0);
+    CHECK(r.err.empty());
+    CHECK(r.out.find("Usage") != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
+  const auto dir = scratch("tiny_train");
+  const Run r =
+      cli(std::string("train ") + kTinyRecall + " --steps 150 --lr 0.01 --eval-every 50 --out '" +
+              (dir / "run").string() + "'",
+          dir);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  for (const char* f : {"metrics.csv", "summary.json", "model.safetensors"})
+    CHECK(fs::exists(dir / "run" / f));
+  const auto summary = nlohmann::json::parse(slurp(dir / "run" / "summary.json"));
+  CHECK(summary["final_eval_loss"].get<double>() < 0.8 * summary["init_eval_loss"].get<double>());
+  CHECK(summary["status"] == "finished");
+  // eval reads the checkpoint back and reports the same loss.
+  const Run e = cli("eval --checkpoint '" + (dir / "run").string() + "' --show 1", dir);
+  REQUIRE(e.status == 0);
+  CHECK(e.out.find("query attention") != std::string::npos);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "loss %.4f", summary["final_eval_loss"].get<double>());
+  CHECK(e.out.find(expected) != std::string::npos);
+}
+
+TEST_CASE("cli: same seed and threads give an identical metrics.csv") {
+  const auto dir = scratch("determinism");
+  for (const char* name : {"a", "b"}) {
+    const Run r =
+        cli(std::string("train ") + kTinyRecall + " --steps 30 --eval-every 10 --seed 7 --out '" +
+                (dir / name).string() + "'",
+            dir);
+    REQUIRE(r.status == 0);
+  }
+  const std::string a = slurp(dir / "a" / "metrics.csv");
+  CHECK(a.size() > 100);
+  CHECK(a == slurp(dir / "b" / "metrics.csv"));
+  const Run c = cli(std::string("train ") + kTinyRecall +
+                        " --steps 30 --eval-every 10 --seed 8 --out '" + (dir / "c").string() + "'",
+                    dir);
+  REQUIRE(c.status == 0);
+  CHECK(a != slurp(dir / "c" / "metrics.csv"));
+}
+
+TEST_CASE("cli: resume continues exactly (40 steps == 20 + save + resume + 20)") {
+  const auto dir = scratch("resume");
+  const std::string common =
+      std::string("train ") + kTinyRecall + " --steps 40 --eval-every 5 --lr 0.01 --seed 3";
+  REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  const Run first = cli(common + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir);
+  CHECK(first.status == 130);  // stopped early, checkpoint saved
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  const std::string full = slurp(dir / "full" / "metrics.csv");
+  CHECK(full.size() > 100);
+  CHECK(full == slurp(dir / "split" / "metrics.csv"));
+}
+
+TEST_CASE("cli: make-data then train --data round trip") {
+  const auto dir = scratch("data_round_trip");
+  const Run m =
+      cli("make-data --task sort --length 5 --symbols 6 --train-size 300 --valid-size 50 --out '" +
+              (dir / "data").string() + "'",
+          dir);
+  REQUIRE(m.status == 0);
+  REQUIRE(fs::exists(dir / "data" / "sort" / "train.txt"));
+  const Run t =
+      cli("train --quiet --task sort --length 5 --symbols 6 --d-model 16 --heads 2 --attn-only "
+          "--steps 20 "
+          "--batch 8 --eval-every 10 --data '" +
+              (dir / "data" / "sort" / "train.txt").string() + "' --out '" +
+              (dir / "run").string() + "'",
+          dir);
+  REQUIRE(t.status == 0);
+  CHECK(fs::exists(dir / "run" / "metrics.csv"));
+  // The file's shape must match the task: a different length is a clear error.
+  check_bad_input("train --quiet --task sort --length 6 --symbols 6 --data '" +
+                      (dir / "data" / "sort" / "train.txt").string() + "'",
+                  dir, "positions, the task expects 6");
+}
+
+TEST_CASE("cli: the micro study writes every output file") {
+  const auto dir = scratch("micro_study");
+  const Run r =
+      cli("study --preset micro --jobs 2 --quiet --out '" + (dir / "study").string() + "'", dir);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  for (const char* f : {"summary.csv", "summary.md", "recall_adamw_loss_vs_lr.png",
+                        "recall_adamw_loss_vs_lr.dat", "recall_adamw_loss_vs_lr.gp",
+                        "recall_adamw_curves_dk16.png", "recall_adamw_curves_dk16.dat",
+                        "recall_adamw_curves_dk16.gp", "recall_adamw_attention_dk16.png",
+                        "recall_adamw_attention_dk16.dat", "recall_adamw_attention_dk16.gp"}) {
+    CAPTURE(f);
+    CHECK(fs::exists(dir / "study" / f));
+  }
+  const std::string csv = slurp(dir / "study" / "summary.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 3 * 2 * 2);
+  const std::string md = slurp(dir / "study" / "summary.md");
+  CHECK(md.find("LR sensitivity") != std::string::npos);
+  CHECK(md.find("fails at every LR") != std::string::npos);
+  CHECK(r.out.find("summary.md") != std::string::npos);
+}
+
+TEST_CASE("cli: saturation writes its table and plot") {
+  const auto dir = scratch("saturation");
+  const Run r = cli("saturation --keys 16 --batch 2 --out '" + (dir / "sat").string() + "'", dir);
+  REQUIRE(r.status == 0);
+  for (const char* f :
+       {"saturation.csv", "saturation.md", "saturation.dat", "saturation.gp", "saturation.png"})
+    CHECK(fs::exists(dir / "sat" / f));
+  CHECK(r.out.find("Var(q.k)/d_k") != std::string::npos);
+}
+
+TEST_CASE("cli: a diverged run stops cleanly with status 3 and names the layer") {
+  const auto dir = scratch("diverged");
+  // A scale of 1e38 overflows the float logits at the first step.
+  const Run r = cli(std::string("train ") + kTinyRecall + " --steps 20 --scale 1e38 --out '" +
+                        (dir / "run").string() + "'",
+                    dir);
+  CHECK(r.status == 3);
+  CHECK(r.err.empty());
+  const auto summary = nlohmann::json::parse(slurp(dir / "run" / "summary.json"));
+  CHECK(summary["status"] == "diverged at step 1");
+  CHECK(summary["first_nonfinite_layer"].get<std::string>().find("blocks.0.attn") == 0);
+  CHECK_FALSE(fs::exists(dir / "run" / "model.safetensors"));  // never saves non-finite weights
+}
+
+TEST_CASE("cli: gradcheck prints a row per tensor and passes on the stack's layers") {
+  const auto dir = scratch("gradcheck");
+  const Run r =
+      cli("gradcheck --layer mha --d-model 8 --heads 2 --d-k 5 --qk-norm --learnable-scale", dir);
+  CHECK(r.status == 0);
+  for (const char* row :
+       {"w_q", "w_k", "w_v", "w_o", "q_norm.gamma", "k_norm.beta", "log_scale", "PASS"})
+    CHECK(r.out.find(row) != std::string::npos);
+  const Run t =
+      cli("gradcheck --layer block --d-model 4 --heads 2 --batch 1 --seq 3 --causal", dir);
+  CHECK(t.status == 0);
+  CHECK(t.out.find("mlp.fc2.w") != std::string::npos);
+}
+
+TEST_CASE("cli: SIGINT saves a checkpoint and exits cleanly, and the run resumes from it") {
+  const auto dir = scratch("sigint");
+  const fs::path run = dir / "run";
+  // Start a long run, wait until it has written its first metrics row, then interrupt it.
+  const std::string cmd = "'" + std::string(ATTNLAB_CLI_PATH) + "' train " + kTinyRecall +
+                          " --steps 100000000 --eval-every 10 --out '" + run.string() +
+                          "' >/dev/null 2>'" + (dir / "stderr.txt").string() + "' & pid=$!; " +
+                          "for i in $(seq 1 600); do [ -s '" + (run / "metrics.csv").string() +
+                          "' ] && break; sleep 0.05; done; sleep 0.2; kill -INT $pid; wait $pid; " +
+                          "echo $? > '" + (dir / "status.txt").string() + "'";
+  std::ofstream(dir / "interrupt.sh") << cmd << '\n';
+  REQUIRE(std::system(("bash '" + (dir / "interrupt.sh").string() + "'").c_str()) == 0);
+  CHECK(std::stoi(slurp(dir / "status.txt")) == 130);
+  CHECK(slurp(dir / "stderr.txt").empty());
+  const auto summary = nlohmann::json::parse(slurp(run / "summary.json"));
+  CHECK(summary["status"] == "interrupted");
+  CHECK(fs::exists(run / "model.safetensors"));
+  // --save-every also leaves a checkpoint; a resumed run continues to --steps.
+  const Run r = cli(std::string("train ") + kTinyRecall +
+                        " --steps 30 --save-every 10 --stop-after 25 --out '" +
+                        (dir / "periodic").string() + "'",
+                    dir);
+  CHECK(r.status == 130);
+  const Run resumed = cli("train --quiet --resume '" + (dir / "periodic").string() + "'", dir);
+  CHECK(resumed.status == 0);
+  CHECK(nlohmann::json::parse(slurp(dir / "periodic" / "summary.json"))["steps_done"] == 30);
+}
+
+TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
+  const auto dir = scratch("flag_table");
+  const std::pair<const char*, const char*> cases[] = {
+      {"train --d-model 0", "--d-model"},
+      {"train --heads 0", "--heads"},
+      {"train --d-k 0", "--d-k"},
+      {"train --d-v -1", "--d-v"},
+      {"train --layers 0", "--layers"},
+      {"train --norm batchnorm", "--norm"},
+      {"train --scaling sqrt", "--scaling"},
+      {"train --scale 0", "--scale"},
+      {"train --scale inf", "--scale"},
+      {"train --optimizer adam", "--optimizer"},
+      {"train --lr 0", "--lr"},
+      {"train --schedule linear", "--schedule"},
+      {"train --warmup -1", "--warmup"},
+      {"train --steps 10 --warmup 20", "warmup"},
+      {"train --steps 1.5", "--steps"},
+      {"train --batch 0", "--batch"},
+      {"train --clip -1", "--clip"},
+      {"train --weight-decay nan", "--weight-decay"},
+      {"train --seed -1", "--seed"},
+      {"train --threads 0", "--threads"},
+      {"train --eval-every 0", "--eval-every"},
+      {"train --eval-size 0", "--eval-size"},
+      {"train --save-every -1", "--save-every"},
+      {"train --stop-after 0", "--stop-after"},
+      {"train --resume /nonexistent/run", "--resume"},
+      {"train --keys 0", "--keys"},
+      {"train --pairs 100", "pairs"},
+      {"train --task mqar --queries 40", "queries"},
+      {"train --symbols 1", "--symbols"},
+      {"train --length 0", "--length"},
+      {"train --steps", "--steps"},
+      {"eval", "--checkpoint"},
+      {"eval --checkpoint /tmp --show -1", "--show"},
+      {"study --steps 0", "--steps"},
+      {"gradcheck --batch 0", "--batch"},
+      {"gradcheck --seq 0", "--seq"},
+      {"saturation --keys 1", "--keys"},
+      {"saturation --batch 0", "--batch"},
+      {"make-data --train-size 0", "--train-size"},
+      {"make-data --task copy", "--task"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const auto& [args, needle] : cases) check_bad_input(args, dir, needle);
+  // A directory that holds no checkpoint: the file error names it.
+  check_bad_input("eval --checkpoint '" + dir.string() + "'", dir, "model.safetensors");
+}
+
+#endif  // ATTNLAB_CLI_PATH

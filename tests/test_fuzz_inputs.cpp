@@ -1,0 +1,109 @@
+// The committed fuzz seeds (tests/fuzz/corpus) run through the readers in every normal test run,
+// without clang: each file is accepted or refused with the reader's error (naming the file), as
+// listed here, never a crash. An input that once crashed a fuzz target belongs in
+// tests/data/fuzz-regressions/ with a test case below that replays it (none so far: see the README
+// there).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <xtensor/xbuilder.hpp>
+
+#include "attnlab/train/checkpoint.hpp"
+#include "attnlab/train/data_file.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+std::vector<std::filesystem::path> files_in(const std::string& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() != ".md") out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The fuzz target's model (tests/fuzz/fuzz_checkpoint.cpp): true if the file loads.
+bool loads_into_fuzz_model(const std::string& path) {
+  Parameter<float> w{xt::zeros<float>({3, 4}), xt::zeros<float>({3, 4})};
+  Parameter<float> b{xt::zeros<float>({4}), xt::zeros<float>({4})};
+  TensorList<float> optim;
+  try {
+    load_checkpoint<float>(path, {{"layer.w", &w}, {"layer.b", &b}}, &optim);
+    return true;
+  } catch (const CheckpointError& e) {
+    CHECK(std::string(e.what()).rfind(path + ": ", 0) == 0);
+    return false;
+  }
+}
+
+bool reads_as_data_file(const std::string& path) {
+  try {
+    train::read_data_file(path);
+    return true;
+  } catch (const train::DataFileError& e) {
+    CHECK(std::string(e.what()).rfind(path + ":", 0) == 0);
+    return false;
+  }
+}
+
+bool parses(const std::string& path) {
+  try {
+    load_safetensors(path);
+    return true;
+  } catch (const CheckpointError& e) {
+    CHECK(std::string(e.what()).rfind(path + ": ", 0) == 0);
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fuzz seeds: the safetensors seeds load or are refused as expected") {
+  const std::map<std::string, bool> expected = {
+      {"all_dtypes", true},  {"metadata_only", true},   {"one_tensor", true}, {"overlap", false},
+      {"huge_shape", false}, {"length_too_big", false}, {"truncated", false}};
+  const auto files = files_in(test::data_path("../fuzz/corpus/safetensors"));
+  CHECK(files.size() == expected.size());
+  for (const auto& f : files) {
+    CAPTURE(f.string());
+    REQUIRE(expected.count(f.filename().string()) == 1);
+    CHECK(parses(f.string()) == expected.at(f.filename().string()));
+  }
+}
+
+TEST_CASE("fuzz seeds: the checkpoint seeds load or are refused as expected") {
+  const std::map<std::string, bool> expected = {
+      {"valid", true}, {"valid_optim", true},  {"wrong_shape", false}, {"double", false},
+      {"nan", false},  {"bad_version", false}, {"extra", false}};
+  const auto files = files_in(test::data_path("../fuzz/corpus/checkpoint"));
+  CHECK(files.size() == expected.size());
+  for (const auto& f : files) {
+    CAPTURE(f.string());
+    REQUIRE(expected.count(f.filename().string()) == 1);
+    CHECK(loads_into_fuzz_model(f.string()) == expected.at(f.filename().string()));
+  }
+}
+
+TEST_CASE("fuzz seeds: the data-file seeds are read or refused as expected") {
+  const std::map<std::string, bool> expected = {
+      {"recall", true},          {"sort_crlf", true},       {"comments", true},
+      {"count_mismatch", false}, {"field_mismatch", false}, {"not_a_number", false},
+      {"no_bar", false},         {"overflow", false},       {"bad_utf8", false},
+      {"empty", false}};
+  const auto files = files_in(test::data_path("../fuzz/corpus/data_file"));
+  CHECK(files.size() == expected.size());
+  for (const auto& f : files) {
+    CAPTURE(f.string());
+    REQUIRE(expected.count(f.filename().string()) == 1);
+    CHECK(reads_as_data_file(f.string()) == expected.at(f.filename().string()));
+  }
+}

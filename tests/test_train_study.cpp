@@ -1,0 +1,47 @@
+// The study presets: the honest defaults the issue asks for, and a sweep small enough for quick.
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "attnlab/train/study.hpp"
+
+using namespace attnlab;
+using namespace attnlab::train;
+
+TEST_CASE(
+    "study presets: 1 layer, 1 head, attention-only recall with decoupled d_k and AdamW(0.9, "
+    "0.95)") {
+  const StudyPlan quick = study_preset("quick");
+  REQUIRE(quick.groups.size() == 1);
+  const StudyGroup& g = quick.groups[0];
+  CHECK(g.base.task.kind == TaskKind::recall);
+  CHECK(g.base.model.layers == 1);
+  CHECK(g.base.model.heads == 1);
+  CHECK(g.base.model.attn_only);
+  CHECK(g.base.model.d_model == 64);
+  CHECK(g.base.model.d_v == 64);  // only the q/k width varies with d_k
+  CHECK(g.d_k == std::vector<int>{16, 64, 256});
+  CHECK(g.lrs == std::vector<double>{1e-3, 3e-3, 1e-2, 3e-2, 1e-1});
+  CHECK(g.base.optimizer == "adamw");
+  CHECK(g.base.beta1 == 0.9);
+  CHECK(g.base.beta2 == 0.95);
+  CHECK(g.base.weight_decay == 0);
+  CHECK(g.base.clip == 0);
+  CHECK(g.base.schedule == "cosine");
+  CHECK(g.base.warmup > 0);
+  std::set<std::string> arms;
+  for (const auto& a : g.arms) arms.insert(a.name);
+  CHECK(arms == std::set<std::string>{"none", "sqrt_dk", "dk"});
+
+  const StudyPlan full = study_preset("full");
+  std::set<std::string> groups, full_arms;
+  for (const auto& fg : full.groups) {
+    groups.insert(fg.name);
+    CHECK(fg.seeds.size() >= 3);
+    for (const auto& a : fg.arms) full_arms.insert(a.name);
+  }
+  CHECK(groups == std::set<std::string>{"recall/adamw", "recall/sgd", "mqar/adamw"});
+  CHECK(full_arms.count("qk_norm") == 1);
+  CHECK(full_arms.count("learnable") == 1);
+  CHECK_THROWS_AS(study_preset("huge"), std::invalid_argument);
+}
