@@ -27,7 +27,6 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 using Json = nlohmann::json;
-using OrderedJson = nlohmann::ordered_json;
 
 constexpr std::size_t kLengthBytes = 8;
 constexpr std::string_view kMetadataKey = "__metadata__";
@@ -77,14 +76,23 @@ std::uint64_t json_unsigned(const Json& v, const std::string& file, const std::s
   fail(file, what + " is not a number (" + v.dump() + ")");
 }
 
+// A valid header nests three levels: {name: {"shape": [extent]}}. Deeper nesting is refused while
+// parsing, before it can cost memory (a 100 MiB header of '[' would otherwise build a deep tree).
+constexpr int kMaxHeaderDepth = 2;  // the callback's depth of the innermost container's start
+struct HeaderTooDeep {};
+
 // Parses the header, rejecting duplicate keys at any depth (nlohmann keeps the last silently).
 Json parse_header(const char* begin, const char* end, const std::string& file) {
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string duplicate;
-  const auto track = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+  const auto track = [&](int depth, Json::parse_event_t event, Json& parsed) {
     switch (event) {
       case Json::parse_event_t::object_start:
+        if (depth > kMaxHeaderDepth) throw HeaderTooDeep{};
         keys.emplace_back();
+        break;
+      case Json::parse_event_t::array_start:
+        if (depth > kMaxHeaderDepth) throw HeaderTooDeep{};
         break;
       case Json::parse_event_t::object_end:
         if (!keys.empty()) keys.pop_back();
@@ -105,6 +113,8 @@ Json parse_header(const char* begin, const char* end, const std::string& file) {
     header = Json::parse(begin, end, track, /*allow_exceptions=*/true);
   } catch (const Json::exception& e) {
     fail(file, std::string("header is not valid JSON: ") + e.what());
+  } catch (const HeaderTooDeep&) {
+    fail(file, "header nests JSON deeper than a safetensors header does");
   }
   if (!duplicate.empty()) fail(file, "header has the key " + in_quotes(duplicate) + " twice");
   if (!header.is_object()) fail(file, "header is JSON but not an object");
@@ -308,12 +318,25 @@ const StoredTensor* SafetensorsFile::find(std::string_view name) const {
 std::vector<std::byte> serialize_safetensors(const std::vector<StoredTensor>& tensors,
                                              const std::map<std::string, std::string>& metadata,
                                              const std::string& file) {
-  // Insertion order is kept: __metadata__ first, then the tensors in the caller's order.
-  OrderedJson header = OrderedJson::object();
+  // The header text is assembled piece by piece (__metadata__ first, then the tensors in the
+  // caller's order): an ordered JSON object would cost a linear key search per insertion.
+  std::string text = "{";
+  const auto json_string = [&](const std::string& s) {
+    try {
+      return Json(s).dump();
+    } catch (const Json::exception& e) {
+      fail(file,
+           "cannot write the header (names and metadata must be UTF-8): " + std::string(e.what()));
+    }
+  };
   if (!metadata.empty()) {
-    OrderedJson meta = OrderedJson::object();
-    for (const auto& [key, value] : metadata) meta[key] = value;
-    header[std::string(kMetadataKey)] = std::move(meta);
+    text += json_string(std::string(kMetadataKey)) + ":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      text += (first ? "" : ",") + json_string(key) + ":" + json_string(value);
+      first = false;
+    }
+    text += "}";
   }
   std::set<std::string_view> names;
   std::uint64_t offset = 0;
@@ -328,18 +351,17 @@ std::vector<std::byte> serialize_safetensors(const std::vector<StoredTensor>& te
                      " bytes do not match dtype " + std::string(to_string(t.dtype)) +
                      " and shape " + format_shape(t.shape));
     }
-    header[t.name] = {{"dtype", std::string(to_string(t.dtype))},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + *need}}};
+    if (text.size() > 1) text += ",";
+    text +=
+        json_string(t.name) + ":{\"dtype\":\"" + std::string(to_string(t.dtype)) + "\",\"shape\":[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      text += (i ? "," : "") + std::to_string(t.shape[i]);
+    }
+    text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + *need) +
+            "]}";
     offset += *need;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const OrderedJson::exception& e) {
-    fail(file,
-         std::string("cannot write the header (names and metadata must be UTF-8): ") + e.what());
-  }
+  text += "}";
   text.append((kLengthBytes - text.size() % kLengthBytes) % kLengthBytes, ' ');
 
   std::vector<std::byte> out(kLengthBytes + text.size() + offset);
