@@ -27,7 +27,10 @@ std::string format_index(std::size_t flat, const std::vector<std::size_t>& shape
     flat = shape[i] ? flat / shape[i] : 0;
   }
   std::string out = "(";
-  for (std::size_t i = 0; i < idx.size(); ++i) out += (i ? ", " : "") + std::to_string(idx[i]);
+  for (std::size_t i = 0; i < idx.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(idx[i]);
+  }
   return out + ")";
 }
 
@@ -40,7 +43,8 @@ std::string GradcheckReport::table() const {
   for (const auto& r : results) {
     std::string shape = "(";
     for (std::size_t i = 0; i < r.shape.size(); ++i) {
-      shape += (i ? "," : "") + std::to_string(r.shape[i]);
+      if (i) shape += ",";
+      shape += std::to_string(r.shape[i]);
     }
     shape += ")";
     std::snprintf(line, sizeof line, "%-28s %-18s %12.3e %12.3e  %s (%.6e vs %.6e)\n",

@@ -71,13 +71,13 @@ std::size_t Model::heads() const {
   return impl_->net.config().heads;
 }
 
-const Tensor4<float>& Model::attention_weights(std::size_t layer) const {
+Tensor4<float> Model::attention_weights(std::size_t layer) const {
   return impl_->net.block(layer).attention().attention_weights();
 }
 
 Tensor4<float> Model::attention_logits(std::size_t layer) const {
-  const auto& attn = impl_->net.block(layer).attention();
-  return sdpa_scores(attn.queries(), attn.keys(), attn.sdpa_options());
+  // The last forward's scaled logits, with its mask and per-head scales.
+  return impl_->net.block(layer).attention().attention_scores();
 }
 
 Tensor4<float> Model::attention_dots(std::size_t layer) const {

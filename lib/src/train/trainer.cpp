@@ -188,7 +188,7 @@ EvalStats evaluate(Model& model, const Batch& eval, const TaskConfig& task, cons
   const std::vector<int> key_pos =
       task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
   for (std::size_t l = 0; l < model.layers(); ++l) {
-    const auto& p = model.attention_weights(l);
+    const auto p = model.attention_weights(l);
     const auto h = attention_health(p, model.attention_logits(l));
     st.health.insert(st.health.end(), h.begin(), h.end());
     if (!key_pos.empty()) {
@@ -558,7 +558,7 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   std::snprintf(buf, sizeof buf, "loss %.4f  accuracy %.4f\n", r.loss, r.accuracy);
   os << buf;
   const std::size_t T = eval.length();
-  const auto& p = model.attention_weights(0);
+  const auto p = model.attention_weights(0);
   for (std::size_t b = 0;
        b < std::min<std::size_t>(static_cast<std::size_t>(std::max(show, 0)), eval.size()); ++b) {
     os << "\nexample " << b << ":\n";
