@@ -17,6 +17,7 @@
 // term without the full row of P.) Causal tiles entirely above the diagonal are skipped.
 // Extra memory: two Br x Bc tiles and O(Tk) per thread, plus O and lse in the cache.
 #include "attention_fused.hpp"
+#include "row_kernels.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -36,23 +37,7 @@ namespace {
 template <class T>
 constexpr T kHidden = -std::numeric_limits<T>::infinity();
 
-// max over x[0..n), vectorised; NaN entries may be ignored (the caller checks where it matters).
-template <class T>
-T row_max(const T* x, std::size_t n) {
-  using batch = xsimd::batch<T>;
-  constexpr std::size_t width = batch::size;
-  std::size_t i = 0;
-  T m = kHidden<T>;
-  if (n >= width) {
-    batch acc = batch::load_unaligned(x);
-    for (i = width; i + width <= n; i += width) acc = xsimd::max(acc, batch::load_unaligned(x + i));
-    alignas(64) T lanes[width];
-    acc.store_aligned(lanes);
-    m = *std::max_element(lanes, lanes + width);
-  }
-  for (; i < n; ++i) m = std::max(m, x[i]);
-  return m;
-}
+using row_kernels::row_max;
 
 // x[c] = p[c] * (x[c] − shift), vectorised: dS = P ⊙ (dP − D_i) in place of dP.
 template <class T>
