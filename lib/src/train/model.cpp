@@ -71,7 +71,7 @@ std::size_t Model::heads() const {
   return impl_->net.config().heads;
 }
 
-const Tensor4<float>& Model::attention_weights(std::size_t layer) const {
+Tensor4<float> Model::attention_weights(std::size_t layer) const {
   return impl_->net.block(layer).attention().attention_weights();
 }
 

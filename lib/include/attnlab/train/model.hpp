@@ -35,7 +35,7 @@ class Model {
   std::size_t layers() const;
   std::size_t heads() const;
   // Layer l of the last forward: attention weights P (B,H,T,T) and the scaled logits S (B,H,T,T).
-  const Tensor4<float>& attention_weights(std::size_t layer) const;
+  Tensor4<float> attention_weights(std::size_t layer) const;
   Tensor4<float> attention_logits(std::size_t layer) const;
   // The unscaled dot products q·k of layer l (B,H,T,T), for the Var(q·k)/d_k premise check.
   Tensor4<float> attention_dots(std::size_t layer) const;
