@@ -56,9 +56,14 @@ struct Block {
     poison_shared();
   }
 
+  // memset of an empty vector's data() (null) is undefined behaviour (UBSan, preset asan).
   void poison_shared() {
-    std::memset(dynamic_shared.data(), 0xFF, dynamic_shared.size() * sizeof(double));
-    std::memset(static_shared.data(), 0xFF, static_shared.size() * sizeof(double));
+    if (!dynamic_shared.empty()) {
+      std::memset(dynamic_shared.data(), 0xFF, dynamic_shared.size() * sizeof(double));
+    }
+    if (!static_shared.empty()) {
+      std::memset(static_shared.data(), 0xFF, static_shared.size() * sizeof(double));
+    }
   }
 };
 
