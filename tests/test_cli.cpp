@@ -2,6 +2,7 @@
 // learns, the micro study writes every output, data files round-trip through make-data and train,
 // runs are deterministic, and resume continues exactly.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #ifdef ATTNLAB_CLI_PATH
 
@@ -31,9 +32,11 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// A fresh scratch folder per test case (ctest runs cases in parallel processes).
+// A fresh scratch folder per test case and process (ctest runs cases in parallel processes, and
+// two suites, e.g. the normal and the sanitizer build, may run at once).
 fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("attnlab_cli_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("attnlab_cli_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
