@@ -5,21 +5,12 @@
 #include <vector>
 
 #include "../parallel_rows.hpp"
+#include "shape_helpers.hpp"
 
 namespace attnlab {
 
-namespace {
-template <std::size_t N>
-std::vector<std::ptrdiff_t> last_is(std::size_t c) {
-  std::vector<std::ptrdiff_t> shape(N, kAnyExtent);
-  shape[N - 1] = static_cast<std::ptrdiff_t>(c);
-  return shape;
-}
-template <class S>
-std::vector<std::size_t> dims(const S& s) {
-  return std::vector<std::size_t>(s.begin(), s.end());
-}
-}  // namespace
+using shape_helpers::dims;
+using shape_helpers::last_is;
 
 template <class T, std::size_t N>
 Tensor<T, N> layernorm_forward(LayerNormCache<T, N>& cache, const Tensor<T, N>& x,

@@ -7,6 +7,7 @@
 #include "../parallel_rows.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/threads.hpp"
+#include "shape_helpers.hpp"
 
 namespace attnlab {
 
@@ -23,10 +24,7 @@ std::vector<std::ptrdiff_t> with_last(std::size_t last) {
   return shape;
 }
 
-template <class S>
-std::vector<std::size_t> dims(const S& s) {
-  return std::vector<std::size_t>(s.begin(), s.end());
-}
+using shape_helpers::dims;
 
 // Rows are split into contiguous chunks, one per thread; a chunk smaller than this is not worth a
 // thread. The split depends only on (rows, num_threads()), so results are deterministic for a
