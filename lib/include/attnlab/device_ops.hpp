@@ -1,0 +1,121 @@
+// The operations a device-resident model is written against: memory, copies, and the kernels of a
+// transformer training step, on device pointers. Two implementations exist:
+//   cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
+//   tests/emulated_device_ops  the same kernel sources run on the CPU by the emulator of the CUDA
+//                              thread model, with BLAS for the GEMMs.
+// So DeviceTransformer (nn/device_transformer.hpp) is one piece of code that runs on a GPU and is
+// checked against the CPU Transformer on machines without one.
+//
+// Contracts are those of attnlab/cuda_train.hpp and attnlab/cuda_attention.hpp: row-major
+// contiguous tensors, every output assigned (never accumulated) unless stated, fixed reduction
+// order (deterministic). Calls may be asynchronous; download() and the functions returning host
+// values synchronise. No CUDA type appears here.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "attnlab/cuda_attention.hpp"
+#include "attnlab/cuda_math.hpp"
+
+namespace attnlab {
+
+template <class T>
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+
+  // "cuda: NVIDIA H200 (sm_90, 139 GiB)", "emulated (CPU)".
+  virtual std::string name() const = 0;
+
+  // ---- memory ---------------------------------------------------------------------------------
+  // `bytes` of uninitialised device memory (nullptr for 0 bytes); throws on failure.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void upload(void* device_dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* device_src, std::size_t bytes) = 0;
+  virtual void copy(void* device_dst, const void* device_src, std::size_t bytes) = 0;
+  virtual void zero(void* device_dst, std::size_t bytes) = 0;
+
+  // ---- elementwise and broadcast ---------------------------------------------------------------
+  // y = a + b over n values (y may alias a or b).
+  virtual void add(T* y, const T* a, const T* b, std::size_t n) = 0;
+  // x *= factor over n values.
+  virtual void scale(T* x, T factor, std::size_t n) = 0;
+  // y = exp(x) over n values.
+  virtual void exp(T* y, const T* x, std::size_t n) = 0;
+  // y[r, c] += b[c] over rows × C.
+  virtual void add_bias(T* y, const T* b, std::size_t rows, std::size_t C) = 0;
+  // db[c] = Σ_r dy[r, c], rows in order.
+  virtual void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C) = 0;
+
+  // ---- heads
+  // ------------------------------------------------------------------------------------- (B, T,
+  // H·D) -> (B, H, T, D) and back.
+  virtual void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                           std::size_t D) = 0;
+  virtual void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                           std::size_t D) = 0;
+  // out[h] = Σ_b Σ_i a[b, h, i] · c[b, h, i] for a, c (B, H, n): b in order, then i.
+  virtual void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
+                        std::size_t n) = 0;
+
+  // ---- layers (attnlab/cuda_train.hpp) -----------------------------------------------------
+  virtual void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
+                                 std::size_t C) = 0;
+  virtual void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows,
+                                  std::size_t V, std::size_t C) = 0;
+  virtual void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
+                                 std::size_t rows, std::size_t C, T eps) = 0;
+  virtual void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x,
+                                  const T* mean, const T* rstd, const T* gamma, std::size_t rows,
+                                  std::size_t C) = 0;
+  virtual void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows,
+                               std::size_t C, T eps) = 0;
+  virtual void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd,
+                                const T* gamma, std::size_t rows, std::size_t C) = 0;
+  virtual void gelu_forward(T* y, const T* x, std::size_t n, bool exact) = 0;
+  virtual void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) = 0;
+  // y = x W (+ b); W stored (In, Out); b may be null.
+  virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows,
+                              std::size_t in, std::size_t out) = 0;
+  // dx = dy Wᵀ (skipped when dx is null), dW = xᵀ dy, db = Σ_rows dy (skipped when db is null).
+  virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
+                               std::size_t rows, std::size_t in, std::size_t out) = 0;
+  // Fused softmax cross-entropy; loss is 1 device value, row_loss (rows,) scratch.
+  virtual void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits,
+                                     const int* targets, std::size_t rows, std::size_t V,
+                                     int ignore_index) = 0;
+
+  // ---- attention (attnlab/cuda_attention.hpp) -------------------------------------------------
+  virtual void sdpa_reference_forward(T* out, T* p, const cuda::SdpaDeviceArgs<T>& args) = 0;
+  virtual void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
+                                       const cuda::SdpaDeviceArgs<T>& args) = 0;
+  virtual void sdpa_fused_forward(T* out, T* lse, const cuda::SdpaDeviceArgs<T>& args) = 0;
+  virtual void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
+                                   const T* lse, const cuda::SdpaDeviceArgs<T>& args) = 0;
+  // Throws std::invalid_argument when the fused path cannot take head dims D, Dv.
+  virtual void check_fused(std::size_t D, std::size_t Dv) = 0;
+
+  // ---- optimizers and norms ----------------------------------------------------------------
+  virtual void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
+                            const cuda_math::AdamWScalars<T>& scalars) = 0;
+  // torch.optim.SGD (dampening 0): g = grad + wd·p; buf = g (first) or momentum·buf + g; p -=
+  // lr·buf. buf is null when momentum is 0 (then p -= lr·g).
+  virtual void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum,
+                          T weight_decay, bool first_step) = 0;
+  // out (1 double, device) = Σ x² accumulated in double; partial holds sum_of_squares_scratch()
+  // doubles.
+  virtual void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) = 0;
+  virtual std::size_t sum_of_squares_scratch() const = 0;
+
+  // Waits for queued work; throws on an asynchronous error.
+  virtual void synchronize() = 0;
+};
+
+// The CUDA backend's DeviceOps (one per process and type). Throws CudaError when attnlab was built
+// without CUDA or no device is available.
+template <class T>
+DeviceOps<T>& cuda_device_ops();
+
+}  // namespace attnlab
