@@ -95,6 +95,39 @@ bool allow_tf32() {
   return detail::tf32_flag().load();
 }
 
+void* device_allocate(std::size_t bytes) {
+  require_device("device_allocate");
+  void* p = nullptr;
+  if (bytes > 0) ATTNLAB_CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void device_release(void* p) noexcept {
+  if (p) (void)cudaFree(p);  // noexcept: an error here would surface at the next checked call
+}
+
+void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes > 0) {
+    ATTNLAB_CUDA_CHECK(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  }
+}
+
+void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes > 0) {
+    ATTNLAB_CUDA_CHECK(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+  }
+}
+
+void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes) {
+  if (bytes > 0) {
+    ATTNLAB_CUDA_CHECK(cudaMemcpy(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice));
+  }
+}
+
+void device_zero(void* device_dst, std::size_t bytes) {
+  if (bytes > 0) ATTNLAB_CUDA_CHECK(cudaMemset(device_dst, 0, bytes));
+}
+
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   require_device("DeviceBuffer");
   if (bytes > 0) ATTNLAB_CUDA_CHECK(cudaMalloc(&data_, bytes));

@@ -103,6 +103,64 @@ void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, 
 }
 
 template <class T>
+void add(T* y, const T* a, const T* b, std::size_t n) {
+  if (n == 0) return;
+  add_kernel<T><<<element_blocks(n), kElementThreads>>>(y, a, b, n);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void scale(T* x, T factor, std::size_t n) {
+  if (n == 0) return;
+  scale_by_value_kernel<T><<<element_blocks(n), kElementThreads>>>(x, factor, n);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void exp_elements(T* y, const T* x, std::size_t n) {
+  if (n == 0) return;
+  exp_kernel<T><<<element_blocks(n), kElementThreads>>>(y, x, n);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void add_bias(T* y, const T* b, std::size_t rows, std::size_t C) {
+  if (rows == 0 || C == 0) return;
+  add_bias_kernel<T><<<element_blocks(rows * C), kElementThreads>>>(y, b, rows, C);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C) {
+  if (C == 0) return;
+  column_sum_kernel<T><<<column_blocks(C), kElementThreads>>>(db, dy, rows, C);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H, std::size_t D) {
+  const std::size_t n = B * Tn * H * D;
+  if (n == 0) return;
+  permute_heads_kernel<T><<<element_blocks(n), kElementThreads>>>(out, x, B, Tn, H, D, true);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H, std::size_t D) {
+  const std::size_t n = B * Tn * H * D;
+  if (n == 0) return;
+  permute_heads_kernel<T><<<element_blocks(n), kElementThreads>>>(out, x, B, Tn, H, D, false);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H, std::size_t n) {
+  if (H == 0) return;
+  head_dot_kernel<T><<<row_grid(H, "head_dot"), kRowThreads>>>(out, a, c, B, H, n);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
 void gelu_forward(T* y, const T* x, std::size_t n, bool exact) {
   if (n == 0) return;
   gelu_forward_kernel<T><<<element_blocks(n), kElementThreads>>>(y, x, n, exact);
@@ -136,7 +194,7 @@ void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, s
   const int m = as_int(rows, "linear_backward"), k = as_int(in, "linear_backward"),
             n = as_int(out, "linear_backward");
   // dx = dy Wᵀ                                            (rows,Out) x (Out,In) -> (rows,In)
-  gemm_strided_batched<T>(false, true, m, k, n, T(1), dy, n, 0, w, n, 0, T(0), dx, k, 0, 1);
+  if (dx) gemm_strided_batched<T>(false, true, m, k, n, T(1), dy, n, 0, w, n, 0, T(0), dx, k, 0, 1);
   // dW = xᵀ dy                                            (In,rows) x (rows,Out) -> (In,Out)
   gemm_strided_batched<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, T(0), dw, n, 0, 1);
   if (db && out > 0) {
@@ -172,6 +230,15 @@ void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
   ATTNLAB_CUDA_CHECK_LAUNCH();
 }
 
+template <class T>
+void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
+                bool first_step) {
+  if (n == 0) return;
+  sgd_kernel<T><<<element_blocks(n), kElementThreads>>>(param, buf, grad, n, lr, momentum,
+                                                        weight_decay, first_step);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
 std::size_t sum_of_squares_scratch() {
   return kSumBlocks;
 }
@@ -184,27 +251,36 @@ void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) {
   ATTNLAB_CUDA_CHECK_LAUNCH();
 }
 
-#define ATTNLAB_INSTANTIATE(T)                                                                   \
-  template void embedding_forward<T>(T*, const int*, const T*, std::size_t, std::size_t);        \
-  template void embedding_backward<T>(T*, const T*, const int*, std::size_t, std::size_t,        \
-                                      std::size_t);                                              \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,      \
-                                     std::size_t, T);                                            \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                      const T*, std::size_t, std::size_t);                       \
-  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);     \
-  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, \
-                                    std::size_t);                                                \
-  template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                \
-  template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                     \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,    \
-                                  std::size_t);                                                  \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,        \
-                                   std::size_t, std::size_t);                                    \
-  template void softmax_cross_entropy<T>(T*, T*, T*, const T*, const int*, std::size_t,          \
-                                         std::size_t, int);                                      \
-  template void adamw_update<T>(T*, T*, T*, const T*, std::size_t,                               \
-                                const cuda_math::AdamWScalars<T>&);                              \
+#define ATTNLAB_INSTANTIATE(T)                                                                    \
+  template void add<T>(T*, const T*, const T*, std::size_t);                                      \
+  template void scale<T>(T*, T, std::size_t);                                                     \
+  template void exp_elements<T>(T*, const T*, std::size_t);                                       \
+  template void add_bias<T>(T*, const T*, std::size_t, std::size_t);                              \
+  template void column_sum<T>(T*, const T*, std::size_t, std::size_t);                            \
+  template void split_heads<T>(T*, const T*, std::size_t, std::size_t, std::size_t, std::size_t); \
+  template void merge_heads<T>(T*, const T*, std::size_t, std::size_t, std::size_t, std::size_t); \
+  template void head_dot<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);       \
+  template void sgd_update<T>(T*, T*, const T*, std::size_t, T, T, T, bool);                      \
+  template void embedding_forward<T>(T*, const int*, const T*, std::size_t, std::size_t);         \
+  template void embedding_backward<T>(T*, const T*, const int*, std::size_t, std::size_t,         \
+                                      std::size_t);                                               \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,       \
+                                     std::size_t, T);                                             \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
+                                      const T*, std::size_t, std::size_t);                        \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);      \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t,  \
+                                    std::size_t);                                                 \
+  template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                 \
+  template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                      \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,     \
+                                  std::size_t);                                                   \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,         \
+                                   std::size_t, std::size_t);                                     \
+  template void softmax_cross_entropy<T>(T*, T*, T*, const T*, const int*, std::size_t,           \
+                                         std::size_t, int);                                       \
+  template void adamw_update<T>(T*, T*, T*, const T*, std::size_t,                                \
+                                const cuda_math::AdamWScalars<T>&);                               \
   template void sum_of_squares<T>(double*, double*, const T*, std::size_t);
 ATTNLAB_INSTANTIATE(float)
 ATTNLAB_INSTANTIATE(double)

@@ -171,6 +171,75 @@ __global__ void __launch_bounds__(kElementThreads)
   db[c] = acc;
 }
 
+// y = a + b over n values (y may alias a or b).
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    add_kernel(T* y, const T* a, const T* b, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = a[i] + b[i];
+}
+
+// x *= factor over n values (the factor passed by value, from the host).
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    scale_by_value_kernel(T* x, T factor, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) x[i] *= factor;
+}
+
+// y = exp(x) over n values.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads) exp_kernel(T* y, const T* x, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = cm::exp_of(x[i]);
+}
+
+// ---- heads: (B, T, H·D) <-> (B, H, T, D), one thread per element of the output ----------------
+
+// out (B,H,T,D) from x (B,T,H·D); `to_heads` false is the inverse, out (B,T,H·D) from x (B,H,T,D).
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    permute_heads_kernel(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                         std::size_t D, bool to_heads) {
+  const std::size_t n = B * Tn * H * D;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    // i as (b, t, h, d) of the (B,T,H·D) layout
+    const std::size_t d = i % D, h = (i / D) % H, t = (i / (D * H)) % Tn, b = i / (D * H * Tn);
+    const std::size_t heads = cm::bhrc_offset(b * H + h, t, d, Tn, D);  // (b, h, t, d)
+    if (to_heads) {
+      out[heads] = x[i];
+    } else {
+      out[i] = x[heads];
+    }
+  }
+}
+
+// out[h] = Σ_b Σ_i a[b, h, i] · c[b, h, i] for a, c (B, H, n): one block per head; each thread
+// sums its strided share of every b in order, then one block reduction.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    head_dot_kernel(T* out, const T* a, const T* c, std::size_t B, std::size_t H, std::size_t n) {
+  ATTNLAB_STATIC_SHARED(T, scratch, 32);
+  const std::size_t h = blockIdx.x;
+  T acc = 0;
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::size_t base = (b * H + h) * n;
+    for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) acc += a[base + i] * c[base + i];
+  }
+  acc = detail::block_sum(acc, scratch);
+  if (threadIdx.x == 0) out[h] = acc;
+}
+
+// ---- optimizers --------------------------------------------------------------------------------
+
+// One SGD step over n values; buf is null when momentum is 0.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    sgd_kernel(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
+               bool first_step) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    cm::sgd_element(param[i], buf ? buf + i : static_cast<T*>(nullptr), grad[i], lr, momentum,
+                    weight_decay, first_step);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
     adamw_kernel(T* param, T* m, T* v, const T* grad, std::size_t n, cm::AdamWScalars<T> s) {

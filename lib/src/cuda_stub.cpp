@@ -44,6 +44,23 @@ bool allow_tf32() {
   return false;
 }
 
+void* device_allocate(std::size_t) {
+  not_built("cuda::device_allocate");
+}
+void device_release(void*) noexcept {}
+void copy_host_to_device(void*, const void*, std::size_t) {
+  not_built("cuda::copy_host_to_device");
+}
+void copy_device_to_host(void*, const void*, std::size_t) {
+  not_built("cuda::copy_device_to_host");
+}
+void copy_device_to_device(void*, const void*, std::size_t) {
+  not_built("cuda::copy_device_to_device");
+}
+void device_zero(void*, std::size_t) {
+  not_built("cuda::device_zero");
+}
+
 DeviceBuffer::DeviceBuffer(std::size_t) {
   not_built("DeviceBuffer");
 }
@@ -116,6 +133,42 @@ void rmsnorm_backward(T*, T*, const T*, const T*, const T*, const T*, std::size_
   not_built("cuda::rmsnorm_backward");
 }
 template <class T>
+void add(T*, const T*, const T*, std::size_t) {
+  not_built("cuda::add");
+}
+template <class T>
+void scale(T*, T, std::size_t) {
+  not_built("cuda::scale");
+}
+template <class T>
+void exp_elements(T*, const T*, std::size_t) {
+  not_built("cuda::exp_elements");
+}
+template <class T>
+void add_bias(T*, const T*, std::size_t, std::size_t) {
+  not_built("cuda::add_bias");
+}
+template <class T>
+void column_sum(T*, const T*, std::size_t, std::size_t) {
+  not_built("cuda::column_sum");
+}
+template <class T>
+void split_heads(T*, const T*, std::size_t, std::size_t, std::size_t, std::size_t) {
+  not_built("cuda::split_heads");
+}
+template <class T>
+void merge_heads(T*, const T*, std::size_t, std::size_t, std::size_t, std::size_t) {
+  not_built("cuda::merge_heads");
+}
+template <class T>
+void head_dot(T*, const T*, const T*, std::size_t, std::size_t, std::size_t) {
+  not_built("cuda::head_dot");
+}
+template <class T>
+void sgd_update(T*, T*, const T*, std::size_t, T, T, T, bool) {
+  not_built("cuda::sgd_update");
+}
+template <class T>
 void gelu_forward(T*, const T*, std::size_t, bool) {
   not_built("cuda::gelu_forward");
 }
@@ -148,36 +201,45 @@ std::size_t sum_of_squares_scratch() {
   not_built("cuda::sum_of_squares_scratch");
 }
 
-#define ATTNLAB_INSTANTIATE_CUDA_STUBS(T)                                                        \
-  template void gemm_strided_batched<T>(bool, bool, int, int, int, T, const T*, int, long long,  \
-                                        const T*, int, long long, T, T*, int, long long, int);   \
-  template void sdpa_reference_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                     \
-  template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*,                   \
-                                           const SdpaDeviceArgs<T>&);                            \
-  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                         \
-  template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,             \
-                                       const SdpaDeviceArgs<T>&);                                \
-  template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);                                \
-  template void embedding_forward<T>(T*, const int*, const T*, std::size_t, std::size_t);        \
-  template void embedding_backward<T>(T*, const T*, const int*, std::size_t, std::size_t,        \
-                                      std::size_t);                                              \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,      \
-                                     std::size_t, T);                                            \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                      const T*, std::size_t, std::size_t);                       \
-  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);     \
-  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, \
-                                    std::size_t);                                                \
-  template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                \
-  template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                     \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,    \
-                                  std::size_t);                                                  \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,        \
-                                   std::size_t, std::size_t);                                    \
-  template void softmax_cross_entropy<T>(T*, T*, T*, const T*, const int*, std::size_t,          \
-                                         std::size_t, int);                                      \
-  template void adamw_update<T>(T*, T*, T*, const T*, std::size_t,                               \
-                                const cuda_math::AdamWScalars<T>&);                              \
+#define ATTNLAB_INSTANTIATE_CUDA_STUBS(T)                                                         \
+  template void gemm_strided_batched<T>(bool, bool, int, int, int, T, const T*, int, long long,   \
+                                        const T*, int, long long, T, T*, int, long long, int);    \
+  template void sdpa_reference_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                      \
+  template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*,                    \
+                                           const SdpaDeviceArgs<T>&);                             \
+  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                          \
+  template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,              \
+                                       const SdpaDeviceArgs<T>&);                                 \
+  template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);                                 \
+  template void add<T>(T*, const T*, const T*, std::size_t);                                      \
+  template void scale<T>(T*, T, std::size_t);                                                     \
+  template void exp_elements<T>(T*, const T*, std::size_t);                                       \
+  template void add_bias<T>(T*, const T*, std::size_t, std::size_t);                              \
+  template void column_sum<T>(T*, const T*, std::size_t, std::size_t);                            \
+  template void split_heads<T>(T*, const T*, std::size_t, std::size_t, std::size_t, std::size_t); \
+  template void merge_heads<T>(T*, const T*, std::size_t, std::size_t, std::size_t, std::size_t); \
+  template void head_dot<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);       \
+  template void sgd_update<T>(T*, T*, const T*, std::size_t, T, T, T, bool);                      \
+  template void embedding_forward<T>(T*, const int*, const T*, std::size_t, std::size_t);         \
+  template void embedding_backward<T>(T*, const T*, const int*, std::size_t, std::size_t,         \
+                                      std::size_t);                                               \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,       \
+                                     std::size_t, T);                                             \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
+                                      const T*, std::size_t, std::size_t);                        \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);      \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t,  \
+                                    std::size_t);                                                 \
+  template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                 \
+  template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                      \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,     \
+                                  std::size_t);                                                   \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,         \
+                                   std::size_t, std::size_t);                                     \
+  template void softmax_cross_entropy<T>(T*, T*, T*, const T*, const int*, std::size_t,           \
+                                         std::size_t, int);                                       \
+  template void adamw_update<T>(T*, T*, T*, const T*, std::size_t,                                \
+                                const cuda_math::AdamWScalars<T>&);                               \
   template void sum_of_squares<T>(double*, double*, const T*, std::size_t);
 ATTNLAB_INSTANTIATE_CUDA_STUBS(float)
 ATTNLAB_INSTANTIATE_CUDA_STUBS(double)

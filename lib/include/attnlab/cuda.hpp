@@ -45,6 +45,17 @@ void synchronize();
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// Raw device memory, for owners that manage their own buffers (DeviceOps). device_allocate returns
+// `bytes` of uninitialised device memory (nullptr for 0 bytes); device_release(nullptr) does
+// nothing and never throws. The copies are synchronous with respect to the host; device_zero sets
+// `bytes` bytes to 0. Each does nothing for 0 bytes.
+void* device_allocate(std::size_t bytes);
+void device_release(void* p) noexcept;
+void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes);
+void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes);
+void device_zero(void* device_dst, std::size_t bytes);
+
 // A device allocation of `bytes` bytes, freed on destruction. Move-only. The memory is NOT
 // initialised: every kernel assigns all of its outputs; poison() fills it with NaN bit patterns
 // (all bytes 0xFF) so that tests catch any element a kernel failed to write.

@@ -260,4 +260,19 @@ ATTNLAB_HD inline void adamw_element(T& p, T& m, T& v, T g, const AdamWScalars<T
   p = p + (-s.step_size) * m / denom;
 }
 
+// One element of SGD (torch.optim.SGD, dampening 0, no Nesterov), in attnlab::SGD's order:
+// d = g + wd·p (when wd != 0); with momentum (buf not null): buf = d on the first step, else
+// buf·momentum + d, and d = buf; p = p + (−lr)·d.
+template <class T>
+ATTNLAB_HD inline void sgd_element(T& p, T* buf, T g, T lr, T momentum, T weight_decay,
+                                   bool first_step) {
+  T d = g;
+  if (weight_decay != T(0)) d = d + weight_decay * p;
+  if (buf) {
+    *buf = first_step ? d : *buf * momentum + d;
+    d = *buf;
+  }
+  p = p + (-lr) * d;
+}
+
 }  // namespace attnlab::cuda_math

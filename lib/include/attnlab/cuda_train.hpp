@@ -50,6 +50,41 @@ template <class T>
 void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
                       std::size_t rows, std::size_t C);
 
+// ---- elementwise, broadcast and head layout (the glue of a device-resident model) -------------
+
+// y = a + b over n values (y may alias a or b).
+template <class T>
+void add(T* y, const T* a, const T* b, std::size_t n);
+
+// x *= factor over n values (factor from the host).
+template <class T>
+void scale(T* x, T factor, std::size_t n);
+
+// y = exp(x) over n values (y may alias x).
+template <class T>
+void exp_elements(T* y, const T* x, std::size_t n);
+
+// y[r, c] += b[c] over y (rows, C), b (C,): the one launcher here that adds into its output.
+template <class T>
+void add_bias(T* y, const T* b, std::size_t rows, std::size_t C);
+
+// db[c] = Σ_r dy[r, c] for dy (rows, C), rows in order; db (C,) is assigned (0 when rows = 0).
+template <class T>
+void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C);
+
+// out (B,H,T,D) = x (B,T,H·D) split into heads, and merge_heads its inverse: out (B,T,H·D) from
+// x (B,H,T,D). out must not alias x.
+template <class T>
+void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H, std::size_t D);
+template <class T>
+void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H, std::size_t D);
+
+// out (H,) [h] = Σ_b Σ_i a[b, h, i] · c[b, h, i] for a, c (B, H, n): one block per head, each
+// thread summing b in order then its strided share of i, then a block reduction (deterministic).
+// out is 0 where B·n = 0.
+template <class T>
+void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H, std::size_t n);
+
 // y = gelu(x) and dx = dy ⊙ gelu'(x), elementwise over n values.
 template <class T>
 void gelu_forward(T* y, const T* x, std::size_t n, bool exact);
@@ -61,7 +96,7 @@ template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                     std::size_t out);
 
-// dx = dy Wᵀ, dw = xᵀ dy, db = Σ_rows dy (skipped when db is null).
+// dx = dy Wᵀ (skipped when dx is null), dw = xᵀ dy, db = Σ_rows dy (skipped when db is null).
 template <class T>
 void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
                      std::size_t in, std::size_t out);
@@ -79,6 +114,13 @@ void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits, co
 template <class T>
 void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
                   const cuda_math::AdamWScalars<T>& scalars);
+
+// One SGD step over n values (attnlab/optim/sgd.hpp, torch.optim.SGD with dampening 0), in place:
+// g = grad + wd·p; buf = g on the first step, else momentum·buf + g; p −= lr·buf. buf (n,) is null
+// when momentum is 0 (then p −= lr·g).
+template <class T>
+void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
+                bool first_step);
 
 // The scalars of AdamW step t (1-based) for these options, formed in double as the CPU op does.
 template <class T>
