@@ -1,6 +1,7 @@
 // The training-step CUDA kernels (lib/cuda/train_kernels.cuh) run on the CPU under the emulator of
 // the CUDA thread model (tests/cuda_emulator.hpp), against the CPU ops: embedding, LayerNorm,
-// RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW and the sum of squares.
+// RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW, SGD, the sum of squares,
+// and the glue of a device-resident model (add, scale, exp, head split/merge, per-head dot).
 // Outputs start NaN-filled so that an element a kernel skipped shows. Runs on every machine.
 #include <doctest/doctest.h>
 
@@ -19,6 +20,7 @@
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/clip.hpp"
+#include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "helpers.hpp"
 
@@ -220,4 +222,91 @@ TEST_CASE("cuda train kernels (CPU emulation): the sum of squares gives attnlab'
   emu::launch(tk::sum_partials_kernel<double>, dim3(1), dim3(64), 0, out.data(),
               static_cast<const double*>(partial.data()), std::size_t{4});
   CHECK(std::sqrt(out[0]) == doctest::Approx(norm).epsilon(1e-12));
+}
+
+TEST_CASE("cuda train kernels (CPU emulation): add, scale and exp, elementwise") {
+  Rng rng(15);
+  const std::size_t n = 300;  // 2 blocks of 64 threads: the grid-stride loop covers the rest
+  const auto a = randn<float, 1>({n}, rng, 2.0);
+  const auto b = randn<float, 1>({n}, rng);
+  auto y = nan_vector<float>(n);
+  emu::launch(tk::add_kernel<float>, dim3(2), dim3(64), 0, y.data(), a.data(), b.data(), n);
+  for (std::size_t i = 0; i < n; ++i) CHECK(y[i] == a(i) + b(i));
+  std::vector<float> x(a.begin(), a.end());  // y aliasing an input: in place
+  emu::launch(tk::add_kernel<float>, dim3(2), dim3(64), 0, x.data(),
+              static_cast<const float*>(x.data()), b.data(), n);
+  CHECK(x == y);
+  emu::launch(tk::scale_by_value_kernel<float>, dim3(2), dim3(64), 0, x.data(), -0.375f, n);
+  for (std::size_t i = 0; i < n; ++i) CHECK(x[i] == y[i] * -0.375f);
+  auto e = nan_vector<float>(n);
+  emu::launch(tk::exp_kernel<float>, dim3(2), dim3(64), 0, e.data(), a.data(), n);
+  for (std::size_t i = 0; i < n; ++i) CHECK(e[i] == std::exp(a(i)));
+}
+
+TEST_CASE("cuda train kernels (CPU emulation): heads split, merge and per-head dot") {
+  const std::size_t B = 2, T = 3, H = 4, D = 5;
+  Rng rng(17);
+  const auto x = randn<double, 3>({B, T, H * D}, rng);  // (B, T, H·D)
+  auto heads = nan_vector<double>(B * H * T * D), back = nan_vector<double>(B * T * H * D);
+  emu::launch(tk::permute_heads_kernel<double>, dim3(2), dim3(64), 0, heads.data(), x.data(), B, T,
+              H, D, true);
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t t = 0; t < T; ++t) {
+        for (std::size_t d = 0; d < D; ++d) {
+          CHECK(heads[((b * H + h) * T + t) * D + d] == x(b, t, h * D + d));  // (B, H, T, D)
+        }
+      }
+    }
+  }
+  emu::launch(tk::permute_heads_kernel<double>, dim3(1), dim3(64), 0, back.data(),
+              static_cast<const double*>(heads.data()), B, T, H, D, false);
+  CHECK(std::equal(back.begin(), back.end(), x.begin()));
+
+  // out[h] = Σ_b Σ_i a[b, h, i] c[b, h, i], n = 70 > 64 threads
+  const std::size_t n = 70;
+  const auto a = randn<double, 3>({B, H, n}, rng);
+  const auto c = randn<double, 3>({B, H, n}, rng);
+  auto out = nan_vector<double>(H);
+  emu::launch(tk::head_dot_kernel<double>, dim3(H), dim3(64), 0, out.data(), a.data(), c.data(), B,
+              H, n);
+  for (std::size_t h = 0; h < H; ++h) {
+    double expected = 0;
+    for (std::size_t b = 0; b < B; ++b) {
+      for (std::size_t i = 0; i < n; ++i) expected += a(b, h, i) * c(b, h, i);
+    }
+    CHECK(out[h] == doctest::Approx(expected).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("cuda train kernels (CPU emulation): SGD steps match attnlab::SGD") {
+  struct Case {
+    double momentum, weight_decay;
+  };
+  for (const Case o : {Case{0, 0}, Case{0, 0.1}, Case{0.9, 0}, Case{0.9, 0.05}}) {
+    CAPTURE(o.momentum);
+    CAPTURE(o.weight_decay);
+    Rng rng(19);
+    const std::size_t n = 150;
+    Parameter<float> p{xt::xarray<float>(randn<float, 1>({n}, rng)), xt::zeros<float>({n})};
+    std::vector<float> param(p.value.begin(), p.value.end());
+    std::vector<float> buf = nan_vector<float>(n);  // assigned on the first step
+    SgdOptions options;
+    options.lr = 0.1;
+    options.momentum = o.momentum;
+    options.weight_decay = o.weight_decay;
+    SGD<float> opt({{"w", &p}}, options);
+    for (std::size_t t = 1; t <= 4; ++t) {
+      p.grad = randn<float, 1>({n}, rng);
+      const std::vector<float> g(p.grad.begin(), p.grad.end());
+      opt.step();
+      emu::launch(tk::sgd_kernel<float>, dim3(2), dim3(64), 0, param.data(),
+                  o.momentum != 0 ? buf.data() : static_cast<float*>(nullptr), g.data(), n,
+                  static_cast<float>(options.lr), static_cast<float>(options.momentum),
+                  static_cast<float>(options.weight_decay), t == 1);
+      CAPTURE(t);
+      // The same float operations in the same order: bitwise equal.
+      CHECK(std::equal(param.begin(), param.end(), p.value.begin()));
+    }
+  }
 }

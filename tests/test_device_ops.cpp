@@ -1,0 +1,503 @@
+// Every DeviceOps operation (attnlab/device_ops.hpp) against the CPU ops, for both implementations:
+// the emulated one (the CUDA kernel sources on the CPU, tests/emulated_device_ops.hpp) on every
+// machine, and the CUDA one (cuda_device_ops) where a device exists; without one those cases are
+// reported as skipped. Outputs start as NaN so that an element an operation never wrote shows.
+// Inputs are rounded to T first, so the double CPU reference sees exactly the device's inputs.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+
+#include "attnlab/cuda.hpp"
+#include "attnlab/device_ops.hpp"
+#include "attnlab/nn/parameter.hpp"
+#include "attnlab/ops/attention.hpp"
+#include "attnlab/ops/cross_entropy.hpp"
+#include "attnlab/ops/embedding.hpp"
+#include "attnlab/ops/gelu.hpp"
+#include "attnlab/ops/layernorm.hpp"
+#include "attnlab/ops/linear.hpp"
+#include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/optim/adamw.hpp"
+#include "attnlab/optim/sgd.hpp"
+#include "attnlab/random.hpp"
+#include "cuda_helpers.hpp"
+#include "emulated_device_ops.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+// `n` elements of E in the memory of `ops`, released on destruction.
+template <class E, class T>
+class DeviceVector {
+ public:
+  // Filled with NaN (E floating) or 0xFF bytes.
+  DeviceVector(DeviceOps<T>& ops, std::size_t n) : ops_(ops), n_(n) {
+    data_ = static_cast<E*>(ops_.allocate(n * sizeof(E)));
+    std::vector<E> poison(n);
+    std::memset(poison.data(), 0xFF, n * sizeof(E));
+    ops_.upload(data_, poison.data(), n * sizeof(E));
+  }
+  DeviceVector(DeviceOps<T>& ops, const std::vector<E>& host) : ops_(ops), n_(host.size()) {
+    data_ = static_cast<E*>(ops_.allocate(n_ * sizeof(E)));
+    ops_.upload(data_, host.data(), n_ * sizeof(E));
+  }
+  ~DeviceVector() { ops_.release(data_); }
+  DeviceVector(const DeviceVector&) = delete;
+  DeviceVector& operator=(const DeviceVector&) = delete;
+
+  E* get() const { return data_; }
+  std::vector<E> host() const {
+    std::vector<E> h(n_);
+    ops_.download(h.data(), data_, n_ * sizeof(E));
+    return h;
+  }
+
+ private:
+  DeviceOps<T>& ops_;
+  std::size_t n_;
+  E* data_ = nullptr;
+};
+
+// x rounded to T (in place), and its values as T.
+template <class T, class Tensor>
+std::vector<T> rounded(Tensor& x) {
+  for (auto& v : x) v = static_cast<double>(static_cast<T>(v));
+  return std::vector<T>(x.begin(), x.end());
+}
+
+template <class T, std::size_t N>
+Tensor<double, N> random(const std::array<std::size_t, N>& shape, Rng& rng, double std = 1.0) {
+  auto x = randn<double, N>(shape, rng, std);
+  rounded<T>(x);
+  return x;
+}
+
+template <class T, class Tensor>
+std::vector<T> values(const Tensor& x) {
+  return std::vector<T>(x.begin(), x.end());
+}
+
+// ---- the checks, one per group of operations ----------------------------------------------------
+
+template <class T>
+void check_memory(DeviceOps<T>& ops) {
+  CHECK(ops.allocate(0) == nullptr);
+  ops.release(nullptr);
+  const std::vector<T> host = {1, -2, 3.5, 4};
+  DeviceVector<T, T> a(ops, host), b(ops, 4);
+  ops.copy(b.get(), a.get(), 4 * sizeof(T));
+  CHECK(b.host() == host);
+  ops.zero(a.get() + 1, 2 * sizeof(T));
+  CHECK(a.host() == std::vector<T>{1, 0, 0, 4});
+  ops.synchronize();
+}
+
+template <class T>
+void check_elementwise(DeviceOps<T>& ops, double tol) {
+  Rng rng(1);
+  const std::size_t rows = 7, C = 45, n = rows * C;  // n > 256: more than one GPU block
+  const auto a = random<T, 2>({rows, C}, rng), b = random<T, 2>({rows, C}, rng);
+  const auto bias = random<T, 1>({C}, rng);
+  DeviceVector<T, T> da(ops, values<T>(a)), db(ops, values<T>(b)), y(ops, n),
+      dbias(ops, values<T>(bias));
+  ops.add(y.get(), da.get(), db.get(), n);
+  CHECK(test::rel_error(y.host(), Tensor2<double>(a + b)) < tol);
+  ops.add(da.get(), da.get(), db.get(), n);  // in place
+  CHECK(da.host() == y.host());
+  ops.scale(y.get(), T(-0.75), n);
+  CHECK(test::rel_error(y.host(), Tensor2<double>(-0.75 * (a + b))) < tol);
+  ops.exp(y.get(), db.get(), n);
+  CHECK(test::rel_error(y.host(), Tensor2<double>(xt::exp(b))) < tol);
+
+  ops.copy(y.get(), db.get(), n * sizeof(T));
+  ops.add_bias(y.get(), dbias.get(), rows, C);  // adds
+  Tensor2<double> expected = b;
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < C; ++c) expected(r, c) += bias(c);
+  }
+  CHECK(test::rel_error(y.host(), expected) < tol);
+  DeviceVector<T, T> sums(ops, C);
+  ops.column_sum(sums.get(), db.get(), rows, C);
+  Tensor1<double> column_sums = xt::zeros<double>({C});
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < C; ++c) column_sums(c) += b(r, c);
+  }
+  CHECK(test::rel_error(sums.host(), column_sums) < tol);
+}
+
+template <class T>
+void check_heads(DeviceOps<T>& ops, double tol) {
+  const std::size_t B = 2, Tn = 5, H = 3, D = 4, n = 9;
+  Rng rng(2);
+  const auto x = random<T, 3>({B, Tn, H * D}, rng);
+  DeviceVector<T, T> dx(ops, values<T>(x)), heads(ops, B * H * Tn * D), back(ops, x.size());
+  ops.split_heads(heads.get(), dx.get(), B, Tn, H, D);
+  const auto split = heads.host();
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t t = 0; t < Tn; ++t) {
+        for (std::size_t d = 0; d < D; ++d) {
+          REQUIRE(split[((b * H + h) * Tn + t) * D + d] == static_cast<T>(x(b, t, h * D + d)));
+        }
+      }
+    }
+  }
+  ops.merge_heads(back.get(), heads.get(), B, Tn, H, D);
+  CHECK(back.host() == values<T>(x));
+
+  const auto a = random<T, 3>({B, H, n}, rng), c = random<T, 3>({B, H, n}, rng);
+  DeviceVector<T, T> da(ops, values<T>(a)), dc(ops, values<T>(c)), out(ops, H);
+  ops.head_dot(out.get(), da.get(), dc.get(), B, H, n);
+  Tensor1<double> expected = xt::zeros<double>({H});
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t i = 0; i < n; ++i) expected(h) += a(b, h, i) * c(b, h, i);
+    }
+  }
+  CHECK(test::rel_error(out.host(), expected) < tol);
+}
+
+template <class T>
+void check_layers(DeviceOps<T>& ops, double tol) {
+  const std::size_t B = 2, Tn = 5, C = 12, V = 11, rows = B * Tn, hidden = 7;
+  Rng rng(3);
+
+  {
+    INFO("embedding");
+    const TokenIds ids = {{0, 3, 3, kNoToken, 10}, {2, 3, 0, 0, kNoToken}};  // id 1 unused
+    const auto table = random<T, 2>({V, C}, rng);
+    const auto dy = random<T, 3>({B, Tn, C}, rng);
+    EmbeddingCache cache;
+    const auto y_cpu = embedding_forward(cache, ids, table);
+    const auto dtable_cpu = embedding_backward(dy, cache);
+    DeviceVector<int, T> dids(ops, std::vector<int>(ids.begin(), ids.end()));
+    DeviceVector<T, T> dtable(ops, values<T>(table)), ddy(ops, values<T>(dy)), y(ops, rows * C),
+        grad(ops, V * C);
+    ops.embedding_forward(y.get(), dids.get(), dtable.get(), rows, C);
+    ops.embedding_backward(grad.get(), ddy.get(), dids.get(), rows, V, C);
+    CHECK(test::rel_error(y.host(), y_cpu) == 0.0);
+    CHECK(test::rel_error(grad.host(), dtable_cpu) < tol);
+  }
+  const auto x = random<T, 2>({rows, C}, rng, 2.0);
+  const auto dy = random<T, 2>({rows, C}, rng);
+  const auto gamma = random<T, 1>({C}, rng), beta = random<T, 1>({C}, rng);
+  DeviceVector<T, T> dx_in(ops, values<T>(x)), ddy(ops, values<T>(dy)),
+      dgamma_in(ops, values<T>(gamma)), dbeta_in(ops, values<T>(beta));
+  {
+    INFO("layernorm");
+    LayerNormCache<double, 2> cache;
+    const auto y_cpu = layernorm_forward(cache, x, gamma, beta, kLayerNormEps);
+    const auto g = layernorm_backward(dy, cache, gamma);
+    DeviceVector<T, T> y(ops, rows * C), mean(ops, rows), rstd(ops, rows), dx(ops, rows * C),
+        dgamma(ops, C), dbeta(ops, C);
+    ops.layernorm_forward(y.get(), mean.get(), rstd.get(), dx_in.get(), dgamma_in.get(),
+                          dbeta_in.get(), rows, C, T(kLayerNormEps));
+    ops.layernorm_backward(dx.get(), dgamma.get(), dbeta.get(), ddy.get(), dx_in.get(), mean.get(),
+                           rstd.get(), dgamma_in.get(), rows, C);
+    CHECK(test::rel_error(y.host(), y_cpu) < tol);
+    CHECK(test::rel_error(rstd.host(), cache.rstd) < tol);
+    CHECK(test::rel_error(dx.host(), g.dx) < tol);
+    CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
+    CHECK(test::rel_error(dbeta.host(), g.dbeta) < tol);
+  }
+  {
+    INFO("rmsnorm");
+    RmsNormCache<double, 2> cache;
+    const auto y_cpu = rmsnorm_forward(cache, x, gamma, kLayerNormEps);
+    const auto g = rmsnorm_backward(dy, cache, gamma);
+    DeviceVector<T, T> y(ops, rows * C), rstd(ops, rows), dx(ops, rows * C), dgamma(ops, C);
+    ops.rmsnorm_forward(y.get(), rstd.get(), dx_in.get(), dgamma_in.get(), rows, C,
+                        T(kLayerNormEps));
+    ops.rmsnorm_backward(dx.get(), dgamma.get(), ddy.get(), dx_in.get(), rstd.get(),
+                         dgamma_in.get(), rows, C);
+    CHECK(test::rel_error(y.host(), y_cpu) < tol);
+    CHECK(test::rel_error(rstd.host(), cache.rstd) < tol);
+    CHECK(test::rel_error(dx.host(), g.dx) < tol);
+    CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
+  }
+  {
+    INFO("gelu");
+    for (bool exact : {false, true}) {
+      CAPTURE(exact);
+      GeluCache<double, 2> cache;
+      const auto y_cpu =
+          gelu_forward(cache, x, exact ? GeluApproximation::exact : GeluApproximation::tanh);
+      const auto dx_cpu = gelu_backward(dy, cache);
+      DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
+      ops.gelu_forward(y.get(), dx_in.get(), rows * C, exact);
+      ops.gelu_backward(dx.get(), ddy.get(), dx_in.get(), rows * C, exact);
+      CHECK(test::rel_error(y.host(), y_cpu) < tol);
+      CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
+    }
+  }
+  {
+    INFO("linear");
+    const auto w = random<T, 2>({C, hidden}, rng);
+    const Tensor1<double> b = random<T, 1>({hidden}, rng);
+    const auto dyl = random<T, 2>({rows, hidden}, rng);
+    DeviceVector<T, T> dw_in(ops, values<T>(w)), db_in(ops, values<T>(b)),
+        ddyl(ops, values<T>(dyl)), y(ops, rows * hidden), dx(ops, rows * C), dw(ops, C * hidden),
+        db(ops, hidden);
+    for (bool with_bias : {false, true}) {
+      CAPTURE(with_bias);
+      LinearCache<double, 2> cache;
+      const auto y_cpu = linear_forward(cache, x, w, with_bias ? &b : nullptr);
+      const auto g = linear_backward(dyl, cache, w, with_bias);
+      ops.linear_forward(y.get(), dx_in.get(), dw_in.get(), with_bias ? db_in.get() : nullptr, rows,
+                         C, hidden);
+      ops.linear_backward(dx.get(), dw.get(), with_bias ? db.get() : nullptr, ddyl.get(),
+                          dx_in.get(), dw_in.get(), rows, C, hidden);
+      CHECK(test::rel_error(y.host(), y_cpu) < tol);
+      CHECK(test::rel_error(dx.host(), g.dx) < tol);
+      CHECK(test::rel_error(dw.host(), g.dw) < tol);
+      if (with_bias) CHECK(test::rel_error(db.host(), g.db) < tol);
+    }
+    // dx null: skipped (the first layer has no input gradient); dW still assigned.
+    DeviceVector<T, T> dw2(ops, C * hidden);
+    ops.linear_backward(nullptr, dw2.get(), nullptr, ddyl.get(), dx_in.get(), dw_in.get(), rows, C,
+                        hidden);
+    CHECK(dw2.host() == dw.host());
+  }
+  {
+    INFO("softmax cross-entropy");
+    const auto logits = random<T, 2>({rows, V}, rng, 3.0);
+    const xt::xtensor<int, 1> targets = {3, kIgnoreIndex, 5, 10, 0, kIgnoreIndex, 1, 2, 2, 7};
+    const auto result = softmax_cross_entropy(logits, targets);
+    DeviceVector<T, T> dlogits_in(ops, values<T>(logits)), loss(ops, 1), dlogits(ops, rows * V),
+        row_loss(ops, rows);
+    DeviceVector<int, T> dtargets(ops, std::vector<int>(targets.begin(), targets.end()));
+    ops.softmax_cross_entropy(loss.get(), dlogits.get(), row_loss.get(), dlogits_in.get(),
+                              dtargets.get(), rows, V, kIgnoreIndex);
+    CHECK(loss.host()[0] == doctest::Approx(result.loss).epsilon(tol));
+    CHECK(test::rel_error(dlogits.host(), result.dlogits) < tol);
+  }
+}
+
+// Batch 0 hides every third key; batch 1 hides key 0, so that with causal its query 0 sees nothing
+// (an empty row: zeros).
+KeyMask attention_mask(std::size_t B, std::size_t Tk) {
+  KeyMask mask = xt::ones<bool>({B, Tk});
+  for (std::size_t j = 0; j < Tk; ++j) {
+    if (j % 3 == 2) mask(0, j) = false;
+  }
+  mask(1, 0) = false;
+  return mask;
+}
+
+template <class T>
+void check_attention(DeviceOps<T>& ops, double tol) {
+  const std::size_t B = 2, H = 2, Tq = 6, Tk = 6, D = 4, Dv = 3;
+  Rng rng(4);
+  const auto q = random<T, 4>({B, H, Tq, D}, rng), k = random<T, 4>({B, H, Tk, D}, rng);
+  const auto v = random<T, 4>({B, H, Tk, Dv}, rng), dout = random<T, 4>({B, H, Tq, Dv}, rng);
+  const KeyMask mask = attention_mask(B, Tk);
+  const std::vector<T> head_scale = {T(0.3), T(0.8)};
+
+  SdpaOptions options;
+  options.causal = true;
+  options.head_scale = {static_cast<double>(head_scale[0]), static_cast<double>(head_scale[1])};
+  options.path = SdpaPath::reference;
+  SdpaCache<double> cache;
+  const auto out_cpu = sdpa_forward(cache, q, k, v, options, &mask);
+  const auto g = sdpa_backward(dout, cache, q, k, v);
+
+  DeviceVector<T, T> dq_in(ops, values<T>(q)), dk_in(ops, values<T>(k)), dv_in(ops, values<T>(v)),
+      ddout(ops, values<T>(dout)), dscale(ops, head_scale);
+  DeviceVector<unsigned char, T> dmask(ops, std::vector<unsigned char>(mask.begin(), mask.end()));
+  cuda::SdpaDeviceArgs<T> a;
+  a.B = B, a.H = H, a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv;
+  a.q = dq_in.get(), a.k = dk_in.get(), a.v = dv_in.get(), a.scale = dscale.get();
+  a.key_mask = dmask.get();
+  a.causal = true;
+
+  DeviceVector<T, T> out(ops, B * H * Tq * Dv), dq(ops, q.size()), dk(ops, k.size()),
+      dv(ops, v.size());
+  const auto check_outputs = [&] {
+    const auto out_host = out.host();
+    CHECK(test::rel_error(out_host, out_cpu) < tol);
+    CHECK(test::rel_error(dq.host(), g.dq) < tol);
+    CHECK(test::rel_error(dk.host(), g.dk) < tol);
+    CHECK(test::rel_error(dv.host(), g.dv) < tol);
+    for (std::size_t c = 0; c < Dv; ++c) CHECK(out_host[(1 * H + 0) * Tq * Dv + c] == T(0));
+  };
+  {
+    INFO("reference");
+    DeviceVector<T, T> p(ops, B * H * Tq * Tk), ds(ops, B * H * Tq * Tk);
+    ops.sdpa_reference_forward(out.get(), p.get(), a);
+    ops.sdpa_reference_backward(dq.get(), dk.get(), dv.get(), ds.get(), ddout.get(), p.get(), a);
+    CHECK(test::rel_error(p.host(), cache.p) < tol);
+    check_outputs();
+  }
+  {
+    INFO("fused");
+    ops.check_fused(D, Dv);
+    CHECK_THROWS_AS(ops.check_fused(100000, 4), std::invalid_argument);
+    DeviceVector<T, T> lse(ops, B * H * Tq), row_dot(ops, B * H * Tq);
+    ops.sdpa_fused_forward(out.get(), lse.get(), a);
+    ops.sdpa_fused_backward(dq.get(), dk.get(), dv.get(), row_dot.get(), ddout.get(), out.get(),
+                            lse.get(), a);
+    // lse of each row from the CPU weights' definition: log Σ_visible exp(s_h · q·k).
+    const auto lse_host = lse.host();
+    for (std::size_t b = 0; b < B; ++b) {
+      for (std::size_t h = 0; h < H; ++h) {
+        for (std::size_t i = 0; i < Tq; ++i) {
+          double m = -std::numeric_limits<double>::infinity();
+          std::vector<double> s;
+          for (std::size_t j = 0; j <= i && j < Tk; ++j) {
+            if (!mask(b, j)) continue;
+            double dot = 0;
+            for (std::size_t d = 0; d < D; ++d) dot += q(b, h, i, d) * k(b, h, j, d);
+            s.push_back(options.head_scale[h] * dot);
+            m = std::max(m, s.back());
+          }
+          const T got = lse_host[(b * H + h) * Tq + i];
+          if (s.empty()) {
+            CHECK(got == -std::numeric_limits<T>::infinity());
+          } else {
+            double sum = 0;
+            for (double x : s) sum += std::exp(x - m);
+            CHECK(got == doctest::Approx(m + std::log(sum)).epsilon(tol));
+          }
+        }
+      }
+    }
+    check_outputs();
+  }
+}
+
+template <class T>
+void check_optimizers(DeviceOps<T>& ops, double tol) {
+  Rng rng(5);
+  const std::size_t n = 300;
+  {
+    INFO("adamw");
+    Parameter<double> p{xt::xarray<double>(random<T, 1>({n}, rng)), xt::zeros<double>({n})};
+    DeviceVector<T, T> param(ops, values<T>(p.value)), m(ops, n), v(ops, n), grad(ops, n);
+    ops.zero(m.get(), n * sizeof(T));
+    ops.zero(v.get(), n * sizeof(T));
+    AdamWOptions o;
+    o.lr = 3e-2;
+    o.weight_decay = 0.1;
+    AdamW<double> opt({{"w", &p}}, o);
+    for (std::size_t t = 1; t <= 3; ++t) {
+      p.grad = random<T, 1>({n}, rng);
+      ops.upload(grad.get(), values<T>(p.grad).data(), n * sizeof(T));
+      opt.step();
+      ops.adamw_update(param.get(), m.get(), v.get(), grad.get(), n,
+                       cuda::adamw_scalars<T>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
+      CAPTURE(t);
+      CHECK(test::rel_error(param.host(), p.value) < tol);
+    }
+  }
+  {
+    INFO("sgd");
+    for (const double momentum : {0.0, 0.9}) {
+      CAPTURE(momentum);
+      Parameter<double> p{xt::xarray<double>(random<T, 1>({n}, rng)), xt::zeros<double>({n})};
+      DeviceVector<T, T> param(ops, values<T>(p.value)), buf(ops, n), grad(ops, n);
+      SgdOptions o;
+      o.lr = 0.1;
+      o.momentum = momentum;
+      o.weight_decay = 0.05;
+      SGD<double> opt({{"w", &p}}, o);
+      for (std::size_t t = 1; t <= 3; ++t) {
+        p.grad = random<T, 1>({n}, rng);
+        ops.upload(grad.get(), values<T>(p.grad).data(), n * sizeof(T));
+        opt.step();
+        ops.sgd_update(param.get(), momentum != 0 ? buf.get() : nullptr, grad.get(), n, T(o.lr),
+                       T(o.momentum), T(o.weight_decay), t == 1);
+        CAPTURE(t);
+        CHECK(test::rel_error(param.host(), p.value) < tol);
+      }
+    }
+  }
+  {
+    INFO("sum of squares");
+    const auto x = random<T, 1>({n}, rng);
+    DeviceVector<T, T> dx(ops, values<T>(x));
+    DeviceVector<double, T> out(ops, 1), partial(ops, ops.sum_of_squares_scratch());
+    ops.sum_of_squares(out.get(), partial.get(), dx.get(), n);
+    double expected = 0;
+    for (double value : x) expected += value * value;
+    CHECK(out.host()[0] == doctest::Approx(expected).epsilon(1e-12));
+  }
+}
+
+template <class T>
+void check_all(DeviceOps<T>& ops, double tol) {
+  CAPTURE(ops.name());
+  check_memory(ops);
+  check_elementwise(ops, tol);
+  check_heads(ops, tol);
+  check_layers(ops, tol);
+  check_attention(ops, tol);
+  check_optimizers(ops, tol);
+  ops.synchronize();
+}
+
+constexpr double kDoubleTol = 1e-12;
+constexpr double kFloatTol = 1e-5;
+
+}  // namespace
+
+TEST_CASE("device ops (emulated): every operation matches the CPU op, in double") {
+  test::EmulatedDeviceOps<double> ops;
+  CHECK(ops.name() == "emulated (CPU)");
+  check_all(ops, kDoubleTol);
+  CHECK(ops.live_allocations() == 0);
+}
+
+TEST_CASE("device ops (emulated): every operation matches the CPU op, in float") {
+  test::EmulatedDeviceOps<float> ops;
+  check_all(ops, kFloatTol);
+  CHECK(ops.live_allocations() == 0);
+}
+
+TEST_CASE("device ops (emulated): allocations are NaN-filled and counted until released") {
+  test::EmulatedDeviceOps<double> ops;
+  void* p = ops.allocate(3 * sizeof(double));
+  CHECK(ops.live_allocations() == 1);
+  double host[3];
+  ops.download(host, p, sizeof(host));
+  for (double x : host) CHECK(std::isnan(x));
+  ops.release(p);
+  CHECK(ops.live_allocations() == 0);
+}
+
+TEST_CASE("device ops (cuda): every operation matches the CPU op") {
+  if (!test::cuda_device_or_skip()) return;
+  CHECK(cuda_device_ops<double>().name().rfind("cuda: ", 0) == 0);
+  check_all(cuda_device_ops<double>(), kDoubleTol);
+  check_all(cuda_device_ops<float>(), kFloatTol);
+}
+
+TEST_CASE("device ops (cuda): cuda_device_ops without a device throws CudaError saying why") {
+  if (cuda_available()) {
+    CHECK_NOTHROW(cuda_device_ops<float>());
+    return;
+  }
+  std::string message;
+  try {
+    cuda_device_ops<float>();
+  } catch (const CudaError& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("cuda_device_ops") != std::string::npos);
+  if (cuda_built()) {
+    CHECK(message.find("no CUDA device") != std::string::npos);
+  } else {
+    CHECK(message.find("built without CUDA") != std::string::npos);
+  }
+  CHECK_THROWS_AS(cuda_device_ops<double>(), CudaError);
+}
