@@ -6,7 +6,7 @@
 //     instructions, so a launch costs microseconds, where one std::thread per CUDA thread cost
 //     milliseconds (thread creation, and a futex round trip per thread at every barrier);
 //   - __syncthreads is a barrier over the block, __shfl_xor_sync a lane exchange through a buffer
-//     between two barriers of the warp's 32 threads; a barrier that can never complete (threads
+//     and a barrier of the warp's 32 threads; a barrier that can never complete (threads
 //     that took different paths) aborts with a message instead of hanging;
 //   - shared memory is one buffer per block, filled with 0xFF bytes (NaN for float and double) so
 //     that a kernel reading shared memory it never wrote produces NaN.
@@ -90,10 +90,10 @@ struct SharedMemory {
 struct Block : SharedMemory {
   std::barrier<> barrier;
   std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
-  std::vector<double> exchange;  // one 8-byte slot per thread for shuffles
+  std::vector<double> exchange;  // two 8-byte slots per thread for shuffles (see shfl_xor)
 
   Block(unsigned threads, std::size_t dynamic_bytes)
-      : SharedMemory(dynamic_bytes), barrier(threads), exchange(threads) {
+      : SharedMemory(dynamic_bytes), barrier(threads), exchange(2 * std::size_t{threads}) {
     for (unsigned w = 0; w < (threads + kWarp - 1) / kWarp; ++w) {
       warp_barriers.push_back(std::make_unique<std::barrier<>>(kWarp));
     }
@@ -104,8 +104,12 @@ struct Block : SharedMemory {
 
 inline thread_local Block* current_block = nullptr;
 inline thread_local std::size_t static_shared_used = 0;
+inline thread_local std::size_t shuffle_count = 0;
 inline std::size_t& shared_used() {
   return static_shared_used;
+}
+inline std::size_t& shuffles() {
+  return shuffle_count;
 }
 
 // kernel<<<grid, block, dynamic_bytes>>>(args...), synchronously. One std::thread per CUDA thread
@@ -126,6 +130,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
         for (unsigned bx = 0; bx < grid.x; ++bx) {
           blockIdx = dim3(bx, by);
           static_shared_used = 0;
+          shuffle_count = 0;
           kernel(args...);
           // The next block starts with fresh (NaN-filled) shared memory.
           state.barrier.arrive_and_wait();
@@ -202,6 +207,7 @@ struct Fiber {
   void* sp = nullptr;
   unsigned thread = 0;
   std::size_t shared_used = 0;
+  std::size_t shuffles = 0;
   const FiberBarrier* waiting = nullptr;  // null: runnable
   std::size_t waiting_phase = 0;
   bool done = false;
@@ -241,31 +247,44 @@ struct Scheduler {
     frame[8] = reinterpret_cast<std::uint64_t>(&fiber_start);  // return address
     f.sp = frame;
     f.shared_used = 0;
+    f.shuffles = 0;
     f.waiting = nullptr;
     f.done = false;
   }
 
+  unsigned threads = 0;  // of the block being run
+
+  bool runnable(const Fiber& f) const {
+    return !f.done && (f.waiting == nullptr || f.waiting->phase != f.waiting_phase);
+  }
+
+  // Leaves the running fiber (or the scheduler), saving its stack pointer in *save: switches to the
+  // next runnable fiber after `from` in thread order, or back to the scheduler when none is left.
+  // Fibers hand over to each other directly; the scheduler only starts and ends blocks.
+  void switch_from(void** save, unsigned from) {
+    for (unsigned step = 1; step <= threads; ++step) {
+      const unsigned t = (from + step) % threads;
+      Fiber& f = *fibers[t];
+      if (!runnable(f)) continue;
+      f.waiting = nullptr;
+      current = &f;
+      threadIdx = dim3(t);
+      switch_stack(save, f.sp);
+      return;
+    }
+    current = nullptr;
+    switch_stack(save, scheduler_sp);
+  }
+
   // Runs one block: every fiber from the start of the kernel to its end.
-  void run_block(unsigned threads) {
+  void run_block() {
     for (unsigned t = 0; t < threads; ++t) {
       fibers[t]->thread = t;
       reset(*fibers[t]);
     }
-    unsigned finished = 0;
-    while (finished < threads) {
-      bool progressed = false;
-      for (unsigned t = 0; t < threads; ++t) {
-        Fiber& f = *fibers[t];
-        if (f.done || (f.waiting && f.waiting->phase == f.waiting_phase)) continue;
-        f.waiting = nullptr;
-        current = &f;
-        threadIdx = dim3(t);
-        switch_stack(&scheduler_sp, f.sp);
-        current = nullptr;
-        progressed = true;
-        if (f.done) ++finished;
-      }
-      if (!progressed) {
+    switch_from(&scheduler_sp, threads - 1);  // back here once no fiber can run
+    for (unsigned t = 0; t < threads; ++t) {
+      if (!fibers[t]->done) {
         fail(
             "deadlock: threads of a block wait at barriers that can never complete (a "
             "__syncthreads or shuffle not reached by every thread)");
@@ -273,7 +292,7 @@ struct Scheduler {
     }
   }
 
-  // Called on a fiber: arrive at `barrier`; switch back to the scheduler unless this arrival
+  // Called on a fiber: arrive at `barrier`; hand over to another fiber unless this arrival
   // completes it.
   void arrive_and_wait(FiberBarrier& barrier) {
     Fiber& f = *current;
@@ -284,7 +303,7 @@ struct Scheduler {
     }
     f.waiting = &barrier;
     f.waiting_phase = barrier.phase;
-    switch_stack(&f.sp, scheduler_sp);
+    switch_from(&f.sp, f.thread);
   }
 };
 
@@ -293,7 +312,7 @@ inline thread_local Scheduler scheduler;
 inline void fiber_main(Fiber* fiber) {
   scheduler.body(scheduler.body_context);
   fiber->done = true;
-  switch_stack(&fiber->sp, scheduler.scheduler_sp);
+  scheduler.switch_from(&fiber->sp, fiber->thread);
   fail("a finished fiber was resumed");
 }
 
@@ -311,6 +330,9 @@ inline thread_local Block* current_block = nullptr;
 inline std::size_t& shared_used() {
   return scheduler.current->shared_used;
 }
+inline std::size_t& shuffles() {
+  return scheduler.current->shuffles;
+}
 
 // kernel<<<grid, block, dynamic_bytes>>>(args...), synchronously: the blocks of the grid one after
 // another, each as blockDim.x fibers on the calling thread.
@@ -322,7 +344,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
   const unsigned threads = block.x;
   while (s.fibers.size() < threads) s.fibers.push_back(std::make_unique<Fiber>());
   SharedMemory shared(dynamic_bytes);
-  s.exchange.assign(threads, 0.0);
+  s.exchange.assign(2 * std::size_t{threads}, 0.0);
+  s.threads = threads;
   s.block_barrier = FiberBarrier{threads, 0, 0};
   s.warp_barriers.assign((threads + kWarp - 1) / kWarp,
                          FiberBarrier{static_cast<unsigned>(kWarp), 0, 0});
@@ -336,7 +359,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       blockIdx = dim3(bx, by);
-      s.run_block(threads);
+      s.run_block();
       shared.poison();  // the next block starts with fresh (NaN-filled) shared memory
     }
   }
@@ -368,11 +391,14 @@ template <class T>
 T shfl_xor(unsigned /*mask: all lanes take part in attnlab's kernels*/, T value, int lane_mask) {
   static_assert(sizeof(T) <= sizeof(double));
   const unsigned t = threadIdx.x, warp = t / kWarp, lane = t % kWarp;
-  std::memcpy(&current_block->exchange[t], &value, sizeof(T));
+  // Two slots per lane, used by alternate shuffles: a lane writes slot k % 2 at its k-th shuffle
+  // after passing the warp barrier of shuffle k − 1, which no lane reaches before it has read slot
+  // k % 2 at shuffle k − 2. So one barrier per shuffle suffices.
+  double* exchange = current_block->exchange.data() + (shuffles()++ % 2) * blockDim.x;
+  std::memcpy(&exchange[t], &value, sizeof(T));
   current_block->sync_warp(warp);
   T other;
-  std::memcpy(&other, &current_block->exchange[warp * kWarp + (lane ^ lane_mask)], sizeof(T));
-  current_block->sync_warp(warp);  // nobody overwrites a slot before every lane has read it
+  std::memcpy(&other, &exchange[warp * kWarp + (lane ^ lane_mask)], sizeof(T));
   return other;
 }
 

@@ -295,10 +295,11 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
                   momentum, weight_decay, first_step);
     }
   }
-  // partial[0 .. blocks) then their sum; fewer partial blocks than the GPU's kSumBlocks (each
-  // emulated block costs), the same two kernels.
+  // partial[0 .. blocks) then their sum: the same two kernels with fewer partial blocks than the
+  // GPU's kSumBlocks (each emulated block costs), at least 16 values per thread.
   void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) override {
-    const unsigned blocks = std::min<unsigned>(emu_train::kSumBlocks, element_grid(n).x);
+    const auto blocks = static_cast<unsigned>(
+        std::clamp<std::size_t>(cuda_math::tile_count(n, 16 * kBlock), 1, emu_train::kSumBlocks));
     emu::launch(emu_train::sum_of_squares_partial_kernel<T>, dim3(blocks), block(), 0, partial, x,
                 n);
     emu::launch(emu_train::sum_partials_kernel<double>, dim3(1), block(), 0, out,
