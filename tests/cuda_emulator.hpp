@@ -224,7 +224,6 @@ struct Scheduler {
   FiberBarrier block_barrier;
   std::vector<FiberBarrier> warp_barriers;
   std::vector<double> exchange;
-  SharedMemory* shared = nullptr;
 
   // Starts fiber f afresh: its first switch_stack returns into fiber_start.
   void reset(Fiber& f) {
@@ -318,7 +317,6 @@ inline void fiber_main(Fiber* fiber) {
 
 // The state seen by the kernels' shared-memory and barrier hooks.
 struct Block {
-  SharedMemory* shared;
   std::vector<double>& exchange;
   std::vector<double>& dynamic_shared;
   std::vector<double>& static_shared;
@@ -341,6 +339,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
             Args... args) {
   Scheduler& s = scheduler;
   if (s.current != nullptr) fail("launch from inside a kernel");
+  if (block.x == 0) fail("launch with a block of 0 threads");
   const unsigned threads = block.x;
   while (s.fibers.size() < threads) s.fibers.push_back(std::make_unique<Fiber>());
   SharedMemory shared(dynamic_bytes);
@@ -349,7 +348,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
   s.block_barrier = FiberBarrier{threads, 0, 0};
   s.warp_barriers.assign((threads + kWarp - 1) / kWarp,
                          FiberBarrier{static_cast<unsigned>(kWarp), 0, 0});
-  Block state{&shared, s.exchange, shared.dynamic_shared, shared.static_shared};
+  Block state{s.exchange, shared.dynamic_shared, shared.static_shared};
   auto call = [&] { kernel(args...); };
   s.body = [](void* context) { (*static_cast<decltype(call)*>(context))(); };
   s.body_context = &call;
