@@ -1,0 +1,391 @@
+// DeviceTransformer and DeviceOptimizer against the CPU Transformer and optimizers.
+//
+// On every machine they run on the emulated device (tests/emulated_device_ops.hpp: the CUDA kernel
+// sources on the CPU, BLAS for the GEMMs), which checks the device model's orchestration (buffers,
+// order of operations, gradient routing) and the kernels' arithmetic; on a machine with a GPU the
+// same checks run once more on the CUDA backend, and are reported as skipped elsewhere.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attnlab/nn/device_transformer.hpp"
+#include "attnlab/ops/cross_entropy.hpp"
+#include "attnlab/optim/adamw.hpp"
+#include "attnlab/optim/clip.hpp"
+#include "attnlab/optim/sgd.hpp"
+#include "attnlab/random.hpp"
+#include "cuda_helpers.hpp"
+#include "emulated_device_ops.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+using test::rel_error;
+
+TransformerConfig small_config() {
+  TransformerConfig c;
+  c.vocab_sizes = {7};
+  c.max_len = 9;
+  c.d_model = 8;
+  c.heads = 2;
+  c.d_ff = 12;
+  c.layers = 2;
+  c.out_vocab = 5;
+  return c;
+}
+
+// Ids in [0, vocab) with a few absent tokens (kNoToken) and targets with ignored positions.
+TokenIds random_ids(std::size_t B, std::size_t T, std::size_t vocab, Rng& rng, bool absent) {
+  TokenIds ids = TokenIds::from_shape({B, T});
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids.data()[i] = static_cast<int>(rng.below(vocab));
+    if (absent && rng.below(6) == 0) ids.data()[i] = kNoToken;
+  }
+  return ids;
+}
+
+TokenIds random_targets(std::size_t B, std::size_t T, std::size_t V, Rng& rng) {
+  TokenIds t = random_ids(B, T, V, rng, false);
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (rng.below(4) == 0) t.data()[i] = kIgnoreIndex;
+  return t;
+}
+
+struct Batch {
+  std::vector<TokenIds> fields;
+  TokenIds targets;
+  KeyMask mask;
+  bool use_mask = false;
+};
+
+Batch random_batch(const TransformerConfig& c, std::size_t B, std::size_t T, Rng& rng,
+                   bool use_mask) {
+  Batch b;
+  for (std::size_t f = 0; f < c.vocab_sizes.size(); ++f)
+    b.fields.push_back(random_ids(B, T, c.vocab_sizes[f], rng, f > 0));
+  b.targets = random_targets(B, T, c.out_vocab, rng);
+  b.use_mask = use_mask;
+  b.mask = KeyMask::from_shape({B, T});
+  for (std::size_t i = 0; i < b.mask.size(); ++i) b.mask.data()[i] = rng.below(4) != 0;
+  for (std::size_t t = 0; t < T; ++t) b.mask(0, t) = false;  // one batch row sees no key
+  return b;
+}
+
+// One forward/loss/backward on the CPU model and on the device model built from it; compares the
+// logits, the loss and every gradient.
+template <class Real>
+void check_step_matches(const TransformerConfig& config, DeviceOps<Real>& ops, bool use_mask,
+                        double tolerance) {
+  Rng rng(11);
+  Transformer<Real> cpu(config, rng);
+  DeviceTransformer<Real> dev(cpu, ops);
+  Rng data(5);
+  const Batch b = random_batch(config, 3, 6, data, use_mask);
+  const KeyMask* mask = use_mask ? &b.mask : nullptr;
+
+  const Tensor3<Real> logits = cpu.forward(b.fields, mask);
+  auto ce = softmax_cross_entropy<Real, 3>(logits, b.targets);
+  cpu.zero_grad();
+  cpu.backward(ce.dlogits);
+
+  dev.forward(b.fields, mask);
+  CHECK(rel_error(dev.logits(), logits) < tolerance);
+  const double loss = dev.loss(b.targets);
+  CHECK(std::abs(loss - static_cast<double>(ce.loss)) <= tolerance * std::abs(ce.loss));
+  dev.backward();
+
+  Rng rng2(11);
+  Transformer<Real> grads(config, rng2);  // same names and shapes, receives the device's grads
+  const ParameterList<Real> mine = grads.parameters();
+  dev.download_gradients(mine);
+  const ParameterList<Real> theirs = cpu.parameters();
+  REQUIRE(mine.size() == theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    INFO("parameter " << theirs[i].name);
+    const double err = rel_error(mine[i].param->grad, theirs[i].param->grad);
+    // k_norm.beta has an exactly zero true gradient (a shift common to all keys cancels).
+    if (theirs[i].name.find("k_norm.beta") != std::string::npos) {
+      for (std::size_t j = 0; j < mine[i].param->grad.size(); ++j) {
+        CHECK(std::abs(mine[i].param->grad.data()[j]) < 50 * tolerance);
+        CHECK(std::abs(theirs[i].param->grad.data()[j]) < 50 * tolerance);
+      }
+    } else {
+      CHECK(err < tolerance);
+    }
+    CHECK(test::all_finite(mine[i].param->grad));
+  }
+  CHECK(std::abs(dev.grad_norm() - grad_norm(theirs)) <= tolerance * grad_norm(theirs));
+  CHECK(std::abs(dev.grad_norm(theirs[0].name) -
+                 std::sqrt(static_cast<double>(
+                     xt::sum(theirs[0].param->grad * theirs[0].param->grad)()))) <=
+        tolerance * dev.grad_norm(theirs[0].name));
+}
+
+template <class Real>
+void check_variants(DeviceOps<Real>& ops, double tolerance) {
+  SUBCASE("pre-LN LayerNorm blocks with MLP, sqrt_dk") {
+    check_step_matches<Real>(small_config(), ops, false, tolerance);
+  }
+  SUBCASE("RMSNorm, attention-only, unscaled, key mask") {
+    auto c = small_config();
+    c.norm = Norm::rmsnorm;
+    c.attn_only = true;
+    c.attention.scaling = Scaling::none;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
+  SUBCASE("no norm, 1/d_k, causal, sinusoidal positions, two fields, d_k != d_v") {
+    auto c = small_config();
+    c.norm = Norm::none;
+    c.attention.scaling = Scaling::dk;
+    c.attention.causal = true;
+    c.positions = PositionEncoding::sinusoidal;
+    c.vocab_sizes = {7, 4};
+    c.d_k = 3;
+    c.d_v = 5;
+    check_step_matches<Real>(c, ops, false, tolerance);
+  }
+  SUBCASE("QK-norm, learnable per-head scale, causal and key mask") {
+    auto c = small_config();
+    c.qk_norm = true;
+    c.learnable_scale = true;
+    c.attention.causal = true;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
+  SUBCASE("fused attention path, explicit scale, no positions") {
+    auto c = small_config();
+    c.attention.path = SdpaPath::fused;
+    c.attention.scale = 0.7;
+    c.positions = PositionEncoding::none;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
+}
+
+// `steps` AdamW (or SGD) steps with clipping on the CPU and on the device from the same weights and
+// batches; returns the per-step losses of both and checks the final weights and optimizer state.
+template <class Real>
+void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss_tol,
+                          double weight_tol) {
+  auto config = small_config();
+  config.vocab_sizes = {6, 3};
+  Rng rng(3);
+  Transformer<Real> cpu(config, rng);
+  DeviceTransformer<Real> dev(cpu, ops);
+  const ParameterList<Real> params = cpu.parameters();
+  std::unique_ptr<Optimizer<Real>> opt;
+  std::unique_ptr<DeviceOptimizer<Real>> dopt;
+  const double base_lr = sgd ? 0.1 : 3e-3;
+  if (sgd) {
+    const SgdOptions o{base_lr, 0.9, 1e-3};
+    opt = std::make_unique<SGD<Real>>(params, o);
+    dopt = std::make_unique<DeviceOptimizer<Real>>(dev, o);
+  } else {
+    const AdamWOptions o{base_lr, 0.9, 0.95, 1e-8, 0.01};
+    opt = std::make_unique<AdamW<Real>>(params, o);
+    dopt = std::make_unique<DeviceOptimizer<Real>>(dev, o);
+  }
+  Rng data(9);
+  double max_loss_diff = 0, first = 0, last = 0;
+  for (int step = 0; step < steps; ++step) {
+    const Batch b = random_batch(config, 4, 8, data, false);
+    // The task: predict the first field's token (learnable, so the loss must fall).
+    TokenIds targets = b.fields[0];
+    for (std::size_t i = 0; i < targets.size(); ++i)
+      targets.data()[i] = targets.data()[i] % static_cast<int>(config.out_vocab);
+    const double lr = base_lr * (1.0 - 0.5 * step / steps);
+    opt->set_lr(lr);
+    dopt->set_lr(lr);
+
+    const Tensor3<Real> logits = cpu.forward(b.fields);
+    auto ce = softmax_cross_entropy<Real, 3>(logits, targets);
+    cpu.zero_grad();
+    cpu.backward(ce.dlogits);
+    const double cpu_norm = clip_grad_norm(params, 1.0);
+    opt->step();
+
+    dev.forward(b.fields);
+    const double loss = dev.loss(targets);
+    dev.backward();
+    const double dev_norm = dev.clip_grad_norm(1.0);
+    dopt->step();
+
+    INFO("step " << step << ": cpu loss " << ce.loss << ", device loss " << loss);
+    CHECK(std::abs(dev_norm - cpu_norm) <= loss_tol * cpu_norm);
+    max_loss_diff = std::max(max_loss_diff, std::abs(loss - static_cast<double>(ce.loss)));
+    if (step == 0) first = loss;
+    last = loss;
+  }
+  MESSAGE(ops.name() << ": " << steps << " steps, loss " << first << " -> " << last
+                     << ", max |device - cpu| loss " << max_loss_diff);
+  CHECK(max_loss_diff <= loss_tol * first);
+  CHECK(last < 0.8 * first);  // it trains
+  CHECK(dopt->step_count() == opt->step_count());
+  Rng rng2(3);
+  Transformer<Real> mirror(config, rng2);
+  const ParameterList<Real> mp = mirror.parameters();
+  dev.download_parameters(mp);
+  for (std::size_t i = 0; i < mp.size(); ++i) {
+    INFO("parameter " << params[i].name);
+    CHECK(rel_error(mp[i].param->value, params[i].param->value) < weight_tol);
+  }
+  const auto mine = dopt->state_tensors();
+  const auto theirs = opt->state_tensors();
+  REQUIRE(mine.size() == theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    INFO("state " << theirs[i].first);
+    CHECK(mine[i].first == theirs[i].first);
+    CHECK(rel_error(mine[i].second, theirs[i].second) < weight_tol * 10);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device transformer (emulated): one step matches the CPU model, double") {
+  test::EmulatedDeviceOps<double> ops;
+  check_variants<double>(ops, 1e-10);
+}
+
+TEST_CASE("device transformer (emulated): one step matches the CPU model, float") {
+  test::EmulatedDeviceOps<float> ops;
+  check_variants<float>(ops, 2e-5);
+}
+
+TEST_CASE("device transformer (emulated): 50 AdamW steps with clipping follow the CPU loss curve") {
+  test::EmulatedDeviceOps<float> ops;
+  check_training_curve<float>(ops, 50, false, 1e-4, 1e-4);
+}
+
+TEST_CASE("device transformer (emulated): SGD with momentum and weight decay, double") {
+  test::EmulatedDeviceOps<double> ops;
+  check_training_curve<double>(ops, 20, true, 1e-10, 1e-10);
+}
+
+TEST_CASE("device transformer (CUDA): one step matches the CPU model") {
+  if (!test::cuda_device_or_skip()) return;
+  check_variants<double>(cuda_device_ops<double>(), 1e-10);
+  check_variants<float>(cuda_device_ops<float>(), 2e-5);
+}
+
+TEST_CASE("device transformer (CUDA): 50 AdamW steps with clipping follow the CPU loss curve") {
+  if (!test::cuda_device_or_skip()) return;
+  check_training_curve<float>(cuda_device_ops<float>(), 50, false, 1e-4, 1e-4);
+  check_training_curve<double>(cuda_device_ops<double>(), 20, true, 1e-10, 1e-10);
+}
+
+TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer state") {
+  test::EmulatedDeviceOps<double> ops;
+  auto config = small_config();
+  Rng rng(1);
+  Transformer<double> cpu(config, rng);
+  const ParameterList<double> params = cpu.parameters();
+  AdamW<double> opt(params, AdamWOptions{});
+  // Some state on the CPU: two steps from random gradients.
+  Rng g(2);
+  for (int s = 0; s < 2; ++s) {
+    for (const auto& p : params) p.param->grad = randn<double, 1>({p.param->value.size()}, g);
+    for (const auto& p : params) p.param->grad.reshape(p.param->value.shape());
+    opt.step();
+  }
+  DeviceTransformer<double> dev(cpu, ops);
+  DeviceOptimizer<double> dopt(dev, AdamWOptions{});
+  dopt.load_state(opt.state_tensors(), opt.step_count());
+  CHECK(dopt.step_count() == 2);
+  const auto back = dopt.state_tensors();
+  const auto orig = opt.state_tensors();
+  REQUIRE(back.size() == orig.size());
+  for (std::size_t i = 0; i < back.size(); ++i) {
+    CHECK(back[i].first == orig[i].first);
+    CHECK(rel_error(back[i].second, orig[i].second) == 0.0);
+  }
+
+  SUBCASE("a bad state is refused before anything is copied") {
+    auto missing = orig;
+    missing.pop_back();
+    CHECK_THROWS_WITH_AS(dopt.load_state(missing, 5), doctest::Contains("missing"),
+                         std::invalid_argument);
+    auto unknown = orig;
+    unknown.back().first = "optim.nope.exp_avg";
+    CHECK_THROWS_WITH_AS(dopt.load_state(unknown, 5), doctest::Contains("optim.nope.exp_avg"),
+                         std::invalid_argument);
+    auto shaped = orig;
+    shaped[0].second = xt::xarray<double>::from_shape({1});
+    CHECK_THROWS_AS(dopt.load_state(shaped, 5), ShapeError);
+    CHECK(dopt.step_count() == 2);
+    const auto still = dopt.state_tensors();
+    for (std::size_t i = 0; i < still.size(); ++i)
+      CHECK(rel_error(still[i].second, orig[i].second) == 0.0);
+  }
+  SUBCASE("parameters round-trip and mismatched lists are refused") {
+    Rng other(77);
+    Transformer<double> cpu2(config, other);
+    dev.upload_parameters(cpu2.parameters());
+    Rng rng3(1);
+    Transformer<double> mirror(config, rng3);
+    dev.download_parameters(mirror.parameters());
+    const auto a = mirror.parameters(), b = cpu2.parameters();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      CHECK(rel_error(a[i].param->value, b[i].param->value) == 0.0);
+    auto c2 = config;
+    c2.layers = 1;
+    Rng rng4(1);
+    Transformer<double> smaller(c2, rng4);
+    CHECK_THROWS_AS(dev.upload_parameters(smaller.parameters()), std::invalid_argument);
+  }
+}
+
+TEST_CASE("device transformer: bad input is refused with the CPU model's errors") {
+  test::EmulatedDeviceOps<float> ops;
+  auto config = small_config();
+  Rng rng(1);
+  Transformer<float> cpu(config, rng);
+  DeviceTransformer<float> dev(cpu, ops);
+  CHECK_THROWS_AS(dev.loss(TokenIds::from_shape({2, 3})), std::logic_error);
+  TokenIds ids = xt::zeros<int>({2, 3});
+  dev.forward({ids});
+  CHECK_THROWS_AS(dev.backward(), std::logic_error);  // before loss
+  ids(1, 2) = 7;                                      // vocab is 7
+  CHECK_THROWS_WITH_AS(dev.forward({ids}), doctest::Contains("[1, 2]"), std::invalid_argument);
+  CHECK_THROWS_AS(dev.forward({ids, ids}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dev.forward({TokenIds(xt::zeros<int>({1, 10}))}),
+                       doctest::Contains("max_len"), std::invalid_argument);
+  dev.forward({TokenIds(xt::zeros<int>({2, 3}))});
+  TokenIds targets = xt::zeros<int>({2, 3});
+  targets(0, 1) = 5;  // out_vocab is 5
+  CHECK_THROWS_WITH_AS(dev.loss(targets), doctest::Contains("[0, 1]"), std::invalid_argument);
+  CHECK_THROWS_AS(dev.loss(TokenIds(xt::zeros<int>({2, 4}))), ShapeError);
+  KeyMask mask = KeyMask::from_shape({2, 4});
+  CHECK_THROWS_AS(dev.forward({TokenIds(xt::zeros<int>({2, 3}))}, &mask), ShapeError);
+  CHECK_THROWS_AS(dev.clip_grad_norm(0.0), std::invalid_argument);
+  CHECK_THROWS_AS(dev.grad_norm("nope"), std::invalid_argument);
+}
+
+TEST_CASE("device transformer: device memory is released") {
+  test::EmulatedDeviceOps<float> ops;
+  {
+    auto config = small_config();
+    Rng rng(1);
+    Transformer<float> cpu(config, rng);
+    DeviceTransformer<float> dev(cpu, ops);
+    DeviceOptimizer<float> opt(dev, AdamWOptions{});
+    Rng data(2);
+    for (std::size_t B : {2, 5, 3}) {  // growing and shrinking batches
+      const Batch b = random_batch(config, B, 4, data, false);
+      dev.forward(b.fields);
+      dev.loss(b.targets);
+      dev.backward();
+      opt.step();
+    }
+    CHECK(ops.live_allocations() > 0);
+  }
+  CHECK(ops.live_allocations() == 0);
+}
+
+TEST_CASE("device transformer: without a device, cuda_device_ops says why") {
+  if (cuda_available()) return;  // covered by the CUDA cases above
+  CHECK_THROWS_AS(cuda_device_ops<float>(), CudaError);
+}
