@@ -65,7 +65,7 @@ const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
 
 // Flags shared by train and gradcheck: the model's shape and attention options.
 struct ModelFlags {
-  int d_model = 64, heads = 1, d_k = 0, d_v = 0, layers = 1;
+  int d_model = 64, heads = 1, d_k = 0, d_v = 0, layers = 1, d_ff = 0;
   bool attn_only = false, qk_norm = false, learnable_scale = false, causal = false;
   std::string norm = "layernorm", scaling = "sqrt_dk";
   double scale = 0;
@@ -85,6 +85,8 @@ struct ModelFlags {
         ->check(CLI::Range(1, 64))
         ->capture_default_str();
     app.add_flag("--attn-only", attn_only, "blocks without the MLP");
+    app.add_option("--d-ff", d_ff, "MLP width F (default 4 * d_model)")
+        ->check(CLI::Range(1, 65536));
     app.add_option("--norm", norm, "normalisation")
         ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
         ->capture_default_str();
@@ -105,6 +107,7 @@ struct ModelFlags {
     s.d_k = d_k;
     s.d_v = d_v;
     s.layers = layers;
+    s.d_ff = d_ff;
     s.attn_only = attn_only;
     s.norm = attnlab::parse_norm(norm);
     s.qk_norm = qk_norm;
@@ -182,10 +185,11 @@ int run_train(TrainConfig config) {
     return kExitInterrupted;
   }
   std::fprintf(stdout,
-               "done: %d steps in %.1f s, eval loss %.4f (at init %.4f), eval accuracy %.3f\n"
+               "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "
+               "%.3f\n"
                "outputs: %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
-               r.steps_done, r.seconds, r.final_eval_loss, r.init_eval_loss, r.final_eval_acc,
-               config.out.c_str(), config.out.c_str(), config.out.c_str());
+               r.steps_done, r.seconds, r.device.c_str(), r.final_eval_loss, r.init_eval_loss,
+               r.final_eval_acc, config.out.c_str(), config.out.c_str(), config.out.c_str());
   return 0;
 }
 
@@ -245,6 +249,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train->add_option("--threads", tc.threads, "worker threads")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  train
+      ->add_option("--device", tc.device,
+                   "where the training step runs: cpu, or cuda (the whole step on the GPU; "
+                   "needs a build with the CUDA backend and a device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   train->add_option("--out", tc.out, "output directory")->capture_default_str();
   train->add_option("--eval-every", tc.eval_every, "evaluate and log every N steps")

@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/cuda.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -87,6 +89,13 @@ TEST_CASE("cli: bad flag values print one error line and exit with status 2") {
   check_bad_input("gradcheck --layer conv", dir, "--layer");
   check_bad_input("eval --checkpoint '" + (dir / "nope").string() + "'", dir, "nope");
   check_bad_input("", dir, "subcommand");
+  // --device cuda where no GPU is usable: refused up front, before any output is written.
+  if (!attnlab::cuda_available()) {
+    check_bad_input(std::string("train --device cuda --steps 2 --out '") +
+                        (dir / "gpu_run").string() + "' " + kTinyRecall,
+                    dir, "usable CUDA device");
+    CHECK_FALSE(fs::exists(dir / "gpu_run" / "metrics.csv"));
+  }
   // A malformed data line names the file and the line.
   std::ofstream(dir / "bad.txt") << "# header\n1 2 3 | 3 2 1\n1 2 3 3 2 1\n";
   check_bad_input(
@@ -276,6 +285,7 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --d-k 0", "--d-k"},
       {"train --d-v -1", "--d-v"},
       {"train --layers 0", "--layers"},
+      {"train --d-ff 0", "--d-ff"},
       {"train --norm batchnorm", "--norm"},
       {"train --scaling sqrt", "--scaling"},
       {"train --scale 0", "--scale"},
@@ -291,6 +301,7 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --weight-decay nan", "--weight-decay"},
       {"train --seed -1", "--seed"},
       {"train --threads 0", "--threads"},
+      {"train --device tpu", "--device"},
       {"train --eval-every 0", "--eval-every"},
       {"train --eval-size 0", "--eval-size"},
       {"train --save-every -1", "--save-every"},

@@ -97,6 +97,10 @@ std::string Model::w_k_name(std::size_t layer) const {
   return "blocks." + std::to_string(layer) + ".attn.w_k";
 }
 
+Transformer<float>& Model::transformer() {
+  return impl_->net;
+}
+
 std::string Model::first_nonfinite_stage() const {
   return impl_->net.first_nonfinite().value_or("");
 }

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/cuda.hpp"
+#include "attnlab/nn/device_transformer.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/clip.hpp"
 #include "attnlab/optim/schedule.hpp"
@@ -34,6 +36,7 @@ void validate(const ModelSpec& s) {
   check_arg(s.d_model >= 1, op, "d_model", ">= 1", std::to_string(s.d_model));
   check_arg(s.heads >= 1, op, "heads", ">= 1", std::to_string(s.heads));
   check_arg(s.layers >= 1, op, "layers", ">= 1", std::to_string(s.layers));
+  check_arg(s.d_ff >= 0, op, "d_ff", ">= 0 (0: 4 * d_model)", std::to_string(s.d_ff));
   check_arg(s.d_k >= 0 && s.d_v >= 0, op, "d_k and d_v", ">= 0 (0: d_model / heads)",
             std::to_string(s.d_k) + ", " + std::to_string(s.d_v));
   if (s.d_k == 0 || s.d_v == 0)
@@ -72,7 +75,8 @@ json spec_json(const ModelSpec& s) {
             {"learnable_scale", s.learnable_scale},
             {"scaling", to_string(s.scaling)},
             {"causal", s.causal},
-            {"positions", s.positions}};
+            {"positions", s.positions},
+            {"d_ff", s.d_ff}};
   j["scale"] = s.scale ? json(*s.scale) : json(nullptr);
   return j;
 }
@@ -92,6 +96,8 @@ ModelSpec spec_from_json(const json& j) {
   s.causal = j.at("causal").get<bool>();
   s.positions = j.at("positions").get<bool>();
   if (!j.at("scale").is_null()) s.scale = j.at("scale").get<double>();
+  // Checkpoints written before d_ff was recorded used the default (0: 4 · d_model).
+  if (j.contains("d_ff")) s.d_ff = j.at("d_ff").get<int>();
   validate(s);
   return s;
 }
@@ -153,6 +159,7 @@ void validate(const TrainConfig& c) {
   check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
   check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
   check_arg(c.threads >= 1, op, "threads", ">= 1", std::to_string(c.threads));
+  check_arg(c.device == "cpu" || c.device == "cuda", op, "device", "cpu|cuda", c.device);
   check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
             std::to_string(c.clip));
   check_arg(std::isfinite(c.weight_decay) && c.weight_decay >= 0, op, "weight_decay",
@@ -263,6 +270,7 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   }
   j["init_qk_var_ratio"] = r.init_qk_var_ratio;
   j["seconds"] = r.seconds;
+  j["device"] = r.device;
   std::ofstream out(path, std::ios::trunc);
   if (!out) throw std::runtime_error(path + ": cannot open for writing");
   out << j.dump(2) << '\n';
@@ -270,7 +278,7 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
 
 }  // namespace
 
-TrainResult train_model(const TrainConfig& config_in) {
+TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_ops) {
   TrainConfig c = config_in;
   RunMeta resumed;
   const bool resuming = !c.resume.empty();
@@ -348,6 +356,32 @@ TrainResult train_model(const TrainConfig& config_in) {
     start = resumed.step;
   }
 
+  // On a device the training step runs on a DeviceTransformer; the host model and optimizer stay
+  // the mirror that evaluation, metrics and checkpoints read (synchronised when they need it).
+  std::unique_ptr<DeviceTransformer<float>> dev;
+  std::unique_ptr<DeviceOptimizer<float>> dev_opt;
+  if (c.device == "cuda") {
+    if (!device_ops) {
+      if (!cuda_available()) {
+        check_arg(
+            false, "train", "device", "a usable CUDA device for 'cuda'",
+            cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
+      }
+      device_ops = &cuda_device_ops<float>();
+    }
+    dev = std::make_unique<DeviceTransformer<float>>(model.transformer(), *device_ops);
+    if (c.optimizer == "adamw")
+      dev_opt = std::make_unique<DeviceOptimizer<float>>(
+          *dev, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay});
+    else
+      dev_opt = std::make_unique<DeviceOptimizer<float>>(
+          *dev, SgdOptions{c.lr, c.momentum, c.weight_decay});
+    if (resuming) dev_opt->load_state(opt->state_tensors(), opt->step_count());
+  }
+  const auto sync_parameters = [&] {
+    if (dev) dev->download_parameters(params);
+  };
+
   std::filesystem::create_directories(c.out);
   const std::string metrics_path = c.out + "/metrics.csv";
   const bool recall = c.task.kind == TaskKind::recall;
@@ -421,6 +455,10 @@ TrainResult train_model(const TrainConfig& config_in) {
   const bool tty = c.progress && isatty(fileno(stdout));
   auto save = [&](std::size_t step) {
     if (!c.write_checkpoint) return;
+    if (dev) {
+      sync_parameters();
+      opt->load_state(dev_opt->state_tensors(), dev_opt->step_count());
+    }
     RunMeta meta;
     meta.config_json = config_json(c).dump();
     meta.step = step;
@@ -443,6 +481,7 @@ TrainResult train_model(const TrainConfig& config_in) {
     }
     const double lr = schedule.lr_at(step);
     opt->set_lr(lr);
+    if (dev_opt) dev_opt->set_lr(lr);
     Batch batch;
     if (from_file) {
       for (auto& r : rows) r = data_rng.below(file_data.size());
@@ -450,29 +489,54 @@ TrainResult train_model(const TrainConfig& config_in) {
     } else {
       batch = generate_batch(c.task, B, data_rng);
     }
-    const Tensor3<float> logits = model.forward(batch);
-    const LossResult loss = masked_cross_entropy(logits, batch.targets, true);
+    LossResult loss;
+    if (dev) {
+      dev->forward(batch.fields);
+      loss.loss = dev->loss(batch.targets);
+    } else {
+      const Tensor3<float> logits = model.forward(batch);
+      loss = masked_cross_entropy(logits, batch.targets, true);
+    }
     if (!std::isfinite(loss.loss)) {
       result.diverged = true;
       result.diverged_step = static_cast<int>(step + 1);
+      if (dev) {  // replay the batch on the host mirror, which locates the first non-finite stage
+        sync_parameters();
+        model.forward(batch);
+      }
       result.diverged_where = model.first_nonfinite_stage();
       if (result.diverged_where.empty()) result.diverged_where = "loss";
-      last_loss = loss.loss;
+      last_loss = std::numeric_limits<double>::quiet_NaN();
       break;
     }
     last_loss = loss.loss;
-    model.zero_grad();
-    model.backward(loss.dlogits);
+    if (dev) {
+      dev->backward();
+    } else {
+      model.zero_grad();
+      model.backward(loss.dlogits);
+    }
     const bool log_now = (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 ||
                          step + 1 == static_cast<std::size_t>(c.steps);
     if (log_now)
       for (std::size_t l = 0; l < model.layers(); ++l) {
-        wq_grad[l] = tensor_norm(find_param(params, model.w_q_name(l))->grad);
-        wk_grad[l] = tensor_norm(find_param(params, model.w_k_name(l))->grad);
+        wq_grad[l] = dev ? dev->grad_norm(model.w_q_name(l))
+                         : tensor_norm(find_param(params, model.w_q_name(l))->grad);
+        wk_grad[l] = dev ? dev->grad_norm(model.w_k_name(l))
+                         : tensor_norm(find_param(params, model.w_k_name(l))->grad);
       }
-    if (c.clip > 0) clip_grad_norm(params, c.clip);
-    opt->step();
+    if (c.clip > 0) {
+      if (dev)
+        dev->clip_grad_norm(c.clip);
+      else
+        clip_grad_norm(params, c.clip);
+    }
+    if (dev)
+      dev_opt->step();
+    else
+      opt->step();
     if (log_now) {
+      sync_parameters();
       st = evaluate(model, eval, c.task, c.model);
       log_row(step + 1, loss.loss, st, lr);
       result.final_eval_loss = st.loss;
@@ -513,6 +577,7 @@ TrainResult train_model(const TrainConfig& config_in) {
   result.final_train_loss = last_loss;
   if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  result.device = dev ? device_ops->name() : "cpu";
   // A diverged model is never saved: its weights may hold non-finite values.
   if (!result.diverged) save(step);
   write_summary(c.out + "/summary.json", c, result);

@@ -14,6 +14,11 @@
 #include "attnlab/train/tasks.hpp"
 #include "attnlab/train/trainer.hpp"
 
+namespace attnlab {
+template <class T>
+class Transformer;
+}  // namespace attnlab
+
 namespace attnlab::train {
 
 class Model {
@@ -45,6 +50,8 @@ class Model {
   // After a forward that produced a non-finite logit: the first stage whose output was non-finite
   // ("embedding", "blocks.0.attn", ..., "head"); "" if none.
   std::string first_nonfinite_stage() const;
+  // The underlying network (for a device-resident copy: nn/device_transformer.hpp).
+  Transformer<float>& transformer();
 
  private:
   struct Impl;

@@ -25,6 +25,11 @@
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/train/tasks.hpp"
 
+namespace attnlab {
+template <class T>
+class DeviceOps;
+}  // namespace attnlab
+
 namespace attnlab::train {
 
 // The model's shape and attention options (the vocabularies come from the task).
@@ -74,6 +79,11 @@ struct TrainConfig {
   int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
   bool progress = true;  // live bar on a TTY, plain lines otherwise (false: silent)
   bool write_checkpoint = true;
+  // "cpu", or "cuda": the training step (forward, loss, backward, clipping, optimizer) runs on the
+  // GPU in a DeviceTransformer (nn/device_transformer.hpp), mirrored to the host model for
+  // evaluation, metrics and checkpoints. Run control like `threads`: not part of the saved config,
+  // so a run may be resumed on the other device.
+  std::string device = "cpu";
 };
 
 struct TrainResult {
@@ -89,14 +99,16 @@ struct TrainResult {
   bool interrupted = false;
   double init_qk_var_ratio = 0;  // Var(q·k)/d_k at step 0, layer 0, on the eval set
   double seconds = 0;
+  std::string device;  // what ran the training step: "cpu" or the DeviceOps name
 };
 
 // Set asynchronously (e.g. from a SIGINT handler): the trainer saves a checkpoint and returns.
 extern std::atomic<bool> g_stop_requested;
 
 // Validates the config (std::invalid_argument naming the field; DataFileError for data files),
-// trains, writes the outputs into config.out. Never calls exit.
-TrainResult train_model(const TrainConfig& config);
+// trains, writes the outputs into config.out. Never calls exit. With device "cuda", `device_ops`
+// (when not null) replaces the CUDA backend: the tests pass the emulated device.
+TrainResult train_model(const TrainConfig& config, DeviceOps<float>* device_ops = nullptr);
 
 // Loss and accuracy on the fixed eval set of a trained run, with a few examples.
 struct EvalReport {

@@ -1,0 +1,136 @@
+// `attnlab train --device cuda` end to end, on the emulated device (tests/emulated_device_ops.hpp)
+// everywhere and on the CUDA backend where a GPU exists: the trainer's device path follows the CPU
+// run, writes checkpoints the CPU side reads, resumes across devices, and refuses a missing device.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attnlab/cuda.hpp"
+#include "attnlab/train/trainer.hpp"
+#include "cuda_helpers.hpp"
+#include "emulated_device_ops.hpp"
+#include "temp_dir.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+train::TrainConfig tiny_run(const std::string& out) {
+  train::TrainConfig c;
+  c.task.kind = train::TaskKind::recall;
+  c.task.keys = 8;
+  c.task.values = 8;
+  c.task.pairs = 4;
+  c.model.d_model = 16;
+  c.model.heads = 2;
+  c.model.layers = 2;
+  c.model.attn_only = false;
+  c.model.d_ff = 32;
+  c.lr = 1e-2;
+  c.clip = 1.0;
+  c.warmup = 2;
+  c.steps = 24;
+  c.batch = 8;
+  c.eval_every = 8;
+  c.eval_size = 32;
+  c.threads = 1;
+  c.progress = false;
+  c.out = out;
+  return c;
+}
+
+// Column `name` of a metrics.csv, one value per logged row.
+std::vector<double> column(const std::string& path, const std::string& name) {
+  std::ifstream in(path);
+  std::string line, cell;
+  std::getline(in, line);
+  std::stringstream header(line);
+  int index = -1;
+  for (int i = 0; std::getline(header, cell, ','); ++i)
+    if (cell == name) index = i;
+  REQUIRE(index >= 0);
+  std::vector<double> out;
+  while (std::getline(in, line)) {
+    std::stringstream row(line);
+    for (int i = 0; std::getline(row, cell, ','); ++i)
+      if (i == index) out.push_back(cell == "nan" ? NAN : std::stod(cell));
+  }
+  return out;
+}
+
+void check_follows_cpu(DeviceOps<float>* ops) {
+  test::TempDir dir;
+  auto cpu = tiny_run(dir.file("cpu"));
+  const auto r_cpu = train::train_model(cpu);
+  auto gpu = tiny_run(dir.file("device"));
+  gpu.device = "cuda";
+  const auto r_dev = train::train_model(gpu, ops);
+  CHECK(r_dev.device != "cpu");
+  CHECK(r_cpu.device == "cpu");
+  REQUIRE_FALSE(r_dev.diverged);
+  CHECK(r_dev.steps_done == 24);
+  for (const char* name :
+       {"loss", "eval_loss", "eval_acc", "l0_wq_grad_norm", "l1_wk_norm", "l0h1_entropy"}) {
+    INFO("column " << name);
+    const auto a = column(cpu.out + "/metrics.csv", name);
+    const auto b = column(gpu.out + "/metrics.csv", name);
+    REQUIRE(a.size() == b.size());
+    REQUIRE(a.size() == 4);  // steps 0, 8, 16, 24
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (std::isnan(a[i])) {
+        CHECK(std::isnan(b[i]));  // the step-0 row has no training loss
+      } else {
+        CHECK(std::abs(a[i] - b[i]) <= 2e-3 * std::max(1.0, std::abs(a[i])));
+      }
+    }
+  }
+  CHECK(std::abs(r_dev.final_eval_loss - r_cpu.final_eval_loss) <= 2e-3 * r_cpu.final_eval_loss);
+  CHECK(r_dev.final_eval_loss < r_dev.init_eval_loss);  // it trains
+
+  // The device run's checkpoint is an ordinary one: the CPU evaluates it to the same loss.
+  const auto report = train::evaluate_run(gpu.out);
+  CHECK(std::abs(report.loss - r_dev.final_eval_loss) <= 1e-6 * r_dev.final_eval_loss);
+
+  // A device run stopped at step 12 and resumed on the CPU ends where an unbroken device run
+  // ended, to float tolerance (optimizer state and data stream travel in the checkpoint).
+  auto half = tiny_run(dir.file("half"));
+  half.device = "cuda";
+  half.stop_after = 12;
+  CHECK(train::train_model(half, ops).interrupted);
+  auto rest = tiny_run(dir.file("half"));
+  rest.resume = half.out;
+  const auto r_rest = train::train_model(rest);
+  CHECK(r_rest.steps_done == 24);
+  CHECK(std::abs(r_rest.final_eval_loss - r_dev.final_eval_loss) <= 2e-3 * r_dev.final_eval_loss);
+}
+
+}  // namespace
+
+TEST_CASE("train --device cuda (emulated device): follows the CPU run, checkpoints interchange") {
+  test::EmulatedDeviceOps<float> ops;
+  check_follows_cpu(&ops);
+}
+
+TEST_CASE("train --device cuda (CUDA): follows the CPU run, checkpoints interchange") {
+  if (!test::cuda_device_or_skip()) return;
+  check_follows_cpu(nullptr);
+}
+
+TEST_CASE("train --device: bad values and a missing device are refused before anything runs") {
+  test::TempDir dir;
+  auto c = tiny_run(dir.file("run"));
+  c.device = "tpu";
+  CHECK_THROWS_WITH_AS(train::train_model(c),
+                       doctest::Contains("device expected cpu|cuda, got tpu"),
+                       std::invalid_argument);
+  if (!cuda_available()) {
+    c.device = "cuda";
+    CHECK_THROWS_WITH_AS(train::train_model(c), doctest::Contains("usable CUDA device"),
+                         std::invalid_argument);
+  }
+  CHECK_FALSE(std::filesystem::exists(c.out + "/metrics.csv"));
+}
