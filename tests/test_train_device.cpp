@@ -134,3 +134,17 @@ TEST_CASE("train --device: bad values and a missing device are refused before an
   }
   CHECK_FALSE(std::filesystem::exists(c.out + "/metrics.csv"));
 }
+
+TEST_CASE("train --device cuda (emulated device): a divergence is located and never saved") {
+  test::EmulatedDeviceOps<float> ops;
+  test::TempDir dir;
+  auto c = tiny_run(dir.file("run"));
+  c.device = "cuda";
+  c.model.scale = 1e38;  // overflows the attention logits at the first step
+  const auto r = train::train_model(c, &ops);
+  CHECK(r.diverged);
+  CHECK(r.diverged_step == 1);
+  CHECK(r.diverged_where.find("blocks.0.attn") == 0);  // found by replaying on the host model
+  CHECK_FALSE(std::filesystem::exists(c.out + "/model.safetensors"));
+  CHECK(ops.live_allocations() == 0);
+}
