@@ -1,12 +1,15 @@
 // Umbrella header: the whole public API of attnlab (CPU, and the CUDA host API, which compiles
-// without CUDA). The raw-pointer CUDA launchers (cuda_attention.hpp, cuda_train.hpp) and the
-// __host__ __device__ helpers (cuda_math.hpp) are included on their own by code that needs them.
+// without CUDA: the device-resident Transformer and the DeviceOps interface it is written against
+// included). The raw-pointer CUDA launchers of the training kernels (cuda_train.hpp) are included
+// on their own by code that needs them.
 #pragma once
 
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/device_ops.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/nn/activation.hpp"
+#include "attnlab/nn/device_transformer.hpp"
 #include "attnlab/nn/embedding.hpp"
 #include "attnlab/nn/feed_forward.hpp"
 #include "attnlab/nn/gradcheck_module.hpp"
