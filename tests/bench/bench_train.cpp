@@ -5,6 +5,7 @@
 // both causal. Each iteration runs the reference and the fused attention path once each
 // (interleaved; the minimum per path is reported), at 1 and at 2 threads.
 #include "bench_train.hpp"
+#include "train_models.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -24,34 +25,7 @@ namespace attnlab::bench {
 
 namespace {
 
-constexpr std::size_t kVocab = 16;
-
-struct TrainModel {
-  const char* name;
-  std::size_t B, T, d_model, heads, d_k, d_ff, layers;
-  bool attn_only;
-};
-
-constexpr TrainModel kModels[] = {
-    {"study", 64, 33, 64, 1, 256, 0, 1, true},
-    {"small", 16, 256, 128, 4, 0, 512, 2, false},
-};
-
-TransformerConfig config_of(const TrainModel& m, SdpaPath path) {
-  TransformerConfig c;
-  c.vocab_sizes = {kVocab};
-  c.max_len = m.T;
-  c.d_model = m.d_model;
-  c.heads = m.heads;
-  c.d_k = m.d_k;
-  c.d_ff = m.d_ff ? m.d_ff : 4 * m.d_model;
-  c.layers = m.layers;
-  c.out_vocab = kVocab;
-  c.attn_only = m.attn_only;
-  c.attention.causal = true;
-  c.attention.path = path;
-  return c;
-}
+constexpr std::size_t kVocab = kTrainVocab;
 
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -86,7 +60,7 @@ void bench_train(benchmark::State& state, TrainModel m, int threads) {
   std::vector<ParameterList<float>> params;
   for (SdpaPath path : paths) {
     Rng init(7);
-    models.push_back(std::make_unique<Transformer<float>>(config_of(m, path), init));
+    models.push_back(std::make_unique<Transformer<float>>(train_config(m, path), init));
     params.push_back(models.back()->parameters());
   }
   double best[2] = {std::numeric_limits<double>::infinity(),
@@ -109,7 +83,7 @@ std::string train_name(const TrainModel& m, int threads) {
 }  // namespace
 
 void register_train_benchmarks(bool) {
-  for (const TrainModel& m : kModels) {
+  for (const TrainModel& m : kTrainModels) {
     for (int threads : {1, 2}) {
       benchmark::RegisterBenchmark(train_name(m, threads).c_str(), bench_train, m, threads)
           ->UseRealTime()
@@ -125,7 +99,7 @@ void print_train_table(const std::map<std::string, std::map<std::string, double>
       "small: 2 layers, 4 heads, d_model 128, d_ff 512, T 256, B 16 (both causal)\n");
   std::printf("%-6s %3s | %12s %12s %10s | %14s\n", "model", "thr", "ref tok/s", "fused tok/s",
               "fused/ref", "thr 2 / thr 1");
-  for (const TrainModel& m : kModels) {
+  for (const TrainModel& m : kTrainModels) {
     for (int threads : {1, 2}) {
       const auto it = seconds.find(train_name(m, threads));
       if (it == seconds.end()) continue;

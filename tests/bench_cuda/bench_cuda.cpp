@@ -9,10 +9,9 @@
 //
 // Then the training step (forward, fused cross-entropy, backward, AdamW) of two models, on the CPU
 // (attnlab::Transformer, all cores) and on the GPU (DeviceTransformer + DeviceOptimizer), float,
-// causal, from the same weights on the same random tokens; the first step's losses are printed
-// side by side as a check that both computed the same thing:
-//   study: 1 layer, 1 head, attention only, d_model 64, d_k 256, T = 33, B = 64
-//   small: 2 layers, 4 heads, d_model 128, d_ff 512, T = 256, B = 16
+// causal, from the same weights on the same random tokens (the models of tests/bench/
+// train_models.hpp); the first step's losses are printed side by side as a check that both
+// computed the same thing.
 //
 // Usage: attnlab_bench_cuda [--quick]  (--quick: T ∈ {256, 1024} only)
 // Without a device it prints why and exits 0; with ATTNLAB_REQUIRE_GPU=1 it exits 1.
@@ -25,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../bench/train_models.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/cuda_attention.hpp"
 #include "attnlab/nn/device_transformer.hpp"
@@ -69,12 +69,6 @@ void row(const char* path, std::size_t T, double flops_fwd, double t_fwd, double
               flops_fwd / t_fwd * 1e-12, t_all * 1e3, 3 * flops_fwd / t_all * 1e-12);
 }
 
-struct TrainModel {
-  const char* name;
-  std::size_t B, T, d_model, heads, d_k, d_ff, layers;
-  bool attn_only;
-};
-
 // Median seconds of `reps` calls after two warm-up calls.
 double median_seconds(const std::function<void()>& call, int reps) {
   call();
@@ -90,9 +84,7 @@ double median_seconds(const std::function<void()>& call, int reps) {
 }
 
 void train_step_table() {
-  constexpr std::size_t kVocab = 16;
-  const TrainModel models[] = {{"study", 64, 33, 64, 1, 256, 0, 1, true},
-                               {"small", 16, 256, 128, 4, 0, 512, 2, false}};
+  constexpr std::size_t kVocab = bench::kTrainVocab;
   std::printf(
       "\ntraining step (forward, cross-entropy, backward, AdamW), float, CPU on %d threads\n\n",
       num_threads());
@@ -100,18 +92,8 @@ void train_step_table() {
       "| model | tokens/step | CPU ms  | GPU ms  | GPU speed-up | step-1 loss CPU / GPU |\n");
   std::printf(
       "|-------|-------------|---------|---------|--------------|-----------------------|\n");
-  for (const auto& m : models) {
-    TransformerConfig c;
-    c.vocab_sizes = {kVocab};
-    c.max_len = m.T;
-    c.d_model = m.d_model;
-    c.heads = m.heads;
-    c.d_k = m.d_k;
-    c.d_ff = m.d_ff ? m.d_ff : 4 * m.d_model;
-    c.layers = m.layers;
-    c.out_vocab = kVocab;
-    c.attn_only = m.attn_only;
-    c.attention.causal = true;
+  for (const auto& m : bench::kTrainModels) {
+    const TransformerConfig c = bench::train_config(m);
     Rng rng(5);
     TokenIds tokens({m.B, m.T}), targets({m.B, m.T});
     for (std::size_t i = 0; i < tokens.size(); ++i) {

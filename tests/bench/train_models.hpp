@@ -1,0 +1,42 @@
+// The two models of the training-step benchmarks, shared by the CPU benchmark (bench_train.cpp)
+// and the GPU one (tests/bench_cuda): both causal, 16-token vocabulary.
+//   study: the study's model, 1 layer, 1 head, attention only, d_model 64, d_k 256, T = 33, B = 64
+//   small: 2 layers, 4 heads, d_model 128, d_ff 512, T = 256, B = 16
+#pragma once
+
+#include <cstddef>
+
+#include "attnlab/nn/transformer.hpp"
+
+namespace attnlab::bench {
+
+inline constexpr std::size_t kTrainVocab = 16;
+
+struct TrainModel {
+  const char* name;
+  std::size_t B, T, d_model, heads, d_k, d_ff, layers;
+  bool attn_only;
+};
+
+inline constexpr TrainModel kTrainModels[] = {
+    {"study", 64, 33, 64, 1, 256, 0, 1, true},
+    {"small", 16, 256, 128, 4, 0, 512, 2, false},
+};
+
+inline TransformerConfig train_config(const TrainModel& m, SdpaPath path = SdpaPath::automatic) {
+  TransformerConfig c;
+  c.vocab_sizes = {kTrainVocab};
+  c.max_len = m.T;
+  c.d_model = m.d_model;
+  c.heads = m.heads;
+  c.d_k = m.d_k;
+  c.d_ff = m.d_ff ? m.d_ff : 4 * m.d_model;
+  c.layers = m.layers;
+  c.out_vocab = kTrainVocab;
+  c.attn_only = m.attn_only;
+  c.attention.causal = true;
+  c.attention.path = path;
+  return c;
+}
+
+}  // namespace attnlab::bench
