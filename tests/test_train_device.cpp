@@ -3,6 +3,7 @@
 // run, writes checkpoints the CPU side reads, resumes across devices, and refuses a missing device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -62,7 +63,9 @@ std::vector<double> column(const std::string& path, const std::string& name) {
   return out;
 }
 
-void check_follows_cpu(DeviceOps<float>* ops) {
+// tolerance: relative, per logged metric (the emulated device differs from the CPU only in the
+// kernels' summation order; a GPU adds FMA contraction and cuBLAS's blocking).
+void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   test::TempDir dir;
   auto cpu = tiny_run(dir.file("cpu"));
   const auto r_cpu = train::train_model(cpu);
@@ -73,6 +76,7 @@ void check_follows_cpu(DeviceOps<float>* ops) {
   CHECK(r_cpu.device == "cpu");
   REQUIRE_FALSE(r_dev.diverged);
   CHECK(r_dev.steps_done == 24);
+  double largest = 0;  // the largest relative difference over the compared columns
   for (const char* name :
        {"loss", "eval_loss", "eval_acc", "l0_wq_grad_norm", "l1_wk_norm", "l0h1_entropy"}) {
     INFO("column " << name);
@@ -84,11 +88,15 @@ void check_follows_cpu(DeviceOps<float>* ops) {
       if (std::isnan(a[i])) {
         CHECK(std::isnan(b[i]));  // the step-0 row has no training loss
       } else {
-        CHECK(std::abs(a[i] - b[i]) <= 2e-3 * std::max(1.0, std::abs(a[i])));
+        const double diff = std::abs(a[i] - b[i]) / std::max(1.0, std::abs(a[i]));
+        CHECK(diff <= tolerance);
+        largest = std::max(largest, diff);
       }
     }
   }
-  CHECK(std::abs(r_dev.final_eval_loss - r_cpu.final_eval_loss) <= 2e-3 * r_cpu.final_eval_loss);
+  MESSAGE("train on " << r_dev.device << " vs cpu: largest metrics difference " << largest);
+  CHECK(std::abs(r_dev.final_eval_loss - r_cpu.final_eval_loss) <=
+        tolerance * r_cpu.final_eval_loss);
   CHECK(r_dev.final_eval_loss < r_dev.init_eval_loss);  // it trains
 
   // The device run's checkpoint is an ordinary one: the CPU evaluates it to the same loss.
@@ -105,19 +113,20 @@ void check_follows_cpu(DeviceOps<float>* ops) {
   rest.resume = half.out;
   const auto r_rest = train::train_model(rest);
   CHECK(r_rest.steps_done == 24);
-  CHECK(std::abs(r_rest.final_eval_loss - r_dev.final_eval_loss) <= 2e-3 * r_dev.final_eval_loss);
+  CHECK(std::abs(r_rest.final_eval_loss - r_dev.final_eval_loss) <=
+        tolerance * r_dev.final_eval_loss);
 }
 
 }  // namespace
 
 TEST_CASE("train --device cuda (emulated device): follows the CPU run, checkpoints interchange") {
   test::EmulatedDeviceOps<float> ops;
-  check_follows_cpu(&ops);
+  check_follows_cpu(&ops, 1e-5);
 }
 
 TEST_CASE("train --device cuda (CUDA): follows the CPU run, checkpoints interchange") {
   if (!test::cuda_device_or_skip()) return;
-  check_follows_cpu(nullptr);
+  check_follows_cpu(nullptr, 2e-3);
 }
 
 TEST_CASE("train --device: bad values and a missing device are refused before anything runs") {
