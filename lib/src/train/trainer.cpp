@@ -186,24 +186,54 @@ struct EvalStats {
   double qk_var_ratio = 0;          // layer 0, all heads
 };
 
-EvalStats evaluate(Model& model, const Batch& eval, const TaskConfig& task, const ModelSpec& spec) {
+// One evaluation on the host model, or, when `dev` is given, on the device: its logits come back,
+// and the attention metrics are recomputed on the host from each layer's queries and keys (the
+// same P and S the host model's attention_weights / attention_scores give).
+EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eval,
+                   const TaskConfig& task, const ModelSpec& spec) {
   EvalStats st;
-  const Tensor3<float> logits = model.forward(eval);
+  Tensor3<float> logits;
+  if (dev) {
+    dev->forward(eval.fields);
+    logits = dev->logits();
+  } else {
+    logits = model.forward(eval);
+  }
   const LossResult lr = masked_cross_entropy(logits, eval.targets, false);
   st.loss = lr.loss;
   st.accuracy = lr.accuracy;
   const std::vector<int> key_pos =
       task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
+  const SdpaOptions attention = model.transformer().config().attention;
   for (std::size_t l = 0; l < model.layers(); ++l) {
-    const auto p = model.attention_weights(l);
-    const auto h = attention_health(p, model.attention_logits(l));
+    Tensor4<float> p, scores;
+    if (dev) {
+      SdpaOptions o = attention;
+      o.head_scale = dev->head_scales(l);
+      const Tensor4<float> q = dev->queries(l), k = dev->keys(l);
+      p = sdpa_weights<float>(q, k, o);
+      scores = sdpa_scores<float>(q, k, o);
+    } else {
+      p = model.attention_weights(l);
+      scores = model.attention_logits(l);
+    }
+    const auto h = attention_health(p, scores);
     st.health.insert(st.health.end(), h.begin(), h.end());
     if (!key_pos.empty()) {
       const auto m = correct_key_mass(p, eval.length() - 1, key_pos);
       st.recall_mass.insert(st.recall_mass.end(), m.begin(), m.end());
     }
   }
-  const Tensor4<float> dots = model.attention_dots(0);
+  Tensor4<float> dots;
+  if (dev) {
+    SdpaOptions raw = attention;  // q·k unscaled, as Model::attention_dots
+    raw.scaling = Scaling::none;
+    raw.scale.reset();
+    raw.head_scale.clear();
+    dots = sdpa_scores<float>(dev->queries(0), dev->keys(0), raw);
+  } else {
+    dots = model.attention_dots(0);
+  }
   double mean = 0, sq = 0;
   for (float x : dots) mean += x;
   mean /= static_cast<double>(dots.size());
@@ -356,8 +386,9 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
     start = resumed.step;
   }
 
-  // On a device the training step runs on a DeviceTransformer; the host model and optimizer stay
-  // the mirror that evaluation, metrics and checkpoints read (synchronised when they need it).
+  // On a device the training step and the eval forward run on a DeviceTransformer; the host model
+  // and optimizer stay the mirror that checkpoints and weight norms read (synchronised when they
+  // need it), and that replays a batch whose loss went non-finite.
   std::unique_ptr<DeviceTransformer<float>> dev;
   std::unique_ptr<DeviceOptimizer<float>> dev_opt;
   if (c.device == "cuda") {
@@ -430,7 +461,7 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
       result.steps_to_target = static_cast<int>(step);
   };
 
-  EvalStats st = evaluate(model, eval, c.task, c.model);
+  EvalStats st = evaluate(model, dev.get(), eval, c.task, c.model);
   result.init_qk_var_ratio = st.qk_var_ratio;
   result.init_eval_loss = st.loss;
   if (resuming) {
@@ -536,8 +567,8 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
     else
       opt->step();
     if (log_now) {
-      sync_parameters();
-      st = evaluate(model, eval, c.task, c.model);
+      sync_parameters();  // for the weight norms of the row
+      st = evaluate(model, dev.get(), eval, c.task, c.model);
       log_row(step + 1, loss.loss, st, lr);
       result.final_eval_loss = st.loss;
       result.final_eval_acc = st.accuracy;

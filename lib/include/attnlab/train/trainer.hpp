@@ -79,10 +79,11 @@ struct TrainConfig {
   int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
   bool progress = true;  // live bar on a TTY, plain lines otherwise (false: silent)
   bool write_checkpoint = true;
-  // "cpu", or "cuda": the training step (forward, loss, backward, clipping, optimizer) runs on the
-  // GPU in a DeviceTransformer (nn/device_transformer.hpp), mirrored to the host model for
-  // evaluation, metrics and checkpoints. Run control like `threads`: not part of the saved config,
-  // so a run may be resumed on the other device.
+  // "cpu", or "cuda": the training step (forward, loss, backward, clipping, optimizer) and the eval
+  // forward run on the GPU in a DeviceTransformer (nn/device_transformer.hpp); the attention
+  // metrics are computed on the host from each layer's queries and keys, and the host model is the
+  // mirror that checkpoints read. Run control like `threads`: not part of the saved config, so a
+  // run may be resumed on the other device.
   std::string device = "cpu";
 };
 
