@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -367,7 +366,6 @@ struct DeviceTransformer<T>::Impl {
     if (pos_table) ops->add_bias(x, pos_table, B, Tn * C);  // x[b] += pos[0:T] as (T·C,)
 
     const bool use_fused = fused();
-    last_fused = use_fused;
     const T* in = x;
     for (std::size_t l = 0; l < blocks.size(); ++l) in = block_forward(l, in, use_fused);
     block_out = in;
@@ -580,7 +578,7 @@ struct DeviceTransformer<T>::Impl {
   std::vector<BlockCache> caches;
   // The last forward.
   std::size_t B = 0, Tn = 0, N = 0;
-  bool has_mask = false, has_forward = false, has_loss = false, last_fused = false;
+  bool has_mask = false, has_forward = false, has_loss = false;
   DeviceVec<T, int> ids, targets;
   DeviceVec<T, unsigned char> mask;
   Buf x0, tmp, zf, zmean, zrstd, logits, dlogits, row_loss, loss_value;
