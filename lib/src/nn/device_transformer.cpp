@@ -33,7 +33,6 @@ class DeviceVec {
   DeviceVec& operator=(DeviceVec&&) = delete;
   DeviceVec(const DeviceVec&) = delete;
 
-  void bind(DeviceOps<T>* ops) { ops_ = ops; }
   // At least n elements (reallocated, contents lost, when it must grow).
   E* reserve(std::size_t n) {
     if (n > capacity_) {
@@ -177,7 +176,6 @@ struct DeviceTransformer<T>::Impl {
       pos_table = pos_fixed.reserve(table.size());
       ops->upload(pos_table, table.data(), table.size() * sizeof(T));
     }
-    const std::string norm_g = "gamma", norm_b = "beta";
     for (std::size_t l = 0; l < config.layers; ++l) {
       const std::string p = "blocks." + std::to_string(l) + ".";
       BlockParams b;

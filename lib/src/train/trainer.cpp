@@ -205,6 +205,7 @@ EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eva
   const std::vector<int> key_pos =
       task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
   const SdpaOptions attention = model.transformer().config().attention;
+  Tensor4<float> dots;  // layer 0's unscaled q·k
   for (std::size_t l = 0; l < model.layers(); ++l) {
     Tensor4<float> p, scores;
     if (dev) {
@@ -213,6 +214,13 @@ EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eva
       const Tensor4<float> q = dev->queries(l), k = dev->keys(l);
       p = sdpa_weights<float>(q, k, o);
       scores = sdpa_scores<float>(q, k, o);
+      if (l == 0) {
+        SdpaOptions raw = attention;  // as Model::attention_dots
+        raw.scaling = Scaling::none;
+        raw.scale.reset();
+        raw.head_scale.clear();
+        dots = sdpa_scores<float>(q, k, raw);
+      }
     } else {
       p = model.attention_weights(l);
       scores = model.attention_logits(l);
@@ -224,16 +232,7 @@ EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eva
       st.recall_mass.insert(st.recall_mass.end(), m.begin(), m.end());
     }
   }
-  Tensor4<float> dots;
-  if (dev) {
-    SdpaOptions raw = attention;  // q·k unscaled, as Model::attention_dots
-    raw.scaling = Scaling::none;
-    raw.scale.reset();
-    raw.head_scale.clear();
-    dots = sdpa_scores<float>(dev->queries(0), dev->keys(0), raw);
-  } else {
-    dots = model.attention_dots(0);
-  }
+  if (!dev) dots = model.attention_dots(0);
   double mean = 0, sq = 0;
   for (float x : dots) mean += x;
   mean /= static_cast<double>(dots.size());
@@ -364,12 +363,13 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, shape, init_rng);
   ParameterList<float> params = model.parameters();
+  const AdamWOptions adamw_options{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay};
+  const SgdOptions sgd_options{c.lr, c.momentum, c.weight_decay};
   std::unique_ptr<Optimizer<float>> opt;
   if (c.optimizer == "adamw")
-    opt = std::make_unique<AdamW<float>>(
-        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay});
+    opt = std::make_unique<AdamW<float>>(params, adamw_options);
   else
-    opt = std::make_unique<SGD<float>>(params, SgdOptions{c.lr, c.momentum, c.weight_decay});
+    opt = std::make_unique<SGD<float>>(params, sgd_options);
   const LrSchedule schedule =
       c.schedule == "cosine"
           ? LrSchedule::warmup_cosine(c.lr, 0.0, static_cast<std::size_t>(c.warmup),
@@ -402,11 +402,9 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
     }
     dev = std::make_unique<DeviceTransformer<float>>(model.transformer(), *device_ops);
     if (c.optimizer == "adamw")
-      dev_opt = std::make_unique<DeviceOptimizer<float>>(
-          *dev, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay});
+      dev_opt = std::make_unique<DeviceOptimizer<float>>(*dev, adamw_options);
     else
-      dev_opt = std::make_unique<DeviceOptimizer<float>>(
-          *dev, SgdOptions{c.lr, c.momentum, c.weight_decay});
+      dev_opt = std::make_unique<DeviceOptimizer<float>>(*dev, sgd_options);
     if (resuming) dev_opt->load_state(opt->state_tensors(), opt->step_count());
   }
   const auto sync_parameters = [&] {
