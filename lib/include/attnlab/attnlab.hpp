@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attnlab/blas.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/gradcheck.hpp"
