@@ -10,18 +10,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attnlab/app/data_file.hpp"
+#include "attnlab/app/layer_check.hpp"
+#include "attnlab/app/plot.hpp"
+#include "attnlab/app/saturation.hpp"
+#include "attnlab/app/study.hpp"
+#include "attnlab/app/tasks.hpp"
+#include "attnlab/app/trainer.hpp"
+#include "attnlab/io/checkpoint.hpp"
 #include "attnlab/threads.hpp"
-#include "attnlab/train/checkpoint.hpp"
-#include "attnlab/train/data_file.hpp"
-#include "attnlab/train/layer_check.hpp"
-#include "attnlab/train/plot.hpp"
-#include "attnlab/train/saturation.hpp"
-#include "attnlab/train/study.hpp"
-#include "attnlab/train/tasks.hpp"
-#include "attnlab/train/trainer.hpp"
 
 using namespace attnlab;
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "helpers.hpp"
 
 // clang-format off
-#include "cuda_emulator.hpp"
+#include "attnlab/backends/cuda_emulator.hpp"
 #include "../lib/cuda/attention_fused_kernels.cuh"
 #include "../lib/cuda/attention_reference_kernels.cuh"
 // clang-format on

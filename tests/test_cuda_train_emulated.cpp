@@ -25,7 +25,7 @@
 #include "helpers.hpp"
 
 // clang-format off
-#include "cuda_emulator.hpp"
+#include "attnlab/backends/cuda_emulator.hpp"
 #include "../lib/cuda/train_kernels.cuh"
 // clang-format on
 

@@ -15,7 +15,9 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
 
+#include "attnlab/backends/emulated.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/cuda_train.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/ops/attention.hpp"
@@ -29,7 +31,6 @@
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "cuda_helpers.hpp"
-#include "emulated_device_ops.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -451,27 +452,30 @@ constexpr double kFloatTol = 1e-5;
 }  // namespace
 
 TEST_CASE("device ops (emulated): every operation matches the CPU op, in double") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   CHECK(ops.name() == "emulated (CPU)");
   check_all(ops, kDoubleTol);
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device ops (emulated): every operation matches the CPU op, in float") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   check_all(ops, kFloatTol);
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device ops (emulated): allocations are NaN-filled and counted until released") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   void* p = ops.allocate(3 * sizeof(double));
-  CHECK(ops.live_allocations() == 1);
+  CHECK(emulated::live_allocations(ops) == 1);
   double host[3];
   ops.download(host, p, sizeof(host));
   for (double x : host) CHECK(std::isnan(x));
   ops.release(p);
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device ops (cuda): every operation matches the CPU op") {
