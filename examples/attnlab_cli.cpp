@@ -1,4 +1,4 @@
-// attnlab: the command-line tool. A thin layer: CLI11 parses and validates the flags, lib/train
+// attnlab: the command-line tool. A thin layer: CLI11 parses and validates the flags, lib/app
 // does the work. Exit status: 0 success, 1 a failed check or I/O failure, 2 bad input (one line
 // "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted (checkpoint saved).
 #include <cmath>

@@ -1,5 +1,5 @@
 // Every DeviceOps operation (attnlab/device_ops.hpp) against the CPU ops, for both implementations:
-// the emulated one (the CUDA kernel sources on the CPU, tests/emulated_device_ops.hpp) on every
+// the emulated one (the CUDA kernel sources on the CPU, attnlab/backends/emulated.hpp) on every
 // machine, and the CUDA one (cuda_device_ops) where a device exists; without one those cases are
 // reported as skipped. Outputs start as NaN so that an element an operation never wrote shows.
 // Inputs are rounded to T first, so the double CPU reference sees exactly the device's inputs.

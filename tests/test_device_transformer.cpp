@@ -1,6 +1,6 @@
 // DeviceTransformer and DeviceOptimizer against the CPU Transformer and optimizers.
 //
-// On every machine they run on the emulated device (tests/emulated_device_ops.hpp: the CUDA kernel
+// On every machine they run on the emulated device (attnlab/backends/emulated.hpp: the CUDA kernel
 // sources on the CPU, BLAS for the GEMMs), which checks the device model's orchestration (buffers,
 // order of operations, gradient routing) and the kernels' arithmetic; on a machine with a GPU the
 // same checks run once more on the CUDA backend, and are reported as skipped elsewhere.

@@ -1,4 +1,4 @@
-// `attnlab train --device cuda` end to end, on the emulated device (tests/emulated_device_ops.hpp)
+// `attnlab train --device cuda` end to end, on the emulated device (attnlab/backends/emulated.hpp)
 // everywhere and on the CUDA backend where a GPU exists: the trainer's device path follows the CPU
 // run, writes checkpoints the CPU side reads, resumes across devices, and refuses a missing device.
 #include <doctest/doctest.h>

@@ -1,8 +1,9 @@
 // The operations a device-resident model is written against: memory, copies, and the kernels of a
 // transformer training step, on device pointers. Two implementations exist:
 //   cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
-//   tests/emulated_device_ops  the same kernel sources run on the CPU by the emulator of the CUDA
-//                              thread model, with BLAS for the GEMMs.
+//   emulated::make_device_ops<T>()  the same kernel sources run on the CPU by the emulator of the
+//                                   CUDA thread model, with BLAS for the GEMMs
+//                                   (attnlab/backends/emulated.hpp, target attnlab_emulated).
 // So DeviceTransformer (nn/device_transformer.hpp) is one piece of code that runs on a GPU and is
 // checked against the CPU Transformer on machines without one.
 //

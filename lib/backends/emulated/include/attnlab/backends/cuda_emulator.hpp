@@ -16,7 +16,7 @@
 // their speed, and not nvcc's code generation. 1-D blocks only (all of attnlab's kernels).
 //
 // Include this header before any kernel header, in a translation unit that includes no CUDA header.
-// Everything here is inline: several test files include it.
+// Everything here is inline: the emulated backend and the kernel tests include it.
 #pragma once
 
 #define ATTNLAB_CUDA_EMULATION 1
