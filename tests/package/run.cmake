@@ -31,8 +31,9 @@ if(MODE STREQUAL "package")
     endif()
   endforeach()
   # The library's own headers only: the training application is internal.
-  if(EXISTS "${prefix}/include/attnlab/app" OR EXISTS "${prefix}/include/attnlab/train")
-    message(FATAL_ERROR "cmake --install installed the application's headers")
+  file(GLOB_RECURSE app_headers "${prefix}/include/attnlab/app/*" "${prefix}/include/attnlab/train/*")
+  if(app_headers)
+    message(FATAL_ERROR "cmake --install installed the application's headers: ${app_headers}")
   endif()
   # The installed package forces no -march on its consumers (cmake/AttnlabMarch.cmake).
   file(READ "${prefix}/${LIBDIR}/cmake/attnlab/attnlabTargets.cmake" targets)
