@@ -192,7 +192,7 @@ TEST_CASE("attention score rule: causal bounds agree with key_visible, for any q
   CHECK(attention::key_visible(rule_params(6, 5, true, 2), 0, 2, 4));  // j <= i + o
 }
 
-TEST_CASE("attention score rule: score_row equals score element by element") {
+TEST_CASE("attention score rule: score_row over scaled dots equals score element by element") {
   Rng rng(5);
   const std::size_t Tq = 6, Tk = 23;
   std::vector<unsigned char> mask(2 * Tk);
@@ -213,13 +213,13 @@ TEST_CASE("attention score rule: score_row equals score element by element") {
                 CAPTURE(masked);
                 CAPTURE(i);
                 CAPTURE(j0);
-                std::vector<double> row(n);
-                for (auto& x : row) x = 4.0 * (rng.uniform() - 0.5);
-                std::vector<double> expected(n);
+                std::vector<double> dots(n), row(n), expected(n);
+                for (auto& x : dots) x = 4.0 * (rng.uniform() - 0.5);
                 for (std::size_t c = 0; c < n; ++c) {
-                  expected[c] = attention::score(p, b, 0, i, j0 + c, 0.37, row[c]);
+                  expected[c] = attention::score(p, b, 0, i, j0 + c, 0.37, dots[c]);
+                  row[c] = 0.37 * dots[c];  // what a GEMM with alpha = s_h gives
                 }
-                attention::score_row(p, b, 0, i, j0, n, 0.37, row.data());
+                attention::score_row(p, b, 0, i, j0, n, row.data());
                 CHECK(row == expected);  // bit for bit: the same products
               }
             }

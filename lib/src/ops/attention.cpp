@@ -140,9 +140,6 @@ void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaO
   cache.key_mask = key_mask ? *key_mask : KeyMask();
   cache.tile_rows = options.tile_rows;
   cache.tile_keys = options.tile_keys;
-  cache.p = Tensor4<T>();
-  cache.out = Tensor4<T>();
-  cache.lse = Tensor3<T>();
 }
 
 template <class T>
@@ -194,11 +191,15 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
   cache.path = resolve_sdpa_path(options.path, spec.Tk, spec.causal);
   const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
-  if (cache.path == SdpaPath::fused) {  // p stays empty: has_weights() is false
+  // The saved tensors keep their memory from one call to the next of the same shape.
+  if (cache.path == SdpaPath::fused) {
+    cache.p = Tensor4<T>();  // not materialised: has_weights() is false
     cache.lse.resize({spec.B, spec.H, spec.Tq});
     detail::sdpa_fused_forward(out.data(), cache.lse.data(), p, cache.tile_rows, cache.tile_keys);
     cache.out = out;
   } else {
+    cache.out = Tensor4<T>();
+    cache.lse = Tensor3<T>();
     cache.p.resize({spec.B, spec.H, spec.Tq, spec.Tk});
     detail::sdpa_reference_forward(out.data(), cache.p.data(), p);
   }

@@ -18,8 +18,8 @@ AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const 
                                 const Tensor4<T>* v, const SdpaOptions& options,
                                 const KeyMask* key_mask);
 
-// Resets `cache` to a checked call: spec, per-head scales, mask and tiles; path and the saved
-// tensors are the forward's to fill.
+// Fills `cache` with a checked call's spec, per-head scales, mask and tiles; the path and the saved
+// tensors (p, or out and lse) are the forward's to set.
 template <class T>
 void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
                      const KeyMask* key_mask);

@@ -55,12 +55,12 @@ void subtract_times(T* x, const T* p, T shift, std::size_t n) {
   for (; c < n; ++c) x[c] = p[c] * (x[c] - shift);
 }
 
-// S = score rule over the tile's dots, row by row: rows [i0, i0 + br), keys [j0, j0 + bc).
+// S = the score rule over the tile's scaled dots, row by row: rows [i0, i0 + br), keys [j0, j0 +
+// bc).
 template <class T>
-void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h, T s,
-                std::size_t i0, std::size_t br, std::size_t j0, std::size_t bc) {
-  for (std::size_t r = 0; r < br; ++r)
-    attention::score_row(p, b, h, i0 + r, j0, bc, s, sb + r * bc);
+void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i0,
+                std::size_t br, std::size_t j0, std::size_t bc) {
+  for (std::size_t r = 0; r < br; ++r) attention::score_row(p, b, h, i0 + r, j0, bc, sb + r * bc);
 }
 
 std::size_t tile_or_default(std::size_t tile, std::size_t fallback) {
@@ -101,9 +101,9 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
           const std::size_t bc = std::min(tile_keys, keys - j0);
           const int rows = static_cast<int>(br), cols = static_cast<int>(bc);
           // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, d, T(1), qp + i0 * D, d, kp + j0 * D, d, T(0),
+          blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                         sb.data(), cols);
-          score_tile(sb.data(), p, b, h, s, i0, br, j0, bc);
+          score_tile(sb.data(), p, b, h, i0, br, j0, bc);
           for (std::size_t r = 0; r < br; ++r) {
             T* row = sb.data() + r * bc;
             const T m_new = std::max(m[r], row_max(row, bc));
@@ -189,9 +189,9 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
           const std::size_t bc = std::min(tile_keys, keys - j0);
           const int cols = static_cast<int>(bc);
           // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, d, T(1), qp + i0 * D, d, kp + j0 * D, d, T(0),
+          blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                         sb.data(), cols);
-          score_tile(sb.data(), p, b, h, s, i0, br, j0, bc);
+          score_tile(sb.data(), p, b, h, i0, br, j0, bc);
           for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
             T* row = sb.data() + r * bc;
             const T row_lse = lsep[i0 + r];

@@ -20,12 +20,10 @@ template <class T>
 void scores_slice(T* sp, const AttentionParams<T>& p, std::size_t bh) {
   const std::size_t b = bh / p.H, h = bh % p.H, kv = p.kv_slice_of(bh);
   const int m = static_cast<int>(p.Tq), n = static_cast<int>(p.Tk), d = static_cast<int>(p.D);
-  // Q Kᵀ                                                 (Tq,D) x (D,Tk) -> (Tq,Tk)
-  blas::gemm<T>(false, true, m, n, d, T(1), p.q + bh * p.Tq * p.D, d, p.k + kv * p.Tk * p.D, d,
-                T(0), sp, n);
-  for (std::size_t i = 0; i < p.Tq; ++i) {
-    attention::score_row(p, b, h, i, 0, p.Tk, p.scale[h], sp + i * p.Tk);
-  }
+  // s · Q Kᵀ                                             (Tq,D) x (D,Tk) -> (Tq,Tk)
+  blas::gemm<T>(false, true, m, n, d, p.scale[h], p.q + bh * p.Tq * p.D, d, p.k + kv * p.Tk * p.D,
+                d, T(0), sp, n);
+  for (std::size_t i = 0; i < p.Tq; ++i) attention::score_row(p, b, h, i, 0, p.Tk, sp + i * p.Tk);
 }
 
 }  // namespace
