@@ -92,8 +92,8 @@ double resolve_scale(const SdpaOptions& options, std::size_t d);
 AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& options,
                                   AttentionSpec sizes);
 
-// What the backward needs besides q, k and v. The CPU and the CUDA entry points fill the same
-// cache: a forward on one may be followed by the backward on the other.
+// What the backward needs besides q, k and v. The CPU and the CUDA entry points fill the same cache
+// type; its saved tensors (P, or O and the log-sum-exp) mean the same on both.
 template <class T>
 struct SdpaCache {
   AttentionSpec spec;    // sizes, causal and query offset of the last forward
@@ -127,7 +127,7 @@ struct SdpaCache {
 
 // q: (B,H,Tq,D), k: (B,H,Tk,D), v: (B,H,Tk,Dv); key_mask: (B,Tk) or nullptr.
 // Returns O (B,H,Tq,Dv) and fills `cache`. Throws ShapeError on any shape mismatch, naming both
-// shapes.
+// shapes, and std::invalid_argument for a bad option (scale, head_scale, query_offset).
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                         const Tensor4<T>& v, const SdpaOptions& options = {},
