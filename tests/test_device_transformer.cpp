@@ -158,6 +158,12 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.attention.causal = true;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("causal with a query offset, key mask") {
+    auto c = small_config();
+    c.attention.causal = true;
+    c.attention.query_offset = 2;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("fused attention path, explicit scale, no positions") {
     auto c = small_config();
     c.attention.path = SdpaPath::fused;
