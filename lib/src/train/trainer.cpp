@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/nn/device_transformer.hpp"
 #include "attnlab/optim/adamw.hpp"
@@ -302,6 +303,7 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["init_qk_var_ratio"] = r.init_qk_var_ratio;
   j["seconds"] = r.seconds;
   j["device"] = r.device;
+  j["blas_core"] = blas_info().core;
   std::ofstream out(path, std::ios::trunc);
   if (!out) throw std::runtime_error(path + ": cannot open for writing");
   out << j.dump(2) << '\n';
