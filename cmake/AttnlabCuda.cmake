@@ -77,11 +77,7 @@ function(attnlab_add_cuda_backend target)
   target_compile_options(attnlab_cuda PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
-  if(ATTNLAB_MARCH)
-    target_compile_options(attnlab_cuda PRIVATE
-      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-march=${ATTNLAB_MARCH}>
-      $<$<COMPILE_LANGUAGE:CXX>:-march=${ATTNLAB_MARCH}>)
-  endif()
+  attnlab_use_march(attnlab_cuda)
   # Shared cuBLAS loads without a driver too, and links far faster than the static archive.
   if(TARGET CUDA::cublas)
     set(cublas CUDA::cublas)

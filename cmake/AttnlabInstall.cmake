@@ -1,5 +1,7 @@
 # Install rules: the library, its headers and a CMake package (config, targets, version file), so
-# that an outside project can write find_package(attnlab) and link attnlab::attnlab.
+# that an outside project can write find_package(attnlab) and link attnlab::attnlab; and the
+# attnlab CLI (bin/attnlab) when it is built. The training application (lib/app) and the emulated
+# backend are internal: linked into the CLI and the tests, never installed.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -18,6 +20,11 @@ install(TARGETS ${ATTNLAB_EXPORTED_TARGETS} EXPORT attnlabTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/lib/include/attnlab" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(TARGET attnlab_cli)
+  # A shared attnlab is found next to bin/ (lib/); a static one is linked in.
+  set_target_properties(attnlab_cli PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+  install(TARGETS attnlab_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 install(EXPORT attnlabTargets NAMESPACE attnlab:: DESTINATION ${ATTNLAB_INSTALL_CMAKEDIR})
 
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/attnlabConfig.cmake.in"

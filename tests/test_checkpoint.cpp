@@ -18,8 +18,8 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attnlab/io/checkpoint.hpp"
 #include "attnlab/random.hpp"
-#include "attnlab/train/checkpoint.hpp"
 #include "helpers.hpp"
 #include "temp_dir.hpp"
 

@@ -1,5 +1,5 @@
 // The training-step CUDA kernels (lib/cuda/train_kernels.cuh) run on the CPU under the emulator of
-// the CUDA thread model (tests/cuda_emulator.hpp), against the CPU ops: embedding, LayerNorm,
+// the CUDA thread model (attnlab/backends/cuda_emulator.hpp), against the CPU ops: embedding, LayerNorm,
 // RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW, SGD, the sum of squares,
 // and the glue of a device-resident model (add, scale, exp, head split/merge, per-head dot).
 // Outputs start NaN-filled so that an element a kernel skipped shows. Runs on every machine.
@@ -25,7 +25,7 @@
 #include "helpers.hpp"
 
 // clang-format off
-#include "cuda_emulator.hpp"
+#include "attnlab/backends/cuda_emulator.hpp"
 #include "../lib/cuda/train_kernels.cuh"
 // clang-format on
 

@@ -1,5 +1,5 @@
 // Every DeviceOps operation (attnlab/device_ops.hpp) against the CPU ops, for both implementations:
-// the emulated one (the CUDA kernel sources on the CPU, tests/emulated_device_ops.hpp) on every
+// the emulated one (the CUDA kernel sources on the CPU, attnlab/backends/emulated.hpp) on every
 // machine, and the CUDA one (make_cuda_device_ops) where a device exists; without one those cases
 // are reported as skipped. Outputs start as NaN so that an element an operation never wrote shows.
 // Inputs are rounded to T first, so the double CPU reference sees exactly the device's inputs.
@@ -15,7 +15,9 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
 
+#include "attnlab/backends/emulated.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/cuda_train.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/ops/attention.hpp"
@@ -29,7 +31,6 @@
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "cuda_helpers.hpp"
-#include "emulated_device_ops.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -314,8 +315,8 @@ void check_attention(DeviceOps<T>& ops, double tol) {
   DeviceVector<T, T> dq_in(ops, values<T>(q)), dk_in(ops, values<T>(k)), dv_in(ops, values<T>(v)),
       ddout(ops, values<T>(dout)), dscale(ops, head_scale);
   DeviceVector<unsigned char, T> dmask(ops, std::vector<unsigned char>(mask.begin(), mask.end()));
-  cuda::SdpaDeviceArgs<T> a;
-  a.B = B, a.H = H, a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv;
+  AttentionParams<T> a;
+  a.B = B, a.H = H, a.Hkv = H, a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv;
   a.q = dq_in.get(), a.k = dk_in.get(), a.v = dv_in.get(), a.scale = dscale.get();
   a.key_mask = dmask.get();
   a.causal = true;
@@ -451,27 +452,30 @@ constexpr double kFloatTol = 1e-5;
 }  // namespace
 
 TEST_CASE("device ops (emulated): every operation matches the CPU op, in double") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   CHECK(ops.name() == "emulated (CPU)");
   check_all(ops, kDoubleTol);
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device ops (emulated): every operation matches the CPU op, in float") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   check_all(ops, kFloatTol);
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device ops (emulated): allocations are NaN-filled and counted until released") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   void* p = ops.allocate(3 * sizeof(double));
-  CHECK(ops.live_allocations() == 1);
+  CHECK(emulated::live_allocations(ops) == 1);
   double host[3];
   ops.download(host, p, sizeof(host));
   for (double x : host) CHECK(std::isnan(x));
   ops.release(p);
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device ops (cuda): every operation matches the CPU op") {

@@ -1,6 +1,6 @@
 // DeviceTransformer and DeviceOptimizer against the CPU Transformer and optimizers.
 //
-// On every machine they run on the emulated device (tests/emulated_device_ops.hpp: the CUDA kernel
+// On every machine they run on the emulated device (attnlab/backends/emulated.hpp: the CUDA kernel
 // sources on the CPU, BLAS for the GEMMs), which checks the device model's orchestration (buffers,
 // order of operations, gradient routing) and the kernels' arithmetic; on a machine with a GPU the
 // same checks run once more on the CUDA backend, and are reported as skipped elsewhere.
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/backends/emulated.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/nn/device_transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
@@ -20,7 +21,6 @@
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "cuda_helpers.hpp"
-#include "emulated_device_ops.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -158,6 +158,12 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.attention.causal = true;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("causal with a query offset, key mask") {
+    auto c = small_config();
+    c.attention.causal = true;
+    c.attention.query_offset = 2;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("fused attention path, explicit scale, no positions") {
     auto c = small_config();
     c.attention.path = SdpaPath::fused;
@@ -247,19 +253,22 @@ void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss
 }  // namespace
 
 TEST_CASE("device transformer (emulated): one step matches the CPU model, double") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   check_variants<double>(ops, 1e-10);
 }
 
 TEST_CASE("device transformer (emulated): one step matches the CPU model, float") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   check_variants<float>(ops, 2e-5);
 }
 
 TEST_CASE("device transformer (emulated): central-difference gradient check of every parameter") {
   // The device backward on its own terms, in double: every element of every parameter against
   // (L(θ + ε) − L(θ − ε)) / 2ε of the device's own forward and loss, with every feature on.
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   TransformerConfig c;
   c.vocab_sizes = {5, 3};
   c.max_len = 4;
@@ -307,12 +316,14 @@ TEST_CASE("device transformer (emulated): central-difference gradient check of e
 }
 
 TEST_CASE("device transformer (emulated): 50 AdamW steps with clipping follow the CPU loss curve") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   check_training_curve<float>(ops, 50, false, 1e-4, 1e-4);
 }
 
 TEST_CASE("device transformer (emulated): SGD with momentum and weight decay, double") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   check_training_curve<double>(ops, 20, true, 1e-10, 1e-10);
 }
 
@@ -329,7 +340,8 @@ TEST_CASE("device transformer (CUDA): 50 AdamW steps with clipping follow the CP
 }
 
 TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer state") {
-  test::EmulatedDeviceOps<double> ops;
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
   auto config = small_config();
   Rng rng(1);
   Transformer<double> cpu(config, rng);
@@ -390,7 +402,8 @@ TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer st
 }
 
 TEST_CASE("device transformer: bad input is refused with the CPU model's errors") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   auto config = small_config();
   Rng rng(1);
   Transformer<float> cpu(config, rng);
@@ -416,7 +429,8 @@ TEST_CASE("device transformer: bad input is refused with the CPU model's errors"
 }
 
 TEST_CASE("device transformer: device memory is released") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   {
     auto config = small_config();
     Rng rng(1);
@@ -431,9 +445,9 @@ TEST_CASE("device transformer: device memory is released") {
       dev.backward();
       opt.step();
     }
-    CHECK(ops.live_allocations() > 0);
+    CHECK(emulated::live_allocations(ops) > 0);
   }
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }
 
 TEST_CASE("device transformer: without a device, make_cuda_device_ops says why") {

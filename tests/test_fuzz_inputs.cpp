@@ -14,8 +14,8 @@
 
 #include <xtensor/xbuilder.hpp>
 
-#include "attnlab/train/checkpoint.hpp"
-#include "attnlab/train/data_file.hpp"
+#include "attnlab/app/data_file.hpp"
+#include "attnlab/io/checkpoint.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -47,9 +47,9 @@ bool loads_into_fuzz_model(const std::string& path) {
 
 bool reads_as_data_file(const std::string& path) {
   try {
-    train::read_data_file(path);
+    app::read_data_file(path);
     return true;
-  } catch (const train::DataFileError& e) {
+  } catch (const app::DataFileError& e) {
     CHECK(std::string(e.what()).rfind(path + ":", 0) == 0);
     return false;
   }

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "attnlab/train/data_file.hpp"
+#include "attnlab/app/data_file.hpp"
 #include "temp_dir.hpp"
 
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 namespace {
 

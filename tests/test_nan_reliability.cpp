@@ -10,9 +10,9 @@
 
 #include <xtensor/xarray.hpp>
 
+#include "attnlab/app/trainer.hpp"
+#include "attnlab/io/checkpoint.hpp"
 #include "attnlab/nn/transformer.hpp"
-#include "attnlab/train/checkpoint.hpp"
-#include "attnlab/train/trainer.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
@@ -112,8 +112,8 @@ TEST_CASE("NaN in an embedding row or the head: the first stage that saw it is n
 
 TEST_CASE("a diverging run names its step, layer and head, and never overwrites a checkpoint") {
   test::TempDir dir;
-  train::TrainConfig c;
-  c.task.kind = train::TaskKind::sort;
+  app::TrainConfig c;
+  c.task.kind = app::TaskKind::sort;
   c.task.symbols = 6;
   c.task.length = 5;
   c.model.d_model = 16;
@@ -132,7 +132,7 @@ TEST_CASE("a diverging run names its step, layer and head, and never overwrites 
   c.progress = false;
   c.out = dir.file("run");
   // A healthy run leaves a checkpoint ...
-  REQUIRE_FALSE(train::train_model(c).diverged);
+  REQUIRE_FALSE(app::train_model(c).diverged);
   const auto ckpt = c.out + "/model.safetensors";
   REQUIRE(std::filesystem::exists(ckpt));
   const auto before = load_safetensors(ckpt);
@@ -140,7 +140,7 @@ TEST_CASE("a diverging run names its step, layer and head, and never overwrites 
   // ... that a diverging run into the same directory must not replace.
   c.lr = 1e30;  // the first update blows the weights up
   c.steps = 6;
-  const auto result = train::train_model(c);
+  const auto result = app::train_model(c);
   REQUIRE(result.diverged);
   INFO("diverged at step " << result.diverged_step << " in " << result.diverged_where);
   CHECK(result.diverged_step >= 1);

@@ -15,7 +15,7 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
 
-#include "attnlab/train/safetensors.hpp"
+#include "attnlab/io/safetensors.hpp"
 #include "helpers.hpp"
 #include "temp_dir.hpp"
 

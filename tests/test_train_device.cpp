@@ -1,4 +1,4 @@
-// `attnlab train --device cuda` end to end, on the emulated device (tests/emulated_device_ops.hpp)
+// `attnlab train --device cuda` end to end, on the emulated device (attnlab/backends/emulated.hpp)
 // everywhere and on the CUDA backend where a GPU exists: the trainer's device path follows the CPU
 // run, writes checkpoints the CPU side reads, resumes across devices, and refuses a missing device.
 #include <doctest/doctest.h>
@@ -10,19 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/trainer.hpp"
+#include "attnlab/backends/emulated.hpp"
 #include "attnlab/cuda.hpp"
-#include "attnlab/train/trainer.hpp"
 #include "cuda_helpers.hpp"
-#include "emulated_device_ops.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
 
 namespace {
 
-train::TrainConfig tiny_run(const std::string& out) {
-  train::TrainConfig c;
-  c.task.kind = train::TaskKind::recall;
+app::TrainConfig tiny_run(const std::string& out) {
+  app::TrainConfig c;
+  c.task.kind = app::TaskKind::recall;
   c.task.keys = 8;
   c.task.values = 8;
   c.task.pairs = 4;
@@ -68,10 +68,10 @@ std::vector<double> column(const std::string& path, const std::string& name) {
 void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   test::TempDir dir;
   auto cpu = tiny_run(dir.file("cpu"));
-  const auto r_cpu = train::train_model(cpu);
+  const auto r_cpu = app::train_model(cpu);
   auto gpu = tiny_run(dir.file("device"));
   gpu.device = "cuda";
-  const auto r_dev = train::train_model(gpu, ops);
+  const auto r_dev = app::train_model(gpu, ops);
   CHECK(r_dev.device != "cpu");
   CHECK(r_cpu.device == "cpu");
   REQUIRE_FALSE(r_dev.diverged);
@@ -100,7 +100,7 @@ void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   CHECK(r_dev.final_eval_loss < r_dev.init_eval_loss);  // it trains
 
   // The device run's checkpoint is an ordinary one: the CPU evaluates it to the same loss.
-  const auto report = train::evaluate_run(gpu.out);
+  const auto report = app::evaluate_run(gpu.out);
   CHECK(std::abs(report.loss - r_dev.final_eval_loss) <= 1e-6 * r_dev.final_eval_loss);
 
   // A device run stopped at step 12 and resumed on the CPU ends where an unbroken device run
@@ -108,10 +108,10 @@ void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   auto half = tiny_run(dir.file("half"));
   half.device = "cuda";
   half.stop_after = 12;
-  CHECK(train::train_model(half, ops).interrupted);
+  CHECK(app::train_model(half, ops).interrupted);
   auto rest = tiny_run(dir.file("half"));
   rest.resume = half.out;
-  const auto r_rest = train::train_model(rest);
+  const auto r_rest = app::train_model(rest);
   CHECK(r_rest.steps_done == 24);
   CHECK(std::abs(r_rest.final_eval_loss - r_dev.final_eval_loss) <=
         tolerance * r_dev.final_eval_loss);
@@ -120,7 +120,8 @@ void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
 }  // namespace
 
 TEST_CASE("train --device cuda (emulated device): follows the CPU run, checkpoints interchange") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   check_follows_cpu(&ops, 1e-5);
 }
 
@@ -133,27 +134,27 @@ TEST_CASE("train --device: bad values and a missing device are refused before an
   test::TempDir dir;
   auto c = tiny_run(dir.file("run"));
   c.device = "tpu";
-  CHECK_THROWS_WITH_AS(train::train_model(c),
-                       doctest::Contains("device expected cpu|cuda, got tpu"),
+  CHECK_THROWS_WITH_AS(app::train_model(c), doctest::Contains("device expected cpu|cuda, got tpu"),
                        std::invalid_argument);
   if (!cuda_available()) {
     c.device = "cuda";
-    CHECK_THROWS_WITH_AS(train::train_model(c), doctest::Contains("usable CUDA device"),
+    CHECK_THROWS_WITH_AS(app::train_model(c), doctest::Contains("usable CUDA device"),
                          std::invalid_argument);
   }
   CHECK_FALSE(std::filesystem::exists(c.out + "/metrics.csv"));
 }
 
 TEST_CASE("train --device cuda (emulated device): a divergence is located and never saved") {
-  test::EmulatedDeviceOps<float> ops;
+  const auto device = emulated::make_device_ops<float>();
+  auto& ops = *device;
   test::TempDir dir;
   auto c = tiny_run(dir.file("run"));
   c.device = "cuda";
   c.model.scale = 1e38;  // overflows the attention logits at the first step
-  const auto r = train::train_model(c, &ops);
+  const auto r = app::train_model(c, &ops);
   CHECK(r.diverged);
   CHECK(r.diverged_step == 1);
   CHECK(r.diverged_where.find("blocks.0.attn") == 0);  // found by replaying on the host model
   CHECK_FALSE(std::filesystem::exists(c.out + "/model.safetensors"));
-  CHECK(ops.live_allocations() == 0);
+  CHECK(emulated::live_allocations(ops) == 0);
 }

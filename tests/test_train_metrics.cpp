@@ -5,13 +5,13 @@
 #include <cmath>
 #include <limits>
 
+#include "attnlab/app/metrics.hpp"
+#include "attnlab/app/summary.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/random.hpp"
-#include "attnlab/train/metrics.hpp"
-#include "attnlab/train/summary.hpp"
 
 using namespace attnlab;
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 TEST_CASE("attention_health on hand-built weights: entropy, saturation, Jacobian, max logit") {
   // (B=1, H=2, Tq=2, Tk=3)

@@ -5,10 +5,10 @@
 
 #include <cmath>
 
-#include "attnlab/train/model.hpp"
+#include "attnlab/app/model.hpp"
 
 using namespace attnlab;
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 namespace {
 ModelSpec study_spec(Scaling mode, int d_k) {
@@ -24,7 +24,7 @@ ModelSpec study_spec(Scaling mode, int d_k) {
 }
 }  // namespace
 
-TEST_CASE("train::Model: one seed gives every scaling mode identical initial weights") {
+TEST_CASE("app::Model: one seed gives every scaling mode identical initial weights") {
   TaskConfig task;
   const TaskShape shape = task_shape(task);
   Rng a(11), b(11), c(11);
@@ -41,7 +41,7 @@ TEST_CASE("train::Model: one seed gives every scaling mode identical initial wei
   }
 }
 
-TEST_CASE("train::Model: Var(q.k) ~ d_k at step 0, and the logits are the scaled dots") {
+TEST_CASE("app::Model: Var(q.k) ~ d_k at step 0, and the logits are the scaled dots") {
   TaskConfig task;
   const TaskShape shape = task_shape(task);
   Rng data(3);

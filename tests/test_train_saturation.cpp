@@ -3,10 +3,10 @@
 // and 1/d_k drifts towards uniform attention.
 #include <doctest/doctest.h>
 
-#include "attnlab/train/saturation.hpp"
+#include "attnlab/app/saturation.hpp"
 
 using namespace attnlab;
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 TEST_CASE(
     "saturation sweep: Var(q.k) ~ d_k, and entropy falls unscaled, stays flat under sqrt_dk") {

@@ -3,10 +3,10 @@
 
 #include <set>
 
-#include "attnlab/train/study.hpp"
+#include "attnlab/app/study.hpp"
 
 using namespace attnlab;
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 TEST_CASE(
     "study presets: 1 layer, 1 head, attention-only recall with decoupled d_k and AdamW(0.9, "

@@ -7,11 +7,11 @@
 #include <fstream>
 #include <set>
 
-#include "attnlab/train/data_file.hpp"
-#include "attnlab/train/tasks.hpp"
+#include "attnlab/app/data_file.hpp"
+#include "attnlab/app/tasks.hpp"
 
 using namespace attnlab;
-using namespace attnlab::train;
+using namespace attnlab::app;
 
 namespace {
 std::string temp_path(const std::string& name) {

@@ -1,5 +1,5 @@
 // Private to lib/cuda: the few spellings that differ between nvcc and the CPU emulation of the CUDA
-// thread model used by tests/test_cuda_emulated.cpp (tests/cuda_emulator.hpp). Under nvcc they are
+// thread model used by tests/test_cuda_emulated.cpp (attnlab/backends/cuda_emulator.hpp). Under nvcc they are
 // the plain CUDA declarations.
 #pragma once
 
@@ -11,5 +11,5 @@
 #define ATTNLAB_STATIC_SHARED(type, name, count) __shared__ type name[count]
 
 #elif !defined(ATTNLAB_CUDA_EMULATION)
-#error "lib/cuda kernels compile under nvcc, or on the CPU with tests/cuda_emulator.hpp"
+#error "lib/cuda kernels compile under nvcc, or on the CPU with attnlab/backends/cuda_emulator.hpp"
 #endif

@@ -11,7 +11,7 @@
 
 #include <xtensor/xbuilder.hpp>
 
-#include "attnlab/train/checkpoint.hpp"
+#include "attnlab/io/checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace attnlab;

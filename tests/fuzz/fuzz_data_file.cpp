@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "attnlab/train/data_file.hpp"
+#include "attnlab/app/data_file.hpp"
 
 namespace {
 
@@ -20,7 +20,7 @@ std::string as_file(int fd, const void* bytes, std::size_t size) {
   return "/proc/self/fd/" + std::to_string(fd);
 }
 
-void check_consistent(const attnlab::train::Batch& batch, const attnlab::train::TaskShape* expect) {
+void check_consistent(const attnlab::app::Batch& batch, const attnlab::app::TaskShape* expect) {
   if (batch.size() == 0 || batch.length() == 0 || batch.fields.empty()) __builtin_trap();
   for (const auto& f : batch.fields) {
     if (f.shape() != batch.targets.shape()) __builtin_trap();
@@ -30,7 +30,7 @@ void check_consistent(const attnlab::train::Batch& batch, const attnlab::train::
   if (batch.length() != static_cast<std::size_t>(expect->seq_len)) __builtin_trap();
   for (std::size_t f = 0; f < batch.fields.size(); ++f) {
     for (const int id : batch.fields[f]) {
-      if (id >= expect->field_vocab[f] || id < attnlab::train::kAbsent) __builtin_trap();
+      if (id >= expect->field_vocab[f] || id < attnlab::app::kAbsent) __builtin_trap();
     }
   }
   for (const int id : batch.targets) {
@@ -41,7 +41,7 @@ void check_consistent(const attnlab::train::Batch& batch, const attnlab::train::
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace attnlab::train;
+  using namespace attnlab::app;
   static const int input_fd = ::memfd_create("fuzz-data", 0);
   static const int again_fd = ::memfd_create("fuzz-data-again", 0);
   if (input_fd < 0 || again_fd < 0) __builtin_trap();

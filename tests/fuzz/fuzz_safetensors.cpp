@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-#include "attnlab/train/safetensors.hpp"
+#include "attnlab/io/safetensors.hpp"
 
 namespace {
 

@@ -5,7 +5,8 @@
 #                        app.cpp against the attnlab target; with -DFULL=ON it also builds the
 #                        library from source (a minute of CPU), links and runs the program
 # Other variables: SOURCE_DIR (attnlab checkout), BUILD_DIR (attnlab build tree), WORK_DIR (scratch),
-# LIBDIR (CMAKE_INSTALL_LIBDIR), GENERATOR, CXX_COMPILER, BUILD_TYPE, JOBS.
+# LIBDIR (CMAKE_INSTALL_LIBDIR), GENERATOR, CXX_COMPILER, BUILD_TYPE, JOBS, CLI (ON: the build tree
+# has the attnlab CLI, so the prefix must have bin/attnlab).
 cmake_minimum_required(VERSION 3.25)
 
 function(run_step what)
@@ -29,6 +30,23 @@ if(MODE STREQUAL "package")
       message(FATAL_ERROR "cmake --install did not install ${f}")
     endif()
   endforeach()
+  # The library's own headers only: the training application is internal.
+  file(GLOB_RECURSE app_headers "${prefix}/include/attnlab/app/*" "${prefix}/include/attnlab/train/*")
+  if(app_headers)
+    message(FATAL_ERROR "cmake --install installed the application's headers: ${app_headers}")
+  endif()
+  # The installed package forces no -march on its consumers (cmake/AttnlabMarch.cmake).
+  file(READ "${prefix}/${LIBDIR}/cmake/attnlab/attnlabTargets.cmake" targets)
+  if(targets MATCHES "march")
+    message(FATAL_ERROR "attnlabTargets.cmake passes -march to consumers")
+  endif()
+  # The CLI is installed and runs from the prefix.
+  if(CLI)
+    run_step("installed bin/attnlab --help" "${prefix}/bin/attnlab" --help)
+    if(NOT step_output MATCHES "train")
+      message(FATAL_ERROR "bin/attnlab --help printed no subcommands:\n${step_output}")
+    endif()
+  endif()
   set(how "-DCMAKE_PREFIX_PATH=${prefix}")
 elseif(MODE STREQUAL "subdirectory")
   # Kept between runs: the library build is incremental.

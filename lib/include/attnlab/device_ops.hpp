@@ -1,8 +1,9 @@
 // The operations a device-resident model is written against: memory, copies, and the kernels of a
 // transformer training step, on device pointers. Two implementations exist:
-//   make_cuda_device_ops<T>()  the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
-//   tests/emulated_device_ops  the same kernel sources run on the CPU by the emulator of the CUDA
-//                              thread model, with BLAS for the GEMMs.
+//   make_cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
+//   emulated::make_device_ops<T>()  the same kernel sources run on the CPU by the emulator of the
+//                                   CUDA thread model, with BLAS for the GEMMs
+//                                   (attnlab/backends/emulated.hpp, target attnlab_emulated).
 // So DeviceTransformer (nn/device_transformer.hpp) is one piece of code that runs on a GPU and is
 // checked against the CPU Transformer on machines without one.
 //
@@ -89,12 +90,12 @@ class DeviceOps {
                                      int ignore_index) = 0;
 
   // ---- attention (attnlab/cuda_attention.hpp) -------------------------------------------------
-  virtual void sdpa_reference_forward(T* out, T* p, const cuda::SdpaDeviceArgs<T>& args) = 0;
+  virtual void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& args) = 0;
   virtual void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
-                                       const cuda::SdpaDeviceArgs<T>& args) = 0;
-  virtual void sdpa_fused_forward(T* out, T* lse, const cuda::SdpaDeviceArgs<T>& args) = 0;
+                                       const AttentionParams<T>& args) = 0;
+  virtual void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& args) = 0;
   virtual void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
-                                   const T* lse, const cuda::SdpaDeviceArgs<T>& args) = 0;
+                                   const T* lse, const AttentionParams<T>& args) = 0;
   // Throws std::invalid_argument when the fused path cannot take head dims D, Dv.
   virtual void check_fused(std::size_t D, std::size_t Dv) = 0;
 

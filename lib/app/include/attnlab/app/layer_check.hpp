@@ -1,0 +1,33 @@
+// Gradient checks of one layer from the command line (`attnlab gradcheck`): builds the layer in
+// double precision from a ModelSpec, and runs the library's central-difference checker on the
+// input and every parameter of L = Σ r ⊙ layer(x) (cross-entropy for the whole Transformer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnlab/app/trainer.hpp"
+#include "attnlab/gradcheck.hpp"
+
+namespace attnlab::app {
+
+// The relative-error tolerance of `attnlab gradcheck` (that of the stack's test suite).
+inline constexpr double kLayerGradTolerance = 1e-6;
+
+// A tensor whose true gradient is zero (k_norm.beta: the softmax ignores a shift shared by every
+// key) has a meaningless relative error between two round-off-sized vectors; it is judged on the
+// gradient norms instead, which must both stay under this.
+inline constexpr double kZeroGradientNorm = 1e-7;
+
+// Every tensor within kLayerGradTolerance relative error, or with both norms <= kZeroGradientNorm.
+bool layer_check_passed(const GradcheckReport& report);
+
+const std::vector<std::string>& checkable_layers();
+
+// layer: one of checkable_layers(). batch B and seq T size the input. Throws std::invalid_argument
+// for an unknown layer or a bad spec.
+GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int batch, int seq,
+                            std::uint64_t seed);
+
+}  // namespace attnlab::app

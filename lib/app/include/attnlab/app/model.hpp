@@ -1,0 +1,61 @@
+// The trainer's view of a model: the stack's Transformer behind a small interface that speaks in
+// task batches (summed token fields, absent fields) and exposes what the metrics need.
+//
+// This adapter lives in train/ so that the nn/ layer stays free of tasks; it owns the Transformer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnlab/app/tasks.hpp"
+#include "attnlab/app/trainer.hpp"
+#include "attnlab/nn/parameter.hpp"
+#include "attnlab/random.hpp"
+#include "attnlab/tensor.hpp"
+
+namespace attnlab {
+template <class T>
+class Transformer;
+}  // namespace attnlab
+
+namespace attnlab::app {
+
+class Model {
+ public:
+  // Draws the initial weights from rng (the order of draws depends only on the shapes, never on
+  // the scaling mode, so that the modes of a study start from identical weights).
+  Model(const ModelSpec& spec, const TaskShape& shape, Rng& rng);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // logits (B, T, V) for the batch's fields (each (B, T); kAbsent contributes nothing).
+  Tensor3<float> forward(const Batch& batch);
+  // dlogits (B, T, V): adds into the parameters' grads.
+  void backward(const Tensor3<float>& dlogits);
+  ParameterList<float> parameters();
+  void zero_grad();
+
+  std::size_t layers() const;
+  std::size_t heads() const;
+  // Layer l of the last forward: attention weights P (B,H,T,T) and the scaled logits S (B,H,T,T).
+  Tensor4<float> attention_weights(std::size_t layer) const;
+  Tensor4<float> attention_logits(std::size_t layer) const;
+  // The unscaled dot products q·k of layer l (B,H,T,T), for the Var(q·k)/d_k premise check.
+  Tensor4<float> attention_dots(std::size_t layer) const;
+  // Names of W_Q and W_K of layer l in parameters().
+  std::string w_q_name(std::size_t layer) const;
+  std::string w_k_name(std::size_t layer) const;
+  // After a forward that produced a non-finite logit: the first stage whose output was non-finite
+  // ("embedding", "blocks.0.attn", ..., "head"); "" if none.
+  std::string first_nonfinite_stage() const;
+  // The underlying network (for a device-resident copy: nn/device_transformer.hpp).
+  Transformer<float>& transformer();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace attnlab::app

@@ -1,0 +1,44 @@
+// A training run's checkpoint, DIR/model.safetensors, on top of the checkpoint I/O of
+// train/checkpoint.hpp (atomic write, validated load): the model's parameters by name, the
+// optimizer state under "optim.<param>.<slot>", and in the metadata the run's config (JSON), the
+// step, the data Rng state and the format version.
+//
+// This header deliberately avoids train/safetensors.hpp: its attnlab::NamedTensor struct clashes
+// with optim/optimizer.hpp's attnlab::NamedTensor<T> alias, so the two cannot share a translation
+// unit. Optimizer state travels here as plain (name, tensor) pairs.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+#include "attnlab/nn/parameter.hpp"
+#include "attnlab/random.hpp"
+
+namespace attnlab::app {
+
+using StateTensors = std::vector<std::pair<std::string, xt::xarray<float>>>;
+
+struct RunMeta {
+  std::string config_json;  // the TrainConfig that made the run
+  std::size_t step = 0;     // training steps completed
+  std::size_t optimizer_steps = 0;
+  Rng::State data_rng{};
+};
+
+// optimizer_state: names as Optimizer::state_tensors() gives them ("optim.<param>.<slot>").
+void save_run_checkpoint(const std::string& path, const ParameterList<float>& params,
+                         const StateTensors& optimizer_state, const RunMeta& meta);
+
+// The metadata only (the file is still fully validated). Throws CheckpointError.
+RunMeta read_run_meta(const std::string& path);
+
+// Loads parameters (and, when optimizer_state is not null, the optimizer state: on input the
+// expected names and shapes as state_tensors() gives them; on output the values). Throws
+// CheckpointError naming the file and the problem; nothing is changed then.
+RunMeta load_run_checkpoint(const std::string& path, ParameterList<float>& params,
+                            StateTensors* optimizer_state);
+
+}  // namespace attnlab::app

@@ -1,0 +1,68 @@
+// The √d_k stability study: sweeps scaling mode × d_k × learning rate × seed, trains every run
+// with train_model, and writes summary.csv, summary.md and gnuplot PNGs (data and scripts kept).
+//
+// Honesty rules built in: within a seed every mode gets the same initial weights and the same data
+// stream (train_model seeds both from the seed only); everything but the swept factors is fixed
+// per preset; the LR is swept for every mode, so no mode is judged at another mode's best LR.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attnlab/app/summary.hpp"
+#include "attnlab/app/trainer.hpp"
+
+namespace attnlab::app {
+
+// One arm of the sweep: a scaling mode, or a stabiliser (QK-norm, learnable scale).
+struct StudyArm {
+  std::string name;  // "none", "sqrt_dk", "dk", "qk_norm", "learnable"
+  Scaling scaling = Scaling::sqrt_dk;
+  bool qk_norm = false;
+  bool learnable_scale = false;
+};
+
+// One group of runs sharing a task and optimizer (tables are made per group).
+struct StudyGroup {
+  std::string name;  // e.g. "recall/adamw"
+  TrainConfig base;  // everything but arm, d_k, lr, seed and out
+  std::vector<StudyArm> arms;
+  std::vector<int> d_k;
+  std::vector<double> lrs;
+  std::vector<std::uint64_t> seeds;
+};
+
+struct StudyPlan {
+  std::string preset;
+  std::vector<StudyGroup> groups;
+};
+
+// The quick preset's run length, sized so that 45 runs finish in < 10 minutes on 2 cores with
+// --jobs 2 (measured: see data/results/quick).
+inline constexpr int kQuickSteps = 400;
+inline constexpr int kQuickBatch = 32;
+
+// "micro" (a seconds-long smoke test), "quick" (< 10 minutes on 2 cores with --jobs 2), "full".
+// Throws std::invalid_argument for another name.
+StudyPlan study_preset(const std::string& preset);
+
+struct StudyOptions {
+  int jobs = 1;
+  std::string out = "runs/study";
+  bool progress = true;
+  int steps = 0;  // > 0 overrides the preset's steps (for smaller machines)
+};
+
+struct StudyOutcome {
+  std::vector<RunRecord> runs;
+  std::string summary_md;  // paths
+  std::string summary_csv;
+  std::vector<std::string> plots;
+  std::string plot_error;  // non-empty when gnuplot was missing or failed (data kept)
+  double seconds = 0;
+};
+
+StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options);
+
+}  // namespace attnlab::app

@@ -1,0 +1,28 @@
+// The emulated device backend: DeviceOps (attnlab/device_ops.hpp) whose kernels are the CUDA kernel
+// sources of lib/cuda, run on the CPU by an emulator of the CUDA thread model
+// (attnlab/backends/cuda_emulator.hpp), with attnlab's CPU BLAS for the GEMMs. It lets every build
+// check the device code paths (DeviceTransformer, `train --device cuda`) against the CPU ops on a
+// machine without a GPU: the kernels' indexing, masking and arithmetic, not their speed. "Device"
+// memory is host memory, filled with 0xFF bytes (NaN) when allocated.
+//
+// Target attnlab_emulated (built with the tests; not installed). The kernels compile once, in
+// lib/backends/emulated/src/emulated.cpp, for float and double.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "attnlab/device_ops.hpp"
+
+namespace attnlab::emulated {
+
+// A new emulated device; T is float or double.
+template <class T>
+std::unique_ptr<DeviceOps<T>> make_device_ops();
+
+// The allocations of `ops` not yet released (for leak tests). Throws std::invalid_argument unless
+// `ops` came from make_device_ops.
+template <class T>
+std::size_t live_allocations(const DeviceOps<T>& ops);
+
+}  // namespace attnlab::emulated
