@@ -142,16 +142,7 @@ std::unique_ptr<DeviceOps<T>> make_cuda_device_ops() {
   return std::make_unique<CudaDeviceOps<T>>();
 }
 
-template <class T>
-DeviceOps<T>& cuda_device_ops() {
-  cuda::require_device("cuda_device_ops");
-  static CudaDeviceOps<T> ops;  // stateless: nothing in it is ever written
-  return ops;
-}
-
 template std::unique_ptr<DeviceOps<float>> make_cuda_device_ops<float>();
 template std::unique_ptr<DeviceOps<double>> make_cuda_device_ops<double>();
-template DeviceOps<float>& cuda_device_ops<float>();
-template DeviceOps<double>& cuda_device_ops<double>();
 
 }  // namespace attnlab

@@ -121,8 +121,4 @@ class DeviceOps {
 template <class T>
 std::unique_ptr<DeviceOps<T>> make_cuda_device_ops();
 
-// Deprecated: the process's shared instance, for the trainer until it owns one of its own.
-template <class T>
-DeviceOps<T>& cuda_device_ops();
-
 }  // namespace attnlab
