@@ -1,6 +1,7 @@
 // attnlab: the command-line tool. A thin layer: CLI11 parses and validates the flags, lib/app
 // does the work. Exit status: 0 success, 1 a failed check or I/O failure, 2 bad input (one line
 // "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted (checkpoint saved).
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/blas.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/threads.hpp"
 
@@ -59,8 +61,13 @@ std::string version_text() {
          "\ncpu features: " + to_string(blas_info().cpu);
 }
 
+// Set by SIGINT/SIGTERM during `train`; the run reads it through its Context and stops with a
+// checkpoint. The CLI's own: the library holds no such flag.
+std::atomic<bool> stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "a signal handler may only store lock-free");
+
 void on_signal(int) {
-  g_stop_requested.store(true);
+  stop_requested.store(true);
 }
 
 // Rejects NaN and infinities, which CLI11's Range lets through (every comparison with NaN fails).
@@ -185,10 +192,11 @@ struct TaskFlags {
   }
 };
 
-int run_train(TrainConfig config) {
+int run_train(TrainConfig config, Context context) {
+  context.stop = &stop_requested;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  const TrainResult r = train_model(config);
+  const TrainResult r = train_model(config, context);
   if (r.diverged) {
     std::fprintf(stdout, "diverged at step %d (%s); outputs in %s\n", r.diverged_step,
                  r.diverged_where.c_str(), config.out.c_str());
@@ -224,7 +232,8 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand(
       "train", "train one model; writes metrics.csv, summary.json, model.safetensors");
   TrainConfig tc;
-  tc.threads = num_threads();  // the number of cores unless --threads says otherwise
+  Context train_context;  // threads: the number of cores unless --threads says otherwise
+  std::string train_device = backend_name(train_context.backend);
   ModelFlags train_model_flags;
   TaskFlags train_task;
   std::string train_data, train_valid;
@@ -265,11 +274,11 @@ int main(int argc, char** argv) {
   train->add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  train->add_option("--threads", tc.threads, "worker threads")
+  train->add_option("--threads", train_context.threads, "worker threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   train
-      ->add_option("--device", tc.device,
+      ->add_option("--device", train_device,
                    "where the training step runs: cpu, or cuda (the whole step on the GPU; "
                    "needs a build with the CUDA backend and a device)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -413,7 +422,8 @@ int main(int argc, char** argv) {
       tc.data_file = train_data;
       tc.valid_file = train_valid;
       tc.progress = !quiet;
-      return run_train(tc);
+      train_context.backend = parse_backend(train_device, "train", "--device");
+      return run_train(tc, train_context);
     }
     if (*eval) {
       const EvalReport r = evaluate_run(eval_dir, eval_show, eval_valid);
@@ -423,7 +433,7 @@ int main(int argc, char** argv) {
     if (*study) {
       so.progress = !study_quiet;
       const StudyPlan plan = study_preset(preset);
-      const StudyOutcome r = run_study(plan, so);
+      const StudyOutcome r = run_study(plan, so, Context{});  // each job makes its own
       std::printf("\nstudy '%s': %zu runs in %.0f s\n", preset.c_str(), r.runs.size(), r.seconds);
       std::printf("table:  %s\n", r.summary_md.c_str());
       std::printf("csv:    %s\n", r.summary_csv.c_str());

@@ -329,14 +329,14 @@ TEST_CASE("device transformer (emulated): SGD with momentum and weight decay, do
 
 TEST_CASE("device transformer (CUDA): one step matches the CPU model") {
   if (!test::cuda_device_or_skip()) return;
-  check_variants<double>(cuda_device_ops<double>(), 1e-10);
-  check_variants<float>(cuda_device_ops<float>(), 2e-5);
+  check_variants<double>(*make_cuda_device_ops<double>(), 1e-10);
+  check_variants<float>(*make_cuda_device_ops<float>(), 2e-5);
 }
 
 TEST_CASE("device transformer (CUDA): 50 AdamW steps with clipping follow the CPU loss curve") {
   if (!test::cuda_device_or_skip()) return;
-  check_training_curve<float>(cuda_device_ops<float>(), 50, false, 1e-4, 1e-4);
-  check_training_curve<double>(cuda_device_ops<double>(), 20, true, 1e-10, 1e-10);
+  check_training_curve<float>(*make_cuda_device_ops<float>(), 50, false, 1e-4, 1e-4);
+  check_training_curve<double>(*make_cuda_device_ops<double>(), 20, true, 1e-10, 1e-10);
 }
 
 TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer state") {
@@ -450,7 +450,7 @@ TEST_CASE("device transformer: device memory is released") {
   CHECK(emulated::live_allocations(ops) == 0);
 }
 
-TEST_CASE("device transformer: without a device, cuda_device_ops says why") {
+TEST_CASE("device transformer: without a device, make_cuda_device_ops says why") {
   if (cuda_available()) return;  // covered by the CUDA cases above
-  CHECK_THROWS_AS(cuda_device_ops<float>(), CudaError);
+  CHECK_THROWS_AS((void)make_cuda_device_ops<float>(), CudaError);
 }

@@ -1,4 +1,5 @@
-// Test runner: tests run with one worker thread, so every result is deterministic.
+// Test runner: tests run with one worker thread, so every result is deterministic. The count is
+// the main thread's (threads.hpp); a test that starts std::threads sets theirs.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

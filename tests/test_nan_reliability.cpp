@@ -128,11 +128,11 @@ TEST_CASE("a diverging run names its step, layer and head, and never overwrites 
   c.eval_every = 1;
   c.eval_size = 8;
   c.save_every = 1;
-  c.threads = 1;
   c.progress = false;
+  const Context one_thread{.threads = 1};
   c.out = dir.file("run");
   // A healthy run leaves a checkpoint ...
-  REQUIRE_FALSE(app::train_model(c).diverged);
+  REQUIRE_FALSE(app::train_model(c, one_thread).diverged);
   const auto ckpt = c.out + "/model.safetensors";
   REQUIRE(std::filesystem::exists(ckpt));
   const auto before = load_safetensors(ckpt);
@@ -140,7 +140,7 @@ TEST_CASE("a diverging run names its step, layer and head, and never overwrites 
   // ... that a diverging run into the same directory must not replace.
   c.lr = 1e30;  // the first update blows the weights up
   c.steps = 6;
-  const auto result = app::train_model(c);
+  const auto result = app::train_model(c, one_thread);
   REQUIRE(result.diverged);
   INFO("diverged at step " << result.diverged_step << " in " << result.diverged_where);
   CHECK(result.diverged_step >= 1);

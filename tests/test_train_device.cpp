@@ -12,6 +12,7 @@
 
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/backends/emulated.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
 #include "cuda_helpers.hpp"
 #include "temp_dir.hpp"
@@ -19,6 +20,10 @@
 using namespace attnlab;
 
 namespace {
+
+// One thread: the CPU and device runs compare at a fixed thread count.
+const Context kCpu{.threads = 1, .backend = Backend::cpu};
+const Context kCuda{.threads = 1, .backend = Backend::cuda};
 
 app::TrainConfig tiny_run(const std::string& out) {
   app::TrainConfig c;
@@ -38,7 +43,6 @@ app::TrainConfig tiny_run(const std::string& out) {
   c.batch = 8;
   c.eval_every = 8;
   c.eval_size = 32;
-  c.threads = 1;
   c.progress = false;
   c.out = out;
   return c;
@@ -68,10 +72,9 @@ std::vector<double> column(const std::string& path, const std::string& name) {
 void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   test::TempDir dir;
   auto cpu = tiny_run(dir.file("cpu"));
-  const auto r_cpu = app::train_model(cpu);
+  const auto r_cpu = app::train_model(cpu, kCpu);
   auto gpu = tiny_run(dir.file("device"));
-  gpu.device = "cuda";
-  const auto r_dev = app::train_model(gpu, ops);
+  const auto r_dev = app::train_model(gpu, kCuda, ops);
   CHECK(r_dev.device != "cpu");
   CHECK(r_cpu.device == "cpu");
   REQUIRE_FALSE(r_dev.diverged);
@@ -106,12 +109,11 @@ void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   // A device run stopped at step 12 and resumed on the CPU ends where an unbroken device run
   // ended, to float tolerance (optimizer state and data stream travel in the checkpoint).
   auto half = tiny_run(dir.file("half"));
-  half.device = "cuda";
   half.stop_after = 12;
-  CHECK(app::train_model(half, ops).interrupted);
+  CHECK(app::train_model(half, kCuda, ops).interrupted);
   auto rest = tiny_run(dir.file("half"));
   rest.resume = half.out;
-  const auto r_rest = app::train_model(rest);
+  const auto r_rest = app::train_model(rest, kCpu);
   CHECK(r_rest.steps_done == 24);
   CHECK(std::abs(r_rest.final_eval_loss - r_dev.final_eval_loss) <=
         tolerance * r_dev.final_eval_loss);
@@ -133,12 +135,12 @@ TEST_CASE("train --device cuda (CUDA): follows the CPU run, checkpoints intercha
 TEST_CASE("train --device: bad values and a missing device are refused before anything runs") {
   test::TempDir dir;
   auto c = tiny_run(dir.file("run"));
-  c.device = "tpu";
-  CHECK_THROWS_WITH_AS(app::train_model(c), doctest::Contains("device expected cpu|cuda, got tpu"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_backend("tpu", "train", "device"),
+                       "train: device expected 'cpu' or 'cuda', got 'tpu'", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::train_model(c, Context{.threads = 0}),
+                       "train: threads expected >= 1, got 0", std::invalid_argument);
   if (!cuda_available()) {
-    c.device = "cuda";
-    CHECK_THROWS_WITH_AS(app::train_model(c), doctest::Contains("usable CUDA device"),
+    CHECK_THROWS_WITH_AS(app::train_model(c, kCuda), doctest::Contains("usable CUDA device"),
                          std::invalid_argument);
   }
   CHECK_FALSE(std::filesystem::exists(c.out + "/metrics.csv"));
@@ -149,9 +151,8 @@ TEST_CASE("train --device cuda (emulated device): a divergence is located and ne
   auto& ops = *device;
   test::TempDir dir;
   auto c = tiny_run(dir.file("run"));
-  c.device = "cuda";
   c.model.scale = 1e38;  // overflows the attention logits at the first step
-  const auto r = app::train_model(c, &ops);
+  const auto r = app::train_model(c, kCuda, &ops);
   CHECK(r.diverged);
   CHECK(r.diverged_step == 1);
   CHECK(r.diverged_where.find("blocks.0.attn") == 0);  // found by replaying on the host model

@@ -13,8 +13,9 @@ namespace attnlab::cuda::detail {
 [[noreturn]] void throw_cublas_error(const char* file, int line, const char* call,
                                      cublasStatus_t status);
 
-// The process-wide cuBLAS handle on the default stream, created on first use; its math mode follows
-// set_allow_tf32.
+// The process-wide cuBLAS handle on the default stream, created once on first use and never
+// changed by anyone but gemm_strided_batched (runtime.cpp), which sets its math mode and calls it
+// under one lock.
 cublasHandle_t cublas_handle();
 
 }  // namespace attnlab::cuda::detail

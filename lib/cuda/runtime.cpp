@@ -1,5 +1,4 @@
 // Device queries, DeviceBuffer, error reporting, the cuBLAS handle and the row-major GEMM.
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -22,21 +21,24 @@ void throw_cublas_error(const char* file, int line, const char* call, cublasStat
 }
 
 namespace {
-std::atomic<bool>& tf32_flag() {
-  static std::atomic<bool> flag{false};
-  return flag;
+// The calling thread's TF32 setting (set_allow_tf32), like the CPU thread count (threads.hpp).
+thread_local bool t_allow_tf32 = false;
+
+// Held while the shared cuBLAS handle is configured and called.
+std::mutex& gemm_mutex() {
+  static std::mutex mutex;
+  return mutex;
 }
 }  // namespace
 
 cublasHandle_t cublas_handle() {
-  // Never destroyed: at process exit the CUDA runtime may already be gone.
-  static cublasHandle_t handle = [] {
+  // Made once (thread-safe static initialisation) and never destroyed: at process exit the CUDA
+  // runtime may already be gone.
+  static const cublasHandle_t handle = [] {
     cublasHandle_t h = nullptr;
     ATTNLAB_CUBLAS_CHECK(cublasCreate(&h));
     return h;
   }();
-  ATTNLAB_CUBLAS_CHECK(cublasSetMathMode(
-      handle, tf32_flag().load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   return handle;
 }
 
@@ -89,10 +91,10 @@ void synchronize() {
 }
 
 void set_allow_tf32(bool allow) {
-  detail::tf32_flag().store(allow);
+  detail::t_allow_tf32 = allow;
 }
 bool allow_tf32() {
-  return detail::tf32_flag().load();
+  return detail::t_allow_tf32;
 }
 
 void* device_allocate(std::size_t bytes) {
@@ -201,10 +203,15 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int m, int n, int k, T alp
                           int lda, long long stride_a, const T* b, int ldb, long long stride_b,
                           T beta, T* c, int ldc, long long stride_c, int batch) {
   if (m == 0 || n == 0 || batch == 0) return;
+  const cublasHandle_t handle = detail::cublas_handle();
+  // The handle is shared by the host threads: setting its math mode and enqueueing the GEMM (which
+  // reads it) is one critical section, so each thread's GEMM runs with that thread's TF32 setting.
+  const std::lock_guard<std::mutex> lock(detail::gemm_mutex());
+  ATTNLAB_CUBLAS_CHECK(
+      cublasSetMathMode(handle, allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   //                     column-major: Cᵀ (n, m) = op(B)ᵀ (n, k) · op(A)ᵀ (k, m)
-  ATTNLAB_CUBLAS_CHECK(gemm_batched(detail::cublas_handle(), op_of(trans_b), op_of(trans_a), n, m,
-                                    k, &alpha, b, ldb, stride_b, a, lda, stride_a, &beta, c, ldc,
-                                    stride_c, batch));
+  ATTNLAB_CUBLAS_CHECK(gemm_batched(handle, op_of(trans_b), op_of(trans_a), n, m, k, &alpha, b, ldb,
+                                    stride_b, a, lda, stride_a, &beta, c, ldc, stride_c, batch));
 }
 
 template void gemm_strided_batched<float>(bool, bool, int, int, int, float, const float*, int,

@@ -44,10 +44,11 @@ constexpr double kParallelGemmMinWork = 1 << 20;
 constexpr int kChunkAlign = 16;
 
 // Outside a parallel region, with several attnlab threads and enough work, the gemm is cut into
-// num_threads() contiguous blocks of rows of C (or of columns, when C is wider than tall), one per
-// thread, each an independent single-threaded BLAS call. OpenBLAS itself stays at one thread
-// (threads.hpp); inside attention's parallel loops every gemm runs serially. The cut depends only
-// on the shapes and the thread count, so results are deterministic for a fixed thread count.
+// num_threads() (the calling thread's count) contiguous blocks of rows of C (or of columns, when C
+// is wider than tall), one per thread, each an independent single-threaded BLAS call. OpenBLAS
+// itself stays at one thread (threads.hpp); inside attention's parallel loops every gemm runs
+// serially. The cut depends only on the shapes and the thread count, so results are deterministic
+// for a fixed thread count.
 template <class T>
 void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
                const T* b, int ldb, T beta, T* c, int ldc) {

@@ -1,7 +1,10 @@
 // The CUDA backend's DeviceOps (attnlab/device_ops.hpp): every operation forwards to the host
 // launchers of attnlab/cuda.hpp, cuda_train.hpp and cuda_attention.hpp. Plain C++ in every build:
-// without the CUDA backend those launchers throw CudaError, and cuda_device_ops() throws before
-// handing out an instance.
+// without the CUDA backend those launchers throw CudaError, and make_cuda_device_ops() throws
+// before making an instance. An instance holds no state: the device state lives in the buffers its
+// owner allocates, and the one process-wide object below it, the cuBLAS handle, is guarded there
+// (lib/cuda/runtime.cpp).
+#include <memory>
 #include <string>
 
 #include "attnlab/cuda.hpp"
@@ -134,13 +137,12 @@ class CudaDeviceOps final : public DeviceOps<T> {
 }  // namespace
 
 template <class T>
-DeviceOps<T>& cuda_device_ops() {
-  cuda::require_device("cuda_device_ops");
-  static CudaDeviceOps<T> ops;
-  return ops;
+std::unique_ptr<DeviceOps<T>> make_cuda_device_ops() {
+  cuda::require_device("make_cuda_device_ops");
+  return std::make_unique<CudaDeviceOps<T>>();
 }
 
-template DeviceOps<float>& cuda_device_ops<float>();
-template DeviceOps<double>& cuda_device_ops<double>();
+template std::unique_ptr<DeviceOps<float>> make_cuda_device_ops<float>();
+template std::unique_ptr<DeviceOps<double>> make_cuda_device_ops<double>();
 
 }  // namespace attnlab

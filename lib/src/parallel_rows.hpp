@@ -1,8 +1,9 @@
 // Internal: deterministic row parallelism for the row-wise ops (norms, activations, cross-entropy,
 // embedding, head split/merge). [0, rows) is cut into contiguous chunks, one per thread; the cut
-// depends only on (rows, work, num_threads()), never on scheduling, so results are bit-identical
-// for a fixed thread count. Row-local results do not depend on the cut at all; sums over rows
-// (dgamma, dbeta) keep one partial per chunk and add the partials in chunk order.
+// depends only on (rows, work, num_threads() of the calling thread), never on scheduling, so
+// results are bit-identical for a fixed thread count. Row-local results do not depend on the cut at
+// all; sums over rows (dgamma, dbeta) keep one partial per chunk and add the partials in chunk
+// order.
 #pragma once
 
 #include <algorithm>

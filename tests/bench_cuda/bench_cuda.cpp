@@ -101,7 +101,8 @@ void train_step_table() {
       targets.data()[i] = static_cast<int>(rng.below(kVocab));
     }
     Transformer<float> cpu(c, rng);
-    DeviceTransformer<float> dev(cpu, cuda_device_ops<float>());
+    const auto ops = make_cuda_device_ops<float>();
+    DeviceTransformer<float> dev(cpu, *ops);
     const AdamWOptions adam{1e-3, 0.9, 0.95, 1e-8, 0.0};
     AdamW<float> opt(cpu.parameters(), adam);
     DeviceOptimizer<float> dopt(dev, adam);

@@ -54,7 +54,6 @@ TrainConfig study_base(int steps, int batch) {
   c.batch = batch;
   c.eval_every = std::max(1, steps / 20);
   c.eval_size = 256;
-  c.threads = 1;
   c.progress = false;
   return c;
 }
@@ -357,7 +356,7 @@ StudyPlan study_preset(const std::string& preset) {
   return plan;
 }
 
-StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
+StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const Context& context) {
   check_arg(options.jobs >= 1, "study", "jobs", ">= 1", std::to_string(options.jobs));
   const auto t0 = Clock::now();
   std::filesystem::create_directories(options.out);
@@ -399,7 +398,6 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
       c.model.d_k = job.d_k;
       c.lr = job.lr;
       c.seed = job.seed;
-      c.threads = 1;
       c.progress = false;
       c.out = options.out + "/" + job.dir;
       RunRecord& r = records[i];
@@ -411,7 +409,11 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
       r.steps = c.steps;
       r.dir = job.dir;
       try {
-        const TrainResult t = train_model(c);
+        Context job_context;  // its own; the stop flag it points to is an atomic, only read
+        job_context.threads = 1;
+        job_context.stop = context.stop;
+        job_context.backend = Backend::cpu;
+        const TrainResult t = train_model(c, job_context);
         r.init_eval_loss = t.init_eval_loss;
         r.final_eval_loss = t.final_eval_loss;
         r.final_eval_acc = t.final_eval_acc;

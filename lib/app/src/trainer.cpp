@@ -30,8 +30,6 @@
 
 namespace attnlab::app {
 
-std::atomic<bool> g_stop_requested{false};
-
 void validate(const ModelSpec& s) {
   const char* op = "model";
   check_arg(s.d_model >= 1, op, "d_model", ">= 1", std::to_string(s.d_model));
@@ -159,8 +157,6 @@ void validate(const TrainConfig& c) {
   check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
   check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
   check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
-  check_arg(c.threads >= 1, op, "threads", ">= 1", std::to_string(c.threads));
-  check_arg(c.device == "cpu" || c.device == "cuda", op, "device", "cpu|cuda", c.device);
   check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
             std::to_string(c.clip));
   check_arg(std::isfinite(c.weight_decay) && c.weight_decay >= 0, op, "weight_decay",
@@ -311,14 +307,15 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
 
 }  // namespace
 
-TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_ops) {
+TrainResult train_model(const TrainConfig& config_in, const Context& context,
+                        DeviceOps<float>* device_ops) {
   TrainConfig c = config_in;
   RunMeta resumed;
   const bool resuming = !c.resume.empty();
   const std::string resume_path = c.resume + "/model.safetensors";
   if (resuming) {
     resumed = read_run_meta(resume_path);
-    // The saved run's config wins except for run control (out, threads, progress).
+    // The saved run's config wins except for run control (out, progress, and the context).
     json saved;
     try {
       saved = json::parse(resumed.config_json);
@@ -346,7 +343,8 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
     if (config_in.out == TrainConfig{}.out) c.out = c.resume;
   }
   validate(c);
-  set_num_threads(c.threads);
+  validate(context, "train");
+  const ThreadScope threads(context.threads);  // this thread's count, for this run only
   const TaskShape shape = task_shape(c.task);
 
   // Data: generated from the data Rng, or drawn (by the same Rng) from a file.
@@ -393,16 +391,18 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
   // On a device the training step and the eval forward run on a DeviceTransformer; the host model
   // and optimizer stay the mirror that checkpoints and weight norms read (synchronised when they
   // need it), and that replays a batch whose loss went non-finite.
+  std::unique_ptr<DeviceOps<float>> own_device_ops;  // declared first: outlives dev
   std::unique_ptr<DeviceTransformer<float>> dev;
   std::unique_ptr<DeviceOptimizer<float>> dev_opt;
-  if (c.device == "cuda") {
+  if (context.backend == Backend::cuda) {
     if (!device_ops) {
       if (!cuda_available()) {
         check_arg(
             false, "train", "device", "a usable CUDA device for 'cuda'",
             cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
       }
-      device_ops = &cuda_device_ops<float>();
+      own_device_ops = make_cuda_device_ops<float>();
+      device_ops = own_device_ops.get();
     }
     dev = std::make_unique<DeviceTransformer<float>>(model.transformer(), *device_ops);
     if (c.optimizer == "adamw")
@@ -507,7 +507,7 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
   std::size_t step = start;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   for (; step < static_cast<std::size_t>(c.steps); ++step) {
-    if (g_stop_requested.load() ||
+    if (context.stop_requested() ||
         (c.stop_after > 0 && step == static_cast<std::size_t>(c.stop_after))) {
       result.interrupted = true;
       break;

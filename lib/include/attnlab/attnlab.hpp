@@ -6,6 +6,7 @@
 
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/blas.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/gradcheck.hpp"

@@ -60,9 +60,10 @@ void init();
 // op(X) is X or X^T; lda/ldb/ldc are the row strides of A, B and C as stored, so a head slice of a
 // (B, T, H*D) activation is passed with ld = H*D and no copy. With beta = 0, C is assigned
 // (its previous contents, even NaN, are ignored); otherwise it is added to.
-// Called outside a parallel region with num_threads() > 1 and a large enough product, the rows
-// (or columns) of C are split over the attnlab threads, one single-threaded BLAS call each;
-// deterministic for a fixed thread count. Inside a parallel region it always runs serially.
+// Called outside a parallel region with num_threads() > 1 (the calling thread's count, threads.hpp)
+// and a large enough product, the rows (or columns) of C are split over that many threads, one
+// single-threaded BLAS call each; deterministic for a fixed thread count. Inside a parallel region
+// it always runs serially.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda, const T* b,
           int ldb, T beta, T* c, int ldc);

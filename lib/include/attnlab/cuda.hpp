@@ -41,7 +41,8 @@ void require_device(const char* op);
 // Waits for all work queued on the device; throws CudaError on an asynchronous kernel error.
 void synchronize();
 
-// Lets cuBLAS use TF32 tensor cores for float GEMMs (off by default: full fp32). Process-wide.
+// Lets cuBLAS use TF32 tensor cores for the float GEMMs the CALLING thread issues (off by default:
+// full fp32). A per-thread setting, like the CPU thread count (threads.hpp).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

@@ -1,6 +1,6 @@
 // The operations a device-resident model is written against: memory, copies, and the kernels of a
 // transformer training step, on device pointers. Two implementations exist:
-//   cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
+//   make_cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
 //   emulated::make_device_ops<T>()  the same kernel sources run on the CPU by the emulator of the
 //                                   CUDA thread model, with BLAS for the GEMMs
 //                                   (attnlab/backends/emulated.hpp, target attnlab_emulated).
@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "attnlab/cuda_attention.hpp"
@@ -114,9 +115,10 @@ class DeviceOps {
   virtual void synchronize() = 0;
 };
 
-// The CUDA backend's DeviceOps (one per process and type). Throws CudaError when attnlab was built
-// without CUDA or no device is available.
+// A new CUDA backend, owned by the caller (a run makes one and keeps it for its lifetime; instances
+// are independent and hold no state). Throws CudaError naming make_cuda_device_ops when attnlab was
+// built without CUDA or no device is available.
 template <class T>
-DeviceOps<T>& cuda_device_ops();
+std::unique_ptr<DeviceOps<T>> make_cuda_device_ops();
 
 }  // namespace attnlab

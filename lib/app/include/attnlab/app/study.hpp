@@ -63,6 +63,9 @@ struct StudyOutcome {
   double seconds = 0;
 };
 
-StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options);
+// Runs the plan's jobs on options.jobs std::threads. Every job trains with a Context of its own:
+// one thread (so results do not depend on --jobs), on the CPU, and context.stop (once set, every
+// job stops before its next step with a checkpoint). context.threads is not used.
+StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const Context& context);
 
 }  // namespace attnlab::app

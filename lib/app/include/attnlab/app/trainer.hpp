@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/nn/norm.hpp"
 #include "attnlab/ops/attention.hpp"
 
@@ -70,7 +71,6 @@ struct TrainConfig {
   int steps = 1000;
   int batch = 32;
   std::uint64_t seed = 0;
-  int threads = 1;
   std::string out = "runs/train";
   int eval_every = 50;
   int eval_size = 512;
@@ -79,12 +79,9 @@ struct TrainConfig {
   int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
   bool progress = true;  // live bar on a TTY, plain lines otherwise (false: silent)
   bool write_checkpoint = true;
-  // "cpu", or "cuda": the training step (forward, loss, backward, clipping, optimizer) and the eval
-  // forward run on the GPU in a DeviceTransformer (nn/device_transformer.hpp); the attention
-  // metrics are computed on the host from each layer's queries and keys, and the host model is the
-  // mirror that checkpoints read. Run control like `threads`: not part of the saved config, so a
-  // run may be resumed on the other device.
-  std::string device = "cpu";
+  // The thread count, the stop flag and the backend are run control, not part of the run config:
+  // they come in the Context given to train_model (attnlab/context.hpp), so a run may be resumed
+  // with another thread count or on the other device.
 };
 
 struct TrainResult {
@@ -103,13 +100,19 @@ struct TrainResult {
   std::string device;  // what ran the training step: "cpu" or the DeviceOps name
 };
 
-// Set asynchronously (e.g. from a SIGINT handler): the trainer saves a checkpoint and returns.
-extern std::atomic<bool> g_stop_requested;
-
-// Validates the config (std::invalid_argument naming the field; DataFileError for data files),
-// trains, writes the outputs into config.out. Never calls exit. With device "cuda", `device_ops`
-// (when not null) replaces the CUDA backend: the tests pass the emulated device.
-TrainResult train_model(const TrainConfig& config, DeviceOps<float>* device_ops = nullptr);
+// Validates the config and the context (std::invalid_argument naming the field; DataFileError for
+// data files), trains, writes the outputs into config.out. Never calls exit. What `context` says:
+//  - threads: the run's ops use that many threads; it is set on the calling thread for the run
+//    only (a ThreadScope), so runs on several threads at once (the study's jobs) are independent;
+//  - stop: once the flag is set (e.g. by the app's SIGINT handler) the run saves a checkpoint
+//    before its next step and returns with `interrupted`;
+//  - backend cuda: the training step (forward, loss, backward, clipping, optimizer) and the eval
+//    forward run on the GPU in a DeviceTransformer (nn/device_transformer.hpp), on a CUDA backend
+//    the run makes and owns; the attention metrics are computed on the host from each layer's
+//    queries and keys, and the host model is the mirror that checkpoints read. `device_ops` (when
+//    not null) replaces that backend: the tests pass the emulated device.
+TrainResult train_model(const TrainConfig& config, const Context& context,
+                        DeviceOps<float>* device_ops = nullptr);
 
 // Loss and accuracy on the fixed eval set of a trained run, with a few examples.
 struct EvalReport {

@@ -10,8 +10,9 @@
 //     that took different paths) aborts with a message instead of hanging;
 //   - shared memory is one buffer per block, filled with 0xFF bytes (NaN for float and double) so
 //     that a kernel reading shared memory it never wrote produces NaN.
-// Under AddressSanitizer (which needs to be told about stack switches) and off x86-64, every CUDA
-// thread is a std::thread instead and the barriers are std::barriers: the same semantics, slower.
+// Under AddressSanitizer and ThreadSanitizer (which need to be told about stack switches) and off
+// x86-64, every CUDA thread is a std::thread instead and the barriers are std::barriers: the same
+// semantics, slower.
 // It checks the kernels' indexing, tiling, masking, synchronisation structure and arithmetic; not
 // their speed, and not nvcc's code generation. 1-D blocks only (all of attnlab's kernels).
 //
@@ -31,10 +32,10 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__) || !defined(__x86_64__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__x86_64__)
 #define ATTNLAB_EMU_THREADS 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define ATTNLAB_EMU_THREADS 1
 #endif
 #endif

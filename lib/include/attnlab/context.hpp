@@ -1,0 +1,43 @@
+// The explicit run context: what a run takes from its surroundings, passed in instead of read from
+// globals. attnlab keeps no mutable state shared between threads; each run (a training run, a study
+// job) gets its own Context:
+//   threads  the worker-thread count of the parallel loops. The ops read the CALLING thread's count
+//            (threads.hpp); a run installs its context's count on its own thread with a
+//            ThreadScope, so two runs on two std::threads never share a variable.
+//   stop     a stop flag the application owns, e.g. set by its SIGINT handler (a lock-free
+//            std::atomic<bool> store is async-signal-safe; std::stop_source::request_stop is not
+//            promised to be). The library only reads it, between steps. Null: never stops.
+//   backend  where a run's training step runs. The CUDA backend object is made by
+//            make_cuda_device_ops (device_ops.hpp) and owned by the run that made it.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "attnlab/threads.hpp"
+
+namespace attnlab {
+
+enum class Backend { cpu, cuda };
+
+// "cpu", "cuda".
+std::string backend_name(Backend backend);
+// The Backend named "cpu" or "cuda"; std::invalid_argument naming `op` and `arg` otherwise.
+Backend parse_backend(const std::string& name, const char* op = "parse_backend",
+                      const char* arg = "backend");
+
+struct Context {
+  int threads = default_num_threads();
+  const std::atomic<bool>* stop = nullptr;
+  Backend backend = Backend::cpu;
+
+  // True once the application has set its stop flag.
+  bool stop_requested() const noexcept {
+    return stop != nullptr && stop->load(std::memory_order_relaxed);
+  }
+};
+
+// Throws std::invalid_argument naming `op` when threads < 1.
+void validate(const Context& context, const char* op = "Context");
+
+}  // namespace attnlab
