@@ -36,13 +36,13 @@ const StudyArm kLearnable{"learnable", Scaling::sqrt_dk, false, true};
 TrainConfig study_base(int steps, int batch) {
   TrainConfig c;
   c.task.kind = TaskKind::recall;
-  c.model.d_model = 64;
-  c.model.heads = 1;
-  c.model.d_v = 64;
+  c.model.block.attention.d_model = 64;
+  c.model.block.attention.heads = 1;
+  c.model.block.attention.d_v = 64;
   c.model.layers = 1;
-  c.model.attn_only = true;
-  c.model.norm = Norm::layernorm;
-  c.model.positions = false;
+  c.model.block.attn_only = true;
+  c.model.block.norm = Norm::layernorm;
+  c.model.positions = PositionEncoding::none;
   c.optimizer = "adamw";
   c.beta1 = 0.9;
   c.beta2 = 0.95;
@@ -301,8 +301,8 @@ StudyPlan study_preset(const std::string& preset) {
     g.base.task.keys = 8;
     g.base.task.values = 8;
     g.base.task.pairs = 4;
-    g.base.model.d_model = 16;
-    g.base.model.d_v = 16;
+    g.base.model.block.attention.d_model = 16;
+    g.base.model.block.attention.d_v = 16;
     g.base.eval_size = 32;
     g.base.eval_every = 10;
     g.arms = {kNone, kSqrt, kDk};
@@ -346,8 +346,8 @@ StudyPlan study_preset(const std::string& preset) {
     m.base.task.pairs = 16;
     m.base.task.queries = 8;
     m.base.model.layers = 2;
-    m.base.model.positions = true;
-    m.base.model.causal = true;
+    m.base.model.positions = PositionEncoding::learned;
+    m.base.model.block.attention.sdpa.causal = true;
     m.arms = {kNone, kSqrt, kDk};
     m.d_k = {16, 64, 256};
     plan.groups.push_back(m);
@@ -356,6 +356,27 @@ StudyPlan study_preset(const std::string& preset) {
   }
   return plan;
 }
+
+namespace {
+TrainConfig job_config(const Job& job, const StudyOptions& options) {
+  TrainConfig c = job.group->base;
+  if (options.steps > 0) {
+    c.steps = options.steps;
+    c.warmup = options.steps / 10;
+    c.eval_every = std::max(1, options.steps / 20);
+  }
+  c.model.block.attention.sdpa.scaling = job.arm.scaling;
+  c.model.block.attention.qk_norm = job.arm.qk_norm;
+  c.model.block.attention.learnable_scale = job.arm.learnable_scale;
+  c.model.block.attention.d_k = static_cast<std::size_t>(job.d_k);
+  c.lr = job.lr;
+  c.seed = job.seed;
+  c.threads = 1;
+  c.progress = false;
+  c.out = options.out + "/" + job.dir;
+  return c;
+}
+}  // namespace
 
 StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
   check_arg(options.jobs >= 1, "study", "jobs", ">= 1", std::to_string(options.jobs));
@@ -375,6 +396,14 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
                                 std::to_string(d) + "_lr" + lr_label(lr) + "_s" +
                                 std::to_string(seed)});
   }
+  for (const Job& job : jobs) {  // a bad grid fails before any run starts
+    try {
+      validate(job_config(job, options));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("study: group '" + job.group->name + "', run " + job.dir + ": " +
+                                  e.what());
+    }
+  }
   std::vector<RunRecord> records(jobs.size());
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};
@@ -387,21 +416,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
       const std::size_t i = next.fetch_add(1);
       if (i >= jobs.size()) return;
       const Job& job = jobs[i];
-      TrainConfig c = job.group->base;
-      if (options.steps > 0) {
-        c.steps = options.steps;
-        c.warmup = options.steps / 10;
-        c.eval_every = std::max(1, options.steps / 20);
-      }
-      c.model.scaling = job.arm.scaling;
-      c.model.qk_norm = job.arm.qk_norm;
-      c.model.learnable_scale = job.arm.learnable_scale;
-      c.model.d_k = job.d_k;
-      c.lr = job.lr;
-      c.seed = job.seed;
-      c.threads = 1;
-      c.progress = false;
-      c.out = options.out + "/" + job.dir;
+      const TrainConfig c = job_config(job, options);
       RunRecord& r = records[i];
       r.group = job.group->name;
       r.mode = job.arm.name;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -31,24 +32,6 @@ namespace attnlab::app {
 
 std::atomic<bool> g_stop_requested{false};
 
-void validate(const ModelSpec& s) {
-  const char* op = "model";
-  check_arg(s.d_model >= 1, op, "d_model", ">= 1", std::to_string(s.d_model));
-  check_arg(s.heads >= 1, op, "heads", ">= 1", std::to_string(s.heads));
-  check_arg(s.layers >= 1, op, "layers", ">= 1", std::to_string(s.layers));
-  check_arg(s.d_ff >= 0, op, "d_ff", ">= 0 (0: 4 * d_model)", std::to_string(s.d_ff));
-  check_arg(s.d_k >= 0 && s.d_v >= 0, op, "d_k and d_v", ">= 0 (0: d_model / heads)",
-            std::to_string(s.d_k) + ", " + std::to_string(s.d_v));
-  if (s.d_k == 0 || s.d_v == 0)
-    check_arg(s.d_model % s.heads == 0, op, "heads",
-              "a divisor of d_model = " + std::to_string(s.d_model) +
-                  " when d_k or d_v defaults to d_model / heads",
-              std::to_string(s.heads));
-  if (s.scale)
-    check_arg(std::isfinite(*s.scale) && *s.scale > 0, op, "scale", "finite and > 0",
-              std::to_string(*s.scale));
-}
-
 namespace {
 
 using json = nlohmann::json;
@@ -63,107 +46,29 @@ std::uint64_t data_seed(std::uint64_t seed) {
   return z ^ (z >> 31);
 }
 
-json spec_json(const ModelSpec& s) {
-  json j = {{"d_model", s.d_model},
-            {"heads", s.heads},
-            {"d_k", s.d_k},
-            {"d_v", s.d_v},
-            {"layers", s.layers},
-            {"attn_only", s.attn_only},
-            {"norm", to_string(s.norm)},
-            {"qk_norm", s.qk_norm},
-            {"learnable_scale", s.learnable_scale},
-            {"scaling", to_string(s.scaling)},
-            {"causal", s.causal},
-            {"positions", s.positions},
-            {"d_ff", s.d_ff}};
-  j["scale"] = s.scale ? json(*s.scale) : json(nullptr);
+// The run's recipe as JSON: every field but the run control that a resumed run may change.
+json recipe_json(const TrainConfig& c) {
+  json j = json::parse(to_json_text(c));
+  for (const char* k : {"threads", "out", "save_every", "device", "steps"}) j.erase(k);
   return j;
 }
 
-ModelSpec spec_from_json(const json& j) {
-  ModelSpec s;
-  s.d_model = j.at("d_model").get<int>();
-  s.heads = j.at("heads").get<int>();
-  s.d_k = j.at("d_k").get<int>();
-  s.d_v = j.at("d_v").get<int>();
-  s.layers = j.at("layers").get<int>();
-  s.attn_only = j.at("attn_only").get<bool>();
-  s.norm = parse_norm(j.at("norm").get<std::string>());
-  s.qk_norm = j.at("qk_norm").get<bool>();
-  s.learnable_scale = j.at("learnable_scale").get<bool>();
-  s.scaling = parse_scaling(j.at("scaling").get<std::string>());
-  s.causal = j.at("causal").get<bool>();
-  s.positions = j.at("positions").get<bool>();
-  if (!j.at("scale").is_null()) s.scale = j.at("scale").get<double>();
-  // Checkpoints written before d_ff was recorded used the default (0: 4 · d_model).
-  if (j.contains("d_ff")) s.d_ff = j.at("d_ff").get<int>();
-  validate(s);
-  return s;
+// The first key path where two JSON values differ ("" when equal).
+std::string first_difference(const json& a, const json& b, const std::string& path = "") {
+  if (a.is_object() && b.is_object()) {
+    for (const auto& item : a.items()) {
+      const std::string p = path.empty() ? item.key() : path + "." + item.key();
+      if (!b.contains(item.key())) return p;
+      const std::string d = first_difference(item.value(), b.at(item.key()), p);
+      if (!d.empty()) return d;
+    }
+    return "";
+  }
+  return a == b ? "" : path;
 }
 
-json task_json(const TaskConfig& t) {
-  return {{"task", to_string(t.kind)}, {"keys", t.keys},       {"values", t.values},
-          {"pairs", t.pairs},          {"queries", t.queries}, {"symbols", t.symbols},
-          {"length", t.length}};
-}
-
-TaskConfig task_from_json(const json& j) {
-  TaskConfig t;
-  t.kind = parse_task(j.at("task").get<std::string>());
-  t.keys = j.at("keys").get<int>();
-  t.values = j.at("values").get<int>();
-  t.pairs = j.at("pairs").get<int>();
-  t.queries = j.at("queries").get<int>();
-  t.symbols = j.at("symbols").get<int>();
-  t.length = j.at("length").get<int>();
-  task_shape(t);
-  return t;
-}
-
-json config_json(const TrainConfig& c) {
-  return {{"task", task_json(c.task)},
-          {"data_file", c.data_file},
-          {"valid_file", c.valid_file},
-          {"model", spec_json(c.model)},
-          {"optimizer", c.optimizer},
-          {"lr", c.lr},
-          {"beta1", c.beta1},
-          {"beta2", c.beta2},
-          {"momentum", c.momentum},
-          {"weight_decay", c.weight_decay},
-          {"clip", c.clip},
-          {"schedule", c.schedule},
-          {"warmup", c.warmup},
-          {"steps", c.steps},
-          {"batch", c.batch},
-          {"seed", c.seed},
-          {"eval_every", c.eval_every},
-          {"eval_size", c.eval_size}};
-}
-
-void validate(const TrainConfig& c) {
-  const char* op = "train";
-  validate(c.model);
-  task_shape(c.task);
-  check_arg(c.optimizer == "adamw" || c.optimizer == "sgd", op, "optimizer", "adamw|sgd",
-            c.optimizer);
-  check_arg(c.schedule == "constant" || c.schedule == "cosine", op, "schedule", "constant|cosine",
-            c.schedule);
-  check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
-  check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
-  check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));
-  check_arg(c.warmup >= 0 && c.warmup <= c.steps, op, "warmup", "in [0, steps]",
-            std::to_string(c.warmup));
-  check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
-  check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
-  check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
-  check_arg(c.threads >= 1, op, "threads", ">= 1", std::to_string(c.threads));
-  check_arg(c.device == "cpu" || c.device == "cuda", op, "device", "cpu|cuda", c.device);
-  check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
-            std::to_string(c.clip));
-  check_arg(std::isfinite(c.weight_decay) && c.weight_decay >= 0, op, "weight_decay",
-            "finite and >= 0", std::to_string(c.weight_decay));
+json at_path(const json& j, const std::string& path) {
+  return j.at(json::json_pointer("/" + std::regex_replace(path, std::regex("\\."), "/")));
 }
 
 double tensor_norm(const xt::xarray<float>& a) {
@@ -190,7 +95,7 @@ struct EvalStats {
 // and the attention metrics are recomputed on the host from each layer's queries and keys (the
 // same P and S the host model's attention_weights / attention_scores give).
 EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eval,
-                   const TaskConfig& task, const ModelSpec& spec) {
+                   const TaskConfig& task, const TransformerConfig& spec) {
   EvalStats st;
   Tensor3<float> logits;
   if (dev) {
@@ -204,7 +109,7 @@ EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eva
   st.accuracy = lr.accuracy;
   const std::vector<int> key_pos =
       task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
-  const SdpaOptions attention = model.transformer().config().attention;
+  const SdpaOptions attention = model.transformer().config().block.attention.sdpa;
   Tensor4<float> dots;  // layer 0's unscaled q·k
   for (std::size_t l = 0; l < model.layers(); ++l) {
     Tensor4<float> p, scores;
@@ -237,7 +142,7 @@ EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eva
   for (float x : dots) mean += x;
   mean /= static_cast<double>(dots.size());
   for (float x : dots) sq += (x - mean) * (x - mean);
-  const int d_k = spec.d_k ? spec.d_k : spec.d_model / spec.heads;
+  const auto d_k = static_cast<double>(spec.block.attention.head_dim_k());
   st.qk_var_ratio = sq / static_cast<double>(std::max<std::size_t>(dots.size() - 1, 1)) / d_k;
   return st;
 }
@@ -281,7 +186,7 @@ std::string format_duration(double s) {
 
 void write_summary(const std::string& path, const TrainConfig& c, const TrainResult& r) {
   json j;
-  j["config"] = config_json(c);
+  j["config"] = json::parse(to_json_text(c));
   j["steps_done"] = r.steps_done;
   j["init_eval_loss"] = r.init_eval_loss;
   j["final_eval_loss"] = std::isfinite(r.final_eval_loss) ? json(r.final_eval_loss) : json(nullptr);
@@ -314,36 +219,36 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
   const std::string resume_path = c.resume + "/model.safetensors";
   if (resuming) {
     resumed = read_run_meta(resume_path);
-    // The saved run's config wins except for run control (out, threads, progress).
-    json saved;
+    TrainConfig saved;
     try {
-      saved = json::parse(resumed.config_json);
-    } catch (const json::exception& e) {
-      throw std::invalid_argument(resume_path + ": model_config is not valid JSON");
+      read_json_text(resumed.config_json, saved);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(resume_path + ": model_config: " + e.what());
     }
-    c.task = task_from_json(saved.at("task"));
-    c.model = spec_from_json(saved.at("model"));
-    c.data_file = saved.at("data_file").get<std::string>();
-    c.valid_file = saved.at("valid_file").get<std::string>();
-    c.optimizer = saved.at("optimizer").get<std::string>();
-    c.lr = saved.at("lr").get<double>();
-    c.beta1 = saved.at("beta1").get<double>();
-    c.beta2 = saved.at("beta2").get<double>();
-    c.momentum = saved.at("momentum").get<double>();
-    c.weight_decay = saved.at("weight_decay").get<double>();
-    c.clip = saved.at("clip").get<double>();
-    c.schedule = saved.at("schedule").get<std::string>();
-    c.warmup = saved.at("warmup").get<int>();
-    c.steps = saved.at("steps").get<int>();
-    c.batch = saved.at("batch").get<int>();
-    c.seed = saved.at("seed").get<std::uint64_t>();
-    c.eval_every = saved.at("eval_every").get<int>();
-    c.eval_size = saved.at("eval_size").get<int>();
+    // The saved config is the recipe; only run control and steps may differ (both resolved, so a
+    // run saved before the model recorded its vocabularies compares equal).
+    const TaskShape saved_shape = task_shape(saved.task);
+    saved.model = resolve_model(saved.model, saved_shape);
+    TrainConfig given = config_in;
+    given.model = resolve_model(given.model, task_shape(given.task));
+    const json want = recipe_json(saved), got = recipe_json(given);
+    const std::string diff = first_difference(want, got);
+    if (!diff.empty())
+      check_arg(false, "train", "resume: " + diff,
+                at_path(want, diff).dump() +
+                    " (the saved run's; only steps, out, threads, device and save_every may "
+                    "change)",
+                at_path(got, diff).dump());
+    check_arg(config_in.steps >= static_cast<int>(resumed.step), "train", "steps",
+              ">= the saved step " + std::to_string(resumed.step) + " when resuming",
+              std::to_string(config_in.steps));
+    c.model = given.model;
     if (config_in.out == TrainConfig{}.out) c.out = c.resume;
   }
   validate(c);
   set_num_threads(c.threads);
   const TaskShape shape = task_shape(c.task);
+  c.model = resolve_model(c.model, shape);  // the effective config records what the task decided
 
   // Data: generated from the data Rng, or drawn (by the same Rng) from a file.
   Batch file_data;
@@ -361,7 +266,7 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
 
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
-  Model model(c.model, shape, init_rng);
+  Model model(c.model, init_rng);
   ParameterList<float> params = model.parameters();
   const AdamWOptions adamw_options{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay};
   const SgdOptions sgd_options{c.lr, c.momentum, c.weight_decay};
@@ -412,6 +317,7 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
   };
 
   std::filesystem::create_directories(c.out);
+  write_config_file(c.out + "/config.json", c);
   const std::string metrics_path = c.out + "/metrics.csv";
   const bool recall = c.task.kind == TaskKind::recall;
   const std::string header = csv_header(model.layers(), model.heads(), recall);
@@ -489,7 +395,7 @@ TrainResult train_model(const TrainConfig& config_in, DeviceOps<float>* device_o
       opt->load_state(dev_opt->state_tensors(), dev_opt->step_count());
     }
     RunMeta meta;
-    meta.config_json = config_json(c).dump();
+    meta.config_json = to_json_text(c);
     meta.step = step;
     meta.optimizer_steps = opt->step_count();
     meta.data_rng = data_rng.state();
@@ -618,18 +524,13 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   const RunMeta meta = read_run_meta(path);
   TrainConfig c;
   try {
-    const json saved = json::parse(meta.config_json);
-    c.task = task_from_json(saved.at("task"));
-    c.model = spec_from_json(saved.at("model"));
-    c.valid_file = saved.at("valid_file").get<std::string>();
-    c.eval_size = saved.at("eval_size").get<int>();
-    c.seed = saved.at("seed").get<std::uint64_t>();
-  } catch (const json::exception& e) {
+    read_json_text(meta.config_json, c);
+  } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(path + ": model_config: " + e.what());
   }
   const TaskShape shape = task_shape(c.task);
   Rng rng(c.seed);
-  Model model(c.model, shape, rng);
+  Model model(resolve_model(c.model, shape), rng);
   ParameterList<float> params = model.parameters();
   load_run_checkpoint(path, params, nullptr);
   const std::string valid = !valid_file.empty() ? valid_file : c.valid_file;
@@ -644,8 +545,8 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   r.examples = static_cast<int>(eval.size());
   std::ostringstream os;
   os << "run " << run_dir << ": task " << to_string(c.task.kind) << ", step " << meta.step
-     << ", scaling " << to_string(c.model.scaling) << ", d_k "
-     << (c.model.d_k ? c.model.d_k : c.model.d_model / c.model.heads) << "\n";
+     << ", scaling " << to_string(c.model.block.attention.sdpa.scaling) << ", d_k "
+     << c.model.block.attention.head_dim_k() << "\n";
   os << "eval set (" << (valid.empty() ? "the task's fixed eval set" : valid)
      << "): " << eval.size() << " examples, " << loss.labelled << " labelled positions\n";
   char buf[160];

@@ -63,6 +63,15 @@ struct StudyOutcome {
   double seconds = 0;
 };
 
+// Validates every run of the plan first (std::invalid_argument naming the group and the field),
+// then trains them.
 StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options);
+
+// A custom grid without recompiling (`attnlab study --config FILE`): a StudyPlan as JSON, every
+// group's base a run config (run_config.hpp). Reading overlays, unknown keys are errors naming
+// their path; std::invalid_argument names the file. data/configs/study_micro.json is the micro
+// preset written out.
+void read_study_file(const std::string& path, StudyPlan& plan);
+std::string to_json_text(const StudyPlan& plan);
 
 }  // namespace attnlab::app
