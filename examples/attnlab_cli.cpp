@@ -18,6 +18,7 @@
 #include "attnlab/app/study.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/app/trainer.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/threads.hpp"
 
@@ -42,6 +43,21 @@ int error_line(const std::string& message, int status) {
     if (c == '\n' || c == '\r') c = ' ';
   std::fprintf(stderr, "attnlab: error: %s\n", one.c_str());
   return status;
+}
+
+// blas::init's warning (e.g. fast kernels failed their self-check), once per process on stderr.
+void print_blas_warning() {
+  static bool printed = false;
+  const std::string& warning = blas_info().warning;
+  if (printed || warning.empty()) return;
+  printed = true;
+  std::fprintf(stderr, "attnlab: warning: %s\n", warning.c_str());
+}
+
+std::string version_text() {
+  print_blas_warning();
+  return std::string("attnlab ") + ATTNLAB_VERSION + "\nblas: " + blas_summary(blas_info()) +
+         "\ncpu features: " + to_string(blas_info().cpu);
 }
 
 void on_signal(int) {
@@ -174,6 +190,8 @@ int main(int argc, char** argv) {
       "attnlab: train toy transformers and measure how attention scaling (none, 1/sqrt(d_k), "
       "1/d_k) affects stability"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text,
+                       "print the version and the BLAS kernels, then exit");
   app.set_help_all_flag("--help-all", "help for every subcommand");
 
   // ---- train ----
@@ -377,6 +395,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty())
       return error_line(std::string("unknown subcommand '") + argv[1] +
@@ -388,6 +408,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    print_blas_warning();
     if (*train) {
       if (!tc.resume.empty())
         for (const CLI::Option* opt : train->get_options())

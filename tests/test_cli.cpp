@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
 
 namespace fs = std::filesystem;
@@ -44,8 +45,10 @@ fs::path scratch(const std::string& name) {
   return dir;
 }
 
-Run cli(const std::string& args, const fs::path& dir) {
-  const std::string cmd = std::string("'") + ATTNLAB_CLI_PATH + "' " + args + " >'" +
+// `env_assignments` ("NAME=value ..."), when given, are added to the environment of the run.
+Run cli(const std::string& args, const fs::path& dir, const std::string& env_assignments = "") {
+  const std::string prefix = env_assignments.empty() ? "" : "env " + env_assignments + " ";
+  const std::string cmd = prefix + "'" + ATTNLAB_CLI_PATH + "' " + args + " >'" +
                           (dir / "stdout.txt").string() + "' 2>'" + (dir / "stderr.txt").string() +
                           "'";
   const int raw = std::system(cmd.c_str());
@@ -111,6 +114,30 @@ TEST_CASE("cli: bad flag values print one error line and exit with status 2") {
   }
 }
 
+TEST_CASE("cli: --version names the version and the BLAS kernels") {
+  const auto dir = scratch("version");
+  const Run r = cli("--version", dir);
+  CHECK(r.status == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out.rfind("attnlab ", 0) == 0);
+  const std::string blas_line = "\nblas: " + attnlab::blas_summary(attnlab::blas_info()) + "\n";
+  CHECK(r.out.find(blas_line) != std::string::npos);
+  CHECK(r.out.find("core " + attnlab::blas_info().core) != std::string::npos);
+}
+
+TEST_CASE("cli: a BLAS warning is printed once on stderr, and the command still runs") {
+  const auto dir = scratch("blas_warning");
+  const std::string make_data =
+      "make-data --task sort --train-size 4 --valid-size 2 --out '" + (dir / "data").string() + "'";
+  for (const std::string& args : {std::string("--version"), make_data}) {
+    CAPTURE(args);
+    const Run r = cli(args, dir, "ATTNLAB_BLAS_CORE=Pentium4000");
+    CHECK(r.status == 0);
+    CHECK(r.err.rfind("attnlab: warning: ATTNLAB_BLAS_CORE=Pentium4000 ignored", 0) == 0);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
+
 TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   const auto dir = scratch("tiny_train");
   const Run r =
@@ -124,6 +151,8 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   const auto summary = nlohmann::json::parse(slurp(dir / "run" / "summary.json"));
   CHECK(summary["final_eval_loss"].get<double>() < 0.8 * summary["init_eval_loss"].get<double>());
   CHECK(summary["status"] == "finished");
+  // The same environment, so the same BLAS kernels as this process.
+  CHECK(summary["blas_core"] == attnlab::blas_info().core);
   // eval reads the checkpoint back and reports the same loss.
   const Run e = cli("eval --checkpoint '" + (dir / "run").string() + "' --show 1", dir);
   REQUIRE(e.status == 0);

@@ -59,6 +59,12 @@ std::vector<Case> option_grid() {
   add("causal Tq < Tk", 1, 2, 5, 70, 16, 8, o, false);
   add("causal Tq > Tk", 1, 2, 70, 5, 16, 8, o, false);
   add("causal and key mask", 2, 2, 20, 20, 8, 8, o, true);
+  o.query_offset = 65;  // bottom-right: the 5 queries are the last 5 of 70
+  add("causal, query offset Tk - Tq", 1, 2, 5, 70, 16, 8, o, false);
+  o.query_offset = 70;
+  add("causal, query offset 70, several tiles", 1, 2, 70, 140, 16, 8, o, false);
+  o.query_offset = 3;
+  add("causal, query offset 3 and key mask", 2, 2, 20, 23, 8, 8, o, true);
   o = {};
   add("key mask", 2, 2, 20, 67, 8, 8, o, true);
   add("Dv != D, odd sizes", 2, 3, 3, 7, 5, 2, o, false);
@@ -94,7 +100,12 @@ double row_log_sum_exp(const Tensor4<double>& scores, std::size_t b, std::size_t
   return static_cast<double>(m + std::log(sum));
 }
 
-const SdpaCudaPath kPaths[] = {SdpaCudaPath::reference, SdpaCudaPath::fused};
+const SdpaPath kPaths[] = {SdpaPath::reference, SdpaPath::fused};
+
+SdpaOptions with_path(SdpaOptions options, SdpaPath path) {
+  options.path = path;
+  return options;
+}
 
 }  // namespace
 
@@ -150,15 +161,15 @@ TEST_CASE("cuda sdpa: forward of both paths matches the CPU op over the option g
     SdpaCache<double> cpu;
     const auto expected = sdpa_forward(cpu, q, k, v, c.options, m);
     const auto scores = sdpa_scores(q, k, c.options, m);
-    for (SdpaCudaPath path : kPaths) {
+    for (SdpaPath path : kPaths) {
       CAPTURE(c.name);
       CAPTURE(to_string(path));
-      SdpaCudaCache<float> cache;
-      const auto out =
-          sdpa_forward_cuda(cache, to<float>(q), to<float>(k), to<float>(v), c.options, m, path);
+      SdpaCache<float> cache;
+      const auto out = sdpa_forward_cuda(cache, to<float>(q), to<float>(k), to<float>(v),
+                                         with_path(c.options, path), m);
       REQUIRE(test::all_finite(out));  // poisoned with NaN before the kernels ran
       CHECK(test::rel_error(out, expected) < kFloatTol);
-      if (path == SdpaCudaPath::reference) {
+      if (path == SdpaPath::reference) {
         REQUIRE(test::all_finite(cache.p));
         CHECK(test::rel_error(cache.p, cpu.p) < kFloatTol);
       } else {
@@ -199,12 +210,12 @@ TEST_CASE("cuda sdpa: backward of both paths matches the CPU op over the option 
     SdpaCache<double> cpu;
     sdpa_forward(cpu, q, k, v, c.options, m);
     const auto expected = sdpa_backward(dout, cpu, q, k, v);
-    for (SdpaCudaPath path : kPaths) {
+    for (SdpaPath path : kPaths) {
       CAPTURE(c.name);
       CAPTURE(to_string(path));
       const auto qf = to<float>(q), kf = to<float>(k), vf = to<float>(v);
-      SdpaCudaCache<float> cache;
-      sdpa_forward_cuda(cache, qf, kf, vf, c.options, m, path);
+      SdpaCache<float> cache;
+      sdpa_forward_cuda(cache, qf, kf, vf, with_path(c.options, path), m);
       const auto g = sdpa_backward_cuda(to<float>(dout), cache, qf, kf, vf);
       REQUIRE(test::all_finite(g.dq));
       REQUIRE(test::all_finite(g.dk));
@@ -222,13 +233,17 @@ TEST_CASE("cuda sdpa: the double path passes the central-difference gradient che
   struct Check {
     std::size_t B, H, Tq, Tk, D, Dv;
     bool causal, masked;
+    std::ptrdiff_t query_offset = 0;
   };
-  for (const Check s : {Check{2, 2, 5, 5, 4, 4, false, false}, Check{1, 2, 6, 4, 4, 3, true, false},
-                        Check{2, 2, 4, 5, 3, 3, true, true}}) {
-    for (SdpaCudaPath path : kPaths) {
+  for (const Check s :
+       {Check{2, 2, 5, 5, 4, 4, false, false}, Check{1, 2, 6, 4, 4, 3, true, false},
+        Check{2, 2, 4, 5, 3, 3, true, true}, Check{1, 2, 3, 6, 4, 3, true, false, 3},
+        Check{2, 2, 3, 5, 3, 3, true, true, 1}}) {
+    for (SdpaPath path : kPaths) {
       CAPTURE(to_string(path));
       CAPTURE(s.causal);
       CAPTURE(s.masked);
+      CAPTURE(s.query_offset);
       Rng rng(7);
       auto q = randn<double, 4>({s.B, s.H, s.Tq, s.D}, rng);
       auto k = randn<double, 4>({s.B, s.H, s.Tk, s.D}, rng);
@@ -238,15 +253,17 @@ TEST_CASE("cuda sdpa: the double path passes the central-difference gradient che
       const KeyMask* m = s.masked ? &mask : nullptr;
       SdpaOptions options;
       options.causal = s.causal;
+      options.query_offset = s.query_offset;
+      options.path = path;
       const auto loss = [&] {
-        SdpaCudaCache<double> c;
-        const auto o = sdpa_forward_cuda(c, q, k, v, options, m, path);
+        SdpaCache<double> c;
+        const auto o = sdpa_forward_cuda(c, q, k, v, options, m);
         double l = 0;
         for (std::size_t i = 0; i < o.size(); ++i) l += o.data()[i] * r.data()[i];
         return l;
       };
-      SdpaCudaCache<double> cache;
-      sdpa_forward_cuda(cache, q, k, v, options, m, path);
+      SdpaCache<double> cache;
+      sdpa_forward_cuda(cache, q, k, v, options, m);
       const auto g = sdpa_backward_cuda(r, cache, q, k, v);
       const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {s.B, s.H, s.Tq, s.D}},
                                            {"dk", k.data(), g.dk.data(), {s.B, s.H, s.Tk, s.D}},
@@ -268,7 +285,7 @@ TEST_CASE("cuda sdpa: the fused backward is deterministic") {
   const auto dout = randn<float, 4>({2, 2, 150, 32}, rng);
   SdpaOptions options;
   options.causal = true;
-  SdpaCudaCache<float> c1, c2;
+  SdpaCache<float> c1, c2;
   const auto o1 = sdpa_forward_cuda(c1, q, k, v, options);
   const auto o2 = sdpa_forward_cuda(c2, q, k, v, options);
   const auto g1 = sdpa_backward_cuda(dout, c1, q, k, v);
@@ -288,10 +305,11 @@ TEST_CASE("cuda sdpa: TF32 GEMMs in the reference path, error reported separatel
   const auto v = randn<double, 4>({2, 4, 128, 64}, rng);
   SdpaCache<double> cpu;
   const auto expected = sdpa_forward(cpu, q, k, v);
-  SdpaCudaCache<float> cache;
+  SdpaCache<float> cache;
   cuda::set_allow_tf32(true);
-  const auto out = sdpa_forward_cuda(cache, to<float>(q), to<float>(k), to<float>(v), SdpaOptions{},
-                                     nullptr, SdpaCudaPath::reference);
+  SdpaOptions reference;
+  reference.path = SdpaPath::reference;
+  const auto out = sdpa_forward_cuda(cache, to<float>(q), to<float>(k), to<float>(v), reference);
   cuda::set_allow_tf32(false);
   const double tf32_error = test::rel_error(out, expected);
   MESSAGE("TF32 reference-path forward, relative error vs the double CPU op: " << tf32_error);
@@ -302,7 +320,7 @@ TEST_CASE("cuda sdpa: bad inputs throw ShapeError before touching a device") {
   Tensor4<float> q = xt::zeros<float>({2, 4, 5, 16});
   Tensor4<float> k = xt::zeros<float>({2, 4, 7, 16});
   Tensor4<float> v = xt::zeros<float>({2, 4, 7, 8});
-  SdpaCudaCache<float> cache;
+  SdpaCache<float> cache;
   Tensor4<float> k8 = xt::zeros<float>({2, 4, 7, 8});
   CHECK_THROWS_WITH_AS(sdpa_forward_cuda(cache, q, k8, v),
                        "sdpa_forward_cuda: k expected (2, 4, *, 16), got (2, 4, 7, 8)", ShapeError);
@@ -315,11 +333,18 @@ TEST_CASE("cuda sdpa: bad inputs throw ShapeError before touching a device") {
   SdpaOptions bad;
   bad.scale = -1.0;
   CHECK_THROWS_AS(sdpa_forward_cuda(cache, q, k, v, bad), std::invalid_argument);
+  SdpaOptions negative_offset;
+  negative_offset.causal = true;
+  negative_offset.query_offset = -1;
+  CHECK_THROWS_WITH_AS(sdpa_forward_cuda(cache, q, k, v, negative_offset),
+                       "sdpa_forward_cuda: query_offset expected an offset >= 0, got -1",
+                       std::invalid_argument);
   CHECK_THROWS_AS(sdpa_backward_cuda(q, cache, q, k, v), std::logic_error);
-  CHECK(parse_sdpa_cuda_path("reference") == SdpaCudaPath::reference);
-  CHECK(parse_sdpa_cuda_path(to_string(SdpaCudaPath::fused)) == SdpaCudaPath::fused);
-  CHECK_THROWS_WITH_AS(parse_sdpa_cuda_path("flash"),
-                       "parse_sdpa_cuda_path: path expected reference|fused, got 'flash'",
+  // The GPU op takes the CPU op's path option (one set of options for every path).
+  CHECK(parse_sdpa_path("reference") == SdpaPath::reference);
+  CHECK(parse_sdpa_path(to_string(SdpaPath::fused)) == SdpaPath::fused);
+  CHECK_THROWS_WITH_AS(parse_sdpa_path("flash"),
+                       "parse_sdpa_path: path expected reference|fused|auto, got 'flash'",
                        std::invalid_argument);
 }
 
@@ -334,7 +359,7 @@ TEST_CASE("cuda runtime: the build flag, the device query and the no-device erro
   if (!cuda_available()) {
     // Valid shapes, no device: a clear CudaError, never a crash.
     Tensor4<float> q = xt::zeros<float>({1, 1, 2, 4});
-    SdpaCudaCache<float> cache;
+    SdpaCache<float> cache;
     const std::string expected = cuda_built() ? "no CUDA device" : "attnlab was built without CUDA";
     CHECK_THROWS_WITH_AS(sdpa_forward_cuda(cache, q, q, q), doctest::Contains(expected.c_str()),
                          CudaError);

@@ -105,8 +105,8 @@ void check_fused(const Problem& pr, double tol) {
   const auto qt = cast<T>(q), kt = cast<T>(k), vt = cast<T>(v), dot = cast<T>(dout);
   const std::vector<T> scale(e.scale.begin(), e.scale.end());
   const std::vector<unsigned char> mask_bytes(mask.begin(), mask.end());
-  cuda::SdpaDeviceArgs<T> a;
-  a.B = pr.B, a.H = pr.H, a.Tq = pr.Tq, a.Tk = pr.Tk, a.D = pr.D, a.Dv = pr.Dv;
+  AttentionParams<T> a;
+  a.B = pr.B, a.H = pr.H, a.Hkv = pr.H, a.Tq = pr.Tq, a.Tk = pr.Tk, a.D = pr.D, a.Dv = pr.Dv;
   a.q = qt.data(), a.k = kt.data(), a.v = vt.data(), a.scale = scale.data();
   a.key_mask = pr.masked ? mask_bytes.data() : nullptr;
   a.causal = pr.causal;
@@ -198,8 +198,12 @@ TEST_CASE("cuda kernels (CPU emulation): reference softmax rows and their backwa
     // 64 threads per row block here (256 on the GPU): the kernels are written for any multiple
     // of 32.
     const unsigned rows = static_cast<unsigned>(B * H * Tq);
-    emu::launch(ref::masked_softmax_rows<double>, dim3(rows), dim3(64), 0, p.data(), e.scale.data(),
-                mask_bytes.data(), H, Tq, Tk, causal);
+    AttentionParams<double> a;
+    a.B = B, a.H = H, a.Hkv = H, a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv;
+    a.q = q.data(), a.k = k.data(), a.v = v.data(), a.scale = e.scale.data();
+    a.key_mask = mask_bytes.data();
+    a.causal = causal;
+    emu::launch(ref::masked_softmax_rows<double>, dim3(rows), dim3(64), 0, p.data(), a);
     CHECK(test::rel_error(p, e.p) < 1e-14);
     for (std::size_t j = 0; j < Tk; ++j) CHECK(p(1, 0, 2, j) == 0.0);  // batch 1 sees nothing
     emu::launch(ref::softmax_backward_rows<double>, dim3(rows), dim3(64), 0, ds.data(),

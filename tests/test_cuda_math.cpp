@@ -1,5 +1,7 @@
-// The CUDA kernels' shared arithmetic (attnlab/cuda_math.hpp), run on the CPU: the online-softmax
-// merge, the softmax-backward element, the causal bounds and the index math. These run on every
+// The CUDA kernels' shared arithmetic (attnlab/cuda_math.hpp) and the attention score rule of every
+// path (attnlab/attention/score_rule.hpp), run on the CPU: the online-softmax merge, the
+// softmax-backward element, the causal bounds with a query offset, score_row against score, the
+// parameter checks and the index math. These run on every
 // machine, with or without CUDA. The last two tests replay the fused kernels' per-row algorithm
 // (tiles of keys, running max and sum, P recomputed from the log-sum-exp) with these helpers and
 // compare it with the CPU op.
@@ -11,6 +13,7 @@
 
 #include <xtensor/xbuilder.hpp>
 
+#include "attnlab/attention/score_rule.hpp"
 #include "attnlab/cuda_math.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/softmax.hpp"
@@ -130,39 +133,134 @@ TEST_CASE("cuda_math: the softmax-backward element equals the Jacobian product")
   CHECK(cm::softmax_backward_element(0.0f, std::numeric_limits<float>::infinity(), 0.2f) == 0.0f);
 }
 
-TEST_CASE("cuda_math: causal bounds agree with key_visible") {
+namespace {
+
+// The parameters of a (1, 1, Tq, Tk) call with a key mask (B = 1) or none.
+AttentionParams<double> rule_params(std::size_t Tq, std::size_t Tk, bool causal, std::size_t offset,
+                                    const std::vector<unsigned char>* mask = nullptr) {
+  AttentionParams<double> p;
+  p.B = p.H = p.Hkv = 1, p.Tq = Tq, p.Tk = Tk, p.D = p.Dv = 1;
+  p.causal = causal;
+  p.query_offset = offset;
+  p.key_mask = mask ? mask->data() : nullptr;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("attention score rule: causal bounds agree with key_visible, for any query offset") {
   for (std::size_t Tq : {1, 3, 7}) {
     for (std::size_t Tk : {1, 4, 7, 9}) {
       for (bool causal : {false, true}) {
-        CAPTURE(Tq);
-        CAPTURE(Tk);
-        CAPTURE(causal);
-        for (std::size_t i = 0; i < Tq; ++i) {
-          std::size_t visible = 0, last = 0;
-          for (std::size_t j = 0; j < Tk; ++j) {
-            if (cm::key_visible(i, j, causal, true)) {
-              ++visible;
-              last = j;
+        for (std::size_t offset : {0, 1, 3, 12}) {
+          if (!causal && offset != 0) continue;
+          CAPTURE(Tq);
+          CAPTURE(Tk);
+          CAPTURE(causal);
+          CAPTURE(offset);
+          const auto p = rule_params(Tq, Tk, causal, offset);
+          for (std::size_t i = 0; i < Tq; ++i) {
+            std::size_t visible = 0, last = 0;
+            for (std::size_t j = 0; j < Tk; ++j) {
+              if (attention::key_visible(p, 0, i, j)) {
+                ++visible;
+                last = j;
+              }
+              CHECK(attention::key_visible(p, 0, i, j) == (!causal || j <= i + offset));
             }
+            CHECK(attention::key_end(p, i) == visible);  // keys [0, end) are visible
+            if (visible > 0) CHECK(last + 1 == visible);
           }
-          CHECK(cm::causal_key_end(i, Tk, causal) == visible);  // keys [0, end) are visible
-          if (visible > 0) CHECK(last + 1 == visible);
-        }
-        for (std::size_t j = 0; j < Tk; ++j) {
-          std::size_t first = Tq;
-          for (std::size_t i = Tq; i-- > 0;) {
-            if (cm::key_visible(i, j, causal, true)) first = i;
+          for (std::size_t j = 0; j < Tk; ++j) {
+            std::size_t first = Tq;
+            for (std::size_t i = Tq; i-- > 0;) {
+              if (attention::key_visible(p, 0, i, j)) first = i;
+            }
+            // No query before query_begin sees key j.
+            if (first < Tq) CHECK(attention::query_begin(p, j) == first);
+            if (first == Tq) CHECK(attention::query_begin(p, j) >= Tq);
           }
-          // No query before causal_query_begin sees key j.
-          if (first < Tq) CHECK(cm::causal_query_begin(j, causal) == first);
-          if (first == Tq) CHECK(cm::causal_query_begin(j, causal) >= Tq);
         }
       }
     }
   }
-  CHECK_FALSE(cm::key_visible(4, 2, false, false));  // the mask hides regardless of causality
-  CHECK(cm::key_visible(4, 2, true, true));
-  CHECK_FALSE(cm::key_visible(2, 4, true, true));
+  const std::vector<unsigned char> mask = {1, 1, 0, 1, 1};
+  const auto masked = rule_params(6, 5, false, 0, &mask);
+  CHECK_FALSE(attention::key_visible(masked, 0, 4, 2));  // the mask hides regardless of causality
+  CHECK(attention::key_visible(rule_params(6, 5, true, 0), 0, 4, 2));
+  CHECK_FALSE(attention::key_visible(rule_params(6, 5, true, 0), 0, 2, 4));
+  CHECK(attention::key_visible(rule_params(6, 5, true, 2), 0, 2, 4));  // j <= i + o
+}
+
+TEST_CASE("attention score rule: score_row over scaled dots equals score element by element") {
+  Rng rng(5);
+  const std::size_t Tq = 6, Tk = 23;
+  std::vector<unsigned char> mask(2 * Tk);
+  for (auto& m : mask) m = rng.uniform() < 0.7 ? 1 : 0;
+  for (bool causal : {false, true}) {
+    for (std::size_t offset : {0, 4, 30}) {
+      for (bool masked : {false, true}) {
+        if (!causal && offset != 0) continue;
+        AttentionParams<double> p = rule_params(Tq, Tk, causal, offset);
+        p.B = 2;
+        p.key_mask = masked ? mask.data() : nullptr;
+        for (std::size_t b = 0; b < 2; ++b) {
+          for (std::size_t i = 0; i < Tq; ++i) {
+            for (std::size_t j0 : {0, 3, 9}) {
+              for (std::size_t n : {std::size_t{1}, std::size_t{5}, Tk - j0}) {
+                CAPTURE(causal);
+                CAPTURE(offset);
+                CAPTURE(masked);
+                CAPTURE(i);
+                CAPTURE(j0);
+                std::vector<double> dots(n), row(n), expected(n);
+                for (auto& x : dots) x = 4.0 * (rng.uniform() - 0.5);
+                for (std::size_t c = 0; c < n; ++c) {
+                  expected[c] = attention::score(p, b, 0, i, j0 + c, 0.37, dots[c]);
+                  row[c] = 0.37 * dots[c];  // what a GEMM with alpha = s_h gives
+                }
+                attention::score_row(p, b, 0, i, j0, n, row.data());
+                CHECK(row == expected);  // bit for bit: the same products
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // A NaN dot stays NaN at a visible key and is hidden at a hidden one.
+  const auto p = rule_params(2, 3, true, 0);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(std::isnan(attention::score(p, 0, 0, 1, 0, 0.5, nan)));
+  CHECK(attention::score(p, 0, 0, 0, 1, 0.5, nan) == -kInf);
+}
+
+TEST_CASE("attention params: kv_head_of, and the variants not supported yet are refused") {
+  AttentionParams<float> p;
+  p.B = 1, p.H = 8, p.Hkv = 8, p.Tq = p.Tk = 4, p.D = p.Dv = 2;
+  for (std::size_t h = 0; h < 8; ++h) CHECK(p.kv_head_of(h) == h);
+  CHECK(p.kv_slice_of(8 + 3) == 8 + 3);
+  CHECK_NOTHROW(check_attention_params(p, "op"));
+  AttentionSpec grouped = p;
+  grouped.Hkv = 2;  // the mapping is in place for grouped-query attention: 4 query heads per K/V
+  CHECK(grouped.kv_head_of(5) == 1);
+  CHECK(grouped.kv_slice_of(8 + 5) == 2 + 1);
+  CHECK_THROWS_WITH_AS(
+      check_attention_spec(grouped, "op"),
+      "op: Hkv expected 8 (= H), got 2: grouped-query attention is not supported yet",
+      std::invalid_argument);
+  const auto refused = [&](auto change, const char* message) {
+    AttentionParams<float> bad = p;
+    change(bad);
+    CHECK_THROWS_WITH_AS(check_attention_params(bad, "op"), doctest::Contains(message),
+                         std::invalid_argument);
+  };
+  refused([](auto& a) { a.window = 3; }, "not supported yet");
+  refused([](auto& a) { a.dropout_p = 0.1f; }, "not supported yet");
+  const float bias = 0, slopes = 0;
+  refused([&](auto& a) { a.bias = &bias; }, "not supported yet");
+  refused([&](auto& a) { a.alibi_slopes = &slopes; }, "not supported yet");
+  refused([](auto& a) { a.query_offset = 1; }, "op: query_offset expected 0 without causal, got 1");
 }
 
 TEST_CASE("cuda_math: index math matches the xtensor layouts") {
@@ -209,21 +307,26 @@ FusedReplay replay_fused_forward(const Tensor4<double>& q, const Tensor4<double>
   const std::size_t B = q.shape()[0], H = q.shape()[1], Tq = q.shape()[2], D = q.shape()[3];
   const std::size_t Tk = k.shape()[2], Dv = v.shape()[3];
   FusedReplay r{Tensor4<double>({B, H, Tq, Dv}), Tensor3<double>({B, H, Tq})};
+  const std::vector<unsigned char> mask_bytes =
+      mask ? std::vector<unsigned char>(mask->begin(), mask->end()) : std::vector<unsigned char>();
+  AttentionParams<double> p;
+  p.B = B, p.H = p.Hkv = H, p.Tq = Tq, p.Tk = Tk, p.D = D, p.Dv = Dv;
+  p.causal = causal;
+  p.key_mask = mask ? mask_bytes.data() : nullptr;
   for (std::size_t b = 0; b < B; ++b) {
     for (std::size_t h = 0; h < H; ++h) {
       for (std::size_t i = 0; i < Tq; ++i) {
         cm::OnlineSoftmax<double> state;
         std::vector<double> o(Dv, 0.0);
-        const std::size_t key_end = cm::causal_key_end(i, Tk, causal);
+        const std::size_t key_end = attention::key_end(p, i);
         for (std::size_t j0 = 0; j0 < key_end; j0 += tile) {
           std::vector<double> sc(tile, -kInf);
           double tile_max = -kInf;
           for (std::size_t c = 0; c < tile && j0 + c < Tk; ++c) {
             const std::size_t j = j0 + c;
-            if (!cm::key_visible(i, j, causal, !mask || (*mask)(b, j))) continue;
             double dot = 0;
             for (std::size_t d = 0; d < D; ++d) dot += q(b, h, i, d) * k(b, h, j, d);
-            sc[c] = s * dot;
+            sc[c] = attention::score(p, b, h, i, j, s, dot);
             tile_max = std::max(tile_max, sc[c]);
           }
           const double new_max = cm::max_of(state.max, tile_max);
@@ -306,6 +409,7 @@ TEST_CASE("cuda_math: P from the log-sum-exp and D = rowsum(dO * O) give the CPU
   const auto g = sdpa_backward(dout, cache, q, k, v);
   const double s = resolve_scale(options, D);
   const auto replay = replay_fused_forward(q, k, v, s, true, &mask, 4);
+  const AttentionParams<double> params = cache.params(q.data(), k.data(), v.data());
   // The flash backward's dQ, from the helpers: dQ_i = s Σ_j dS_ij k_j, dS_ij = P_ij (dP_ij − D_i).
   Tensor4<double> dq = xt::zeros<double>({B, H, Tq, D});
   for (std::size_t h = 0; h < H; ++h) {
@@ -316,8 +420,8 @@ TEST_CASE("cuda_math: P from the log-sum-exp and D = rowsum(dO * O) give the CPU
         double score = 0, dp = 0;
         for (std::size_t d = 0; d < D; ++d) score += q(0, h, i, d) * k(0, h, j, d);
         for (std::size_t e = 0; e < Dv; ++e) dp += dout(0, h, i, e) * v(0, h, j, e);
-        const bool visible = cm::key_visible(i, j, true, mask(0, j));
-        const double p = visible ? cm::weight_from_lse(s * score, replay.lse(0, h, i)) : 0.0;
+        const double p = cm::weight_from_lse(attention::score(params, 0, h, i, j, s, score),
+                                             replay.lse(0, h, i));
         CHECK(p == doctest::Approx(cache.p(0, h, i, j)).epsilon(1e-13));
         const double ds = s * cm::softmax_backward_element(p, dp, row_dot);
         for (std::size_t d = 0; d < D; ++d) dq(0, h, i, d) += ds * k(0, h, j, d);

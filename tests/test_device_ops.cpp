@@ -315,8 +315,8 @@ void check_attention(DeviceOps<T>& ops, double tol) {
   DeviceVector<T, T> dq_in(ops, values<T>(q)), dk_in(ops, values<T>(k)), dv_in(ops, values<T>(v)),
       ddout(ops, values<T>(dout)), dscale(ops, head_scale);
   DeviceVector<unsigned char, T> dmask(ops, std::vector<unsigned char>(mask.begin(), mask.end()));
-  cuda::SdpaDeviceArgs<T> a;
-  a.B = B, a.H = H, a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv;
+  AttentionParams<T> a;
+  a.B = B, a.H = H, a.Hkv = H, a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv;
   a.q = dq_in.get(), a.k = dk_in.get(), a.v = dv_in.get(), a.scale = dscale.get();
   a.key_mask = dmask.get();
   a.causal = true;

@@ -158,6 +158,12 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.attention.sdpa.causal = true;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("causal with a query offset, key mask") {
+    auto c = small_config();
+    c.block.attention.sdpa.causal = true;
+    c.block.attention.sdpa.query_offset = 2;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("fused attention path, explicit scale, no positions") {
     auto c = small_config();
     c.block.attention.sdpa.path = SdpaPath::fused;

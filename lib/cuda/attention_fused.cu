@@ -34,7 +34,7 @@ std::size_t most_smem(std::size_t D, std::size_t Dv, int tile) {
 }
 
 template <class T>
-void check_grid(const SdpaDeviceArgs<T>& a, int tile) {
+void check_grid(const AttentionParams<T>& a, int tile) {
   const std::size_t tiles = cm::tile_count(std::max(a.Tq, a.Tk), tile);
   if (a.B * a.H > 65535 || tiles > 0x7fffffffu) {
     throw std::invalid_argument("cuda sdpa fused: B*H = " + std::to_string(a.B * a.H) +
@@ -52,14 +52,14 @@ void launch(Kernel kernel, dim3 grid, std::size_t smem, Args... args) {
 }
 
 template <class T, int TILE>
-void forward_with(T* out, T* lse, const SdpaDeviceArgs<T>& a) {
+void forward_with(T* out, T* lse, const AttentionParams<T>& a) {
   launch(fused_forward_kernel<T, TILE>, query_tile_grid(a, TILE),
          forward_smem<T>(Geometry(a.D, a.Dv, TILE), TILE), out, lse, a);
 }
 
 template <class T, int TILE>
 void backward_with(T* dq, T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
-                   const SdpaDeviceArgs<T>& a) {
+                   const AttentionParams<T>& a) {
   const Geometry g(a.D, a.Dv, TILE);
   launch(fused_key_pass_kernel<T, TILE>, key_tile_grid(a, TILE), key_pass_smem<T>(g, TILE), dk, dv,
          dout, lse, row_dot, a);
@@ -82,7 +82,8 @@ int sdpa_fused_tile_rows(std::size_t D, std::size_t Dv) {
 }
 
 template <class T>
-void sdpa_fused_forward(T* out, T* lse, const SdpaDeviceArgs<T>& a) {
+void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) {
+  check_attention_params(a, "cuda::sdpa_fused_forward");
   if (a.B * a.H * a.Tq == 0) return;
   const int tile = sdpa_fused_tile_rows<T>(a.D, a.Dv);
   check_grid(a, tile);
@@ -95,7 +96,8 @@ void sdpa_fused_forward(T* out, T* lse, const SdpaDeviceArgs<T>& a) {
 
 template <class T>
 void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out, const T* lse,
-                         const SdpaDeviceArgs<T>& a) {
+                         const AttentionParams<T>& a) {
+  check_attention_params(a, "cuda::sdpa_fused_backward");
   const std::size_t rows = a.B * a.H * a.Tq;
   if (rows == 0) return;
   const int tile = sdpa_fused_tile_rows<T>(a.D, a.Dv);
@@ -113,9 +115,9 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T
 
 #define ATTNLAB_INSTANTIATE(T)                                                       \
   template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);                    \
-  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);             \
+  template void sdpa_fused_forward<T>(T*, T*, const AttentionParams<T>&);            \
   template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, \
-                                       const SdpaDeviceArgs<T>&);
+                                       const AttentionParams<T>&);
 ATTNLAB_INSTANTIATE(float)
 ATTNLAB_INSTANTIATE(double)
 #undef ATTNLAB_INSTANTIATE

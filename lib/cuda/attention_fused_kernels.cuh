@@ -26,7 +26,8 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "attnlab/cuda_attention.hpp"
+#include "attnlab/attention/params.hpp"
+#include "attnlab/attention/score_rule.hpp"
 #include "attnlab/cuda_math.hpp"
 #include "device_compat.cuh"
 #include "reduce.cuh"
@@ -98,13 +99,13 @@ struct Geometry {
         lds(tile + 1) {}
 };
 
-// Whether key j is visible to query i, for in-range i and j.
+// The score rule's S for query i and key j of a tile (attnlab/attention/score_rule.hpp), and -inf
+// for positions beyond Tq or Tk (the padding of partial tiles).
 template <class T>
-__device__ inline bool visible(const SdpaDeviceArgs<T>& a, std::size_t b, std::size_t i,
-                               std::size_t j) {
-  return i < a.Tq && j < a.Tk &&
-         cm::key_visible(i, j, a.causal,
-                         a.key_mask == nullptr || a.key_mask[cm::key_mask_offset(b, j, a.Tk)] != 0);
+__device__ inline T tile_score(const AttentionParams<T>& a, std::size_t b, std::size_t h,
+                               std::size_t i, std::size_t j, T s, T dot) {
+  return i < a.Tq && j < a.Tk ? attention::score(a, b, h, i, j, s, dot)
+                              : cm::negative_infinity<T>();
 }
 
 // ---- forward --------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ std::size_t forward_smem(const Geometry& g, int tile) {
 
 template <class T, int TILE>
 __global__ void __launch_bounds__(kThreads)
-    fused_forward_kernel(T* out, T* lse, SdpaDeviceArgs<T> a) {
+    fused_forward_kernel(T* out, T* lse, AttentionParams<T> a) {
   constexpr int MI = TILE / kSide, NS = TILE / kSide;
   ATTNLAB_DYNAMIC_SHARED(smem_raw);
   const Geometry g(a.D, a.Dv, TILE);
@@ -134,9 +135,10 @@ __global__ void __launch_bounds__(kThreads)
   const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
   const int lane = t % detail::kWarpSize, warp = t / detail::kWarpSize;
   const int warps = kThreads / detail::kWarpSize;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H);
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const std::size_t kv = a.kv_slice_of(bh);
   const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * TILE;
-  const T s = a.scale[cm::head_of(bh, a.H)];
+  const T s = a.scale[h];
   const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
 
   load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
@@ -147,11 +149,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   // The last query of the tile sees keys [0, key_end); later keys are hidden from the whole tile.
   const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
-  const std::size_t key_end = cm::causal_key_end(last_query, a.Tk, a.causal);
+  const std::size_t key_end = attention::key_end(a, last_query);
 
   for (std::size_t j0 = 0; j0 < key_end; j0 += TILE) {
     __syncthreads();  // the previous tile's O update has finished reading V and P
-    load_tile(kvs, ldkv, a.k + bh * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
+    load_tile(kvs, ldkv, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
     __syncthreads();
     {  // S = s · Q Kᵀ, hidden at -inf                  (TILE,dp) x (dp,TILE) -> (TILE,TILE)
       T acc[MI][NS];
@@ -162,13 +164,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < NS; ++j) {
           const int r = ty + kSide * i, c = tx + kSide * j;
-          ss[r * g.lds + c] =
-              visible(a, b, i0 + r, j0 + c) ? s * acc[i][j] : cm::negative_infinity<T>();
+          ss[r * g.lds + c] = tile_score(a, b, h, i0 + r, j0 + c, s, acc[i][j]);
         }
       }
     }
     __syncthreads();  // S complete, K no longer read
-    load_tile(kvs, ldkv, a.v + bh * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
+    load_tile(kvs, ldkv, a.v + kv * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
     // Online softmax, one warp per row: P = exp(S − m_new), l ← α·l + Σ P, α = exp(m_old − m_new).
     for (int r = warp; r < TILE; r += warps) {
       T tile_max = cm::negative_infinity<T>();
@@ -264,8 +265,9 @@ __device__ inline void load_row_stats(T* lse_s, T* dot_s, const T* lse, const T*
 // j0 + c), with Q and K in shared memory; 0 at hidden positions and beyond Tq or Tk.
 template <class T, int MI, int NS>
 __device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, int ldd, int dp,
-                                    const T* lse_s, const SdpaDeviceArgs<T>& a, std::size_t b, T s,
-                                    std::size_t i0, std::size_t j0, int ty, int tx) {
+                                    const T* lse_s, const AttentionParams<T>& a, std::size_t b,
+                                    std::size_t h, T s, std::size_t i0, std::size_t j0, int ty,
+                                    int tx) {
   fill(p, T(0));
   micro_gemm(p, qs, ldd, 1, ks, 1, ldd, dp, ty, tx, 0);  // Q Kᵀ  (TILE,dp) x (dp,TILE)
 #pragma unroll
@@ -273,7 +275,8 @@ __device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, in
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
       const int r = ty + kSide * i, c = tx + kSide * j;
-      p[i][j] = visible(a, b, i0 + r, j0 + c) ? cm::weight_from_lse(s * p[i][j], lse_s[r]) : T(0);
+      // weight_from_lse gives 0 for a hidden score (-inf)
+      p[i][j] = cm::weight_from_lse(tile_score(a, b, h, i0 + r, j0 + c, s, p[i][j]), lse_s[r]);
     }
   }
 }
@@ -308,7 +311,7 @@ std::size_t key_pass_smem(const Geometry& g, int tile) {
 template <class T, int TILE>
 __global__ void __launch_bounds__(kThreads)
     fused_key_pass_kernel(T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
-                          SdpaDeviceArgs<T> a) {
+                          AttentionParams<T> a) {
   constexpr int MI = TILE / kSide, NS = TILE / kSide;
   ATTNLAB_DYNAMIC_SHARED(smem_raw);
   const Geometry g(a.D, a.Dv, TILE);
@@ -323,17 +326,18 @@ __global__ void __launch_bounds__(kThreads)
   T* dot_s = lse_s + TILE;
 
   const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H);
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const std::size_t kv = a.kv_slice_of(bh);
   const std::size_t j0 = static_cast<std::size_t>(blockIdx.x) * TILE;
-  const T s = a.scale[cm::head_of(bh, a.H)];
+  const T s = a.scale[h];
   const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
 
-  load_tile(ks, g.ldd, a.k + bh * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
-  load_tile(vs, g.lddv, a.v + bh * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
+  load_tile(ks, g.ldd, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
+  load_tile(vs, g.lddv, a.v + kv * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
   zero_tile(dks, TILE * g.dp);
   zero_tile(dvs, TILE * g.dvp);
-  // Only queries i ≥ j0 can see these keys when causal; start at the tile holding query j0.
-  const std::size_t first_query = cm::causal_query_begin(j0, a.causal) / TILE * TILE;
+  // Queries before query_begin(j0) see none of these keys; start at the tile holding it.
+  const std::size_t first_query = attention::query_begin(a, j0) / TILE * TILE;
 
   for (std::size_t i0 = first_query; i0 < a.Tq; i0 += TILE) {
     __syncthreads();  // the previous query tile is no longer read
@@ -343,7 +347,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // P = exp(s·Q Kᵀ − LSE), kept in registers for dS and stored for dV
     T p[MI][NS];
-    tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, s, i0, j0, ty, tx);
+    tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
 #pragma unroll
     for (int i = 0; i < MI; ++i) {
 #pragma unroll
@@ -396,11 +400,11 @@ __global__ void __launch_bounds__(kThreads)
   // Keys that no query sees keep their zero accumulators: every element is written.
   for (int e = t; e < TILE * D; e += kThreads) {
     const int r = e / D, c = e % D;
-    if (j0 + r < a.Tk) dk[cm::bhrc_offset(bh, j0 + r, c, a.Tk, a.D)] = dks[r * g.dp + c];
+    if (j0 + r < a.Tk) dk[cm::bhrc_offset(kv, j0 + r, c, a.Tk, a.D)] = dks[r * g.dp + c];
   }
   for (int e = t; e < TILE * Dv; e += kThreads) {
     const int r = e / Dv, c = e % Dv;
-    if (j0 + r < a.Tk) dv[cm::bhrc_offset(bh, j0 + r, c, a.Tk, a.Dv)] = dvs[r * g.dvp + c];
+    if (j0 + r < a.Tk) dv[cm::bhrc_offset(kv, j0 + r, c, a.Tk, a.Dv)] = dvs[r * g.dvp + c];
   }
 }
 
@@ -415,7 +419,7 @@ std::size_t query_pass_smem(const Geometry& g, int tile) {
 template <class T, int TILE>
 __global__ void __launch_bounds__(kThreads)
     fused_query_pass_kernel(T* dq, const T* dout, const T* lse, const T* row_dot,
-                            SdpaDeviceArgs<T> a) {
+                            AttentionParams<T> a) {
   constexpr int MI = TILE / kSide;
   ATTNLAB_DYNAMIC_SHARED(smem_raw);
   const Geometry g(a.D, a.Dv, TILE);
@@ -429,9 +433,10 @@ __global__ void __launch_bounds__(kThreads)
   T* dot_s = lse_s + TILE;
 
   const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H);
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const std::size_t kv = a.kv_slice_of(bh);
   const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * TILE;
-  const T s = a.scale[cm::head_of(bh, a.H)];
+  const T s = a.scale[h];
   const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
 
   load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
@@ -439,16 +444,16 @@ __global__ void __launch_bounds__(kThreads)
   load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
   zero_tile(dqs, TILE * g.dp);
   const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
-  const std::size_t key_end = cm::causal_key_end(last_query, a.Tk, a.causal);
+  const std::size_t key_end = attention::key_end(a, last_query);
 
   for (std::size_t j0 = 0; j0 < key_end; j0 += TILE) {
     __syncthreads();  // the previous key tile and dS are no longer read
-    load_tile(ks, g.ldd, a.k + bh * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
-    load_tile(vs, g.lddv, a.v + bh * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
+    load_tile(ks, g.ldd, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
+    load_tile(vs, g.lddv, a.v + kv * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
     __syncthreads();
     {
       T p[MI][MI];
-      tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, s, i0, j0, ty, tx);
+      tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
       tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
     }
     __syncthreads();
@@ -481,11 +486,11 @@ __global__ void __launch_bounds__(kThreads)
 
 // Grids: x = tile index, y = b·h.
 template <class T>
-inline dim3 query_tile_grid(const SdpaDeviceArgs<T>& a, int tile) {
+inline dim3 query_tile_grid(const AttentionParams<T>& a, int tile) {
   return dim3(static_cast<unsigned>(cm::tile_count(a.Tq, tile)), static_cast<unsigned>(a.B * a.H));
 }
 template <class T>
-inline dim3 key_tile_grid(const SdpaDeviceArgs<T>& a, int tile) {
+inline dim3 key_tile_grid(const AttentionParams<T>& a, int tile) {
   return dim3(static_cast<unsigned>(cm::tile_count(a.Tk, tile)), static_cast<unsigned>(a.B * a.H));
 }
 constexpr std::size_t kRowDotRowsPerBlock = kThreads / detail::kWarpSize;  // one warp per row

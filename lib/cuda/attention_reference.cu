@@ -37,7 +37,8 @@ unsigned grid_of(std::size_t rows) {
 }  // namespace
 
 template <class T>
-void sdpa_reference_forward(T* out, T* p, const SdpaDeviceArgs<T>& a) {
+void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) {
+  check_attention_params(a, "cuda::sdpa_reference_forward");
   const int m = as_int(a.Tq, "Tq"), n = as_int(a.Tk, "Tk"), d = as_int(a.D, "D"),
             dv = as_int(a.Dv, "Dv"), batch = as_int(a.B * a.H, "B*H");
   const std::size_t rows = a.B * a.H * a.Tq;
@@ -45,8 +46,7 @@ void sdpa_reference_forward(T* out, T* p, const SdpaDeviceArgs<T>& a) {
   // S = Q Kᵀ, unscaled (the scale is per head)          (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
   gemm_strided_batched<T>(false, true, m, n, d, T(1), a.q, d, a.Tq * a.D, a.k, d, a.Tk * a.D, T(0),
                           p, n, a.Tq * a.Tk, batch);
-  masked_softmax_rows<T>
-      <<<grid_of(rows), kRowThreads>>>(p, a.scale, a.key_mask, a.H, a.Tq, a.Tk, a.causal);
+  masked_softmax_rows<T><<<grid_of(rows), kRowThreads>>>(p, a);
   ATTNLAB_CUDA_CHECK_LAUNCH();
   // O = P V                                              (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
   gemm_strided_batched<T>(false, false, m, dv, n, T(1), p, n, a.Tq * a.Tk, a.v, dv, a.Tk * a.Dv,
@@ -55,7 +55,8 @@ void sdpa_reference_forward(T* out, T* p, const SdpaDeviceArgs<T>& a) {
 
 template <class T>
 void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
-                             const SdpaDeviceArgs<T>& a) {
+                             const AttentionParams<T>& a) {
+  check_attention_params(a, "cuda::sdpa_reference_backward");
   const int m = as_int(a.Tq, "Tq"), n = as_int(a.Tk, "Tk"), d = as_int(a.D, "D"),
             dvw = as_int(a.Dv, "Dv"), batch = as_int(a.B * a.H, "B*H");
   const std::size_t rows = a.B * a.H * a.Tq;
@@ -80,9 +81,9 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T*
 }
 
 #define ATTNLAB_INSTANTIATE(T)                                                 \
-  template void sdpa_reference_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);   \
+  template void sdpa_reference_forward<T>(T*, T*, const AttentionParams<T>&);  \
   template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*, \
-                                           const SdpaDeviceArgs<T>&);
+                                           const AttentionParams<T>&);
 ATTNLAB_INSTANTIATE(float)
 ATTNLAB_INSTANTIATE(double)
 #undef ATTNLAB_INSTANTIATE

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 
+#include "attnlab/attention/params.hpp"
+#include "attnlab/attention/score_rule.hpp"
 #include "attnlab/cuda_math.hpp"
 #include "device_compat.cuh"
 #include "reduce.cuh"
@@ -14,30 +16,27 @@ namespace attnlab::cuda::reference {
 namespace cm = cuda_math;
 constexpr int kRowThreads = 256;
 
-// One block per row (bh, i) of S (B,H,Tq,Tk): P = softmax(s_h · S) over the visible keys, in place.
-// Writes every element: 0 at hidden positions and in rows with no visible key.
+// One block per row (bh, i) of S (B,H,Tq,Tk), the unscaled dots Q Kᵀ: P = softmax of the score
+// rule's S = s_h · Q Kᵀ over the visible keys, in place. Writes every element: 0 at hidden
+// positions and in rows with no visible key.
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    masked_softmax_rows(T* scores, const T* scale, const unsigned char* key_mask, std::size_t H,
-                        std::size_t Tq, std::size_t Tk, bool causal) {
+    masked_softmax_rows(T* scores, AttentionParams<T> a) {
   ATTNLAB_STATIC_SHARED(T, max_scratch, 32);
   ATTNLAB_STATIC_SHARED(T, sum_scratch, 32);
-  const std::size_t row = blockIdx.x, bh = row / Tq, i = row % Tq;
-  const std::size_t b = cm::batch_of(bh, H);
-  const T s = scale[cm::head_of(bh, H)];
-  T* x = scores + row * Tk;
-  const auto visible = [&](std::size_t j) {
-    return cm::key_visible(i, j, causal,
-                           key_mask == nullptr || key_mask[cm::key_mask_offset(b, j, Tk)] != 0);
-  };
+  const std::size_t row = blockIdx.x, bh = row / a.Tq, i = row % a.Tq;
+  const std::size_t b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const T s = a.scale[h];
+  T* x = scores + row * a.Tk;
   cm::OnlineSoftmax<T> state;
-  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
-    state.add(visible(j) ? s * x[j] : cm::negative_infinity<T>());
+  for (std::size_t j = threadIdx.x; j < a.Tk; j += blockDim.x) {
+    state.add(attention::score(a, b, h, i, j, s, x[j]));
   }
   state = detail::block_merge(state, max_scratch, sum_scratch);
   const T inverse_sum = state.inverse_sum();
-  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
-    x[j] = visible(j) ? cm::exp_shifted(s * x[j], state.max) * inverse_sum : T(0);
+  for (std::size_t j = threadIdx.x; j < a.Tk; j += blockDim.x) {
+    // exp_shifted gives 0 for a hidden score (-inf)
+    x[j] = cm::exp_shifted(attention::score(a, b, h, i, j, s, x[j]), state.max) * inverse_sum;
   }
 }
 

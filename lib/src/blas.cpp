@@ -3,12 +3,22 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <strings.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
 
 #include "attnlab/threads.hpp"
 
-namespace attnlab::blas {
+// OpenBLAS's DYNAMIC_ARCH core selection (driver/others/dynamic.c). Weak: an OpenBLAS built for one
+// fixed core lacks them, and attnlab then leaves its kernels alone.
+extern "C" void gotoblas_dynamic_init(void) __attribute__((weak));
+extern "C" void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+namespace attnlab {
+namespace blas {
 
 namespace {
 
@@ -71,18 +81,308 @@ void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T
   }
 }
 
+// ---- Choosing the kernels (blas::init) ----
+//
+// Why switching OpenBLAS's core at run time is safe here (OpenBLAS 0.3.21, driver/others/dynamic.c
+// and memory.c; the same in its pthread and OpenMP flavours, Debian links the pthread one):
+// - gotoblas_dynamic_quit() only sets the global table pointer `gotoblas` to NULL, and
+//   gotoblas_dynamic_init() points it at the table OPENBLAS_CORETYPE names and runs that table's
+//   init(), which fills the core's blocking sizes (GEMM_P/Q/R, offsets, alignment) in its own
+//   table. Nothing is freed or reallocated.
+// - The work buffers of blas_memory_alloc() have one size, BUFFER_SIZE, fixed when memory.c is
+//   compiled, once for all the cores of a DYNAMIC_ARCH library; every core's GEMM_P x GEMM_Q
+//   blocks fit it, since OpenBLAS may itself start on any core (CPU model or OPENBLAS_CORETYPE).
+// - A level-3 call reads the table (kernels and block sizes) while it runs and keeps nothing of
+//   it between calls, so every call after the switch uses the new core throughout.
+// - What is not safe is a BLAS call in flight during the switch: it would read a NULL table or mix
+//   two cores. So the switch runs under std::call_once before attnlab's first BLAS call, every
+//   blas::gemm entry waits on that once-guard, and OpenBLAS's own worker threads are idle (attnlab
+//   pins OpenBLAS to 1 thread, and its workers only run inside a call). BLAS calls made outside
+//   attnlab from another thread at that moment cannot be covered: such programs call init() early.
+
+// The instruction sets that separate OpenBLAS's x86-64 cores, in increasing order.
+enum class Isa { sse3, ssse3, sse4_2, avx, avx2_fma, avx512, avx512_bf16 };
+
+struct CoreName {
+  const char* name;  // as openblas_get_corename() spells it
+  Isa isa;           // what its kernels need
+  bool forcible;     // accepted by ATTNLAB_BLAS_CORE
+};
+
+// dynamic.c's corename[] (0.3.21, plus SapphireRapids from 0.3.22). Every core below avx2_fma is a
+// generic choice on a CPU that has AVX2 + FMA: the SSE cores are what OpenBLAS falls back to for
+// models it does not know, the AVX ones (Sandybridge, the AMD Bulldozer family) predate AVX2.
+constexpr CoreName kCores[] = {
+    {"Unknown", Isa::sse3, false},
+    {"Katmai", Isa::sse3, false},
+    {"Coppermine", Isa::sse3, false},
+    {"Northwood", Isa::sse3, false},
+    {"Prescott", Isa::sse3, true},
+    {"Banias", Isa::sse3, false},
+    {"Atom", Isa::ssse3, false},
+    {"Core2", Isa::ssse3, true},
+    {"Penryn", Isa::ssse3, false},
+    {"Dunnington", Isa::ssse3, false},
+    {"Nehalem", Isa::sse4_2, true},
+    {"Athlon", Isa::sse3, false},
+    {"Opteron", Isa::sse3, false},
+    {"Opteron_SSE3", Isa::sse3, false},
+    {"Barcelona", Isa::sse3, false},
+    {"Nano", Isa::sse3, false},
+    {"Sandybridge", Isa::avx, true},
+    {"Bobcat", Isa::sse3, false},
+    {"Bulldozer", Isa::avx, false},
+    {"Piledriver", Isa::avx, false},
+    {"Haswell", Isa::avx2_fma, true},
+    {"Steamroller", Isa::avx, false},
+    {"Excavator", Isa::avx, false},
+    {"Zen", Isa::avx2_fma, true},
+    {"SkylakeX", Isa::avx512, true},
+    {"Cooperlake", Isa::avx512_bf16, true},
+    {"SapphireRapids", Isa::avx512_bf16, false},
+};
+
+const CoreName* find_core(const std::string& name) {
+  for (const CoreName& core : kCores)
+    if (strcasecmp(core.name, name.c_str()) == 0) return &core;
+  return nullptr;
+}
+
+CpuFeatures detect_cpu() {
+  __builtin_cpu_init();
+  CpuFeatures cpu;
+  cpu.avx2 = __builtin_cpu_supports("avx2");
+  cpu.fma = __builtin_cpu_supports("fma");
+  cpu.avx512f = __builtin_cpu_supports("avx512f");
+  cpu.avx512bw = __builtin_cpu_supports("avx512bw");
+  cpu.avx512dq = __builtin_cpu_supports("avx512dq");
+  cpu.avx512vl = __builtin_cpu_supports("avx512vl");
+  cpu.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+  return cpu;
+}
+
+Isa cpu_isa(const CpuFeatures& cpu) {
+  const bool avx512 = cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl;
+  if (avx512 && cpu.avx2 && cpu.fma) return cpu.avx512bf16 ? Isa::avx512_bf16 : Isa::avx512;
+  if (cpu.avx2 && cpu.fma) return Isa::avx2_fma;
+  if (__builtin_cpu_supports("avx")) return Isa::avx;
+  if (__builtin_cpu_supports("sse4.2")) return Isa::sse4_2;
+  return __builtin_cpu_supports("ssse3") ? Isa::ssse3 : Isa::sse3;
+}
+
+const char* isa_name(Isa isa) {
+  static constexpr const char* kNames[] = {"SSE3",     "SSSE3",   "SSE4.2",      "AVX",
+                                           "AVX2+FMA", "AVX-512", "AVX-512 BF16"};
+  return kNames[static_cast<int>(isa)];
+}
+
+// The best core attnlab picks for a CPU of at least AVX2 + FMA.
+const char* best_core(Isa isa) {
+  if (isa == Isa::avx512_bf16) return "Cooperlake";
+  return isa == Isa::avx512 ? "SkylakeX" : "Haswell";
+}
+
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "1";
+}
+
+// Points OpenBLAS at another core; true when it runs that core now. OpenBLAS reads the core from
+// OPENBLAS_CORETYPE, set for the call and restored after it (child processes see the user's).
+bool switch_core(const std::string& name) {
+  const char* previous = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved = previous ? previous : "";
+  setenv("OPENBLAS_CORETYPE", name.c_str(), 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  if (previous)
+    setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
+  else
+    unsetenv("OPENBLAS_CORETYPE");
+  return strcasecmp(openblas_get_corename(), name.c_str()) == 0;
+}
+
+// One gemm (37 x 29 x 41, odd on purpose, padded leading dimensions) against a plain loop. Inputs
+// are multiples of 1/4 in [-5/4, 5/4], so every product and partial sum is exact in float: any
+// correct kernel, in any summation order, returns exactly the loop's result.
+template <class T>
+bool gemm_exact(bool trans_a, bool trans_b, bool corrupt) {
+  constexpr int m = 37, n = 29, k = 41, pad = 3;
+  const int lda = (trans_a ? m : k) + pad, ldb = (trans_b ? k : n) + pad, ldc = n + pad;
+  auto fill = [](std::vector<T>& x, int shift) {
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<T>(static_cast<int>((i * 7 + shift) % 11) - 5) / 4;
+  };
+  std::vector<T> a(static_cast<std::size_t>((trans_a ? k : m) * lda));
+  std::vector<T> b(static_cast<std::size_t>((trans_b ? n : k) * ldb));
+  std::vector<T> c(static_cast<std::size_t>(m * ldc));
+  fill(a, 0);
+  fill(b, 3);
+  fill(c, 5);
+  std::vector<T> expected = c;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      T sum = 0;
+      for (int p = 0; p < k; ++p)
+        sum += (trans_a ? a[p * lda + i] : a[i * lda + p]) *
+               (trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+      expected[i * ldc + j] = T(0.5) * sum + T(0.25) * expected[i * ldc + j];
+    }
+  }
+  serial_gemm(trans_a, trans_b, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(0.25), c.data(),
+              ldc);
+  if (corrupt) c[ldc + 1] += 1;  // ATTNLAB_BLAS_SIMULATE_BAD_KERNEL
+  return c == expected;
+}
+
+bool self_check() {
+  const bool corrupt = env_is_one("ATTNLAB_BLAS_SIMULATE_BAD_KERNEL");
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      if (!gemm_exact<float>(trans_a, trans_b, corrupt)) return false;
+      if (!gemm_exact<double>(trans_a, trans_b, false)) return false;
+    }
+  }
+  return true;
+}
+
+// "OpenBLAS 0.3.21" from "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...".
+std::string library_name() {
+  const std::string config = openblas_get_config();
+  const auto first = config.find(' ');
+  const auto second = first == std::string::npos ? first : config.find(' ', first + 1);
+  return config.substr(0, second);
+}
+
+std::string forcible_names() {
+  std::string names;
+  for (const CoreName& core : kCores)
+    if (core.forcible) names.append(names.empty() ? "" : ", ").append(core.name);
+  return names;
+}
+
+void select_core(BlasInfo& info) {
+  info.library = library_name();
+  info.cpu = detect_cpu();
+  info.openblas_core = info.core = openblas_get_corename();
+  const char* user_core = std::getenv("OPENBLAS_CORETYPE");
+  const char* request_env = std::getenv("ATTNLAB_BLAS_CORE");
+  const std::string request = request_env ? request_env : "";
+  if (user_core && *user_core && !env_is_one("ATTNLAB_BLAS_SIMULATE_FALLBACK")) {
+    info.reason = std::string("OPENBLAS_CORETYPE=") + user_core + " set by the user";
+    return;
+  }
+  if (request == "keep") {
+    info.reason = "ATTNLAB_BLAS_CORE=keep";
+    return;
+  }
+  if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit) {
+    info.reason = "this OpenBLAS has one fixed core";
+    if (!request.empty())
+      info.warning = "ATTNLAB_BLAS_CORE=" + request + " ignored: " + info.reason;
+    return;
+  }
+  const Isa isa = cpu_isa(info.cpu);
+  std::string target, why;
+  if (!request.empty()) {
+    const CoreName* forced = find_core(request);
+    if (!forced || !forced->forcible) {
+      info.reason = "kept: ATTNLAB_BLAS_CORE=" + request + " is not a core attnlab can select";
+      info.warning = "ATTNLAB_BLAS_CORE=" + request + " ignored: expected keep or one of " +
+                     forcible_names() + "; running " + info.core;
+      return;
+    }
+    if (forced->isa > isa) {
+      info.reason = "kept: ATTNLAB_BLAS_CORE=" + request + " needs " + isa_name(forced->isa);
+      info.warning = "ATTNLAB_BLAS_CORE=" + request + " ignored: " + forced->name + " needs " +
+                     isa_name(forced->isa) + ", which this CPU lacks; running " + info.core;
+      return;
+    }
+    target = forced->name;
+    why = "ATTNLAB_BLAS_CORE=" + request;
+  } else {
+    const CoreName* chosen = find_core(info.core);
+    if (!chosen || chosen->isa >= Isa::avx2_fma || isa < Isa::avx2_fma) {
+      info.reason = "OpenBLAS's choice for this CPU";
+      return;
+    }
+    target = best_core(isa);
+    why = std::string("generic fallback on a CPU with ") + isa_name(isa);
+  }
+  if (strcasecmp(target.c_str(), info.core.c_str()) == 0) {
+    info.reason = why + ", already active";
+    return;
+  }
+  const bool moved = switch_core(target);
+  if (moved && self_check()) {
+    info.core = target;
+    info.switched = true;
+    info.reason = why;
+    return;
+  }
+  switch_core(info.openblas_core);
+  info.core = openblas_get_corename();
+  const std::string failure =
+      moved ? " failed attnlab's sgemm/dgemm self-check" : " is not available in this OpenBLAS";
+  info.reason = "kept: " + target + failure;
+  info.warning = "BLAS core " + target + failure + " (" + why + "); running " + info.core;
+  if (request.empty()) info.warning += ", which may be several times slower";
+}
+
+BlasInfo& info_storage() {
+  static BlasInfo info;
+  return info;
+}
+
 }  // namespace
+
+void init() {
+  static std::once_flag once;
+  std::call_once(once, [] { select_core(info_storage()); });
+}
 
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  init();
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
                   int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  init();
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-}  // namespace attnlab::blas
+}  // namespace blas
+
+const BlasInfo& blas_info() {
+  blas::init();
+  return blas::info_storage();
+}
+
+std::string blas_summary(const BlasInfo& info) {
+  std::string line = info.library + ", core " + info.core + " (";
+  if (info.switched) line += "switched from " + info.openblas_core + ": ";
+  return line + info.reason + ")";
+}
+
+std::string to_string(const CpuFeatures& cpu) {
+  std::string out;
+  auto add = [&out](bool has, const char* name) {
+    if (!has) return;
+    if (!out.empty()) out += ' ';
+    out += name;
+  };
+  add(cpu.avx2, "avx2");
+  add(cpu.fma, "fma");
+  add(cpu.avx512f, "avx512f");
+  add(cpu.avx512bw, "avx512bw");
+  add(cpu.avx512dq, "avx512dq");
+  add(cpu.avx512vl, "avx512vl");
+  add(cpu.avx512bf16, "avx512bf16");
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace attnlab

@@ -97,18 +97,18 @@ class CudaDeviceOps final : public DeviceOps<T> {
     cuda::softmax_cross_entropy(loss, dlogits, row_loss, logits, targets, rows, V, ignore_index);
   }
 
-  void sdpa_reference_forward(T* out, T* p, const cuda::SdpaDeviceArgs<T>& args) override {
+  void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& args) override {
     cuda::sdpa_reference_forward(out, p, args);
   }
   void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
-                               const cuda::SdpaDeviceArgs<T>& args) override {
+                               const AttentionParams<T>& args) override {
     cuda::sdpa_reference_backward(dq, dk, dv, ds, dout, p, args);
   }
-  void sdpa_fused_forward(T* out, T* lse, const cuda::SdpaDeviceArgs<T>& args) override {
+  void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& args) override {
     cuda::sdpa_fused_forward(out, lse, args);
   }
   void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
-                           const T* lse, const cuda::SdpaDeviceArgs<T>& args) override {
+                           const T* lse, const AttentionParams<T>& args) override {
     cuda::sdpa_fused_backward(dq, dk, dv, row_dot, dout, out, lse, args);
   }
   void check_fused(std::size_t D, std::size_t Dv) override {

@@ -87,19 +87,19 @@ void gemm_strided_batched(bool, bool, int, int, int, T, const T*, int, long long
 }
 
 template <class T>
-void sdpa_reference_forward(T*, T*, const SdpaDeviceArgs<T>&) {
+void sdpa_reference_forward(T*, T*, const AttentionParams<T>&) {
   not_built("cuda::sdpa_reference_forward");
 }
 template <class T>
-void sdpa_reference_backward(T*, T*, T*, T*, const T*, const T*, const SdpaDeviceArgs<T>&) {
+void sdpa_reference_backward(T*, T*, T*, T*, const T*, const T*, const AttentionParams<T>&) {
   not_built("cuda::sdpa_reference_backward");
 }
 template <class T>
-void sdpa_fused_forward(T*, T*, const SdpaDeviceArgs<T>&) {
+void sdpa_fused_forward(T*, T*, const AttentionParams<T>&) {
   not_built("cuda::sdpa_fused_forward");
 }
 template <class T>
-void sdpa_fused_backward(T*, T*, T*, T*, const T*, const T*, const T*, const SdpaDeviceArgs<T>&) {
+void sdpa_fused_backward(T*, T*, T*, T*, const T*, const T*, const T*, const AttentionParams<T>&) {
   not_built("cuda::sdpa_fused_backward");
 }
 template <class T>
@@ -204,12 +204,12 @@ std::size_t sum_of_squares_scratch() {
 #define ATTNLAB_INSTANTIATE_CUDA_STUBS(T)                                                         \
   template void gemm_strided_batched<T>(bool, bool, int, int, int, T, const T*, int, long long,   \
                                         const T*, int, long long, T, T*, int, long long, int);    \
-  template void sdpa_reference_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                      \
+  template void sdpa_reference_forward<T>(T*, T*, const AttentionParams<T>&);                     \
   template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*,                    \
-                                           const SdpaDeviceArgs<T>&);                             \
-  template void sdpa_fused_forward<T>(T*, T*, const SdpaDeviceArgs<T>&);                          \
+                                           const AttentionParams<T>&);                            \
+  template void sdpa_fused_forward<T>(T*, T*, const AttentionParams<T>&);                         \
   template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,              \
-                                       const SdpaDeviceArgs<T>&);                                 \
+                                       const AttentionParams<T>&);                                \
   template int sdpa_fused_tile_rows<T>(std::size_t, std::size_t);                                 \
   template void add<T>(T*, const T*, const T*, std::size_t);                                      \
   template void scale<T>(T*, T, std::size_t);                                                     \

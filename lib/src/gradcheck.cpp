@@ -20,7 +20,12 @@ double GradcheckReport::max_rel_error() const {
 }
 
 std::string format_index(std::size_t flat, const std::vector<std::size_t>& shape) {
-  if (shape.empty()) return "(" + std::to_string(flat) + ")";
+  if (shape.empty()) {
+    // Appended, not "(" + ...: GCC 12 at -O3 warns falsely (-Wrestrict) on const char* + string&&.
+    std::string out = "(";
+    out.append(std::to_string(flat)).append(")");
+    return out;
+  }
   std::vector<std::size_t> idx(shape.size());
   for (std::size_t i = shape.size(); i-- > 0;) {
     idx[i] = shape[i] ? flat % shape[i] : 0;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/blas.hpp"
 #include "attnlab/threads.hpp"
 #include "bench_common.hpp"
 #include "bench_train.hpp"
@@ -174,6 +175,9 @@ int main(int argc, char** argv) {
   if (train) register_train_benchmarks(quick);
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
+  const attnlab::BlasInfo& blas = attnlab::blas_info();
+  std::printf("blas: %s\n", attnlab::blas_summary(blas).c_str());
+  if (!blas.warning.empty()) std::printf("blas warning: %s\n", blas.warning.c_str());
   std::printf("load average at start: %s\n", load_average().c_str());
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
     cuda::DeviceArray<float> scale(scale_host.data(), H);
     cuda::DeviceArray<float> out(n), dq(n), dk(n), dv(n), lse(BH * T), row_dot(BH * T);
     cuda::DeviceArray<float> p(nn), ds(nn);  // (B,H,T,T): the reference path's weights and dS
-    cuda::SdpaDeviceArgs<float> a;
-    a.B = B, a.H = H, a.Tq = T, a.Tk = T, a.D = D, a.Dv = D;
+    AttentionParams<float> a;
+    a.B = B, a.H = H, a.Hkv = H, a.Tq = T, a.Tk = T, a.D = D, a.Dv = D;
     a.q = q.data(), a.k = k.data(), a.v = v.data(), a.scale = scale.data();
     const double flops = 4.0 * static_cast<double>(BH) * T * T * D;
 

@@ -20,6 +20,7 @@
 #include "attnlab/app/metrics.hpp"
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/nn/device_transformer.hpp"
 #include "attnlab/optim/adamw.hpp"
@@ -152,12 +153,14 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
   os << "step,loss,eval_loss,eval_acc,lr";
   for (std::size_t l = 0; l < layers; ++l)
     for (std::size_t h = 0; h < heads; ++h) {
-      const std::string p = "l" + std::to_string(l) + "h" + std::to_string(h) + "_";
+      std::string p = "l";  // appended: GCC 12 -O3 warns falsely (-Wrestrict) on "l" + string&&
+      p.append(std::to_string(l)).append("h").append(std::to_string(h)).append("_");
       os << ',' << p << "entropy," << p << "max_logit," << p << "saturated," << p << "jacobian";
       if (recall) os << ',' << p << "recall_mass";
     }
   for (std::size_t l = 0; l < layers; ++l) {
-    const std::string p = "l" + std::to_string(l) + "_";
+    std::string p = "l";
+    p.append(std::to_string(l)).append("_");
     os << ',' << p << "wq_grad_norm," << p << "wk_grad_norm," << p << "wq_norm," << p << "wk_norm";
   }
   os << ",jacobian_mean";
@@ -205,6 +208,7 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["init_qk_var_ratio"] = r.init_qk_var_ratio;
   j["seconds"] = r.seconds;
   j["device"] = r.device;
+  j["blas_core"] = blas_info().core;
   std::ofstream out(path, std::ios::trunc);
   if (!out) throw std::runtime_error(path + ": cannot open for writing");
   out << j.dump(2) << '\n';

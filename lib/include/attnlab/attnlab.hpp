@@ -4,6 +4,7 @@
 // on their own by code that needs them.
 #pragma once
 
+#include "attnlab/attention/score_rule.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"

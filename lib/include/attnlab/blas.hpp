@@ -1,8 +1,60 @@
 // The one place that calls BLAS gemm. Row-major, explicit leading dimensions, float and double.
 // Every matmul in attnlab goes through here: never write a matmul as an xtensor expression.
+// It also makes sure OpenBLAS runs kernels the CPU supports (blas::init, blas_info).
 #pragma once
 
-namespace attnlab::blas {
+#include <string>
+
+namespace attnlab {
+
+// The CPU features that decide the BLAS kernels, read with __builtin_cpu_supports (which also
+// requires the OS to save the AVX / AVX-512 registers).
+struct CpuFeatures {
+  bool avx2 = false, fma = false;
+  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
+  bool avx512bf16 = false;
+};
+
+// Which BLAS kernels attnlab runs, and why. Filled once by blas::init().
+struct BlasInfo {
+  std::string library;        // e.g. "OpenBLAS 0.3.21"
+  std::string core;           // the kernels in use (openblas_get_corename() after blas::init)
+  std::string openblas_core;  // the core OpenBLAS chose by itself when it loaded
+  bool switched = false;      // attnlab moved OpenBLAS from openblas_core to core
+  std::string reason;         // why it switched, or why it did not
+  CpuFeatures cpu;
+  std::string warning;  // empty unless something went wrong; the app shows it, the library never
+};
+
+// Runs blas::init() (once per process) and returns its cached result.
+const BlasInfo& blas_info();
+
+// One line: "OpenBLAS 0.3.21, core SkylakeX (switched from Prescott: <reason>)" or
+// "OpenBLAS 0.3.21, core Cooperlake (<reason>)".
+std::string blas_summary(const BlasInfo& info);
+
+// "avx2 fma avx512f ..." (the features present, in this order), or "none".
+std::string to_string(const CpuFeatures& cpu);
+
+namespace blas {
+
+// Chooses the BLAS kernels, once per process (std::call_once; every gemm calls it first, so it runs
+// before attnlab's first BLAS call). OpenBLAS's DYNAMIC_ARCH picks a core from the CPU model; on
+// models it does not know (0.3.21 on Emerald Rapids) it falls back to a generic SSE core such as
+// Prescott, several times slower. When the core is such a fallback and the CPU has AVX-512
+// (F, BW, DQ, VL) or AVX2 + FMA, init switches OpenBLAS to Cooperlake (AVX-512 BF16) / SkylakeX /
+// Haswell, checks a small sgemm and dgemm against a plain loop, and switches back on a mismatch
+// (BlasInfo::warning says so). Environment:
+//   OPENBLAS_CORETYPE set       the user chose: attnlab changes nothing;
+//   ATTNLAB_BLAS_CORE=keep      keep OpenBLAS's choice;
+//   ATTNLAB_BLAS_CORE=<core>    use this core: Prescott, Core2, Nehalem, Sandybridge, Haswell, Zen,
+//                               SkylakeX or Cooperlake (refused, with a warning, if the CPU lacks
+//                               its instructions);
+//   ATTNLAB_BLAS_SIMULATE_FALLBACK=1, ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1   for tests only: treat
+//                               the core named by OPENBLAS_CORETYPE as OpenBLAS's own fallback;
+//                               make the self-check fail.
+// Not thread-safe against BLAS calls made outside attnlab at the same moment (see blas.cpp).
+void init();
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major.
 // op(X) is X or X^T; lda/ldb/ldc are the row strides of A, B and C as stored, so a head slice of a
@@ -15,4 +67,5 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda, const T* b,
           int ldb, T beta, T* c, int ldc);
 
-}  // namespace attnlab::blas
+}  // namespace blas
+}  // namespace attnlab

@@ -1,7 +1,7 @@
 // Per-element and per-row arithmetic shared by the CUDA kernels and the CPU tests. Every function
-// is
-// __host__ __device__ under nvcc and plain inline C++ otherwise, so the CPU suite exercises exactly
-// the arithmetic the kernels run. No CUDA header, no xtensor.
+// is __host__ __device__ under nvcc and plain inline C++ otherwise, so the CPU suite exercises
+// exactly the arithmetic the kernels run. No CUDA header, no xtensor. Which keys a query sees is
+// the attention score rule's (attnlab/attention/score_rule.hpp), not this file's.
 //
 // References: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax" (the running
 // max/sum merge); Dao 2023, "FlashAttention-2", Algorithms 1 and 2 (log-sum-exp, D = rowsum(dO ⊙
@@ -156,23 +156,6 @@ ATTNLAB_HD inline T weight_from_lse(T x, T lse) {
 template <class T>
 ATTNLAB_HD inline T softmax_backward_element(T p, T dp, T row_dot) {
   return p == T(0) ? T(0) : p * (dp - row_dot);
-}
-
-// Visibility of key j to query i: causal (top-left aligned, j ≤ i) and the key mask value
-// (true = may attend; pass true when there is no mask).
-ATTNLAB_HD inline bool key_visible(std::size_t i, std::size_t j, bool causal, bool mask_allows) {
-  return mask_allows && (!causal || j <= i);
-}
-
-// One past the last key that query i may see: min(i + 1, Tk) when causal, else Tk.
-ATTNLAB_HD inline std::size_t causal_key_end(std::size_t i, std::size_t Tk, bool causal) {
-  return causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-}
-
-// The first query that may see key j: j when causal (queries i ≥ j), else 0. Queries
-// [causal_query_begin(j), Tq) are the only ones whose backward touches key j.
-ATTNLAB_HD inline std::size_t causal_query_begin(std::size_t j, bool causal) {
-  return causal ? j : 0;
 }
 
 // Number of tiles of `tile` rows covering n rows.

@@ -89,12 +89,12 @@ class DeviceOps {
                                      int ignore_index) = 0;
 
   // ---- attention (attnlab/cuda_attention.hpp) -------------------------------------------------
-  virtual void sdpa_reference_forward(T* out, T* p, const cuda::SdpaDeviceArgs<T>& args) = 0;
+  virtual void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& args) = 0;
   virtual void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
-                                       const cuda::SdpaDeviceArgs<T>& args) = 0;
-  virtual void sdpa_fused_forward(T* out, T* lse, const cuda::SdpaDeviceArgs<T>& args) = 0;
+                                       const AttentionParams<T>& args) = 0;
+  virtual void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& args) = 0;
   virtual void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
-                                   const T* lse, const cuda::SdpaDeviceArgs<T>& args) = 0;
+                                   const T* lse, const AttentionParams<T>& args) = 0;
   // Throws std::invalid_argument when the fused path cannot take head dims D, Dv.
   virtual void check_fused(std::size_t D, std::size_t Dv) = 0;
 

@@ -355,7 +355,8 @@ std::vector<std::byte> serialize_safetensors(const std::vector<StoredTensor>& te
     text +=
         json_string(t.name) + ":{\"dtype\":\"" + std::string(to_string(t.dtype)) + "\",\"shape\":[";
     for (std::size_t i = 0; i < t.shape.size(); ++i) {
-      text += (i ? "," : "") + std::to_string(t.shape[i]);
+      if (i) text += ',';
+      text += std::to_string(t.shape[i]);
     }
     text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + *need) +
             "]}";

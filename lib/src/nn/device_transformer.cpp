@@ -269,19 +269,14 @@ struct DeviceTransformer<T>::Impl {
     }
   }
 
-  cuda::SdpaDeviceArgs<T> sdpa_args(const BlockCache& c) const {
-    cuda::SdpaDeviceArgs<T> a;
-    a.B = B;
-    a.H = H;
-    a.Tq = a.Tk = Tn;
-    a.D = D;
-    a.Dv = Dv;
+  AttentionParams<T> sdpa_args(const BlockCache& c) const {
+    AttentionParams<T> a;
+    static_cast<AttentionSpec&>(a) = attention_spec;
     a.q = c.q.data();
     a.k = c.k.data();
     a.v = c.v.data();
     a.scale = c.scale.data();
     a.key_mask = has_mask ? mask.data() : nullptr;
-    a.causal = config.block.attention.sdpa.causal;
     return a;
   }
 
@@ -343,6 +338,10 @@ struct DeviceTransformer<T>::Impl {
     B = b;
     Tn = t;
     N = B * Tn;
+    // Self-attention over the T tokens; the options' checks are the CPU op's.
+    attention_spec =
+        make_attention_spec(op, config.block.attention.sdpa,
+                            {.B = B, .H = H, .Hkv = H, .Tq = Tn, .Tk = Tn, .D = D, .Dv = Dv});
     const std::size_t nf = fields.size();
     int* id_data = ids.reserve(nf * N);
     for (std::size_t f = 0; f < nf; ++f) {
@@ -580,6 +579,7 @@ struct DeviceTransformer<T>::Impl {
   std::vector<BlockCache> caches;
   // The last forward.
   std::size_t B = 0, Tn = 0, N = 0;
+  AttentionSpec attention_spec;
   bool has_mask = false, has_forward = false, has_loss = false;
   DeviceVec<T, int> ids, targets;
   DeviceVec<T, unsigned char> mask;

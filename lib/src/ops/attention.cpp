@@ -1,16 +1,17 @@
+// The public entry points of the CPU attention op (attnlab/ops/attention.hpp): names, options, the
+// checks at the boundary (shared with the CUDA entry points through attention_checks.hpp), and
+// the dispatch to the reference and fused kernels (attention_kernels.hpp).
 #include "attnlab/ops/attention.hpp"
 
 #include <cmath>
-#include <limits>
-#include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <xtensor/xarray.hpp>
 
-#include "attention_fused.hpp"
-#include "attnlab/blas.hpp"
+#include "attention_checks.hpp"
+#include "attention_kernels.hpp"
 #include "attnlab/ops/softmax.hpp"
-#include "attnlab/threads.hpp"
 
 namespace attnlab {
 
@@ -73,133 +74,134 @@ double scaling_factor(Scaling mode, std::size_t d) {
 }
 
 namespace {
-void check_scale_value(double s, std::string_view name) {
-  check_arg(std::isfinite(s) && s > 0, "sdpa_forward", name, "a finite scale > 0",
-            std::to_string(s));
+void check_scale_value(double s, std::string_view op, std::string_view name) {
+  check_arg(std::isfinite(s) && s > 0, op, name, "a finite scale > 0", std::to_string(s));
 }
 }  // namespace
 
 double resolve_scale(const SdpaOptions& options, std::size_t d) {
   if (options.scale) {
-    check_scale_value(*options.scale, "scale");
+    check_scale_value(*options.scale, "sdpa_forward", "scale");
     return *options.scale;
   }
   return scaling_factor(options.scaling, d);
 }
 
-namespace {
+AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& options,
+                                  AttentionSpec sizes) {
+  if (options.scale) check_scale_value(*options.scale, op, "scale");
+  if (!options.head_scale.empty()) {
+    check_extents(op, "head_scale", {options.head_scale.size()},
+                  {static_cast<std::ptrdiff_t>(sizes.H)});
+    for (double s : options.head_scale) check_scale_value(s, op, "head_scale");
+  }
+  check_arg(options.query_offset >= 0, op, "query_offset", "an offset >= 0",
+            std::to_string(options.query_offset));
+  check_arg(options.causal || options.query_offset == 0, op, "query_offset",
+            "0 without causal (the offset shifts the causal diagonal)",
+            std::to_string(options.query_offset));
+  sizes.causal = options.causal;
+  sizes.query_offset = static_cast<std::size_t>(options.query_offset);
+  check_attention_spec(sizes, std::string(op).c_str());
+  return sizes;
+}
 
-struct SdpaDims {
-  std::size_t B, H, Tq, Tk, D, Dv;
-};
+namespace detail {
 
-// Checks q, k, v, the mask and the per-head scales at the public boundary.
 template <class T>
-SdpaDims check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
-                           const Tensor4<T>* v, const SdpaOptions& options,
-                           const KeyMask* key_mask) {
+AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
+                                const Tensor4<T>* v, const SdpaOptions& options,
+                                const KeyMask* key_mask) {
   constexpr auto any = kAnyExtent;
   const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
-  SdpaDims dims{q.shape()[0], q.shape()[1], q.shape()[2], 0, q.shape()[3], 0};
-  check_shape(op, "k", k, {e(dims.B), e(dims.H), any, e(dims.D)});
-  dims.Tk = k.shape()[2];
+  AttentionSpec s;
+  s.B = q.shape()[0], s.H = q.shape()[1], s.Hkv = s.H, s.Tq = q.shape()[2], s.D = q.shape()[3];
+  check_shape(op, "k", k, {e(s.B), e(s.Hkv), any, e(s.D)});
+  s.Tk = k.shape()[2];
   if (v) {
-    check_shape(op, "v", *v, {e(dims.B), e(dims.H), e(dims.Tk), any});
-    dims.Dv = v->shape()[3];
+    check_shape(op, "v", *v, {e(s.B), e(s.Hkv), e(s.Tk), any});
+    s.Dv = v->shape()[3];
   }
-  check_arg(dims.D > 0 && dims.Tq > 0 && dims.Tk > 0, op, "q, k", "non-zero Tq, Tk and D",
+  check_arg(s.D > 0 && s.Tq > 0 && s.Tk > 0, op, "q, k", "non-zero Tq, Tk and D",
             format_shape_of(q.shape()) + " and " + format_shape_of(k.shape()));
-  if (key_mask) check_shape(op, "key_mask", *key_mask, {e(dims.B), e(dims.Tk)});
-  if (!options.head_scale.empty()) {
-    check_extents(op, "head_scale", {options.head_scale.size()}, {e(dims.H)});
-    for (double s : options.head_scale) check_scale_value(s, "head_scale");
-  }
-  return dims;
+  if (key_mask) check_shape(op, "key_mask", *key_mask, {e(s.B), e(s.Tk)});
+  return make_attention_spec(op, options, s);
 }
 
 template <class T>
-std::vector<T> head_scales(const SdpaOptions& options, std::size_t H, std::size_t D) {
-  std::vector<T> scale(H, static_cast<T>(resolve_scale(options, D)));
+void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
+                     const KeyMask* key_mask) {
+  cache.spec = spec;
+  cache.scale.assign(spec.H, static_cast<T>(resolve_scale(options, spec.D)));
   for (std::size_t h = 0; h < options.head_scale.size(); ++h) {
-    scale[h] = static_cast<T>(options.head_scale[h]);
+    cache.scale[h] = static_cast<T>(options.head_scale[h]);
   }
-  return scale;
+  cache.has_key_mask = key_mask != nullptr;
+  cache.key_mask = key_mask ? *key_mask : KeyMask();
+  cache.tile_rows = options.tile_rows;
+  cache.tile_keys = options.tile_keys;
 }
 
-// One (b, h) slice of S = s · Q Kᵀ with hidden positions set to -inf.
 template <class T>
-void scores_slice(T* sp, const T* qp, const T* kp, std::size_t b, const SdpaDims& dims, T scale,
-                  bool causal, const KeyMask* key_mask) {
-  const int m = static_cast<int>(dims.Tq), n = static_cast<int>(dims.Tk),
-            d = static_cast<int>(dims.D);
-  //                                                    (Tq,D) x (D,Tk) -> (Tq,Tk)
-  blas::gemm<T>(false, true, m, n, d, scale, qp, d, kp, d, T(0), sp, n);
-  if (!causal && !key_mask) return;
-  constexpr T hidden = -std::numeric_limits<T>::infinity();  // excluded from the softmax
-  for (std::size_t i = 0; i < dims.Tq; ++i) {
-    T* row = sp + i * dims.Tk;
-    for (std::size_t j = 0; j < dims.Tk; ++j) {
-      const bool visible = (!causal || j <= i) && (!key_mask || (*key_mask)(b, j));
-      if (!visible) row[j] = hidden;
-    }
+void check_sdpa_backward_inputs(std::string_view op, const Tensor4<T>& dout,
+                                const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                                const Tensor4<T>& v) {
+  const AttentionSpec& s = cache.spec;
+  const bool fused = cache.path == SdpaPath::fused;
+  if (s.Tq == 0 ||
+      (fused ? cache.lse.size() == 0 || cache.out.size() == 0 : !cache.has_weights())) {
+    throw std::logic_error(std::string(op) +
+                           ": the cache is empty: call sdpa_forward or sdpa_forward_cuda first");
+  }
+  const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
+  check_shape(op, "dout", dout, {e(s.B), e(s.H), e(s.Tq), e(s.Dv)});
+  check_shape(op, "q", q, {e(s.B), e(s.H), e(s.Tq), e(s.D)});
+  check_shape(op, "k", k, {e(s.B), e(s.Hkv), e(s.Tk), e(s.D)});
+  check_shape(op, "v", v, {e(s.B), e(s.Hkv), e(s.Tk), e(s.Dv)});
+}
+
+template <class T>
+void sum_dscale(SdpaGrads<T>& g, const std::vector<T>& dscale_part, std::size_t H) {
+  g.dscale.fill(T(0));
+  for (std::size_t bh = 0; bh < dscale_part.size(); ++bh) {
+    g.dscale(bh % H) += dscale_part[bh];  // fixed order: deterministic
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 template <class T>
 Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options,
                        const KeyMask* key_mask) {
-  const SdpaDims dims = check_sdpa_inputs<T>("sdpa_scores", q, k, nullptr, options, key_mask);
-  const std::vector<T> scale = head_scales<T>(options, dims.H, dims.D);
-  Tensor4<T> scores({dims.B, dims.H, dims.Tq, dims.Tk});
-  const auto bh_count = static_cast<std::ptrdiff_t>(dims.B * dims.H);
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
-  for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-    const std::size_t b = static_cast<std::size_t>(bh) / dims.H,
-                      h = static_cast<std::size_t>(bh) % dims.H;
-    scores_slice(scores.data() + bh * dims.Tq * dims.Tk, q.data() + bh * dims.Tq * dims.D,
-                 k.data() + bh * dims.Tk * dims.D, b, dims, scale[h], options.causal, key_mask);
-  }
+  SdpaCache<T> c;
+  detail::fill_sdpa_cache(
+      c, detail::check_sdpa_inputs<T>("sdpa_scores", q, k, nullptr, options, key_mask), options,
+      key_mask);
+  Tensor4<T> scores({c.spec.B, c.spec.H, c.spec.Tq, c.spec.Tk});
+  detail::sdpa_reference_scores(scores.data(), c.params(q.data(), k.data(), nullptr));
   return scores;
 }
 
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                         const Tensor4<T>& v, const SdpaOptions& options, const KeyMask* key_mask) {
-  const SdpaDims dims = check_sdpa_inputs<T>("sdpa_forward", q, k, &v, options, key_mask);
-  const auto [B, H, Tq, Tk, D, Dv] = dims;
-  cache.B = B, cache.H = H, cache.Tq = Tq, cache.Tk = Tk, cache.D = D, cache.Dv = Dv;
-  cache.scale = head_scales<T>(options, H, D);
-  cache.causal = options.causal;
-  cache.has_key_mask = key_mask != nullptr;
-  cache.key_mask = key_mask ? *key_mask : KeyMask();
-  cache.path = resolve_sdpa_path(options.path, Tk, options.causal);
-  Tensor4<T> out({B, H, Tq, Dv});
+  const AttentionSpec spec =
+      detail::check_sdpa_inputs<T>("sdpa_forward", q, k, &v, options, key_mask);
+  detail::fill_sdpa_cache(cache, spec, options, key_mask);
+  cache.path = resolve_sdpa_path(options.path, spec.Tk, spec.causal);
+  const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
+  Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
+  // The saved tensors keep their memory from one call to the next of the same shape.
   if (cache.path == SdpaPath::fused) {
-    cache.tile_rows = options.tile_rows ? options.tile_rows : detail::kFusedRowBlock;
-    cache.tile_keys = options.tile_keys ? options.tile_keys : detail::kFusedKeyBlock;
     cache.p = Tensor4<T>();  // not materialised: has_weights() is false
-    detail::sdpa_fused_forward(out, cache, q, k, v);
-    return out;
-  }
-  cache.out = Tensor4<T>();
-  cache.lse = Tensor3<T>();
-  cache.p.resize({B, H, Tq, Tk});
-
-  const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), dv = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(B * H);
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
-  for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-    const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
-    T* pp = cache.p.data() + bh * Tq * Tk;
-    // S = s · Q Kᵀ, hidden positions at -inf             (Tq,D) x (D,Tk) -> (Tq,Tk)
-    scores_slice(pp, q.data() + bh * Tq * D, k.data() + bh * Tk * D, b, dims, cache.scale[h],
-                 options.causal, key_mask);
-    softmax_rows_forward(pp, pp, Tq, Tk);  // P = softmax(S), in place
-    // O = P V                                           (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-    blas::gemm<T>(false, false, m, dv, n, T(1), pp, n, v.data() + bh * Tk * Dv, dv, T(0),
-                  out.data() + bh * Tq * Dv, dv);
+    cache.lse.resize({spec.B, spec.H, spec.Tq});
+    detail::sdpa_fused_forward(out.data(), cache.lse.data(), p, cache.tile_rows, cache.tile_keys);
+    cache.out = out;
+  } else {
+    cache.out = Tensor4<T>();
+    cache.lse = Tensor3<T>();
+    cache.p.resize({spec.B, spec.H, spec.Tq, spec.Tk});
+    detail::sdpa_reference_forward(out.data(), cache.p.data(), p);
   }
   return out;
 }
@@ -218,80 +220,24 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const xt::xarray<T>& q, const xt::x
   return sdpa_forward<T>(cache, Tensor4<T>(q), Tensor4<T>(k), Tensor4<T>(v), options, key_mask);
 }
 
-namespace {
-
-// The reference backward on the materialised P: assigns g.dq, g.dk, g.dv and dscale_part (B·H).
-template <class T>
-void reference_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Tensor4<T>& dout,
-                        const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
-                        const Tensor4<T>& v) {
-  const std::size_t B = cache.B, H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D,
-                    Dv = cache.Dv;
-  const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), d = static_cast<int>(D),
-            dv = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(B * H);
-#pragma omp parallel num_threads(num_threads())
-  {
-    // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
-    const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
-#pragma omp for schedule(static)
-    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-      const std::size_t h = static_cast<std::size_t>(bh) % H;
-      const T s = cache.scale[h];
-      const T* pp = cache.p.data() + bh * Tq * Tk;
-      const T* dop = dout.data() + bh * Tq * Dv;
-      const T* qp = q.data() + bh * Tq * D;
-      const T* kp = k.data() + bh * Tk * D;
-      const T* vp = v.data() + bh * Tk * Dv;
-      T* dqp = g.dq.data() + bh * Tq * D;
-      T* dkp = g.dk.data() + bh * Tk * D;
-      T* dvp = g.dv.data() + bh * Tk * Dv;
-      // dV = Pᵀ dO                                     (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-      blas::gemm<T>(true, false, n, dv, m, T(1), pp, n, dop, dv, T(0), dvp, dv);
-      // dP = dO Vᵀ                                     (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-      blas::gemm<T>(false, true, m, n, dv, T(1), dop, dv, vp, dv, T(0), ds.get(), n);
-      // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
-      softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
-      // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
-      blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
-      // dK = s · dSᵀ Q                                 (Tk,Tq) x (Tq,D) -> (Tk,D)
-      blas::gemm<T>(true, false, n, d, m, s, ds.get(), n, qp, d, T(0), dkp, d);
-      // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
-      T acc = 0;
-      for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
-      dscale_part[bh] = acc / s;
-    }
-  }
-}
-
-}  // namespace
-
 template <class T>
 SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, const Tensor4<T>& q,
                            const Tensor4<T>& k, const Tensor4<T>& v) {
-  const std::size_t B = cache.B, H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D,
-                    Dv = cache.Dv;
-  const bool fused = cache.path == SdpaPath::fused;
-  if (fused ? cache.lse.size() == 0 || cache.lse.shape()[2] != Tq
-            : cache.p.size() == 0 || cache.p.shape()[2] != Tq) {
-    throw std::logic_error("sdpa_backward: the cache is empty: call sdpa_forward first");
-  }
-  const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
-  check_shape("sdpa_backward", "dout", dout, {e(B), e(H), e(Tq), e(Dv)});
-  check_shape("sdpa_backward", "q", q, {e(B), e(H), e(Tq), e(D)});
-  check_shape("sdpa_backward", "k", k, {e(B), e(H), e(Tk), e(D)});
-  check_shape("sdpa_backward", "v", v, {e(B), e(H), e(Tk), e(Dv)});
-
-  SdpaGrads<T> g{Tensor4<T>({B, H, Tq, D}), Tensor4<T>({B, H, Tk, D}), Tensor4<T>({B, H, Tk, Dv}),
-                 Tensor1<T>::from_shape({H})};
-  std::vector<T> dscale_part(B * H);
-  if (fused) {
-    detail::sdpa_fused_backward(g, dscale_part, dout, cache, q, k, v);
+  detail::check_sdpa_backward_inputs("sdpa_backward", dout, cache, q, k, v);
+  const AttentionSpec& s = cache.spec;
+  const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
+  SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}), Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
+                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}), Tensor1<T>::from_shape({s.H})};
+  std::vector<T> dscale_part(s.B * s.H);
+  if (cache.path == SdpaPath::fused) {
+    detail::sdpa_fused_backward(g.dq.data(), g.dk.data(), g.dv.data(), dscale_part.data(),
+                                dout.data(), cache.out.data(), cache.lse.data(), p, cache.tile_rows,
+                                cache.tile_keys);
   } else {
-    reference_backward(g, dscale_part, dout, cache, q, k, v);
+    detail::sdpa_reference_backward(g.dq.data(), g.dk.data(), g.dv.data(), dscale_part.data(),
+                                    dout.data(), cache.p.data(), p);
   }
-  g.dscale.fill(T(0));
-  for (std::size_t bh = 0; bh < B * H; ++bh) g.dscale(bh % H) += dscale_part[bh];  // fixed order
+  detail::sum_dscale(g, dscale_part, s.H);
   return g;
 }
 
@@ -304,17 +250,26 @@ Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOpti
   return p;
 }
 
-#define ATTNLAB_INSTANTIATE_SDPA(T)                                                              \
-  template Tensor4<T> sdpa_scores<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,   \
-                                     const KeyMask*);                                            \
-  template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,       \
-                                      const Tensor4<T>&, const SdpaOptions&, const KeyMask*);    \
-  template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const xt::xarray<T>&, const xt::xarray<T>&, \
-                                      const xt::xarray<T>&, const SdpaOptions&, const KeyMask*); \
-  template Tensor4<T> sdpa_weights<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,  \
-                                      const KeyMask*);                                           \
-  template SdpaGrads<T> sdpa_backward<T>(const Tensor4<T>&, const SdpaCache<T>&,                 \
-                                         const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>&);
+#define ATTNLAB_INSTANTIATE_SDPA(T)                                                                \
+  template Tensor4<T> sdpa_scores<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,     \
+                                     const KeyMask*);                                              \
+  template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,         \
+                                      const Tensor4<T>&, const SdpaOptions&, const KeyMask*);      \
+  template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const xt::xarray<T>&, const xt::xarray<T>&,   \
+                                      const xt::xarray<T>&, const SdpaOptions&, const KeyMask*);   \
+  template Tensor4<T> sdpa_weights<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,    \
+                                      const KeyMask*);                                             \
+  template SdpaGrads<T> sdpa_backward<T>(const Tensor4<T>&, const SdpaCache<T>&,                   \
+                                         const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>&); \
+  template AttentionSpec detail::check_sdpa_inputs<T>(std::string_view, const Tensor4<T>&,         \
+                                                      const Tensor4<T>&, const Tensor4<T>*,        \
+                                                      const SdpaOptions&, const KeyMask*);         \
+  template void detail::fill_sdpa_cache<T>(SdpaCache<T>&, const AttentionSpec&,                    \
+                                           const SdpaOptions&, const KeyMask*);                    \
+  template void detail::check_sdpa_backward_inputs<T>(std::string_view, const Tensor4<T>&,         \
+                                                      const SdpaCache<T>&, const Tensor4<T>&,      \
+                                                      const Tensor4<T>&, const Tensor4<T>&);       \
+  template void detail::sum_dscale<T>(SdpaGrads<T>&, const std::vector<T>&, std::size_t);
 ATTNLAB_INSTANTIATE_SDPA(float)
 ATTNLAB_INSTANTIATE_SDPA(double)
 #undef ATTNLAB_INSTANTIATE_SDPA

@@ -1,77 +1,41 @@
+// The host side of the GPU attention op (attnlab/ops/attention_cuda.hpp): the CPU op's checks and
+// cache (attention_checks.hpp), device copies, and the launchers of attnlab/cuda_attention.hpp.
 #include "attnlab/ops/attention_cuda.hpp"
 
-#include <cmath>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
+#include "attention_checks.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/cuda_attention.hpp"
 
 namespace attnlab {
 
-std::string_view to_string(SdpaCudaPath path) {
-  return path == SdpaCudaPath::reference ? "reference" : "fused";
-}
-
-SdpaCudaPath parse_sdpa_cuda_path(std::string_view text) {
-  if (text == "reference") return SdpaCudaPath::reference;
-  if (text == "fused") return SdpaCudaPath::fused;
-  throw std::invalid_argument("parse_sdpa_cuda_path: path expected reference|fused, got '" +
-                              std::string(text) + "'");
-}
-
 namespace {
 
 using cuda::DeviceArray;
 
-std::ptrdiff_t extent(std::size_t x) {
-  return static_cast<std::ptrdiff_t>(x);
-}
-
-// The CPU op's boundary checks (attention.cpp), with this op's name in the messages.
-template <class T>
-void check_inputs(SdpaCudaCache<T>& dims, const char* op, const Tensor4<T>& q, const Tensor4<T>& k,
-                  const Tensor4<T>& v, const SdpaOptions& options, const KeyMask* key_mask) {
-  constexpr auto any = kAnyExtent;
-  dims.B = q.shape()[0], dims.H = q.shape()[1], dims.Tq = q.shape()[2], dims.D = q.shape()[3];
-  check_shape(op, "k", k, {extent(dims.B), extent(dims.H), any, extent(dims.D)});
-  dims.Tk = k.shape()[2];
-  check_shape(op, "v", v, {extent(dims.B), extent(dims.H), extent(dims.Tk), any});
-  dims.Dv = v.shape()[3];
-  check_arg(dims.D > 0 && dims.Tq > 0 && dims.Tk > 0, op, "q, k", "non-zero Tq, Tk and D",
-            format_shape_of(q.shape()) + " and " + format_shape_of(k.shape()));
-  if (key_mask) check_shape(op, "key_mask", *key_mask, {extent(dims.B), extent(dims.Tk)});
-  if (!options.head_scale.empty()) {
-    check_extents(op, "head_scale", {options.head_scale.size()}, {extent(dims.H)});
-    for (double s : options.head_scale) {
-      check_arg(std::isfinite(s) && s > 0, op, "head_scale", "a finite scale > 0",
-                std::to_string(s));
-    }
-  }
-}
-
-// The device copies of one call's inputs and the launch arguments pointing at them.
+// The device copies of one call's inputs and the launch parameters pointing at them.
 template <class T>
 struct DeviceInputs {
   DeviceArray<T> q, k, v, scale;
   DeviceArray<unsigned char> key_mask;
-  cuda::SdpaDeviceArgs<T> args;
+  AttentionParams<T> params;
 
-  DeviceInputs(const SdpaCudaCache<T>& c, const Tensor4<T>& q_host, const Tensor4<T>& k_host,
+  DeviceInputs(const SdpaCache<T>& c, const Tensor4<T>& q_host, const Tensor4<T>& k_host,
                const Tensor4<T>& v_host)
       : q(q_host.data(), q_host.size()),
         k(k_host.data(), k_host.size()),
         v(v_host.data(), v_host.size()),
         scale(c.scale.data(), c.scale.size()) {
+    params = c.params(q.data(), k.data(), v.data());
+    params.scale = scale.data();
+    params.key_mask = nullptr;
     if (c.has_key_mask) {
       const std::vector<unsigned char> mask(c.key_mask.begin(), c.key_mask.end());
       key_mask = DeviceArray<unsigned char>(mask.data(), mask.size());
+      params.key_mask = key_mask.data();
     }
-    args.B = c.B, args.H = c.H, args.Tq = c.Tq, args.Tk = c.Tk, args.D = c.D, args.Dv = c.Dv;
-    args.q = q.data(), args.k = k.data(), args.v = v.data(), args.scale = scale.data();
-    args.key_mask = c.has_key_mask ? key_mask.data() : nullptr;
-    args.causal = c.causal;
   }
 };
 
@@ -83,101 +47,103 @@ DeviceArray<T> poisoned(std::size_t count) {
   return a;
 }
 
+// `automatic` on the GPU: the fused path when its tiles fit in shared memory for D and Dv.
+template <class T>
+SdpaPath resolve_cuda_path(SdpaPath path, std::size_t D, std::size_t Dv) {
+  if (path != SdpaPath::automatic) return path;
+  try {
+    (void)cuda::sdpa_fused_tile_rows<T>(D, Dv);
+    return SdpaPath::fused;
+  } catch (const std::invalid_argument&) {
+    return SdpaPath::reference;
+  }
+}
+
 }  // namespace
 
 template <class T>
-Tensor4<T> sdpa_forward_cuda(SdpaCudaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                              const Tensor4<T>& v, const SdpaOptions& options,
-                             const KeyMask* key_mask, SdpaCudaPath path) {
-  SdpaCudaCache<T> c;
-  check_inputs(c, "sdpa_forward_cuda", q, k, v, options, key_mask);
-  c.path = path;
-  c.scale.assign(c.H, static_cast<T>(resolve_scale(options, c.D)));
-  for (std::size_t h = 0; h < options.head_scale.size(); ++h) {
-    c.scale[h] = static_cast<T>(options.head_scale[h]);
-  }
-  c.causal = options.causal;
-  c.has_key_mask = key_mask != nullptr;
-  if (key_mask) c.key_mask = *key_mask;
-  cuda::require_device("sdpa_forward_cuda");
+                             const KeyMask* key_mask) {
+  const char* op = "sdpa_forward_cuda";
+  const AttentionSpec spec = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask);
+  cuda::require_device(op);
+  SdpaCache<T> c;
+  detail::fill_sdpa_cache(c, spec, options, key_mask);
+  c.path = resolve_cuda_path<T>(options.path, spec.D, spec.Dv);
 
   DeviceInputs<T> in(c, q, k, v);
-  Tensor4<T> out({c.B, c.H, c.Tq, c.Dv});
+  Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
   auto out_d = poisoned<T>(out.size());
-  if (path == SdpaCudaPath::reference) {
-    c.p = Tensor4<T>({c.B, c.H, c.Tq, c.Tk});
+  if (c.path == SdpaPath::reference) {
+    c.p = Tensor4<T>({spec.B, spec.H, spec.Tq, spec.Tk});
     auto p_d = poisoned<T>(c.p.size());
-    cuda::sdpa_reference_forward(out_d.data(), p_d.data(), in.args);
+    cuda::sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
     cuda::synchronize();
     p_d.download(c.p.data());
   } else {
-    c.lse = Tensor3<T>({c.B, c.H, c.Tq});
+    c.lse = Tensor3<T>({spec.B, spec.H, spec.Tq});
     auto lse_d = poisoned<T>(c.lse.size());
-    cuda::sdpa_fused_forward(out_d.data(), lse_d.data(), in.args);
+    cuda::sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
     cuda::synchronize();
     lse_d.download(c.lse.data());
   }
   out_d.download(out.data());
-  if (path == SdpaCudaPath::fused) c.out = out;
+  if (c.path == SdpaPath::fused) c.out = out;
   cache = std::move(c);
   return out;
 }
 
 template <class T>
-SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCudaCache<T>& cache,
+SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cache,
                                 const Tensor4<T>& q, const Tensor4<T>& k, const Tensor4<T>& v) {
-  const auto& c = cache;
-  if (c.Tq == 0 || (c.path == SdpaCudaPath::reference ? c.p.size() == 0 : c.lse.size() == 0)) {
-    throw std::logic_error("sdpa_backward_cuda: the cache is empty: call sdpa_forward_cuda first");
-  }
   const char* op = "sdpa_backward_cuda";
-  check_shape(op, "dout", dout, {extent(c.B), extent(c.H), extent(c.Tq), extent(c.Dv)});
-  check_shape(op, "q", q, {extent(c.B), extent(c.H), extent(c.Tq), extent(c.D)});
-  check_shape(op, "k", k, {extent(c.B), extent(c.H), extent(c.Tk), extent(c.D)});
-  check_shape(op, "v", v, {extent(c.B), extent(c.H), extent(c.Tk), extent(c.Dv)});
+  detail::check_sdpa_backward_inputs(op, dout, cache, q, k, v);
   cuda::require_device(op);
+  const AttentionSpec& s = cache.spec;
 
-  DeviceInputs<T> in(c, q, k, v);
+  DeviceInputs<T> in(cache, q, k, v);
   DeviceArray<T> dout_d(dout.data(), dout.size());
-  SdpaGrads<T> g{Tensor4<T>({c.B, c.H, c.Tq, c.D}), Tensor4<T>({c.B, c.H, c.Tk, c.D}),
-                 Tensor4<T>({c.B, c.H, c.Tk, c.Dv}), Tensor1<T>::from_shape({c.H})};
+  SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}), Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
+                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}), Tensor1<T>::from_shape({s.H})};
   auto dq_d = poisoned<T>(g.dq.size());
   auto dk_d = poisoned<T>(g.dk.size());
   auto dv_d = poisoned<T>(g.dv.size());
-  if (c.path == SdpaCudaPath::reference) {
-    DeviceArray<T> p_d(c.p.data(), c.p.size());
-    auto ds_d = poisoned<T>(c.p.size());
+  if (cache.path == SdpaPath::reference) {
+    DeviceArray<T> p_d(cache.p.data(), cache.p.size());
+    auto ds_d = poisoned<T>(cache.p.size());
     cuda::sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(), dout_d.data(),
-                                  p_d.data(), in.args);
+                                  p_d.data(), in.params);
   } else {
-    DeviceArray<T> out_d(c.out.data(), c.out.size());
-    DeviceArray<T> lse_d(c.lse.data(), c.lse.size());
-    auto row_dot_d = poisoned<T>(c.lse.size());
+    DeviceArray<T> out_d(cache.out.data(), cache.out.size());
+    DeviceArray<T> lse_d(cache.lse.data(), cache.lse.size());
+    auto row_dot_d = poisoned<T>(cache.lse.size());
     cuda::sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
-                              dout_d.data(), out_d.data(), lse_d.data(), in.args);
+                              dout_d.data(), out_d.data(), lse_d.data(), in.params);
   }
   cuda::synchronize();
   dq_d.download(g.dq.data());
   dk_d.download(g.dk.data());
   dv_d.download(g.dv.data());
-  // dL/ds_h = Σ dS ⊙ (Q Kᵀ) = ⟨dQ, Q⟩ / s_h, summed over the batch in a fixed order.
-  g.dscale.fill(T(0));
-  const std::size_t slice = c.Tq * c.D;
-  for (std::size_t bh = 0; bh < c.B * c.H; ++bh) {
+  // dL/ds_h = Σ dS ⊙ (Q Kᵀ) = ⟨dQ, Q⟩ / s_h, per (b, h) slice, then summed over the batch.
+  std::vector<T> dscale_part(s.B * s.H);
+  const std::size_t slice = s.Tq * s.D;
+  for (std::size_t bh = 0; bh < s.B * s.H; ++bh) {
     T acc = 0;
-    for (std::size_t i = 0; i < slice; ++i)
+    for (std::size_t i = 0; i < slice; ++i) {
       acc += g.dq.data()[bh * slice + i] * q.data()[bh * slice + i];
-    g.dscale(bh % c.H) += acc / c.scale[bh % c.H];
+    }
+    dscale_part[bh] = acc / cache.scale[bh % s.H];
   }
+  detail::sum_dscale(g, dscale_part, s.H);
   return g;
 }
 
-#define ATTNLAB_INSTANTIATE_SDPA_CUDA(T)                                                      \
-  template Tensor4<T> sdpa_forward_cuda<T>(SdpaCudaCache<T>&, const Tensor4<T>&,              \
-                                           const Tensor4<T>&, const Tensor4<T>&,              \
-                                           const SdpaOptions&, const KeyMask*, SdpaCudaPath); \
-  template SdpaGrads<T> sdpa_backward_cuda<T>(const Tensor4<T>&, const SdpaCudaCache<T>&,     \
-                                              const Tensor4<T>&, const Tensor4<T>&,           \
+#define ATTNLAB_INSTANTIATE_SDPA_CUDA(T)                                                           \
+  template Tensor4<T> sdpa_forward_cuda<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,    \
+                                           const Tensor4<T>&, const SdpaOptions&, const KeyMask*); \
+  template SdpaGrads<T> sdpa_backward_cuda<T>(const Tensor4<T>&, const SdpaCache<T>&,              \
+                                              const Tensor4<T>&, const Tensor4<T>&,                \
                                               const Tensor4<T>&);
 ATTNLAB_INSTANTIATE_SDPA_CUDA(float)
 ATTNLAB_INSTANTIATE_SDPA_CUDA(double)

@@ -14,9 +14,10 @@
 //     dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ⊙ (dP − D_i),
 //     dQ_i += s · dS K_j,  dK_j += s · dSᵀ Q_i.
 // (rowsum(dP ⊙ P) = rowsum(dO ⊙ P V) = rowsum(dO ⊙ O) = D_i: the reference's softmax-Jacobian
-// term without the full row of P.) Causal tiles entirely above the diagonal are skipped.
+// term without the full row of P.) The score rule (attnlab/attention/score_rule.hpp) scores and
+// hides each tile row; key tiles that no row of a row block can see (causal) are skipped.
 // Extra memory: two Br x Bc tiles and O(Tk) per thread, plus O and lse in the cache.
-#include "attention_fused.hpp"
+#include "attention_kernels.hpp"
 #include "row_kernels.hpp"
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "attnlab/attention/score_rule.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/threads.hpp"
@@ -53,93 +55,66 @@ void subtract_times(T* x, const T* p, T shift, std::size_t n) {
   for (; c < n; ++c) x[c] = p[c] * (x[c] - shift);
 }
 
-// One tile's geometry: rows [i0, i0 + br) of the slice, keys [j0, j0 + bc).
-struct Tile {
-  std::size_t i0, br, j0, bc;
-};
-
-// Hides the tile's masked positions: -inf where j > i (causal) or where the key mask is false,
-// given as an additive bias row (0 or -inf per key, length Tk) or nullptr.
+// S = the score rule over the tile's scaled dots, row by row: rows [i0, i0 + br), keys [j0, j0 +
+// bc).
 template <class T>
-void mask_tile(T* sb, const Tile& t, bool causal, const T* key_bias) {
-  if (key_bias) {
-    for (std::size_t r = 0; r < t.br; ++r) {
-      T* row = sb + r * t.bc;
-      for (std::size_t c = 0; c < t.bc; ++c) row[c] += key_bias[t.j0 + c];
-    }
-  }
-  if (causal && t.j0 + t.bc - 1 > t.i0) {  // the tile crosses the diagonal
-    for (std::size_t r = 0; r < t.br; ++r) {
-      const std::size_t i = t.i0 + r;
-      const std::size_t first_hidden = i + 1 > t.j0 ? i + 1 - t.j0 : 0;
-      T* row = sb + r * t.bc;
-      for (std::size_t c = first_hidden; c < t.bc; ++c) row[c] = kHidden<T>;
-    }
-  }
+void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i0,
+                std::size_t br, std::size_t j0, std::size_t bc) {
+  for (std::size_t r = 0; r < br; ++r) attention::score_row(p, b, h, i0 + r, j0, bc, sb + r * bc);
 }
 
-// Number of keys a causal row block [i0, i0 + br) can see: keys j <= i0 + br - 1.
-std::size_t visible_keys(std::size_t Tk, bool causal, std::size_t i0, std::size_t br) {
-  return causal ? std::min(Tk, i0 + br) : Tk;
-}
-
-// bias[j] = 0 where key j of batch b may be attended, -inf where the mask hides it.
-template <class T>
-void fill_key_bias(std::vector<T>& bias, const KeyMask& mask, std::size_t b) {
-  const bool* m = mask.data() + b * bias.size();
-  for (std::size_t j = 0; j < bias.size(); ++j) bias[j] = m[j] ? T(0) : kHidden<T>;
+std::size_t tile_or_default(std::size_t tile, std::size_t fallback) {
+  return tile != 0 ? tile : fallback;
 }
 
 }  // namespace
 
 template <class T>
-void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& q,
-                        const Tensor4<T>& k, const Tensor4<T>& v) {
-  const std::size_t H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D, Dv = cache.Dv;
-  const std::size_t tile_rows = cache.tile_rows, tile_keys = cache.tile_keys;
-  cache.lse.resize({cache.B, H, Tq});
+void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t tile_rows,
+                        std::size_t tile_keys) {
+  const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
+  tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
+  tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(cache.B * H);
+  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * H);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) S, then P
     std::vector<T> m(tile_rows), l(tile_rows);  // (Br,) running max and sum
-    std::vector<T> key_bias(cache.has_key_mask ? Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
       const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
-      const T s = cache.scale[h];
-      const T* qp = q.data() + bh * Tq * D;
-      const T* kp = k.data() + bh * Tk * D;
-      const T* vp = v.data() + bh * Tk * Dv;
-      T* op = out.data() + bh * Tq * Dv;
-      T* lsep = cache.lse.data() + bh * Tq;
-      if (cache.has_key_mask) fill_key_bias(key_bias, cache.key_mask, b);
-      const T* bias = cache.has_key_mask ? key_bias.data() : nullptr;
+      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
+      const T s = p.scale[h];
+      const T* qp = p.q + bh * Tq * D;
+      const T* kp = p.k + kv * Tk * D;
+      const T* vp = p.v + kv * Tk * Dv;
+      T* op = out + bh * Tq * Dv;
+      T* lsep = lse + bh * Tq;
       for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
         const std::size_t br = std::min(tile_rows, Tq - i0);
-        const std::size_t keys = visible_keys(Tk, cache.causal, i0, br);
+        const std::size_t keys = attention::key_end(p, i0 + br - 1);  // later keys: hidden
         std::fill(m.begin(), m.end(), kHidden<T>);
         std::fill(l.begin(), l.end(), T(0));
         T* o_i = op + i0 * Dv;
         for (std::size_t j0 = 0; j0 < keys; j0 += tile_keys) {
-          const Tile t{i0, br, j0, std::min(tile_keys, keys - j0)};
-          const int rows = static_cast<int>(br), cols = static_cast<int>(t.bc);
-          // S = s · Q_i K_jᵀ                           (Br,D) x (D,Bc) -> (Br,Bc)
+          const std::size_t bc = std::min(tile_keys, keys - j0);
+          const int rows = static_cast<int>(br), cols = static_cast<int>(bc);
+          // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
           blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                         sb.data(), cols);
-          mask_tile(sb.data(), t, cache.causal, bias);
+          score_tile(sb.data(), p, b, h, i0, br, j0, bc);
           for (std::size_t r = 0; r < br; ++r) {
-            T* row = sb.data() + r * t.bc;
-            const T m_new = std::max(m[r], row_max(row, t.bc));
+            T* row = sb.data() + r * bc;
+            const T m_new = std::max(m[r], row_max(row, bc));
             if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
               // ... unless the row holds NaN (row_max ignores it): propagate, never hide it.
-              const bool has_nan = std::any_of(row, row + t.bc, [](T x) { return std::isnan(x); });
-              std::fill(row, row + t.bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+              const bool has_nan = std::any_of(row, row + bc, [](T x) { return std::isnan(x); });
+              std::fill(row, row + bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
               if (has_nan) m[r] = l[r] = std::numeric_limits<T>::quiet_NaN();
               continue;
             }
-            const T sum = exp_shifted_inplace(row, t.bc, m_new);  // P = exp(S − m'), hidden -> 0
+            const T sum = exp_shifted_inplace(row, bc, m_new);  // P = exp(S − m'), hidden -> 0
             if (j0 > 0) {
               const T correction = std::exp(m[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
               l[r] *= correction;
@@ -168,36 +143,36 @@ void sdpa_fused_forward(Tensor4<T>& out, SdpaCache<T>& cache, const Tensor4<T>& 
       }
     }
   }
-  cache.out = out;
 }
 
 template <class T>
-void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Tensor4<T>& dout,
-                         const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
-                         const Tensor4<T>& v) {
-  const std::size_t H = cache.H, Tq = cache.Tq, Tk = cache.Tk, D = cache.D, Dv = cache.Dv;
-  const std::size_t tile_rows = cache.tile_rows, tile_keys = cache.tile_keys;
-  const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(cache.B * H);
+void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, const T* out,
+                         const T* lse, const AttentionParams<T>& p, std::size_t tile_rows,
+                         std::size_t tile_keys) {
+  const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
+  tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
+  tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
+  const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
+  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * H);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));   // (Br,Bc) S, then P
     std::vector<T> dpb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) dP, then dS
     std::vector<T> delta(Tq);  // (Tq,) D_i = rowsum(dO ⊙ O)
-    std::vector<T> key_bias(cache.has_key_mask ? Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
       const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
-      const T s = cache.scale[h];
-      const T* qp = q.data() + bh * Tq * D;
-      const T* kp = k.data() + bh * Tk * D;
-      const T* vp = v.data() + bh * Tk * Dv;
-      const T* op = cache.out.data() + bh * Tq * Dv;
-      const T* dop = dout.data() + bh * Tq * Dv;
-      const T* lsep = cache.lse.data() + bh * Tq;
-      T* dqp = g.dq.data() + bh * Tq * D;
-      T* dkp = g.dk.data() + bh * Tk * D;
-      T* dvp = g.dv.data() + bh * Tk * Dv;
+      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
+      const T s = p.scale[h];
+      const T* qp = p.q + bh * Tq * D;
+      const T* kp = p.k + kv * Tk * D;
+      const T* vp = p.v + kv * Tk * Dv;
+      const T* op = out + bh * Tq * Dv;
+      const T* dop = dout + bh * Tq * Dv;
+      const T* lsep = lse + bh * Tq;
+      T* dqp = dq + bh * Tq * D;
+      T* dkp = dk + kv * Tk * D;
+      T* dvp = dv + kv * Tk * Dv;
       std::fill(dqp, dqp + Tq * D, T(0));
       std::fill(dkp, dkp + Tk * D, T(0));
       std::fill(dvp, dvp + Tk * Dv, T(0));
@@ -206,37 +181,35 @@ void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Ten
         for (std::size_t c = 0; c < Dv; ++c) acc += dop[i * Dv + c] * op[i * Dv + c];
         delta[i] = acc;
       }
-      if (cache.has_key_mask) fill_key_bias(key_bias, cache.key_mask, b);
-      const T* bias = cache.has_key_mask ? key_bias.data() : nullptr;
       for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
         const std::size_t br = std::min(tile_rows, Tq - i0);
-        const std::size_t keys = visible_keys(Tk, cache.causal, i0, br);
+        const std::size_t keys = attention::key_end(p, i0 + br - 1);  // later keys: hidden
         const int rows = static_cast<int>(br);
         for (std::size_t j0 = 0; j0 < keys; j0 += tile_keys) {
-          const Tile t{i0, br, j0, std::min(tile_keys, keys - j0)};
-          const int cols = static_cast<int>(t.bc);
+          const std::size_t bc = std::min(tile_keys, keys - j0);
+          const int cols = static_cast<int>(bc);
           // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
           blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                         sb.data(), cols);
-          mask_tile(sb.data(), t, cache.causal, bias);
+          score_tile(sb.data(), p, b, h, i0, br, j0, bc);
           for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
-            T* row = sb.data() + r * t.bc;
-            const T lse = lsep[i0 + r];
-            if (lse == kHidden<T>) {
-              std::fill(row, row + t.bc, T(0));
+            T* row = sb.data() + r * bc;
+            const T row_lse = lsep[i0 + r];
+            if (row_lse == kHidden<T>) {
+              std::fill(row, row + bc, T(0));
             } else {
-              exp_shifted_inplace(row, t.bc, lse);
+              exp_shifted_inplace(row, bc, row_lse);
             }
           }
           // dV_j += Pᵀ dO_i                           (Bc,Br) x (Br,Dv) -> (Bc,Dv)
-          blas::gemm<T>(true, false, cols, dv, rows, T(1), sb.data(), cols, dop + i0 * Dv, dv, T(1),
-                        dvp + j0 * Dv, dv);
+          blas::gemm<T>(true, false, cols, dvw, rows, T(1), sb.data(), cols, dop + i0 * Dv, dvw,
+                        T(1), dvp + j0 * Dv, dvw);
           // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, dv, T(1), dop + i0 * Dv, dv, vp + j0 * Dv, dv,
+          blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
                         T(0), dpb.data(), cols);
           // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
           for (std::size_t r = 0; r < br; ++r) {
-            subtract_times(dpb.data() + r * t.bc, sb.data() + r * t.bc, delta[i0 + r], t.bc);
+            subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);
           }
           // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
           blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
@@ -254,12 +227,11 @@ void sdpa_fused_backward(SdpaGrads<T>& g, std::vector<T>& dscale_part, const Ten
   }
 }
 
-#define ATTNLAB_INSTANTIATE_SDPA_FUSED(T)                                                         \
-  template void sdpa_fused_forward<T>(Tensor4<T>&, SdpaCache<T>&, const Tensor4<T>&,              \
-                                      const Tensor4<T>&, const Tensor4<T>&);                      \
-  template void sdpa_fused_backward<T>(SdpaGrads<T>&, std::vector<T>&, const Tensor4<T>&,         \
-                                       const SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&, \
-                                       const Tensor4<T>&);
+#define ATTNLAB_INSTANTIATE_SDPA_FUSED(T)                                             \
+  template void sdpa_fused_forward<T>(T*, T*, const AttentionParams<T>&, std::size_t, \
+                                      std::size_t);                                   \
+  template void sdpa_fused_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,  \
+                                       const AttentionParams<T>&, std::size_t, std::size_t);
 ATTNLAB_INSTANTIATE_SDPA_FUSED(float)
 ATTNLAB_INSTANTIATE_SDPA_FUSED(double)
 #undef ATTNLAB_INSTANTIATE_SDPA_FUSED

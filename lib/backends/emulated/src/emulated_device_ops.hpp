@@ -217,7 +217,8 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
   }
 
   // ---- attention ----------------------------------------------------------------------------
-  void sdpa_reference_forward(T* out, T* p, const cuda::SdpaDeviceArgs<T>& a) override {
+  void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) override {
+    check_attention_params(a, "emulated sdpa_reference_forward");
     const std::size_t rows = a.B * a.H * a.Tq;
     if (rows == 0) return;
     const int m = as_int(a.Tq), n = as_int(a.Tk), d = as_int(a.D), dv = as_int(a.Dv),
@@ -225,14 +226,14 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
     // S = Q Kᵀ, unscaled (the scale is per head)          (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
     gemm_batched(false, true, m, n, d, a.q, d, a.Tq * a.D, a.k, d, a.Tk * a.D, p, n, a.Tq * a.Tk,
                  batch);
-    emu::launch(cuda::reference::masked_softmax_rows<T>, row_grid(rows), block(), 0, p, a.scale,
-                a.key_mask, a.H, a.Tq, a.Tk, a.causal);
+    emu::launch(cuda::reference::masked_softmax_rows<T>, row_grid(rows), block(), 0, p, a);
     // O = P V                                              (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
     gemm_batched(false, false, m, dv, n, p, n, a.Tq * a.Tk, a.v, dv, a.Tk * a.Dv, out, dv,
                  a.Tq * a.Dv, batch);
   }
   void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
-                               const cuda::SdpaDeviceArgs<T>& a) override {
+                               const AttentionParams<T>& a) override {
+    check_attention_params(a, "emulated sdpa_reference_backward");
     const std::size_t rows = a.B * a.H * a.Tq;
     if (rows == 0) return;
     const int m = as_int(a.Tq), n = as_int(a.Tk), d = as_int(a.D), dvw = as_int(a.Dv),
@@ -253,7 +254,8 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
     gemm_batched(true, false, n, d, m, static_cast<const T*>(ds), n, sp, a.q, d, sq, dk, d, sk,
                  batch);
   }
-  void sdpa_fused_forward(T* out, T* lse, const cuda::SdpaDeviceArgs<T>& a) override {
+  void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) override {
+    check_attention_params(a, "emulated sdpa_fused_forward");
     if (a.B * a.H * a.Tq == 0) return;
     if (tile_rows(a.D, a.Dv) == 64) {
       fused_forward<64>(out, lse, a);
@@ -262,7 +264,8 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
     }
   }
   void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
-                           const T* lse, const cuda::SdpaDeviceArgs<T>& a) override {
+                           const T* lse, const AttentionParams<T>& a) override {
+    check_attention_params(a, "emulated sdpa_fused_backward");
     const std::size_t rows = a.B * a.H * a.Tq;
     if (rows == 0) return;
     const int tile = tile_rows(a.D, a.Dv);
@@ -357,14 +360,14 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
   }
 
   template <int TILE>
-  static void fused_forward(T* out, T* lse, const cuda::SdpaDeviceArgs<T>& a) {
+  static void fused_forward(T* out, T* lse, const AttentionParams<T>& a) {
     const emu_fused::Geometry g(a.D, a.Dv, TILE);
     emu::launch(emu_fused::fused_forward_kernel<T, TILE>, emu_fused::query_tile_grid(a, TILE),
                 dim3(emu_fused::kThreads), emu_fused::forward_smem<T>(g, TILE), out, lse, a);
   }
   template <int TILE>
   static void fused_backward(T* dq, T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
-                             const cuda::SdpaDeviceArgs<T>& a) {
+                             const AttentionParams<T>& a) {
     const emu_fused::Geometry g(a.D, a.Dv, TILE);
     emu::launch(emu_fused::fused_key_pass_kernel<T, TILE>, emu_fused::key_tile_grid(a, TILE),
                 dim3(emu_fused::kThreads), emu_fused::key_pass_smem<T>(g, TILE), dk, dv, dout, lse,

@@ -7,9 +7,14 @@
 //   O = P V                           (B,H,Tq,Tk) x (B,H,Tk,Dv) -> (B,H,Tq,Dv)
 //
 // s is 1 (`none`), 1/√D (`sqrt_dk`, the default) or 1/D (`dk`); an explicit scale overrides the
-// mode. Masking: `causal` lets query i see key j iff j ≤ i (top-left aligned, as PyTorch's
-// is_causal); the key mask (B, Tk) has true = may attend. A query row that sees no key gets P = 0,
-// O = 0 and zero gradients: never NaN.
+// mode. Masking: `causal` lets query i see key j iff j ≤ i + o, with the query offset o = 0 by
+// default (top-left aligned, as PyTorch's is_causal) and o = Tk − Tq for bottom-right alignment
+// (PyTorch's causal_lower_right: Tq new queries against Tk cached keys); the key mask (B, Tk) has
+// true = may attend. A query row that sees no key gets P = 0, O = 0 and zero gradients: never NaN.
+// SdpaOptions is the convenient front: each entry point checks it once and resolves it into the
+// one parameter struct of every path, AttentionParams (attnlab/attention/params.hpp), whose score
+// rule is attnlab/attention/score_rule.hpp. The CUDA paths (attnlab/ops/attention_cuda.hpp) take
+// the same options and cache.
 //
 // Two CPU paths honour this contract (SdpaOptions::path):
 //  - reference: the readable definition below; materialises P (B,H,Tq,Tk) in the cache.
@@ -28,6 +33,7 @@
 
 #include <xtensor/xarray.hpp>
 
+#include "attnlab/attention/params.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
@@ -62,6 +68,9 @@ struct SdpaOptions {
   std::vector<double>
       head_scale;  // optional (H,): one scale per head, overrides both (learnable scale)
   bool causal = false;
+  // Causal only: query i sees keys j ≤ i + query_offset (Tk − Tq aligns the queries with the last
+  // keys). Must be ≥ 0, and 0 without causal; std::invalid_argument otherwise.
+  std::ptrdiff_t query_offset = 0;
   SdpaPath path = SdpaPath::automatic;
   // Fused path tiles: query rows x keys per tile; 0 = the tuned default (128 x 512). Results agree
   // to rounding for any tile size; tests use small tiles to cross tile edges on small inputs.
@@ -76,12 +85,19 @@ SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk, bool causal);
 // for a non-finite or non-positive explicit scale.
 double resolve_scale(const SdpaOptions& options, std::size_t d);
 
-// What the backward needs besides q, k and v.
+// The spec of a call with `options` over the sizes in `sizes` (B, H, Hkv, Tq, Tk, D, Dv): checks
+// the options that do not need the tensors (scale, head_scale, query_offset) and the spec
+// (check_attention_spec), and fills causal and query_offset. Throws std::invalid_argument naming
+// `op`. The entry points call it after checking the shapes; device models call it with their sizes.
+AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& options,
+                                  AttentionSpec sizes);
+
+// What the backward needs besides q, k and v. The CPU and the CUDA entry points fill the same cache
+// type; its saved tensors (P, or O and the log-sum-exp) mean the same on both.
 template <class T>
 struct SdpaCache {
-  std::size_t B = 0, H = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  AttentionSpec spec;    // sizes, causal and query offset of the last forward
   std::vector<T> scale;  // (H,) the scale used by each head
-  bool causal = false;
   bool has_key_mask = false;
   KeyMask key_mask;  // (B, Tk), true = may attend; empty when has_key_mask is false
   SdpaPath path = SdpaPath::reference;  // the path the last forward ran (never `automatic`)
@@ -92,14 +108,26 @@ struct SdpaCache {
   // Fused path only (empty after a reference forward):
   Tensor4<T> out;  // (B,H,Tq,Dv) O, for D_i = rowsum(dO ⊙ O) in the backward
   Tensor3<T> lse;  // (B,H,Tq) log Σ_j exp(S_ij) over visible keys; -inf for a row with none
-  std::size_t tile_rows = 0, tile_keys = 0;  // the fused path's tiles, resolved
+  // The CPU fused path's tiles (SdpaOptions::tile_rows, tile_keys); 0 = the tuned default.
+  std::size_t tile_rows = 0, tile_keys = 0;
 
   bool has_weights() const { return p.size() != 0; }
+
+  // The parameters of this cache's call over q, k, v: the spec, and pointers into q, k, v and into
+  // this cache's scales and mask (valid while the cache and the tensors are unchanged).
+  AttentionParams<T> params(const T* q, const T* k, const T* v) const {
+    static_assert(sizeof(bool) == 1, "the key mask is read as bytes");
+    AttentionParams<T> a;
+    static_cast<AttentionSpec&>(a) = spec;
+    a.q = q, a.k = k, a.v = v, a.scale = scale.data();
+    a.key_mask = has_key_mask ? reinterpret_cast<const unsigned char*>(key_mask.data()) : nullptr;
+    return a;
+  }
 };
 
 // q: (B,H,Tq,D), k: (B,H,Tk,D), v: (B,H,Tk,Dv); key_mask: (B,Tk) or nullptr.
 // Returns O (B,H,Tq,Dv) and fills `cache`. Throws ShapeError on any shape mismatch, naming both
-// shapes.
+// shapes, and std::invalid_argument for a bad option (scale, head_scale, query_offset).
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                         const Tensor4<T>& v, const SdpaOptions& options = {},

@@ -1,0 +1,89 @@
+// The one parameter struct of scaled dot-product attention. Every path takes an AttentionParams:
+// the CPU reference and fused paths (lib/src/ops/attention_*.cpp), the CUDA reference and fused
+// kernels (lib/cuda/attention_*), and the emulated CUDA kernels of the tests. The score rule that
+// reads it is attnlab/attention/score_rule.hpp. Modelled on FlashAttention's Flash_fwd_params
+// (Dao-AILab flash-attention, csrc/flash_attn/src/flash.h): one struct carries every variant; a
+// variant adds its fields here and its arithmetic as one helper of the rule.
+//
+// The contract is that of /work/shared/DESIGN.md, "The attention contract", and of
+// attnlab/ops/attention.hpp. Compiles under nvcc (C++17) and without xtensor; no CUDA type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "attnlab/cuda_math.hpp"  // ATTNLAB_HD
+
+namespace attnlab {
+
+// The sizes and variant choices of one attention call, without pointers: what a cache keeps.
+//   q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv).
+struct AttentionSpec {
+  std::size_t B = 0, H = 0, Hkv = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  // Causal with a query offset o: query i sees key j iff j <= i + o. o = 0 is PyTorch's is_causal
+  // (top-left aligned); o = Tk - Tq is causal_lower_right (bottom-right aligned), the case of Tq
+  // new queries decoding against Tk cached keys. The offset is 0 unless causal.
+  bool causal = false;
+  std::size_t query_offset = 0;
+
+  // ---- variants not accepted yet: check_attention_params throws "not supported yet" if set ----
+  std::size_t window = 0;  // sliding window w: j > i + o - w; 0 = no window
+  float dropout_p = 0.0f;  // dropout on P in training, keyed by dropout_seed
+  std::uint64_t dropout_seed = 0;
+
+  // The K/V head that query head h reads (grouped-query attention: H / Hkv query heads share one).
+  ATTNLAB_HD std::size_t kv_head_of(std::size_t h) const { return h / (H / Hkv); }
+  // The flattened (b, kv head) slice of k and v that the (b, h) slice bh = b·H + h of q reads.
+  ATTNLAB_HD std::size_t kv_slice_of(std::size_t bh) const {
+    return bh / H * Hkv + kv_head_of(bh % H);
+  }
+};
+
+// One call: the spec plus the pointers of its inputs (host memory for the CPU paths, device memory
+// for the CUDA ones), contiguous and row-major.
+template <class T>
+struct AttentionParams : AttentionSpec {
+  const T* q = nullptr;                     // (B,H,Tq,D)
+  const T* k = nullptr;                     // (B,Hkv,Tk,D)
+  const T* v = nullptr;                     // (B,Hkv,Tk,Dv)
+  const T* scale = nullptr;                 // (H,) the scale s_h of each query head
+  const unsigned char* key_mask = nullptr;  // (B,Tk) nonzero = may attend; nullptr: no mask
+
+  // ---- variants not accepted yet: check_attention_params throws "not supported yet" if set ----
+  // Additive bias, rows of Tk contiguous; element (b,h,i,j) at b·bias_batch_stride +
+  // h·bias_head_stride + i·Tk + j (a stride of 0 broadcasts over that axis).
+  const T* bias = nullptr;
+  std::size_t bias_batch_stride = 0, bias_head_stride = 0;
+  const T* alibi_slopes = nullptr;  // (H,) ALiBi: bias m_h · (j - i - o), computed on the fly
+};
+
+// Throws std::invalid_argument naming `op` unless the spec describes a call this version runs:
+// Hkv == H, no query offset without causal, and none of the variants not accepted yet. Host only;
+// the public entry points and the launchers call it (sizes are checked against the tensors there).
+inline void check_attention_spec(const AttentionSpec& s, const char* op) {
+  const auto fail = [op](const std::string& what) {
+    throw std::invalid_argument(std::string(op) + ": " + what);
+  };
+  if (s.Hkv != s.H) {
+    fail("Hkv expected " + std::to_string(s.H) + " (= H), got " + std::to_string(s.Hkv) +
+         ": grouped-query attention is not supported yet");
+  }
+  if (!s.causal && s.query_offset != 0) {
+    fail("query_offset expected 0 without causal, got " + std::to_string(s.query_offset));
+  }
+  if (s.window != 0) fail("a sliding window is not supported yet");
+  if (s.dropout_p != 0.0f) fail("attention dropout is not supported yet");
+}
+
+template <class T>
+void check_attention_params(const AttentionParams<T>& p, const char* op) {
+  check_attention_spec(p, op);
+  if (p.bias != nullptr)
+    throw std::invalid_argument(std::string(op) + ": an attention bias is not supported yet");
+  if (p.alibi_slopes != nullptr)
+    throw std::invalid_argument(std::string(op) + ": ALiBi is not supported yet");
+}
+
+}  // namespace attnlab

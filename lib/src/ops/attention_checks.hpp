@@ -1,0 +1,38 @@
+// Private to lib/src/ops: the boundary checks and cache filling shared by the CPU entry points
+// (attention.cpp) and the CUDA ones (attention_cuda.cpp), so both take SdpaOptions and SdpaCache
+// with the same messages. Defined and instantiated (float, double) in attention.cpp.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "attnlab/ops/attention.hpp"
+
+namespace attnlab::detail {
+
+// Checks q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv) when given, the key mask (B,Tk) and the
+// options, naming `op`; returns the call's spec (Dv = 0 without v). Throws ShapeError or
+// std::invalid_argument.
+template <class T>
+AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
+                                const Tensor4<T>* v, const SdpaOptions& options,
+                                const KeyMask* key_mask);
+
+// Fills `cache` with a checked call's spec, per-head scales, mask and tiles; the path and the saved
+// tensors (p, or out and lse) are the forward's to set.
+template <class T>
+void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
+                     const KeyMask* key_mask);
+
+// Throws std::logic_error when the cache holds no forward of its path, ShapeError when dout, q, k
+// or v do not match it.
+template <class T>
+void check_sdpa_backward_inputs(std::string_view op, const Tensor4<T>& dout,
+                                const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                                const Tensor4<T>& v);
+
+// g.dscale(h) = Σ_b dscale_part[b·H + h], in a fixed order.
+template <class T>
+void sum_dscale(SdpaGrads<T>& g, const std::vector<T>& dscale_part, std::size_t H);
+
+}  // namespace attnlab::detail

@@ -1,0 +1,105 @@
+// The reference CPU attention: the readable definition of the contract (attnlab/ops/attention.hpp),
+// one (b, h) slice per thread, whole (Tq, Tk) matrices through blas::gemm, P materialised.
+//   S = s · Q Kᵀ (the score rule, attnlab/attention/score_rule.hpp), P = softmax(S), O = P V;
+//   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = s · dS K, dK = s · dSᵀ Q.
+#include <cstddef>
+#include <memory>
+
+#include "attention_kernels.hpp"
+#include "attnlab/attention/score_rule.hpp"
+#include "attnlab/blas.hpp"
+#include "attnlab/ops/softmax.hpp"
+#include "attnlab/threads.hpp"
+
+namespace attnlab::detail {
+
+namespace {
+
+// One (b, h) slice of S = s · Q Kᵀ with hidden positions at -inf: sp (Tq,Tk).
+template <class T>
+void scores_slice(T* sp, const AttentionParams<T>& p, std::size_t bh) {
+  const std::size_t b = bh / p.H, h = bh % p.H, kv = p.kv_slice_of(bh);
+  const int m = static_cast<int>(p.Tq), n = static_cast<int>(p.Tk), d = static_cast<int>(p.D);
+  // s · Q Kᵀ                                             (Tq,D) x (D,Tk) -> (Tq,Tk)
+  blas::gemm<T>(false, true, m, n, d, p.scale[h], p.q + bh * p.Tq * p.D, d, p.k + kv * p.Tk * p.D,
+                d, T(0), sp, n);
+  for (std::size_t i = 0; i < p.Tq; ++i) attention::score_row(p, b, h, i, 0, p.Tk, sp + i * p.Tk);
+}
+
+}  // namespace
+
+template <class T>
+void sdpa_reference_scores(T* scores, const AttentionParams<T>& p) {
+  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+    scores_slice(scores + bh * p.Tq * p.Tk, p, static_cast<std::size_t>(bh));
+  }
+}
+
+template <class T>
+void sdpa_reference_forward(T* out, T* probs, const AttentionParams<T>& p) {
+  const std::size_t Tq = p.Tq, Tk = p.Tk, Dv = p.Dv;
+  const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), dv = static_cast<int>(Dv);
+  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+    const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
+    T* pp = probs + bh * Tq * Tk;
+    scores_slice(pp, p, static_cast<std::size_t>(bh));  // S, hidden positions at -inf
+    softmax_rows_forward(pp, pp, Tq, Tk);               // P = softmax(S), in place
+    // O = P V                                           (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
+    blas::gemm<T>(false, false, m, dv, n, T(1), pp, n, p.v + kv * Tk * Dv, dv, T(0),
+                  out + bh * Tq * Dv, dv);
+  }
+}
+
+template <class T>
+void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, const T* probs,
+                             const AttentionParams<T>& p) {
+  const std::size_t Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
+  const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), d = static_cast<int>(D),
+            dvw = static_cast<int>(Dv);
+  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
+#pragma omp parallel num_threads(num_threads())
+  {
+    // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
+    const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
+      const T s = p.scale[static_cast<std::size_t>(bh) % p.H];
+      const T* pp = probs + bh * Tq * Tk;
+      const T* dop = dout + bh * Tq * Dv;
+      const T* qp = p.q + bh * Tq * D;
+      const T* kp = p.k + kv * Tk * D;
+      const T* vp = p.v + kv * Tk * Dv;
+      T* dqp = dq + bh * Tq * D;
+      // dV = Pᵀ dO                                     (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+      blas::gemm<T>(true, false, n, dvw, m, T(1), pp, n, dop, dvw, T(0), dv + kv * Tk * Dv, dvw);
+      // dP = dO Vᵀ                                     (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+      blas::gemm<T>(false, true, m, n, dvw, T(1), dop, dvw, vp, dvw, T(0), ds.get(), n);
+      // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
+      softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
+      // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
+      blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
+      // dK = s · dSᵀ Q                                 (Tk,Tq) x (Tq,D) -> (Tk,D)
+      blas::gemm<T>(true, false, n, d, m, s, ds.get(), n, qp, d, T(0), dk + kv * Tk * D, d);
+      // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
+      T acc = 0;
+      for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
+      dscale_part[bh] = acc / s;
+    }
+  }
+}
+
+#define ATTNLAB_INSTANTIATE_SDPA_REFERENCE(T)                                  \
+  template void sdpa_reference_scores<T>(T*, const AttentionParams<T>&);       \
+  template void sdpa_reference_forward<T>(T*, T*, const AttentionParams<T>&);  \
+  template void sdpa_reference_backward<T>(T*, T*, T*, T*, const T*, const T*, \
+                                           const AttentionParams<T>&);
+ATTNLAB_INSTANTIATE_SDPA_REFERENCE(float)
+ATTNLAB_INSTANTIATE_SDPA_REFERENCE(double)
+#undef ATTNLAB_INSTANTIATE_SDPA_REFERENCE
+
+}  // namespace attnlab::detail

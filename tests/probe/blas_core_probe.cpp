@@ -1,0 +1,53 @@
+// attnlab_blas_core_probe: runs one blas::gemm (which chooses the BLAS kernels first) and prints
+// blas_info() as key=value lines, with what OpenBLAS itself reports afterwards. tests/
+// test_blas_core.cpp starts it with different environments: the core is chosen once per process.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "attnlab/blas.hpp"
+
+extern "C" char* openblas_get_corename(void);
+
+namespace {
+
+// blas::gemm on a 45 x 38 x 53 product against a plain loop, relative to the largest |entry|.
+bool gemm_matches_loop() {
+  constexpr int m = 45, n = 38, k = 53;
+  std::vector<double> a(m * k), b(k * n), c(m * n), expected(m * n, 0.0);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37 * static_cast<double>(i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.11 * static_cast<double>(i));
+  attnlab::blas::gemm<double>(false, false, m, n, k, 1.0, a.data(), k, b.data(), n, 0.0, c.data(),
+                              n);
+  double worst = 0, scale = 0;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int p = 0; p < k; ++p) sum += a[i * k + p] * b[p * n + j];
+      worst = std::max(worst, std::abs(sum - c[i * n + j]));
+      scale = std::max(scale, std::abs(sum));
+    }
+  }
+  return worst <= 1e-12 * scale;
+}
+
+}  // namespace
+
+int main() {
+  const bool gemm_ok = gemm_matches_loop();
+  const attnlab::BlasInfo& info = attnlab::blas_info();
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("library=%s\n", info.library.c_str());
+  std::printf("core=%s\n", info.core.c_str());
+  std::printf("openblas_core=%s\n", info.openblas_core.c_str());
+  std::printf("switched=%d\n", info.switched ? 1 : 0);
+  std::printf("reason=%s\n", info.reason.c_str());
+  std::printf("warning=%s\n", info.warning.c_str());
+  std::printf("cpu=%s\n", attnlab::to_string(info.cpu).c_str());
+  std::printf("corename_now=%s\n", openblas_get_corename());
+  std::printf("gemm_ok=%d\n", gemm_ok ? 1 : 0);
+  std::printf("env_coretype=%s\n", coretype ? coretype : "(unset)");
+  return 0;
+}

@@ -1,0 +1,255 @@
+// BLAS kernels: on a CPU with AVX2 or AVX-512 attnlab runs kernels made for it, blas::gemm agrees
+// with xtensor-blas's xt::linalg::dot (an independent matmul) for every transpose and padded
+// leading dimensions, and the core switch itself works: a probe process started on OpenBLAS's
+// generic Prescott kernels (OPENBLAS_CORETYPE, marked as OpenBLAS's own fallback by a test-only
+// variable) moves to the right core, a user's choice and ATTNLAB_BLAS_CORE=keep are respected, and
+// a failed self-check switches back with a warning.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <xtensor-blas/xlinalg.hpp>
+#include <xtensor/xview.hpp>
+
+#include "attnlab/blas.hpp"
+#include "attnlab/random.hpp"
+#include "attnlab/threads.hpp"
+#include "helpers.hpp"
+#include "temp_dir.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+bool cpu_has_avx2_fma() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+// The core attnlab should move a generic fallback to, read independently of the library.
+std::string expected_best_core() {
+  if (cpu_has_avx512() && cpu_has_avx2_fma())
+    return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+  return "Haswell";
+}
+
+bool user_chose_core() {
+  return std::getenv("OPENBLAS_CORETYPE") || std::getenv("ATTNLAB_BLAS_CORE");
+}
+
+struct ThreadCountGuard {
+  ~ThreadCountGuard() { set_num_threads(1); }
+};
+
+// C = alpha op(A) op(B) + beta C through blas::gemm on padded buffers (ld = width + 5), against
+// alpha * xt::linalg::dot(op(A), op(B)) + beta * C on the unpadded views.
+template <class T>
+void check_gemm_against_dot(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
+                            double tolerance) {
+  CAPTURE(ta);
+  CAPTURE(tb);
+  CAPTURE(m);
+  const std::size_t pad = 5;
+  const std::size_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const std::size_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  Rng rng(17);
+  const auto a = randn<T, 2>({a_rows, a_cols + pad}, rng);
+  const auto b = randn<T, 2>({b_rows, b_cols + pad}, rng);
+  auto c = randn<T, 2>({m, n + pad}, rng);
+  const xt::xtensor<T, 2> c0 = c;
+  const T alpha = T(0.75), beta = T(-0.5);
+
+  const xt::xtensor<T, 2> a_view = xt::view(a, xt::all(), xt::range(0, a_cols));
+  const xt::xtensor<T, 2> b_view = xt::view(b, xt::all(), xt::range(0, b_cols));
+  const xt::xtensor<T, 2> op_a = ta ? xt::xtensor<T, 2>(xt::transpose(a_view)) : a_view;
+  const xt::xtensor<T, 2> op_b = tb ? xt::xtensor<T, 2>(xt::transpose(b_view)) : b_view;
+  const xt::xtensor<T, 2> expected =
+      alpha * xt::linalg::dot(op_a, op_b) + beta * xt::view(c0, xt::all(), xt::range(0, n));
+
+  blas::gemm<T>(ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                a.data(), static_cast<int>(a_cols + pad), b.data(), static_cast<int>(b_cols + pad),
+                beta, c.data(), static_cast<int>(n + pad));
+  const xt::xtensor<T, 2> got = xt::view(c, xt::all(), xt::range(0, n));
+  CHECK(test::rel_error(got, expected) < tolerance);
+  // The padding of C is never written.
+  const xt::xtensor<T, 2> padding = xt::view(c, xt::all(), xt::range(n, n + pad));
+  const xt::xtensor<T, 2> padding0 = xt::view(c0, xt::all(), xt::range(n, n + pad));
+  CHECK(padding == padding0);
+}
+
+// ---- the probe process ----
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Probe {
+  int status = -1;
+  std::map<std::string, std::string> values;  // key=value lines of stdout
+  std::string err;
+  const std::string& operator[](const std::string& key) const {
+    static const std::string missing = "(missing)";
+    const auto it = values.find(key);
+    return it == values.end() ? missing : it->second;
+  }
+};
+
+// Runs the probe with the BLAS variables cleared, then `assignments` ("A=1 B=2") set.
+Probe run_probe(const std::string& assignments) {
+  const test::TempDir dir;
+  const std::string cmd =
+      "env -u OPENBLAS_CORETYPE -u ATTNLAB_BLAS_CORE -u ATTNLAB_BLAS_SIMULATE_FALLBACK "
+      "-u ATTNLAB_BLAS_SIMULATE_BAD_KERNEL -u OPENBLAS_VERBOSE " +
+      assignments + " '" + ATTNLAB_BLAS_CORE_PROBE_PATH + "' >'" + dir.file("out") + "' 2>'" +
+      dir.file("err") + "'";
+  const int raw = std::system(cmd.c_str());
+  Probe p;
+  p.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  p.err = slurp(dir.file("err"));
+  std::istringstream lines(slurp(dir.file("out")));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) p.values[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return p;
+}
+
+// Every probe exits 0, prints nothing on stderr (the library never prints), computes a correct
+// gemm, and reports the core OpenBLAS really runs.
+void check_probe_sane(const Probe& p) {
+  CHECK(p.status == 0);
+  CHECK(p.err.empty());
+  CHECK(p["gemm_ok"] == "1");
+  CHECK(p["core"] == p["corename_now"]);
+}
+
+}  // namespace
+
+TEST_CASE("blas_info: on a CPU with AVX2 + FMA or AVX-512 the kernels are made for it") {
+  const BlasInfo& info = blas_info();
+  INFO(blas_summary(info));
+  CHECK(info.library.rfind("OpenBLAS ", 0) == 0);
+  CHECK(info.cpu.avx2 == static_cast<bool>(__builtin_cpu_supports("avx2")));
+  CHECK(info.cpu.avx512f == static_cast<bool>(__builtin_cpu_supports("avx512f")));
+  CHECK(blas_summary(info).find("core " + info.core) != std::string::npos);
+  if (user_chose_core()) {
+    MESSAGE("OPENBLAS_CORETYPE or ATTNLAB_BLAS_CORE is set: the core is the user's choice");
+    return;
+  }
+  CHECK(info.warning.empty());
+  if (!cpu_has_avx2_fma()) return;
+  // The cores with AVX2 + FMA kernels or better; every other one is a generic fallback here.
+  const bool fast = info.core == "Haswell" || info.core == "Zen" || info.core == "SkylakeX" ||
+                    info.core == "Cooperlake" || info.core == "SapphireRapids";
+  CHECK(fast);
+  if (cpu_has_avx512()) CHECK(info.core != "Haswell");
+}
+
+TEST_CASE("blas::gemm matches xt::linalg::dot for every transpose, padded, on 1 and 2 threads") {
+  ThreadCountGuard guard;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    CAPTURE(threads);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        check_gemm_against_dot<float>(ta, tb, 67, 45, 53, 1e-5);
+        check_gemm_against_dot<double>(ta, tb, 67, 45, 53, 1e-13);
+        // Large enough for blas::gemm to split rows (tall) or columns (wide) over 2 threads.
+        check_gemm_against_dot<float>(ta, tb, 301, 70, 96, 1e-5);
+        check_gemm_against_dot<double>(ta, tb, 40, 517, 80, 1e-13);
+      }
+    }
+  }
+}
+
+TEST_CASE("blas core probe: a user's OPENBLAS_CORETYPE is kept") {
+  const Probe p = run_probe("OPENBLAS_CORETYPE=Prescott");
+  check_probe_sane(p);
+  CHECK(p["core"] == "Prescott");
+  CHECK(p["openblas_core"] == "Prescott");
+  CHECK(p["switched"] == "0");
+  CHECK(p["reason"].find("set by the user") != std::string::npos);
+  CHECK(p["env_coretype"] == "Prescott");
+}
+
+TEST_CASE("blas core probe: from OpenBLAS's generic Prescott fallback to the CPU's core") {
+  const Probe p = run_probe("OPENBLAS_CORETYPE=Prescott ATTNLAB_BLAS_SIMULATE_FALLBACK=1");
+  check_probe_sane(p);
+  CHECK(p["openblas_core"] == "Prescott");
+  CHECK(p["warning"].empty());
+  // The user's environment is restored after the switch.
+  CHECK(p["env_coretype"] == "Prescott");
+  if (!cpu_has_avx2_fma()) {
+    CHECK(p["core"] == "Prescott");
+    return;
+  }
+  CHECK(p["core"] == expected_best_core());
+  CHECK(p["switched"] == "1");
+  CHECK(p["reason"].find("generic fallback") != std::string::npos);
+}
+
+TEST_CASE("blas core probe: ATTNLAB_BLAS_CORE=keep leaves the fallback alone") {
+  const Probe p = run_probe(
+      "OPENBLAS_CORETYPE=Prescott ATTNLAB_BLAS_SIMULATE_FALLBACK=1 ATTNLAB_BLAS_CORE=keep");
+  check_probe_sane(p);
+  CHECK(p["core"] == "Prescott");
+  CHECK(p["switched"] == "0");
+  CHECK(p["reason"] == "ATTNLAB_BLAS_CORE=keep");
+}
+
+TEST_CASE("blas core probe: a failed self-check switches back to OpenBLAS's core and warns") {
+  if (!cpu_has_avx2_fma()) return;
+  const Probe p = run_probe(
+      "OPENBLAS_CORETYPE=Prescott ATTNLAB_BLAS_SIMULATE_FALLBACK=1 "
+      "ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1");
+  check_probe_sane(p);
+  CHECK(p["core"] == "Prescott");
+  CHECK(p["switched"] == "0");
+  CHECK(p["warning"].find("self-check") != std::string::npos);
+  CHECK(p["warning"].find(expected_best_core()) != std::string::npos);
+}
+
+TEST_CASE("blas core probe: ATTNLAB_BLAS_CORE forces a core, case-insensitively") {
+  const Probe slow = run_probe("ATTNLAB_BLAS_CORE=prescott");
+  check_probe_sane(slow);
+  CHECK(slow["core"] == "Prescott");
+  CHECK(slow["switched"] == (slow["openblas_core"] == "Prescott" ? "0" : "1"));
+  CHECK(slow["env_coretype"] == "(unset)");
+  if (cpu_has_avx2_fma()) {
+    const Probe fast = run_probe(
+        "OPENBLAS_CORETYPE=Prescott ATTNLAB_BLAS_SIMULATE_FALLBACK=1 "
+        "ATTNLAB_BLAS_CORE=Haswell");
+    check_probe_sane(fast);
+    CHECK(fast["core"] == "Haswell");
+    CHECK(fast["switched"] == "1");
+  }
+}
+
+TEST_CASE(
+    "blas core probe: an unknown or unsupported ATTNLAB_BLAS_CORE is refused with a warning") {
+  const Probe unknown = run_probe("ATTNLAB_BLAS_CORE=Pentium4000");
+  check_probe_sane(unknown);
+  CHECK(unknown["core"] == unknown["openblas_core"]);
+  CHECK(unknown["switched"] == "0");
+  CHECK(unknown["warning"].find("Pentium4000") != std::string::npos);
+  if (!cpu_has_avx512()) {
+    const Probe unsupported = run_probe("ATTNLAB_BLAS_CORE=SkylakeX");
+    check_probe_sane(unsupported);
+    CHECK(unsupported["core"] != "SkylakeX");
+    CHECK(unsupported["warning"].find("AVX-512") != std::string::npos);
+  }
+}
