@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "attnlab/app/plot.hpp"
+#include "attnlab/app/progress.hpp"
 
 namespace attnlab::app {
 
@@ -69,13 +70,6 @@ std::string sanitize(std::string s) {
   for (char& ch : s)
     if (ch == '/' || ch == ' ') ch = '_';
   return s;
-}
-
-std::string fmt_duration(double s) {
-  char buf[32];
-  if (!std::isfinite(s) || s < 0) return "?";
-  std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  return buf;
 }
 
 struct Job {
@@ -409,7 +403,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
   std::atomic<std::size_t> done{0};
   std::mutex print_mutex;
   std::exception_ptr failure;
-  const bool tty = options.progress && isatty(fileno(stdout));
+  ProgressFn progress = options.progress ? terminal_progress() : ProgressFn();
 
   auto worker = [&] {
     while (true) {
@@ -442,10 +436,8 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
         return;
       }
       const std::size_t n = ++done;
-      if (!options.progress) continue;
+      if (!progress) continue;
       std::lock_guard lock(print_mutex);
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double eta = secs / static_cast<double>(n) * static_cast<double>(jobs.size() - n);
       char last[160];
       std::snprintf(last, sizeof last, "%s d_k=%d lr=%s: %s", r.mode.c_str(), r.d_k,
                     lr_label(r.lr).c_str(),
@@ -453,18 +445,8 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
                                : ("eval loss " + std::to_string(r.final_eval_loss).substr(0, 6) +
                                   " acc " + std::to_string(r.final_eval_acc).substr(0, 5))
                                      .c_str());
-      if (tty) {
-        const int width = 24;
-        const int filled = static_cast<int>(width * static_cast<double>(n) / jobs.size());
-        std::printf("\r\033[K[%s%s] runs %zu/%zu  %s elapsed, ETA %s  | %s",
-                    std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), n,
-                    jobs.size(), fmt_duration(secs).c_str(), fmt_duration(eta).c_str(), last);
-      } else {
-        std::printf("run %zu/%zu (%s elapsed, ETA %s): %s\n", n, jobs.size(),
-                    fmt_duration(secs).c_str(), fmt_duration(eta).c_str(), last);
-      }
-      std::fflush(stdout);
+      progress({"run", 0, n, jobs.size(), std::chrono::duration<double>(Clock::now() - t0).count(),
+                last, true});
     }
   };
   if (options.progress)
@@ -474,7 +456,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options) {
   const int n_threads = std::min<int>(options.jobs, static_cast<int>(jobs.size()));
   for (int t = 0; t < n_threads; ++t) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
-  if (tty) std::printf("\n");
+  progress = nullptr;  // ends the bar's line
   if (failure) std::rethrow_exception(failure);
 
   StudyOutcome outcome;
