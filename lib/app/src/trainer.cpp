@@ -21,6 +21,7 @@
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/blas.hpp"
+#include "attnlab/io/safetensors.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/schedule.hpp"
 #include "attnlab/optim/sgd.hpp"
@@ -106,9 +107,8 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["seconds"] = r.seconds;
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw std::runtime_error(path + ": cannot open for writing");
-  out << j.dump(2) << '\n';
+  const std::string text = j.dump(2) + '\n';
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }
 
 // Resume: checks config_in against the run saved in config_in.resume (see train_model), sets c's
