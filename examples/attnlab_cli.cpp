@@ -1,6 +1,7 @@
 // attnlab: the command-line tool. A thin layer: CLI11 parses and validates the flags, lib/app
 // does the work. Exit status: 0 success, 1 a failed check or I/O failure, 2 bad input (one line
 // "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted (checkpoint saved).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -86,111 +87,83 @@ const CLI::Validator kFinite(
 const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort"};
 const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
 
-// Flags shared by train and gradcheck: the model's shape and attention options.
-struct ModelFlags {
-  int d_model = 64, heads = 1, d_k = 0, d_v = 0, layers = 1, d_ff = 0;
-  bool attn_only = false, qk_norm = false, learnable_scale = false, causal = false;
-  std::string norm = "layernorm", scaling = "sqrt_dk";
-  double scale = 0;
+// Flags shared by train and gradcheck, bound to the model config's own fields (a flag given on the
+// command line overrides what --config or --resume loaded: CLI11 stores the flags after those
+// two options' callbacks ran, in the order the options were added).
+void add_model_flags(CLI::App& app, TransformerConfig& m) {
+  AttentionConfig& a = m.block.attention;
+  app.add_option("--d-model", a.d_model, "model width C")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--heads", a.heads, "attention heads H")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--d-k", a.d_k, "head dim of q and k (default d_model / heads)")
+      ->check(CLI::Range(1, 8192));
+  app.add_option("--d-v", a.d_v, "head dim of v (default d_model / heads)")
+      ->check(CLI::Range(1, 8192));
+  app.add_option("--layers", m.layers, "transformer blocks")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_flag("--attn-only", m.block.attn_only, "blocks without the MLP");
+  app.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option_function<std::string>(
+         "--norm", [&m](const std::string& s) { m.block.norm = attnlab::parse_norm(s); },
+         "normalisation")
+      ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
+      ->default_str(std::string(to_string(m.block.norm)));
+  app.add_flag("--qk-norm", a.qk_norm, "LayerNorm on q and k per head");
+  app.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
+  app.add_flag("--causal", a.sdpa.causal, "causal attention");
+  app.add_option_function<std::string>(
+         "--scaling", [&a](const std::string& s) { a.sdpa.scaling = parse_scaling(s); },
+         "attention scale: 1, 1/sqrt(d_k) or 1/d_k")
+      ->check(CLI::IsMember(kModes))
+      ->default_str(std::string(to_string(a.sdpa.scaling)));
+  app.add_option_function<double>(
+         "--scale", [&a](const double& v) { a.sdpa.scale = v; },
+         "explicit attention scale (overrides --scaling)")
+      ->check(kFinite)
+      ->check(CLI::PositiveNumber);
+}
 
-  void add(CLI::App& app) {
-    app.add_option("--d-model", d_model, "model width C")
-        ->check(CLI::Range(1, 4096))
-        ->capture_default_str();
-    app.add_option("--heads", heads, "attention heads H")
-        ->check(CLI::Range(1, 256))
-        ->capture_default_str();
-    app.add_option("--d-k", d_k, "head dim of q and k (default d_model / heads)")
-        ->check(CLI::Range(1, 8192));
-    app.add_option("--d-v", d_v, "head dim of v (default d_model / heads)")
-        ->check(CLI::Range(1, 8192));
-    app.add_option("--layers", layers, "transformer blocks")
-        ->check(CLI::Range(1, 64))
-        ->capture_default_str();
-    app.add_flag("--attn-only", attn_only, "blocks without the MLP");
-    app.add_option("--d-ff", d_ff, "MLP width F (default 4 * d_model)")
-        ->check(CLI::Range(1, 65536));
-    app.add_option("--norm", norm, "normalisation")
-        ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
-        ->capture_default_str();
-    app.add_flag("--qk-norm", qk_norm, "LayerNorm on q and k per head");
-    app.add_flag("--learnable-scale", learnable_scale, "a learnable attention scale per head");
-    app.add_flag("--causal", causal, "causal attention");
-    app.add_option("--scaling", scaling, "attention scale: 1, 1/sqrt(d_k) or 1/d_k")
-        ->check(CLI::IsMember(kModes))
-        ->capture_default_str();
-    app.add_option("--scale", scale, "explicit attention scale (overrides --scaling)")
-        ->check(kFinite)
-        ->check(CLI::PositiveNumber);
-  }
-  ModelSpec spec() const {
-    ModelSpec s;
-    s.d_model = d_model;
-    s.heads = heads;
-    s.d_k = d_k;
-    s.d_v = d_v;
-    s.layers = layers;
-    s.d_ff = d_ff;
-    s.attn_only = attn_only;
-    s.norm = attnlab::parse_norm(norm);
-    s.qk_norm = qk_norm;
-    s.learnable_scale = learnable_scale;
-    s.causal = causal;
-    s.scaling = parse_scaling(scaling);
-    if (scale > 0) s.scale = scale;
-    if (d_k == 0 && d_model % heads != 0)
-      throw BadInput("--heads " + std::to_string(heads) + " does not divide --d-model " +
-                     std::to_string(d_model) + " (give --d-k and --d-v to decouple them)");
-    try {
-      validate(s);
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(e.what());
-    }
-    return s;
-  }
-};
+// A d_model that the heads do not divide: the config's error, plus the flags to change.
+std::string with_heads_hint(const std::string& message, const TransformerConfig& m) {
+  if (message.find("divisible by heads") == std::string::npos) return message;
+  return message + " (--d-model " + std::to_string(m.d_model()) + " --heads " +
+         std::to_string(m.block.attention.heads) + ": give --d-k and --d-v to decouple them)";
+}
 
-struct TaskFlags {
-  std::string task = "recall";
-  int keys = 64, values = 64, pairs = 32, queries = 8, symbols = 16, length = 12;
-  void add(CLI::App& app) {
-    app.add_option("--task", task, "task")->check(CLI::IsMember(kTasks))->capture_default_str();
-    app.add_option("--keys", keys, "recall/mqar: key symbols")
-        ->check(CLI::Range(1, 100000))
-        ->capture_default_str();
-    app.add_option("--values", values, "recall/mqar: value symbols")
-        ->check(CLI::Range(1, 100000))
-        ->capture_default_str();
-    app.add_option("--pairs", pairs, "recall/mqar: key-value pairs per example")
-        ->check(CLI::Range(1, 100000))
-        ->capture_default_str();
-    app.add_option("--queries", queries, "mqar: queries per example")
-        ->check(CLI::Range(1, 100000))
-        ->capture_default_str();
-    app.add_option("--symbols", symbols, "reverse/sort: alphabet size")
-        ->check(CLI::Range(2, 100000))
-        ->capture_default_str();
-    app.add_option("--length", length, "reverse/sort: sequence length")
-        ->check(CLI::Range(1, 100000))
-        ->capture_default_str();
-  }
-  TaskConfig config() const {
-    TaskConfig c;
-    c.kind = parse_task(task);
-    c.keys = keys;
-    c.values = values;
-    c.pairs = pairs;
-    c.queries = queries;
-    c.symbols = symbols;
-    c.length = length;
-    try {
-      task_shape(c);
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(e.what());
-    }
-    return c;
-  }
-};
+void add_task_flags(CLI::App& app, TaskConfig& t) {
+  app.add_option_function<std::string>(
+         "--task", [&t](const std::string& s) { t.kind = parse_task(s); }, "task")
+      ->check(CLI::IsMember(kTasks))
+      ->default_str(std::string(to_string(t.kind)));
+  app.add_option("--keys", t.keys, "recall/mqar: key symbols")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--values", t.values, "recall/mqar: value symbols")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--pairs", t.pairs, "recall/mqar: key-value pairs per example")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--queries", t.queries, "mqar: queries per example")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--symbols", t.symbols, "reverse/sort: alphabet size")
+      ->check(CLI::Range(2, 100000))
+      ->capture_default_str();
+  app.add_option("--length", t.length, "reverse/sort: sequence length")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+}
+
+// The flags that may come with --resume (run control and steps); any other is refused.
+const std::vector<std::string> kResumeFlags = {"--resume",     "--steps",  "--out",
+                                               "--threads",    "--device", "--save-every",
+                                               "--stop-after", "--quiet"};
 
 int run_train(TrainConfig config, Context context) {
   context.stop = &stop_requested;
@@ -211,9 +184,10 @@ int run_train(TrainConfig config, Context context) {
   std::fprintf(stdout,
                "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "
                "%.3f\n"
-               "outputs: %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
+               "outputs: %s/config.json, %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
                r.steps_done, r.seconds, r.device.c_str(), r.final_eval_loss, r.init_eval_loss,
-               r.final_eval_acc, config.out.c_str(), config.out.c_str(), config.out.c_str());
+               r.final_eval_acc, config.out.c_str(), config.out.c_str(), config.out.c_str(),
+               config.out.c_str());
   return 0;
 }
 
@@ -234,14 +208,30 @@ int main(int argc, char** argv) {
   TrainConfig tc;
   Context train_context;  // threads: the number of cores unless --threads says otherwise
   std::string train_device = backend_name(train_context.backend);
-  ModelFlags train_model_flags;
-  TaskFlags train_task;
-  std::string train_data, train_valid;
-  train_task.add(*train);
-  train->add_option("--data", train_data, "train on this data file (format: data/README.md)")
+  tc.model.block.attn_only = false;
+  // First: the two ways to load a whole config; the flags below then override it.
+  train
+      ->add_option_function<std::string>(
+          "--config", [&tc](const std::string& path) { read_config_file(path, tc); },
+          "load a run config (JSON, e.g. a run's OUT/config.json); flags override it")
       ->check(CLI::ExistingFile);
-  train->add_option("--valid", train_valid, "evaluate on this data file")->check(CLI::ExistingFile);
-  train_model_flags.add(*train);
+  train
+      ->add_option_function<std::string>(
+          "--resume",
+          [&tc](const std::string& dir) {
+            read_run_config(dir, tc);
+            tc.resume = dir;
+            tc.out = dir;
+          },
+          "continue the run saved in this directory (with its config; only --steps, --out, "
+          "--threads, --device, --save-every, --stop-after and --quiet may be given)")
+      ->check(CLI::ExistingDirectory);
+  add_task_flags(*train, tc.task);
+  train->add_option("--data", tc.data_file, "train on this data file (format: data/README.md)")
+      ->check(CLI::ExistingFile);
+  train->add_option("--valid", tc.valid_file, "evaluate on this data file")
+      ->check(CLI::ExistingFile);
+  add_model_flags(*train, tc.model);
   train->add_option("--optimizer", tc.optimizer, "optimizer")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
@@ -293,8 +283,6 @@ int main(int argc, char** argv) {
   train->add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
       ->check(CLI::Range(0, 100000000))
       ->capture_default_str();
-  train->add_option("--resume", tc.resume, "continue the run saved in this directory")
-      ->check(CLI::ExistingDirectory);
   train
       ->add_option("--stop-after", tc.stop_after,
                    "stop after step N with a checkpoint, as if interrupted (exit 130)")
@@ -322,11 +310,22 @@ int main(int argc, char** argv) {
       app.add_subcommand("study", "the scaling study: mode x d_k x LR x seeds, tables and plots");
   std::string preset = "quick";
   StudyOptions so;
+  auto* preset_option =
+      study
+          ->add_option("--preset", preset,
+                       "micro: seconds; quick: < 10 min on 2 cores with --jobs 2; full: hours")
+          ->check(CLI::IsMember({"micro", "quick", "full"}))
+          ->capture_default_str();
+  std::string study_config;
   study
-      ->add_option("--preset", preset,
-                   "micro: seconds; quick: < 10 min on 2 cores with --jobs 2; full: hours")
-      ->check(CLI::IsMember({"micro", "quick", "full"}))
-      ->capture_default_str();
+      ->add_option("--config", study_config,
+                   "run a custom grid: a study plan as JSON (e.g. data/configs/study_micro.json)")
+      ->check(CLI::ExistingFile)
+      ->excludes(preset_option);
+  bool dump_config = false;
+  study->add_flag(
+      "--dump-config", dump_config,
+      "print the plan (preset or --config) as JSON and exit: a start for a custom grid");
   study->add_option("--jobs", so.jobs, "training runs in parallel (each single-threaded)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -340,15 +339,16 @@ int main(int argc, char** argv) {
   auto* gradcheck = app.add_subcommand(
       "gradcheck", "central-difference gradient check of one layer (double precision)");
   std::string layer = "attention";
-  ModelFlags gc_model;
+  TransformerConfig gc_model = default_model();
   int gc_batch = 2, gc_seq = 5;
   std::uint64_t gc_seed = 0;
   gradcheck->add_option("--layer", layer, "layer to check")
       ->check(CLI::IsMember(checkable_layers()))
       ->capture_default_str();
-  gc_model.d_model = 8;
-  gc_model.heads = 2;
-  gc_model.add(*gradcheck);
+  gc_model.block.attention.d_model = 8;
+  gc_model.block.attention.heads = 2;
+  gc_model.block.attn_only = false;
+  add_model_flags(*gradcheck, gc_model);
   gradcheck->add_option("--batch", gc_batch, "batch size B")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
@@ -381,11 +381,11 @@ int main(int argc, char** argv) {
   // ---- make-data ----
   auto* make_data =
       app.add_subcommand("make-data", "write DIR/<task>/{train,valid}.txt in the data-file format");
-  TaskFlags md_task;
+  TaskConfig md_task;
   std::string md_out = "data";
   int md_train = 2000, md_valid = 512;
   std::uint64_t md_seed = 0;
-  md_task.add(*make_data);
+  add_task_flags(*make_data, md_task);
   make_data->add_option("--out", md_out, "data root directory")->capture_default_str();
   make_data->add_option("--train-size", md_train, "training examples")
       ->check(CLI::Range(1, 10000000))
@@ -412,16 +412,27 @@ int main(int argc, char** argv) {
                             "' (expected train, eval, study, gradcheck, saturation or make-data)",
                         kExitBadInput);
     return error_line(e.what(), kExitBadInput);
+  } catch (const std::exception& e) {  // --config or --resume could not be loaded
+    return error_line(e.what(), kExitBadInput);
   }
 
   try {
     print_blas_warning();
     if (*train) {
-      tc.task = train_task.config();
-      tc.model = train_model_flags.spec();
-      tc.data_file = train_data;
-      tc.valid_file = train_valid;
+      if (!tc.resume.empty())
+        for (const CLI::Option* opt : train->get_options())
+          if (opt->count() > 0 && std::find(kResumeFlags.begin(), kResumeFlags.end(),
+                                            opt->get_name()) == kResumeFlags.end())
+            throw BadInput(opt->get_name() +
+                           " cannot be given with --resume: the saved run's config decides it "
+                           "(with --resume only --steps, --out, --threads, --device, "
+                           "--save-every, --stop-after and --quiet may be given)");
       tc.progress = !quiet;
+      try {
+        validate(tc);
+      } catch (const std::invalid_argument& e) {
+        throw BadInput(with_heads_hint(e.what(), tc.model));
+      }
       train_context.backend = parse_backend(train_device, "train", "--device");
       return run_train(tc, train_context);
     }
@@ -432,9 +443,18 @@ int main(int argc, char** argv) {
     }
     if (*study) {
       so.progress = !study_quiet;
-      const StudyPlan plan = study_preset(preset);
+      StudyPlan plan;
+      if (study_config.empty())
+        plan = study_preset(preset);
+      else
+        read_study_file(study_config, plan);
+      if (dump_config) {
+        std::printf("%s\n", to_json_text(plan).c_str());
+        return 0;
+      }
       const StudyOutcome r = run_study(plan, so, Context{});  // each job makes its own
-      std::printf("\nstudy '%s': %zu runs in %.0f s\n", preset.c_str(), r.runs.size(), r.seconds);
+      std::printf("\nstudy '%s': %zu runs in %.0f s\n", plan.preset.c_str(), r.runs.size(),
+                  r.seconds);
       std::printf("table:  %s\n", r.summary_md.c_str());
       std::printf("csv:    %s\n", r.summary_csv.c_str());
       for (const auto& p : r.plots) std::printf("plot:   %s\n", p.c_str());
@@ -443,8 +463,12 @@ int main(int argc, char** argv) {
     }
     if (*gradcheck) {
       set_num_threads(1);  // tiny double-precision layers: threads only add overhead
-      const ModelSpec spec = gc_model.spec();
-      const GradcheckReport report = check_layer(layer, spec, gc_batch, gc_seq, gc_seed);
+      GradcheckReport report;
+      try {
+        report = check_layer(layer, gc_model, gc_batch, gc_seq, gc_seed);
+      } catch (const std::invalid_argument& e) {
+        throw BadInput(with_heads_hint(e.what(), gc_model));
+      }
       std::fputs(report.table().c_str(), stdout);
       const bool ok = layer_check_passed(report);
       std::printf(
@@ -466,7 +490,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*make_data) {
-      const TaskConfig c = md_task.config();
+      const TaskConfig c = md_task;
+      task_shape(c);  // std::invalid_argument naming the field
       const std::string dir = md_out + "/" + std::string(to_string(c.kind));
       std::filesystem::create_directories(dir);
       Rng rng(md_seed);

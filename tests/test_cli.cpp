@@ -240,6 +240,38 @@ TEST_CASE("cli: the micro study writes every output file") {
   CHECK(r.out.find("summary.md") != std::string::npos);
 }
 
+TEST_CASE(
+    "cli: study --config runs a custom grid, and --dump-config writes a preset as such a file") {
+  const auto dir = scratch("study_config");
+  std::ofstream(dir / "grid.json") << R"({
+    "preset": "custom",
+    "groups": [{
+      "name": "tiny/adamw",
+      "base": {"task": {"kind": "recall", "keys": 8, "values": 8, "pairs": 4},
+               "model": {"block": {"attention": {"d_model": 16}}},
+               "steps": 6, "batch": 8, "eval_size": 16, "eval_every": 3},
+      "arms": [{"name": "sqrt_dk", "scaling": "sqrt_dk"}, {"name": "none", "scaling": "none"}],
+      "d_k": [4], "lrs": [0.01], "seeds": [0]}]})";
+  const Run r = cli("study --quiet --config '" + (dir / "grid.json").string() + "' --out '" +
+                        (dir / "study").string() + "'",
+                    dir);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("study 'custom': 2 runs") != std::string::npos);
+  const std::string csv = slurp(dir / "study" / "summary.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 2);
+  CHECK(fs::exists(dir / "study" / "runs" / "tiny_adamw" / "none_dk4_lr0.01_s0" / "config.json"));
+  // The committed example is the micro preset, as --dump-config writes it.
+  const Run dump = cli("study --preset micro --dump-config", dir);
+  REQUIRE(dump.status == 0);
+  CHECK(nlohmann::json::parse(dump.out) ==
+        nlohmann::json::parse(slurp(fs::path(ATTNLAB_TEST_DATA_DIR) / ".." / ".." / "data" /
+                                    "configs" / "study_micro.json")));
+  std::ofstream(dir / "bad.json") << R"({"groups": [{"arms": [{"scaling": "sqrt"}]}]})";
+  check_bad_input("study --config '" + (dir / "bad.json").string() + "'", dir, "scaling");
+  check_bad_input("study --preset micro --config '" + (dir / "grid.json").string() + "'", dir,
+                  "--preset");
+}
+
 TEST_CASE("cli: saturation writes its table and plot") {
   const auto dir = scratch("saturation");
   const Run r = cli("saturation --keys 16 --batch 2 --out '" + (dir / "sat").string() + "'", dir);
@@ -356,6 +388,108 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
   for (const auto& [args, needle] : cases) check_bad_input(args, dir, needle);
   // A directory that holds no checkpoint: the file error names it.
   check_bad_input("eval --checkpoint '" + dir.string() + "'", dir, "model.safetensors");
+}
+
+// ---- run configs (--config, OUT/config.json) and resume rules ----
+
+const char* kTinySort =
+    "--task sort --symbols 6 --length 5 --d-model 8 --heads 2 --batch 4 --eval-every 5 "
+    "--eval-size 16 --threads 1 --quiet";
+
+TEST_CASE("cli: every run writes its effective config, and --config reproduces the run from it") {
+  const auto dir = scratch("config_round_trip");
+  const auto a = dir / "a", b = dir / "b";
+  REQUIRE(
+      cli(std::string("train ") + kTinySort + " --steps 10 --lr 0.01 --out '" + a.string() + "'",
+          dir)
+          .status == 0);
+  REQUIRE(fs::exists(a / "config.json"));
+  const auto config = nlohmann::json::parse(slurp(a / "config.json"));
+  CHECK(config.at("lr") == 0.01);
+  CHECK(config.at("model").at("block").at("attention").at("heads") == 2);
+  CHECK(config.at("model").at("block").at("d_ff") == 32);  // resolved: 4 * d_model
+  CHECK(config.at("model").at("max_len") == 5);            // decided by the task
+  // The file alone (with another --out) gives the same run; a flag overrides the file.
+  const Run r = cli(
+      "train --quiet --config '" + (a / "config.json").string() + "' --out '" + b.string() + "'",
+      dir);
+  REQUIRE(r.status == 0);
+  CHECK(slurp(a / "metrics.csv") == slurp(b / "metrics.csv"));
+  auto same = nlohmann::json::parse(slurp(b / "config.json"));
+  same["out"] = a.string();
+  CHECK(same == config);
+  REQUIRE(cli("train --quiet --config '" + (a / "config.json").string() + "' --lr 0.02 --out '" +
+                  (dir / "c").string() + "'",
+              dir)
+              .status == 0);
+  CHECK(nlohmann::json::parse(slurp(dir / "c" / "config.json")).at("lr") == 0.02);
+  CHECK(slurp(a / "metrics.csv") != slurp(dir / "c" / "metrics.csv"));
+  // A partial file keeps the defaults; an unknown key or a bad value is one error line naming it.
+  std::ofstream(dir / "bad.json") << R"({"model": {"block": {"attention": {"d_modl": 8}}}})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
+                  "model.block.attention.d_modl");
+  std::ofstream(dir / "bad2.json") << R"({"task": {"kind": "copy"}})";
+  check_bad_input("train --config '" + (dir / "bad2.json").string() + "'", dir, "task.kind");
+}
+
+TEST_CASE(
+    "cli: resume writes into DIR and says so, --steps extends the run, recipe flags are refused") {
+  const auto dir = scratch("resume_rules");
+  const auto run = dir / "run";
+  REQUIRE(cli(std::string("train ") + kTinySort + " --steps 20 --out '" + run.string() + "'", dir)
+              .status == 0);
+  const std::string resume = "train --quiet --resume '" + run.string() + "'";
+  // Bug: the last line named the default --out (runs/train) instead of DIR.
+  const Run again = cli(resume, dir);
+  REQUIRE(again.status == 0);
+  CHECK(again.out.find("outputs: " + run.string() + "/config.json") != std::string::npos);
+  CHECK(again.out.find("runs/train") == std::string::npos);
+  // Bug: --steps was silently ignored. It extends the run; the schedule is that of a 30-step run.
+  const Run more = cli(resume + " --steps 30", dir);
+  REQUIRE(more.status == 0);
+  CHECK(more.out.find("done: 30 steps") != std::string::npos);
+  const std::string metrics = slurp(run / "metrics.csv");
+  CHECK(metrics.find("\n30,") != std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(run / "config.json")).at("steps") == 30);
+  // Fewer steps than the saved step: refused, naming the field.
+  check_bad_input(resume + " --steps 10", dir, "steps");
+  // Run control takes effect: --out writes elsewhere and leaves DIR alone.
+  const Run moved = cli(resume + " --steps 35 --out '" + (dir / "moved").string() + "'", dir);
+  REQUIRE(moved.status == 0);
+  CHECK(fs::exists(dir / "moved" / "model.safetensors"));
+  CHECK(slurp(run / "metrics.csv") == metrics);
+  // Every recipe class is refused with status 2, naming the flag: model, task, optimizer,
+  // schedule, data and a whole config.
+  for (const char* flag : {"--heads 1", "--causal", "--task reverse", "--lr 0.1", "--batch 8",
+                           "--warmup 2", "--seed 4", "--eval-size 8"}) {
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    check_bad_input(resume + " " + flag, dir, name + " cannot be given with --resume");
+  }
+  check_bad_input(resume + " --config '" + (run / "config.json").string() + "'", dir,
+                  "--config cannot be given with --resume");
+}
+
+TEST_CASE("cli: a run directory of the flat layout (written before the nested config) loads") {
+  const auto dir = scratch("legacy_run");
+  const std::string legacy = std::string(ATTNLAB_TEST_DATA_DIR) + "/legacy_run";
+  const Run e = cli("eval --show 0 --checkpoint '" + legacy + "'", dir);
+  REQUIRE(e.status == 0);
+  CHECK(e.out.find("loss 2.1781  accuracy 0.0500") != std::string::npos);  // as the old binary
+  const Run r = cli(
+      "train --quiet --resume '" + legacy + "' --steps 6 --out '" + (dir / "more").string() + "'",
+      dir);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("done: 6 steps") != std::string::npos);
+  const auto config = nlohmann::json::parse(slurp(dir / "more" / "config.json"));
+  CHECK(config.at("model").at("block").at("d_ff") == 16);
+  CHECK(config.at("task").at("kind") == "sort");
+}
+
+TEST_CASE("cli: a task that needs later tokens is refused with --causal") {
+  const auto dir = scratch("reverse_causal");
+  check_bad_input("train --task reverse --causal", dir,
+                  "task reverse cannot be learned with --causal");
+  check_bad_input("train --task sort --causal", dir, "task sort cannot be learned with --causal");
 }
 
 #endif  // ATTNLAB_CLI_PATH

@@ -54,12 +54,12 @@ std::vector<float> training_bits() {
   TransformerConfig c;
   c.vocab_sizes = {11};
   c.max_len = 260;
-  c.d_model = 64;
-  c.heads = 2;
-  c.d_ff = 128;
+  c.block.attention.d_model = 64;
+  c.block.attention.heads = 2;
+  c.block.d_ff = 128;
   c.layers = 1;
   c.out_vocab = 11;
-  c.attention.causal = true;
+  c.block.attention.sdpa.causal = true;
   Rng rng(17);
   Transformer<float> model(c, rng);
   auto params = model.parameters();

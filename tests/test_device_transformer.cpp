@@ -33,9 +33,9 @@ TransformerConfig small_config() {
   TransformerConfig c;
   c.vocab_sizes = {7};
   c.max_len = 9;
-  c.d_model = 8;
-  c.heads = 2;
-  c.d_ff = 12;
+  c.block.attention.d_model = 8;
+  c.block.attention.heads = 2;
+  c.block.d_ff = 12;
   c.layers = 2;
   c.out_vocab = 5;
   return c;
@@ -135,39 +135,39 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
   }
   SUBCASE("RMSNorm, attention-only, unscaled, key mask") {
     auto c = small_config();
-    c.norm = Norm::rmsnorm;
-    c.attn_only = true;
-    c.attention.scaling = Scaling::none;
+    c.block.norm = Norm::rmsnorm;
+    c.block.attn_only = true;
+    c.block.attention.sdpa.scaling = Scaling::none;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
   SUBCASE("no norm, 1/d_k, causal, sinusoidal positions, two fields, d_k != d_v") {
     auto c = small_config();
-    c.norm = Norm::none;
-    c.attention.scaling = Scaling::dk;
-    c.attention.causal = true;
+    c.block.norm = Norm::none;
+    c.block.attention.sdpa.scaling = Scaling::dk;
+    c.block.attention.sdpa.causal = true;
     c.positions = PositionEncoding::sinusoidal;
     c.vocab_sizes = {7, 4};
-    c.d_k = 3;
-    c.d_v = 5;
+    c.block.attention.d_k = 3;
+    c.block.attention.d_v = 5;
     check_step_matches<Real>(c, ops, false, tolerance);
   }
   SUBCASE("QK-norm, learnable per-head scale, causal and key mask") {
     auto c = small_config();
-    c.qk_norm = true;
-    c.learnable_scale = true;
-    c.attention.causal = true;
+    c.block.attention.qk_norm = true;
+    c.block.attention.learnable_scale = true;
+    c.block.attention.sdpa.causal = true;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
   SUBCASE("causal with a query offset, key mask") {
     auto c = small_config();
-    c.attention.causal = true;
-    c.attention.query_offset = 2;
+    c.block.attention.sdpa.causal = true;
+    c.block.attention.sdpa.query_offset = 2;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
   SUBCASE("fused attention path, explicit scale, no positions") {
     auto c = small_config();
-    c.attention.path = SdpaPath::fused;
-    c.attention.scale = 0.7;
+    c.block.attention.sdpa.path = SdpaPath::fused;
+    c.block.attention.sdpa.scale = 0.7;
     c.positions = PositionEncoding::none;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
@@ -272,15 +272,15 @@ TEST_CASE("device transformer (emulated): central-difference gradient check of e
   TransformerConfig c;
   c.vocab_sizes = {5, 3};
   c.max_len = 4;
-  c.d_model = 4;
-  c.heads = 2;
-  c.d_k = 4;  // QK-norm over D = 2 would leave q and k almost no gradient to check
-  c.d_ff = 6;
+  c.block.attention.d_model = 4;
+  c.block.attention.heads = 2;
+  c.block.attention.d_k = 4;  // QK-norm over D = 2 would leave q and k almost no gradient to check
+  c.block.d_ff = 6;
   c.layers = 1;
   c.out_vocab = 4;
-  c.qk_norm = true;
-  c.learnable_scale = true;
-  c.attention.causal = true;
+  c.block.attention.qk_norm = true;
+  c.block.attention.learnable_scale = true;
+  c.block.attention.sdpa.causal = true;
   Rng rng(21);
   Transformer<double> host(c, rng);
   DeviceTransformer<double> dev(host, ops);

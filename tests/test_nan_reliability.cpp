@@ -25,9 +25,9 @@ TransformerConfig nan_config() {
   TransformerConfig c;
   c.vocab_sizes = {6};
   c.max_len = 8;
-  c.d_model = 16;
-  c.heads = 4;  // D = 4: head h owns columns [4h, 4h + 4) of w_q
-  c.d_ff = 32;
+  c.block.attention.d_model = 16;
+  c.block.attention.heads = 4;  // D = 4: head h owns columns [4h, 4h + 4) of w_q
+  c.block.d_ff = 32;
   c.layers = 2;
   c.out_vocab = 6;
   return c;
@@ -116,8 +116,8 @@ TEST_CASE("a diverging run names its step, layer and head, and never overwrites 
   c.task.kind = app::TaskKind::sort;
   c.task.symbols = 6;
   c.task.length = 5;
-  c.model.d_model = 16;
-  c.model.heads = 2;
+  c.model.block.attention.d_model = 16;
+  c.model.block.attention.heads = 2;
   c.model.layers = 1;
   c.optimizer = "sgd";
   c.momentum = 0;

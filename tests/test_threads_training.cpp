@@ -25,12 +25,13 @@ std::vector<float> loss_curve(int threads, bool causal, int steps = 4) {
   TransformerConfig c;
   c.vocab_sizes = {11};
   c.max_len = 260;
-  c.d_model = 64;
-  c.heads = 2;
-  c.d_ff = 128;
+  c.block.attention.d_model = 64;
+  c.block.attention.heads = 2;
+  c.block.d_ff = 128;
   c.layers = 1;
   c.out_vocab = 11;
-  c.attention.causal = causal;  // causal at T = 260 runs the fused path (auto), else the reference
+  c.block.attention.sdpa.causal =
+      causal;  // causal at T = 260 runs the fused path (auto), else the reference
   Rng rng(17);
   Transformer<float> model(c, rng);
   auto params = model.parameters();

@@ -26,7 +26,7 @@ app::TrainConfig tiny_run(const std::string& out, int steps) {
   c.task.keys = 8;
   c.task.values = 8;
   c.task.pairs = 4;
-  c.model.d_model = 16;
+  c.model.block.attention.d_model = 16;
   c.steps = steps;
   c.warmup = 0;
   c.batch = 4;

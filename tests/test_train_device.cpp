@@ -31,11 +31,11 @@ app::TrainConfig tiny_run(const std::string& out) {
   c.task.keys = 8;
   c.task.values = 8;
   c.task.pairs = 4;
-  c.model.d_model = 16;
-  c.model.heads = 2;
+  c.model.block.attention.d_model = 16;
+  c.model.block.attention.heads = 2;
   c.model.layers = 2;
-  c.model.attn_only = false;
-  c.model.d_ff = 32;
+  c.model.block.attn_only = false;
+  c.model.block.d_ff = 32;
   c.lr = 1e-2;
   c.clip = 1.0;
   c.warmup = 2;
@@ -151,7 +151,7 @@ TEST_CASE("train --device cuda (emulated device): a divergence is located and ne
   auto& ops = *device;
   test::TempDir dir;
   auto c = tiny_run(dir.file("run"));
-  c.model.scale = 1e38;  // overflows the attention logits at the first step
+  c.model.block.attention.sdpa.scale = 1e38;  // overflows the attention logits at the first step
   const auto r = app::train_model(c, kCuda, &ops);
   CHECK(r.diverged);
   CHECK(r.diverged_step == 1);

@@ -6,21 +6,22 @@
 #include <cmath>
 
 #include "attnlab/app/model.hpp"
+#include "attnlab/app/run_config.hpp"
 
 using namespace attnlab;
 using namespace attnlab::app;
 
 namespace {
-ModelSpec study_spec(Scaling mode, int d_k) {
-  ModelSpec s;
-  s.d_model = 64;
-  s.heads = 1;
-  s.d_k = d_k;
-  s.d_v = 64;
-  s.attn_only = true;
-  s.positions = false;
-  s.scaling = mode;
-  return s;
+TransformerConfig study_spec(Scaling mode, int d_k, const TaskShape& shape) {
+  TransformerConfig s = default_model();
+  s.block.attention.d_model = 64;
+  s.block.attention.heads = 1;
+  s.block.attention.d_k = static_cast<std::size_t>(d_k);
+  s.block.attention.d_v = 64;
+  s.block.attn_only = true;
+  s.positions = PositionEncoding::none;
+  s.block.attention.sdpa.scaling = mode;
+  return resolve_model(s, shape);
 }
 }  // namespace
 
@@ -28,9 +29,9 @@ TEST_CASE("app::Model: one seed gives every scaling mode identical initial weigh
   TaskConfig task;
   const TaskShape shape = task_shape(task);
   Rng a(11), b(11), c(11);
-  Model none(study_spec(Scaling::none, 256), shape, a);
-  Model sqrt_dk(study_spec(Scaling::sqrt_dk, 256), shape, b);
-  Model dk(study_spec(Scaling::dk, 256), shape, c);
+  Model none(study_spec(Scaling::none, 256, shape), a);
+  Model sqrt_dk(study_spec(Scaling::sqrt_dk, 256, shape), b);
+  Model dk(study_spec(Scaling::dk, 256, shape), c);
   const auto pn = none.parameters(), ps = sqrt_dk.parameters(), pd = dk.parameters();
   REQUIRE(pn.size() == ps.size());
   REQUIRE(pn.size() == pd.size());
@@ -48,7 +49,7 @@ TEST_CASE("app::Model: Var(q.k) ~ d_k at step 0, and the logits are the scaled d
   const Batch batch = generate_batch(task, 32, data);
   for (int d_k : {16, 256}) {
     Rng init(5);
-    Model model(study_spec(Scaling::sqrt_dk, d_k), shape, init);
+    Model model(study_spec(Scaling::sqrt_dk, d_k, shape), init);
     model.forward(batch);
     const auto dots = model.attention_dots(0);
     const auto logits = model.attention_logits(0);

@@ -1,9 +1,12 @@
 // The study presets: the honest defaults the issue asks for, and a sweep small enough for quick.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "attnlab/app/study.hpp"
+#include "temp_dir.hpp"
 
 using namespace attnlab;
 using namespace attnlab::app;
@@ -16,10 +19,10 @@ TEST_CASE(
   const StudyGroup& g = quick.groups[0];
   CHECK(g.base.task.kind == TaskKind::recall);
   CHECK(g.base.model.layers == 1);
-  CHECK(g.base.model.heads == 1);
-  CHECK(g.base.model.attn_only);
-  CHECK(g.base.model.d_model == 64);
-  CHECK(g.base.model.d_v == 64);  // only the q/k width varies with d_k
+  CHECK(g.base.model.block.attention.heads == 1);
+  CHECK(g.base.model.block.attn_only);
+  CHECK(g.base.model.block.attention.d_model == 64);
+  CHECK(g.base.model.block.attention.d_v == 64);  // only the q/k width varies with d_k
   CHECK(g.d_k == std::vector<int>{16, 64, 256});
   CHECK(g.lrs == std::vector<double>{1e-3, 3e-3, 1e-2, 3e-2, 1e-1});
   CHECK(g.base.optimizer == "adamw");
@@ -44,4 +47,33 @@ TEST_CASE(
   CHECK(full_arms.count("qk_norm") == 1);
   CHECK(full_arms.count("learnable") == 1);
   CHECK_THROWS_AS(study_preset("huge"), std::invalid_argument);
+}
+
+TEST_CASE("study plans as data: every preset round trips, the committed micro grid is the preset") {
+  for (const char* name : {"micro", "quick", "full"}) {
+    CAPTURE(name);
+    const StudyPlan plan = study_preset(name);
+    const test::TempDir dir;
+    const std::string path = dir.file("plan.json");
+    std::ofstream(path) << to_json_text(plan);
+    StudyPlan back;
+    read_study_file(path, back);
+    CHECK(to_json_text(back) == to_json_text(plan));
+  }
+  StudyPlan committed;
+  read_study_file(std::string(ATTNLAB_TEST_DATA_DIR) + "/../../data/configs/study_micro.json",
+                  committed);
+  CHECK(to_json_text(committed) == to_json_text(study_preset("micro")));
+  // A bad grid is refused before any run starts, naming the group and the field.
+  StudyPlan bad = study_preset("micro");
+  bad.groups[0].base.model.block.attention.d_model = 15;  // two heads do not divide it
+  bad.groups[0].base.model.block.attention.heads = 2;
+  bad.groups[0].base.model.block.attention.d_v = 0;
+  StudyOptions options;
+  const test::TempDir out;
+  options.out = out.file("study");
+  options.progress = false;
+  CHECK_THROWS_WITH_AS(run_study(bad, options, Context{}),
+                       doctest::Contains("study: group 'recall/adamw'"), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
 }

@@ -40,9 +40,9 @@ TransformerConfig tiny_config() {
   TransformerConfig c;
   c.vocab_sizes = {5, 3};
   c.max_len = 6;
-  c.d_model = 8;
-  c.heads = 2;
-  c.d_ff = 12;
+  c.block.attention.d_model = 8;
+  c.block.attention.heads = 2;
+  c.block.d_ff = 12;
   c.layers = 2;
   c.out_vocab = 4;
   return c;
@@ -132,21 +132,21 @@ TEST_CASE("Transformer gradcheck: every parameter of the cross-entropy loss, tin
   TransformerConfig c = tiny_config();
   SUBCASE("defaults: learned positions, layernorm, sqrt_dk") {}
   SUBCASE("causal, rmsnorm, d_k and d_v free, sinusoidal positions") {
-    c.attention.causal = true;
-    c.norm = Norm::rmsnorm;
-    c.d_k = 5;
-    c.d_v = 3;
+    c.block.attention.sdpa.causal = true;
+    c.block.norm = Norm::rmsnorm;
+    c.block.attention.d_k = 5;
+    c.block.attention.d_v = 3;
     c.positions = PositionEncoding::sinusoidal;
   }
   SUBCASE("attention-only, QK-norm, learnable scale, scaling none") {
-    c.attn_only = true;
-    c.qk_norm = true;
-    c.learnable_scale = true;
-    c.attention.scaling = Scaling::none;
+    c.block.attn_only = true;
+    c.block.attention.qk_norm = true;
+    c.block.attention.learnable_scale = true;
+    c.block.attention.sdpa.scaling = Scaling::none;
   }
   SUBCASE("no norm, scaling dk, one layer") {
-    c.norm = Norm::none;
-    c.attention.scaling = Scaling::dk;
+    c.block.norm = Norm::none;
+    c.block.attention.sdpa.scaling = Scaling::dk;
     c.layers = 1;
   }
   Transformer<double> model(c, rng);
@@ -165,7 +165,7 @@ TEST_CASE("Transformer parameter names are hierarchical and stable") {
   Rng rng(44);
   TransformerConfig c = tiny_config();
   c.layers = 1;
-  c.learnable_scale = true;
+  c.block.attention.learnable_scale = true;
   Transformer<double> model(c, rng);
   CHECK(names_of(model) == std::vector<std::string>{
                                "embed.fields.0.table", "embed.fields.1.table", "pos.table",
@@ -184,12 +184,12 @@ TEST_CASE("Transformer parameter names are hierarchical and stable") {
 TEST_CASE("Transformer init: identical weights for every scaling mode and attention option") {
   TransformerConfig a = tiny_config();
   std::vector<TransformerConfig> others(4, a);
-  others[0].attention.scaling = Scaling::none;
-  others[1].attention.scaling = Scaling::dk;
-  others[2].attention.scale = 0.25;
-  others[3].attention.causal = true;
-  others[3].qk_norm = true;
-  others[3].learnable_scale = true;
+  others[0].block.attention.sdpa.scaling = Scaling::none;
+  others[1].block.attention.sdpa.scaling = Scaling::dk;
+  others[2].block.attention.sdpa.scale = 0.25;
+  others[3].block.attention.sdpa.causal = true;
+  others[3].block.attention.qk_norm = true;
+  others[3].block.attention.learnable_scale = true;
   Rng ra(45);
   Transformer<float> reference(a, ra);
   std::unordered_map<std::string, xt::xarray<float>> values;
@@ -205,7 +205,7 @@ TEST_CASE("Transformer init: identical weights for every scaling mode and attent
   // Documented statistics: embeddings N(0, 1), projections N(0, 1/fan_in).
   TransformerConfig big = a;
   big.vocab_sizes = {4096};
-  big.d_model = 64;
+  big.block.attention.d_model = 64;
   big.out_vocab = 4;
   Rng rng(46);
   Transformer<double> model(big, rng);
@@ -243,16 +243,19 @@ TEST_CASE("Transformer bad configuration and input name the field") {
     CHECK_THROWS_WITH_AS(Transformer<float>(c, rng), message.c_str(), std::invalid_argument);
   };
   TransformerConfig c = tiny_config();
-  c.d_model = 10;
-  c.heads = 4;
-  expect_error(c,
-               "TransformerConfig: d_model expected divisible by heads (4) when d_k is 0 "
-               "(derived), got 10");
-  c.d_k = 4;
-  expect_error(c,
-               "TransformerConfig: d_model expected divisible by heads (4) when d_v is 0 "
-               "(derived), got 10");
-  c.d_v = 4;
+  c.block.attention.d_model = 10;
+  c.block.attention.heads = 4;
+  expect_error(
+      c,
+      "TransformerConfig: block.attention.d_model expected divisible by heads (4) when d_k is 0 "
+      "(derived), got 10");
+  c.block.attention.d_k = 4;
+  expect_error(
+      c,
+      "TransformerConfig: block.attention.d_model expected divisible by heads (4) when d_v is "
+      "0 "
+      "(derived), got 10");
+  c.block.attention.d_v = 4;
   CHECK_NOTHROW(Transformer<float>(c, rng));
   c = tiny_config();
   c.vocab_sizes = {};
@@ -266,16 +269,18 @@ TEST_CASE("Transformer bad configuration and input name the field") {
   c.out_vocab = 0;
   expect_error(c, "TransformerConfig: out_vocab expected > 0, got 0");
   c = tiny_config();
-  c.d_ff = 0;
-  expect_error(c, "TransformerConfig: d_ff expected > 0 (or attn_only), got 0");
-  c.attn_only = true;
+  c.block.d_ff = 0;
+  expect_error(c, "TransformerConfig: block.d_ff expected > 0 (or attn_only), got 0");
+  c.block.attn_only = true;
   CHECK_NOTHROW(Transformer<float>(c, rng));
   c = tiny_config();
   c.max_len = 0;
   expect_error(c, "TransformerConfig: max_len expected > 0, got 0");
   c = tiny_config();
-  c.attention.scale = 0.0;
-  expect_error(c, "TransformerConfig: attention.scale expected a finite value > 0, got 0.000000");
+  c.block.attention.sdpa.scale = 0.0;
+  expect_error(c,
+               "TransformerConfig: block.attention.sdpa.scale expected a finite value > 0, got "
+               "0.000000");
   CHECK_THROWS_WITH_AS(parse_scaling("sqrt"),
                        "parse_scaling: mode expected none|sqrt_dk|dk, got 'sqrt'",
                        std::invalid_argument);
@@ -334,12 +339,12 @@ TEST_CASE("A tiny Transformer overfits one fixed batch (loss < 1e-3) within 300 
   TransformerConfig c;
   c.vocab_sizes = {8};
   c.max_len = 8;
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 32;
+  c.block.attention.d_model = 16;
+  c.block.attention.heads = 2;
+  c.block.d_ff = 32;
   c.layers = 1;
   c.out_vocab = 8;
-  c.attention.causal = true;
+  c.block.attention.sdpa.causal = true;
   Transformer<float> model(c, rng);
   TokenIds ids({4, 8});
   TokenIds targets({4, 8});
@@ -382,9 +387,9 @@ TEST_CASE("A tiny Transformer overfits one fixed batch (loss < 1e-3) within 300 
 
 TEST_CASE("Transformer float and double agree on logits and gradients") {
   TransformerConfig c = tiny_config();
-  c.attention.causal = true;
-  c.qk_norm = true;
-  c.learnable_scale = true;
+  c.block.attention.sdpa.causal = true;
+  c.block.attention.qk_norm = true;
+  c.block.attention.learnable_scale = true;
   Rng rf(51), rd(51);
   Transformer<float> mf(c, rf);
   Transformer<double> md(c, rd);

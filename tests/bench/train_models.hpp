@@ -27,15 +27,15 @@ inline TransformerConfig train_config(const TrainModel& m, SdpaPath path = SdpaP
   TransformerConfig c;
   c.vocab_sizes = {kTrainVocab};
   c.max_len = m.T;
-  c.d_model = m.d_model;
-  c.heads = m.heads;
-  c.d_k = m.d_k;
-  c.d_ff = m.d_ff ? m.d_ff : 4 * m.d_model;
+  c.block.attention.d_model = m.d_model;
+  c.block.attention.heads = m.heads;
+  c.block.attention.d_k = m.d_k;
+  c.block.d_ff = m.d_ff ? m.d_ff : 4 * m.d_model;
   c.layers = m.layers;
   c.out_vocab = kTrainVocab;
-  c.attn_only = m.attn_only;
-  c.attention.causal = true;
-  c.attention.path = path;
+  c.block.attn_only = m.attn_only;
+  c.block.attention.sdpa.causal = true;
+  c.block.attention.sdpa.path = path;
   return c;
 }
 

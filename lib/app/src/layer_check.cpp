@@ -1,5 +1,5 @@
-// `attnlab gradcheck`: builds one layer in double precision from the same flags as `train`, and
-// runs the library's checkers (gradcheck.hpp, nn/gradcheck_module.hpp) on it.
+// `attnlab gradcheck`: builds one layer in double precision from the same model config as `train`,
+// and runs the library's checkers (gradcheck.hpp, nn/gradcheck_module.hpp) on it.
 #include "attnlab/app/layer_check.hpp"
 
 #include <algorithm>
@@ -29,20 +29,6 @@ void jitter(Module<double>& module, Rng& rng) {
     for (auto& v : p.param->value) v += 0.2 * rng.normal();
 }
 
-AttentionConfig attention_config(const ModelSpec& s) {
-  AttentionConfig a;
-  a.d_model = static_cast<std::size_t>(s.d_model);
-  a.heads = static_cast<std::size_t>(s.heads);
-  a.d_k = static_cast<std::size_t>(s.d_k);
-  a.d_v = static_cast<std::size_t>(s.d_v);
-  a.sdpa.scaling = s.scaling;
-  a.sdpa.scale = s.scale;
-  a.sdpa.causal = s.causal;
-  a.qk_norm = s.qk_norm;
-  a.learnable_scale = s.learnable_scale;
-  return a;
-}
-
 }  // namespace
 
 bool layer_check_passed(const GradcheckReport& report) {
@@ -60,17 +46,21 @@ const std::vector<std::string>& checkable_layers() {
   return layers;
 }
 
-GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int batch, int seq,
-                            std::uint64_t seed) {
-  validate(spec);
+GradcheckReport check_layer(const std::string& layer, const TransformerConfig& model, int batch,
+                            int seq, std::uint64_t seed) {
   check_arg(batch >= 1 && seq >= 1, "gradcheck", "batch and seq", ">= 1",
             std::to_string(batch) + ", " + std::to_string(seq));
   const std::size_t B = static_cast<std::size_t>(batch), T = static_cast<std::size_t>(seq);
-  const std::size_t C = static_cast<std::size_t>(spec.d_model);
-  const std::size_t H = static_cast<std::size_t>(spec.heads);
-  const std::size_t D = static_cast<std::size_t>(spec.d_k ? spec.d_k : spec.d_model / spec.heads);
-  const std::size_t Dv = static_cast<std::size_t>(spec.d_v ? spec.d_v : spec.d_model / spec.heads);
-  const std::size_t F = static_cast<std::size_t>(spec.d_ff ? spec.d_ff : 4 * spec.d_model);
+  // The tiny two-field model of "transformer"; its block and attention configure the other layers.
+  TransformerConfig c = model;
+  c.vocab_sizes = {5, 4};
+  c.max_len = T;
+  c.out_vocab = 6;
+  if (c.block.d_ff == 0) c.block.d_ff = 4 * c.d_model();
+  c.validate();
+  const AttentionConfig& attn = c.block.attention;
+  const std::size_t C = attn.d_model, H = attn.heads, D = attn.head_dim_k(), Dv = attn.head_dim_v(),
+                    F = c.block.d_ff;
   Rng rng(seed);
   ModuleGradcheckOptions options;
   options.seed = seed + 1;
@@ -80,10 +70,7 @@ GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int
     auto k = randn<double, 4>({B, H, T, D}, rng);
     auto v = randn<double, 4>({B, H, T, Dv}, rng);
     const auto r = randn<double, 4>({B, H, T, Dv}, rng);
-    SdpaOptions o;
-    o.scaling = spec.scaling;
-    o.scale = spec.scale;
-    o.causal = spec.causal;
+    const SdpaOptions& o = attn.sdpa;
     auto loss = [&] {
       SdpaCache<double> c;
       const auto out = sdpa_forward(c, q, k, v, o);
@@ -103,14 +90,9 @@ GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int
   const auto x = randn<double, 3>({B, T, C}, rng);
   std::unique_ptr<SequenceModule<double>> module;
   if (layer == "mha") {
-    module = std::make_unique<MultiHeadAttention<double>>(attention_config(spec), rng);
+    module = std::make_unique<MultiHeadAttention<double>>(attn, rng);
   } else if (layer == "block") {
-    BlockConfig b;
-    b.attention = attention_config(spec);
-    b.d_ff = F;
-    b.attn_only = spec.attn_only;
-    b.norm = spec.norm;
-    module = std::make_unique<TransformerBlock<double>>(b, rng);
+    module = std::make_unique<TransformerBlock<double>>(c.block, rng);
   } else if (layer == "linear") {
     module = std::make_unique<Linear<double>>(C, C, rng);
   } else if (layer == "layernorm") {
@@ -141,26 +123,8 @@ GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int
   }
 
   if (layer == "transformer") {  // cross-entropy of a tiny two-field model, parameters only
-    TransformerConfig c;
-    c.vocab_sizes = {5, 4};
-    c.max_len = T;
-    c.d_model = C;
-    c.heads = H;
-    c.d_k = static_cast<std::size_t>(spec.d_k);
-    c.d_v = static_cast<std::size_t>(spec.d_v);
-    c.d_ff = F;
-    c.layers = static_cast<std::size_t>(spec.layers);
-    c.out_vocab = 6;
-    c.attn_only = spec.attn_only;
-    c.norm = spec.norm;
-    c.attention.scaling = spec.scaling;
-    c.attention.scale = spec.scale;
-    c.attention.causal = spec.causal;
-    c.qk_norm = spec.qk_norm;
-    c.learnable_scale = spec.learnable_scale;
-    c.positions = spec.positions ? PositionEncoding::learned : PositionEncoding::none;
-    Transformer<double> model(c, rng);
-    jitter(model, rng);
+    Transformer<double> net(c, rng);
+    jitter(net, rng);
     std::vector<TokenIds> fields;
     for (std::size_t f = 0; f < 2; ++f) {
       TokenIds ids = TokenIds::from_shape({B, T});
@@ -170,11 +134,11 @@ GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int
     TokenIds targets = TokenIds::from_shape({B, T});
     for (auto& t : targets) t = static_cast<int>(rng.below(c.out_vocab));
     targets(0, 0) = kIgnoreIndex;
-    return check_parameter_gradients(model, [&](bool with_backward) {
-      const auto logits = model.forward(fields);
+    return check_parameter_gradients(net, [&](bool with_backward) {
+      const auto logits = net.forward(fields);
       CrossEntropyCache<double, 3> cache;
       const double loss = cross_entropy_forward<double, 3>(cache, logits, targets);
-      if (with_backward) model.backward(cross_entropy_backward<double, 3>(cache));
+      if (with_backward) net.backward(cross_entropy_backward<double, 3>(cache));
       return loss;
     });
   }

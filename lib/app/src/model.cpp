@@ -1,5 +1,5 @@
-// The trainer's model (attnlab/app/model.hpp): the stack's Transformer<float>, configured from a
-// ModelSpec and a TaskShape. Initialisation is the Transformer's (documented in
+// The trainer's model (attnlab/app/model.hpp): the stack's Transformer<float>, configured by a
+// TransformerConfig resolved against the task. Initialisation is the Transformer's (documented in
 // nn/transformer.hpp): embeddings N(0, 1), projections N(0, 1/fan_in), drawn in an order that no
 // attention option changes, so one seed gives every scaling mode identical initial weights.
 #include "attnlab/app/model.hpp"
@@ -15,33 +15,8 @@ struct Model::Impl {
   Transformer<float> net;
 };
 
-namespace {
-TransformerConfig transformer_config(const ModelSpec& spec, const TaskShape& shape) {
-  validate(spec);
-  TransformerConfig c;
-  for (int v : shape.field_vocab) c.vocab_sizes.push_back(static_cast<std::size_t>(v));
-  c.max_len = static_cast<std::size_t>(shape.seq_len);
-  c.d_model = static_cast<std::size_t>(spec.d_model);
-  c.heads = static_cast<std::size_t>(spec.heads);
-  c.d_k = static_cast<std::size_t>(spec.d_k);
-  c.d_v = static_cast<std::size_t>(spec.d_v);
-  c.d_ff = static_cast<std::size_t>(spec.d_ff ? spec.d_ff : 4 * spec.d_model);
-  c.layers = static_cast<std::size_t>(spec.layers);
-  c.out_vocab = static_cast<std::size_t>(shape.output_vocab);
-  c.attn_only = spec.attn_only;
-  c.norm = spec.norm;
-  c.attention.scaling = spec.scaling;
-  c.attention.scale = spec.scale;
-  c.attention.causal = spec.causal;
-  c.qk_norm = spec.qk_norm;
-  c.learnable_scale = spec.learnable_scale;
-  c.positions = spec.positions ? PositionEncoding::learned : PositionEncoding::none;
-  return c;
-}
-}  // namespace
-
-Model::Model(const ModelSpec& spec, const TaskShape& shape, Rng& rng)
-    : impl_(std::make_unique<Impl>(transformer_config(spec, shape), rng)) {
+Model::Model(const TransformerConfig& config, Rng& rng)
+    : impl_(std::make_unique<Impl>(config, rng)) {
   impl_->net.set_nonfinite_check(true);
 }
 
@@ -68,7 +43,7 @@ std::size_t Model::layers() const {
 }
 
 std::size_t Model::heads() const {
-  return impl_->net.config().heads;
+  return impl_->net.config().block.attention.heads;
 }
 
 Tensor4<float> Model::attention_weights(std::size_t layer) const {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "attnlab/app/plot.hpp"
+#include "attnlab/app/progress.hpp"
 
 namespace attnlab::app {
 
@@ -36,13 +37,13 @@ const StudyArm kLearnable{"learnable", Scaling::sqrt_dk, false, true};
 TrainConfig study_base(int steps, int batch) {
   TrainConfig c;
   c.task.kind = TaskKind::recall;
-  c.model.d_model = 64;
-  c.model.heads = 1;
-  c.model.d_v = 64;
+  c.model.block.attention.d_model = 64;
+  c.model.block.attention.heads = 1;
+  c.model.block.attention.d_v = 64;
   c.model.layers = 1;
-  c.model.attn_only = true;
-  c.model.norm = Norm::layernorm;
-  c.model.positions = false;
+  c.model.block.attn_only = true;
+  c.model.block.norm = Norm::layernorm;
+  c.model.positions = PositionEncoding::none;
   c.optimizer = "adamw";
   c.beta1 = 0.9;
   c.beta2 = 0.95;
@@ -68,13 +69,6 @@ std::string sanitize(std::string s) {
   for (char& ch : s)
     if (ch == '/' || ch == ' ') ch = '_';
   return s;
-}
-
-std::string fmt_duration(double s) {
-  char buf[32];
-  if (!std::isfinite(s) || s < 0) return "?";
-  std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  return buf;
 }
 
 struct Job {
@@ -300,8 +294,8 @@ StudyPlan study_preset(const std::string& preset) {
     g.base.task.keys = 8;
     g.base.task.values = 8;
     g.base.task.pairs = 4;
-    g.base.model.d_model = 16;
-    g.base.model.d_v = 16;
+    g.base.model.block.attention.d_model = 16;
+    g.base.model.block.attention.d_v = 16;
     g.base.eval_size = 32;
     g.base.eval_every = 10;
     g.arms = {kNone, kSqrt, kDk};
@@ -345,8 +339,8 @@ StudyPlan study_preset(const std::string& preset) {
     m.base.task.pairs = 16;
     m.base.task.queries = 8;
     m.base.model.layers = 2;
-    m.base.model.positions = true;
-    m.base.model.causal = true;
+    m.base.model.positions = PositionEncoding::learned;
+    m.base.model.block.attention.sdpa.causal = true;
     m.arms = {kNone, kSqrt, kDk};
     m.d_k = {16, 64, 256};
     plan.groups.push_back(m);
@@ -355,6 +349,26 @@ StudyPlan study_preset(const std::string& preset) {
   }
   return plan;
 }
+
+namespace {
+TrainConfig job_config(const Job& job, const StudyOptions& options) {
+  TrainConfig c = job.group->base;
+  if (options.steps > 0) {
+    c.steps = options.steps;
+    c.warmup = options.steps / 10;
+    c.eval_every = std::max(1, options.steps / 20);
+  }
+  c.model.block.attention.sdpa.scaling = job.arm.scaling;
+  c.model.block.attention.qk_norm = job.arm.qk_norm;
+  c.model.block.attention.learnable_scale = job.arm.learnable_scale;
+  c.model.block.attention.d_k = static_cast<std::size_t>(job.d_k);
+  c.lr = job.lr;
+  c.seed = job.seed;
+  c.progress = false;
+  c.out = options.out + "/" + job.dir;
+  return c;
+}
+}  // namespace
 
 StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const Context& context) {
   check_arg(options.jobs >= 1, "study", "jobs", ">= 1", std::to_string(options.jobs));
@@ -374,32 +388,27 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
                                 std::to_string(d) + "_lr" + lr_label(lr) + "_s" +
                                 std::to_string(seed)});
   }
+  for (const Job& job : jobs) {  // a bad grid fails before any run starts
+    try {
+      validate(job_config(job, options));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("study: group '" + job.group->name + "', run " + job.dir + ": " +
+                                  e.what());
+    }
+  }
   std::vector<RunRecord> records(jobs.size());
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};
   std::mutex print_mutex;
   std::exception_ptr failure;
-  const bool tty = options.progress && isatty(fileno(stdout));
+  ProgressFn progress = options.progress ? terminal_progress() : ProgressFn();
 
   auto worker = [&] {
     while (true) {
       const std::size_t i = next.fetch_add(1);
       if (i >= jobs.size()) return;
       const Job& job = jobs[i];
-      TrainConfig c = job.group->base;
-      if (options.steps > 0) {
-        c.steps = options.steps;
-        c.warmup = options.steps / 10;
-        c.eval_every = std::max(1, options.steps / 20);
-      }
-      c.model.scaling = job.arm.scaling;
-      c.model.qk_norm = job.arm.qk_norm;
-      c.model.learnable_scale = job.arm.learnable_scale;
-      c.model.d_k = job.d_k;
-      c.lr = job.lr;
-      c.seed = job.seed;
-      c.progress = false;
-      c.out = options.out + "/" + job.dir;
+      const TrainConfig c = job_config(job, options);
       RunRecord& r = records[i];
       r.group = job.group->name;
       r.mode = job.arm.name;
@@ -429,10 +438,8 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
         return;
       }
       const std::size_t n = ++done;
-      if (!options.progress) continue;
+      if (!progress) continue;
       std::lock_guard lock(print_mutex);
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double eta = secs / static_cast<double>(n) * static_cast<double>(jobs.size() - n);
       char last[160];
       std::snprintf(last, sizeof last, "%s d_k=%d lr=%s: %s", r.mode.c_str(), r.d_k,
                     lr_label(r.lr).c_str(),
@@ -440,18 +447,8 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
                                : ("eval loss " + std::to_string(r.final_eval_loss).substr(0, 6) +
                                   " acc " + std::to_string(r.final_eval_acc).substr(0, 5))
                                      .c_str());
-      if (tty) {
-        const int width = 24;
-        const int filled = static_cast<int>(width * static_cast<double>(n) / jobs.size());
-        std::printf("\r\033[K[%s%s] runs %zu/%zu  %s elapsed, ETA %s  | %s",
-                    std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), n,
-                    jobs.size(), fmt_duration(secs).c_str(), fmt_duration(eta).c_str(), last);
-      } else {
-        std::printf("run %zu/%zu (%s elapsed, ETA %s): %s\n", n, jobs.size(),
-                    fmt_duration(secs).c_str(), fmt_duration(eta).c_str(), last);
-      }
-      std::fflush(stdout);
+      progress({"run", 0, n, jobs.size(), std::chrono::duration<double>(Clock::now() - t0).count(),
+                last, true});
     }
   };
   if (options.progress)
@@ -461,7 +458,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
   const int n_threads = std::min<int>(options.jobs, static_cast<int>(jobs.size()));
   for (int t = 0; t < n_threads; ++t) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
-  if (tty) std::printf("\n");
+  progress = nullptr;  // ends the bar's line
   if (failure) std::rethrow_exception(failure);
 
   StudyOutcome outcome;

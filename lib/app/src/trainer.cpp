@@ -10,43 +10,27 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "attnlab/app/data_file.hpp"
 #include "attnlab/app/loss.hpp"
-#include "attnlab/app/metrics.hpp"
 #include "attnlab/app/model.hpp"
+#include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/blas.hpp"
-#include "attnlab/cuda.hpp"
-#include "attnlab/nn/device_transformer.hpp"
+#include "attnlab/io/safetensors.hpp"
 #include "attnlab/optim/adamw.hpp"
-#include "attnlab/optim/clip.hpp"
 #include "attnlab/optim/schedule.hpp"
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/threads.hpp"
+#include "train_backend.hpp"
+#include "train_metrics.hpp"
+#include "train_saver.hpp"
 
 namespace attnlab::app {
-
-void validate(const ModelSpec& s) {
-  const char* op = "model";
-  check_arg(s.d_model >= 1, op, "d_model", ">= 1", std::to_string(s.d_model));
-  check_arg(s.heads >= 1, op, "heads", ">= 1", std::to_string(s.heads));
-  check_arg(s.layers >= 1, op, "layers", ">= 1", std::to_string(s.layers));
-  check_arg(s.d_ff >= 0, op, "d_ff", ">= 0 (0: 4 * d_model)", std::to_string(s.d_ff));
-  check_arg(s.d_k >= 0 && s.d_v >= 0, op, "d_k and d_v", ">= 0 (0: d_model / heads)",
-            std::to_string(s.d_k) + ", " + std::to_string(s.d_v));
-  if (s.d_k == 0 || s.d_v == 0)
-    check_arg(s.d_model % s.heads == 0, op, "heads",
-              "a divisor of d_model = " + std::to_string(s.d_model) +
-                  " when d_k or d_v defaults to d_model / heads",
-              std::to_string(s.heads));
-  if (s.scale)
-    check_arg(std::isfinite(*s.scale) && *s.scale > 0, op, "scale", "finite and > 0",
-              std::to_string(*s.scale));
-}
 
 namespace {
 
@@ -62,105 +46,29 @@ std::uint64_t data_seed(std::uint64_t seed) {
   return z ^ (z >> 31);
 }
 
-json spec_json(const ModelSpec& s) {
-  json j = {{"d_model", s.d_model},
-            {"heads", s.heads},
-            {"d_k", s.d_k},
-            {"d_v", s.d_v},
-            {"layers", s.layers},
-            {"attn_only", s.attn_only},
-            {"norm", to_string(s.norm)},
-            {"qk_norm", s.qk_norm},
-            {"learnable_scale", s.learnable_scale},
-            {"scaling", to_string(s.scaling)},
-            {"causal", s.causal},
-            {"positions", s.positions},
-            {"d_ff", s.d_ff}};
-  j["scale"] = s.scale ? json(*s.scale) : json(nullptr);
+// The run's recipe as JSON: every field but the run control that a resumed run may change.
+json recipe_json(const TrainConfig& c) {
+  json j = json::parse(to_json_text(c));
+  for (const char* k : {"out", "save_every", "steps"}) j.erase(k);
   return j;
 }
 
-ModelSpec spec_from_json(const json& j) {
-  ModelSpec s;
-  s.d_model = j.at("d_model").get<int>();
-  s.heads = j.at("heads").get<int>();
-  s.d_k = j.at("d_k").get<int>();
-  s.d_v = j.at("d_v").get<int>();
-  s.layers = j.at("layers").get<int>();
-  s.attn_only = j.at("attn_only").get<bool>();
-  s.norm = parse_norm(j.at("norm").get<std::string>());
-  s.qk_norm = j.at("qk_norm").get<bool>();
-  s.learnable_scale = j.at("learnable_scale").get<bool>();
-  s.scaling = parse_scaling(j.at("scaling").get<std::string>());
-  s.causal = j.at("causal").get<bool>();
-  s.positions = j.at("positions").get<bool>();
-  if (!j.at("scale").is_null()) s.scale = j.at("scale").get<double>();
-  // Checkpoints written before d_ff was recorded used the default (0: 4 · d_model).
-  if (j.contains("d_ff")) s.d_ff = j.at("d_ff").get<int>();
-  validate(s);
-  return s;
+// The first key path where two JSON values differ ("" when equal).
+std::string first_difference(const json& a, const json& b, const std::string& path = "") {
+  if (a.is_object() && b.is_object()) {
+    for (const auto& item : a.items()) {
+      const std::string p = path.empty() ? item.key() : path + "." + item.key();
+      if (!b.contains(item.key())) return p;
+      const std::string d = first_difference(item.value(), b.at(item.key()), p);
+      if (!d.empty()) return d;
+    }
+    return "";
+  }
+  return a == b ? "" : path;
 }
 
-json task_json(const TaskConfig& t) {
-  return {{"task", to_string(t.kind)}, {"keys", t.keys},       {"values", t.values},
-          {"pairs", t.pairs},          {"queries", t.queries}, {"symbols", t.symbols},
-          {"length", t.length}};
-}
-
-TaskConfig task_from_json(const json& j) {
-  TaskConfig t;
-  t.kind = parse_task(j.at("task").get<std::string>());
-  t.keys = j.at("keys").get<int>();
-  t.values = j.at("values").get<int>();
-  t.pairs = j.at("pairs").get<int>();
-  t.queries = j.at("queries").get<int>();
-  t.symbols = j.at("symbols").get<int>();
-  t.length = j.at("length").get<int>();
-  task_shape(t);
-  return t;
-}
-
-json config_json(const TrainConfig& c) {
-  return {{"task", task_json(c.task)},
-          {"data_file", c.data_file},
-          {"valid_file", c.valid_file},
-          {"model", spec_json(c.model)},
-          {"optimizer", c.optimizer},
-          {"lr", c.lr},
-          {"beta1", c.beta1},
-          {"beta2", c.beta2},
-          {"momentum", c.momentum},
-          {"weight_decay", c.weight_decay},
-          {"clip", c.clip},
-          {"schedule", c.schedule},
-          {"warmup", c.warmup},
-          {"steps", c.steps},
-          {"batch", c.batch},
-          {"seed", c.seed},
-          {"eval_every", c.eval_every},
-          {"eval_size", c.eval_size}};
-}
-
-void validate(const TrainConfig& c) {
-  const char* op = "train";
-  validate(c.model);
-  task_shape(c.task);
-  check_arg(c.optimizer == "adamw" || c.optimizer == "sgd", op, "optimizer", "adamw|sgd",
-            c.optimizer);
-  check_arg(c.schedule == "constant" || c.schedule == "cosine", op, "schedule", "constant|cosine",
-            c.schedule);
-  check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
-  check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
-  check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));
-  check_arg(c.warmup >= 0 && c.warmup <= c.steps, op, "warmup", "in [0, steps]",
-            std::to_string(c.warmup));
-  check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
-  check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
-  check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
-  check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
-            std::to_string(c.clip));
-  check_arg(std::isfinite(c.weight_decay) && c.weight_decay >= 0, op, "weight_decay",
-            "finite and >= 0", std::to_string(c.weight_decay));
+json at_path(const json& j, const std::string& path) {
+  return j.at(json::json_pointer("/" + std::regex_replace(path, std::regex("\\."), "/")));
 }
 
 double tensor_norm(const xt::xarray<float>& a) {
@@ -175,112 +83,9 @@ Parameter<float>* find_param(const ParameterList<float>& params, const std::stri
   return nullptr;
 }
 
-// What one evaluation measures.
-struct EvalStats {
-  double loss = 0, accuracy = 0;
-  std::vector<HeadHealth> health;   // layers × heads, row-major
-  std::vector<double> recall_mass;  // layers × heads (recall only)
-  double qk_var_ratio = 0;          // layer 0, all heads
-};
-
-// One evaluation on the host model, or, when `dev` is given, on the device: its logits come back,
-// and the attention metrics are recomputed on the host from each layer's queries and keys (the
-// same P and S the host model's attention_weights / attention_scores give).
-EvalStats evaluate(Model& model, DeviceTransformer<float>* dev, const Batch& eval,
-                   const TaskConfig& task, const ModelSpec& spec) {
-  EvalStats st;
-  Tensor3<float> logits;
-  if (dev) {
-    dev->forward(eval.fields);
-    logits = dev->logits();
-  } else {
-    logits = model.forward(eval);
-  }
-  const LossResult lr = masked_cross_entropy(logits, eval.targets, false);
-  st.loss = lr.loss;
-  st.accuracy = lr.accuracy;
-  const std::vector<int> key_pos =
-      task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
-  const SdpaOptions attention = model.transformer().config().attention;
-  Tensor4<float> dots;  // layer 0's unscaled q·k
-  for (std::size_t l = 0; l < model.layers(); ++l) {
-    Tensor4<float> p, scores;
-    if (dev) {
-      SdpaOptions o = attention;
-      o.head_scale = dev->head_scales(l);
-      const Tensor4<float> q = dev->queries(l), k = dev->keys(l);
-      p = sdpa_weights<float>(q, k, o);
-      scores = sdpa_scores<float>(q, k, o);
-      if (l == 0) {
-        SdpaOptions raw = attention;  // as Model::attention_dots
-        raw.scaling = Scaling::none;
-        raw.scale.reset();
-        raw.head_scale.clear();
-        dots = sdpa_scores<float>(q, k, raw);
-      }
-    } else {
-      p = model.attention_weights(l);
-      scores = model.attention_logits(l);
-    }
-    const auto h = attention_health(p, scores);
-    st.health.insert(st.health.end(), h.begin(), h.end());
-    if (!key_pos.empty()) {
-      const auto m = correct_key_mass(p, eval.length() - 1, key_pos);
-      st.recall_mass.insert(st.recall_mass.end(), m.begin(), m.end());
-    }
-  }
-  if (!dev) dots = model.attention_dots(0);
-  double mean = 0, sq = 0;
-  for (float x : dots) mean += x;
-  mean /= static_cast<double>(dots.size());
-  for (float x : dots) sq += (x - mean) * (x - mean);
-  const int d_k = spec.d_k ? spec.d_k : spec.d_model / spec.heads;
-  st.qk_var_ratio = sq / static_cast<double>(std::max<std::size_t>(dots.size() - 1, 1)) / d_k;
-  return st;
-}
-
-std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
-  std::ostringstream os;
-  os << "step,loss,eval_loss,eval_acc,lr";
-  for (std::size_t l = 0; l < layers; ++l)
-    for (std::size_t h = 0; h < heads; ++h) {
-      std::string p = "l";  // appended: GCC 12 -O3 warns falsely (-Wrestrict) on "l" + string&&
-      p.append(std::to_string(l)).append("h").append(std::to_string(h)).append("_");
-      os << ',' << p << "entropy," << p << "max_logit," << p << "saturated," << p << "jacobian";
-      if (recall) os << ',' << p << "recall_mass";
-    }
-  for (std::size_t l = 0; l < layers; ++l) {
-    std::string p = "l";
-    p.append(std::to_string(l)).append("_");
-    os << ',' << p << "wq_grad_norm," << p << "wk_grad_norm," << p << "wq_norm," << p << "wk_norm";
-  }
-  os << ",jacobian_mean";
-  return os.str();
-}
-
-std::string g(double x) {
-  if (!std::isfinite(x)) return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.7g", x);
-  return buf;
-}
-
-std::string format_duration(double s) {
-  char buf[32];
-  if (!std::isfinite(s) || s < 0) return "?";
-  if (s < 60)
-    std::snprintf(buf, sizeof buf, "%.0fs", s);
-  else if (s < 3600)
-    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600,
-                  static_cast<int>(s) % 3600 / 60);
-  return buf;
-}
-
 void write_summary(const std::string& path, const TrainConfig& c, const TrainResult& r) {
   json j;
-  j["config"] = config_json(c);
+  j["config"] = json::parse(to_json_text(c));
   j["steps_done"] = r.steps_done;
   j["init_eval_loss"] = r.init_eval_loss;
   j["final_eval_loss"] = std::isfinite(r.final_eval_loss) ? json(r.final_eval_loss) : json(nullptr);
@@ -300,9 +105,74 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["seconds"] = r.seconds;
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw std::runtime_error(path + ": cannot open for writing");
-  out << j.dump(2) << '\n';
+  const std::string text = j.dump(2) + '\n';
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+// Resume: checks config_in against the run saved in config_in.resume (see train_model), sets c's
+// resolved model and default out, and returns the checkpoint's metadata.
+RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
+  const std::string resume_path = c.resume + "/model.safetensors";
+  const RunMeta resumed = read_run_meta(resume_path);
+  TrainConfig saved;
+  try {
+    read_json_text(resumed.config_json, saved);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(resume_path + ": model_config: " + e.what());
+  }
+  // The saved config is the recipe; only run control and steps may differ (both resolved, so a
+  // run saved before the model recorded its vocabularies compares equal).
+  const TaskShape saved_shape = task_shape(saved.task);
+  saved.model = resolve_model(saved.model, saved_shape);
+  TrainConfig given = config_in;
+  given.model = resolve_model(given.model, task_shape(given.task));
+  const json want = recipe_json(saved), got = recipe_json(given);
+  const std::string diff = first_difference(want, got);
+  if (!diff.empty())
+    check_arg(false, "train", "resume: " + diff,
+              at_path(want, diff).dump() +
+                  " (the saved run's; only steps, out and save_every (and the --threads/--device "
+                  "of the run context) may "
+                  "change)",
+              at_path(got, diff).dump());
+  check_arg(config_in.steps >= static_cast<int>(resumed.step), "train", "steps",
+            ">= the saved step " + std::to_string(resumed.step) + " when resuming",
+            std::to_string(config_in.steps));
+  c.model = given.model;
+  if (config_in.out == TrainConfig{}.out) c.out = c.resume;
+  return resumed;
+}
+
+// The training data: batches generated from the data Rng, or drawn (by the same Rng) from a file;
+// the eval set fixed by the task, or read from a file.
+struct TrainData {
+  TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task) {
+    if (!c.data_file.empty()) file = read_data_file(c.data_file, &shape);
+    std::string valid = c.valid_file;
+    if (valid.empty() && !c.data_file.empty()) {
+      const auto sibling = std::filesystem::path(c.data_file).parent_path() / "valid.txt";
+      if (std::filesystem::exists(sibling) && sibling != std::filesystem::path(c.data_file))
+        valid = sibling.string();
+    }
+    eval = valid.empty() ? eval_batch(c.task, static_cast<std::size_t>(c.eval_size))
+                         : read_data_file(valid, &shape);
+  }
+  Batch next(std::size_t batch, Rng& rng) const {
+    if (!file) return generate_batch(task, batch, rng);
+    std::vector<std::size_t> rows(batch);
+    for (auto& r : rows) r = rng.below(file->size());
+    return gather_batch(*file, rows);
+  }
+  TaskConfig task;
+  std::optional<Batch> file;
+  Batch eval;
+};
+
+std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
+                                                 const ParameterList<float>& params,
+                                                 const AdamWOptions& adamw, const SgdOptions& sgd) {
+  if (c.optimizer == "adamw") return std::make_unique<AdamW<float>>(params, adamw);
+  return std::make_unique<SGD<float>>(params, sgd);
 }
 
 }  // namespace
@@ -310,309 +180,132 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
 TrainResult train_model(const TrainConfig& config_in, const Context& context,
                         DeviceOps<float>* device_ops) {
   TrainConfig c = config_in;
-  RunMeta resumed;
   const bool resuming = !c.resume.empty();
-  const std::string resume_path = c.resume + "/model.safetensors";
-  if (resuming) {
-    resumed = read_run_meta(resume_path);
-    // The saved run's config wins except for run control (out, progress, and the context).
-    json saved;
-    try {
-      saved = json::parse(resumed.config_json);
-    } catch (const json::exception& e) {
-      throw std::invalid_argument(resume_path + ": model_config is not valid JSON");
-    }
-    c.task = task_from_json(saved.at("task"));
-    c.model = spec_from_json(saved.at("model"));
-    c.data_file = saved.at("data_file").get<std::string>();
-    c.valid_file = saved.at("valid_file").get<std::string>();
-    c.optimizer = saved.at("optimizer").get<std::string>();
-    c.lr = saved.at("lr").get<double>();
-    c.beta1 = saved.at("beta1").get<double>();
-    c.beta2 = saved.at("beta2").get<double>();
-    c.momentum = saved.at("momentum").get<double>();
-    c.weight_decay = saved.at("weight_decay").get<double>();
-    c.clip = saved.at("clip").get<double>();
-    c.schedule = saved.at("schedule").get<std::string>();
-    c.warmup = saved.at("warmup").get<int>();
-    c.steps = saved.at("steps").get<int>();
-    c.batch = saved.at("batch").get<int>();
-    c.seed = saved.at("seed").get<std::uint64_t>();
-    c.eval_every = saved.at("eval_every").get<int>();
-    c.eval_size = saved.at("eval_size").get<int>();
-    if (config_in.out == TrainConfig{}.out) c.out = c.resume;
-  }
+  const RunMeta resumed = resuming ? check_resume(config_in, c) : RunMeta{};
   validate(c);
   validate(context, "train");
   const ThreadScope threads(context.threads);  // this thread's count, for this run only
   const TaskShape shape = task_shape(c.task);
-
-  // Data: generated from the data Rng, or drawn (by the same Rng) from a file.
-  Batch file_data;
-  const bool from_file = !c.data_file.empty();
-  if (from_file) file_data = read_data_file(c.data_file, &shape);
-  Batch eval;
-  std::string valid = c.valid_file;
-  if (valid.empty() && from_file) {
-    const auto sibling = std::filesystem::path(c.data_file).parent_path() / "valid.txt";
-    if (std::filesystem::exists(sibling) && sibling != std::filesystem::path(c.data_file))
-      valid = sibling.string();
-  }
-  eval = valid.empty() ? eval_batch(c.task, static_cast<std::size_t>(c.eval_size))
-                       : read_data_file(valid, &shape);
+  c.model = resolve_model(c.model, shape);  // the effective config records what the task decided
+  const TrainData data(c, shape);
 
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
-  Model model(c.model, shape, init_rng);
+  Model model(c.model, init_rng);
   ParameterList<float> params = model.parameters();
-  const AdamWOptions adamw_options{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay};
-  const SgdOptions sgd_options{c.lr, c.momentum, c.weight_decay};
-  std::unique_ptr<Optimizer<float>> opt;
-  if (c.optimizer == "adamw")
-    opt = std::make_unique<AdamW<float>>(params, adamw_options);
-  else
-    opt = std::make_unique<SGD<float>>(params, sgd_options);
+  const AdamWOptions adamw{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay};
+  const SgdOptions sgd{c.lr, c.momentum, c.weight_decay};
+  const auto opt = make_optimizer(c, params, adamw, sgd);
+  const auto steps = static_cast<std::size_t>(c.steps);
   const LrSchedule schedule =
       c.schedule == "cosine"
-          ? LrSchedule::warmup_cosine(c.lr, 0.0, static_cast<std::size_t>(c.warmup),
-                                      static_cast<std::size_t>(c.steps))
+          ? LrSchedule::warmup_cosine(c.lr, 0.0, static_cast<std::size_t>(c.warmup), steps)
           : LrSchedule::constant(c.lr);
-
-  std::size_t start = 0;
+  const std::size_t start = resuming ? resumed.step : 0;
   if (resuming) {
-    StateTensors optim_state;
-    for (auto& t : opt->state_tensors()) optim_state.emplace_back(t.first, std::move(t.second));
-    load_run_checkpoint(resume_path, params, &optim_state);
-    opt->load_state(optim_state, resumed.optimizer_steps);
-    data_rng.set_state(resumed.data_rng);
-    start = resumed.step;
-  }
-
-  // On a device the training step and the eval forward run on a DeviceTransformer; the host model
-  // and optimizer stay the mirror that checkpoints and weight norms read (synchronised when they
-  // need it), and that replays a batch whose loss went non-finite.
-  std::unique_ptr<DeviceOps<float>> own_device_ops;  // declared first: outlives dev
-  std::unique_ptr<DeviceTransformer<float>> dev;
-  std::unique_ptr<DeviceOptimizer<float>> dev_opt;
-  if (context.backend == Backend::cuda) {
-    if (!device_ops) {
-      if (!cuda_available()) {
-        check_arg(
-            false, "train", "device", "a usable CUDA device for 'cuda'",
-            cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
-      }
-      own_device_ops = make_cuda_device_ops<float>();
-      device_ops = own_device_ops.get();
-    }
-    dev = std::make_unique<DeviceTransformer<float>>(model.transformer(), *device_ops);
-    if (c.optimizer == "adamw")
-      dev_opt = std::make_unique<DeviceOptimizer<float>>(*dev, adamw_options);
-    else
-      dev_opt = std::make_unique<DeviceOptimizer<float>>(*dev, sgd_options);
-    if (resuming) dev_opt->load_state(opt->state_tensors(), opt->step_count());
-  }
-  const auto sync_parameters = [&] {
-    if (dev) dev->download_parameters(params);
-  };
-
-  std::filesystem::create_directories(c.out);
-  const std::string metrics_path = c.out + "/metrics.csv";
-  const bool recall = c.task.kind == TaskKind::recall;
-  const std::string header = csv_header(model.layers(), model.heads(), recall);
-  // On resume, keep the rows up to the saved step and append from there.
-  std::vector<std::string> kept_rows;
-  if (resuming) {
-    std::ifstream in(c.resume + "/metrics.csv");
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      const auto comma = line.find(',');
-      if (comma == std::string::npos) continue;
-      if (std::stoul(line.substr(0, comma)) <= start) kept_rows.push_back(line);
-    }
-  }
-  std::ofstream metrics(metrics_path, std::ios::trunc);
-  if (!metrics) throw std::runtime_error(metrics_path + ": cannot open for writing");
-  metrics << header << '\n';
-  for (const auto& row : kept_rows) metrics << row << '\n';
-
-  TrainResult result;
-  result.final_train_loss = std::numeric_limits<double>::quiet_NaN();
-  const auto t0 = Clock::now();
-  std::vector<double> wq_grad(model.layers(), 0.0), wk_grad(model.layers(), 0.0);
-
-  auto log_row = [&](std::size_t step, double train_loss, const EvalStats& st, double lr) {
-    metrics << step << ',' << g(train_loss) << ',' << g(st.loss) << ',' << g(st.accuracy) << ','
-            << g(lr);
-    double jac = 0;
-    for (std::size_t i = 0; i < st.health.size(); ++i) {
-      const auto& h = st.health[i];
-      metrics << ',' << g(h.entropy) << ',' << g(h.max_abs_logit) << ',' << g(h.saturated_fraction)
-              << ',' << g(h.jacobian_norm);
-      if (recall) metrics << ',' << g(st.recall_mass[i]);
-      jac += h.jacobian_norm;
-    }
-    for (std::size_t l = 0; l < model.layers(); ++l)
-      metrics << ',' << g(wq_grad[l]) << ',' << g(wk_grad[l]) << ','
-              << g(tensor_norm(find_param(params, model.w_q_name(l))->value)) << ','
-              << g(tensor_norm(find_param(params, model.w_k_name(l))->value));
-    metrics << ',' << g(st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size()))
-            << '\n';
-    metrics.flush();
-    if (st.accuracy >= 0.95 && result.steps_to_target < 0)
-      result.steps_to_target = static_cast<int>(step);
-  };
-
-  EvalStats st = evaluate(model, dev.get(), eval, c.task, c.model);
-  result.init_qk_var_ratio = st.qk_var_ratio;
-  result.init_eval_loss = st.loss;
-  if (resuming) {
-    // The loss at initialisation and the first step at 95% come from the saved rows.
-    for (const auto& row : kept_rows) {
-      std::stringstream ss(row);
-      std::string step_s, loss_s, eval_s, acc_s;
-      std::getline(ss, step_s, ',');
-      std::getline(ss, loss_s, ',');
-      std::getline(ss, eval_s, ',');
-      std::getline(ss, acc_s, ',');
-      if (std::stoul(step_s) == 0) result.init_eval_loss = std::stod(eval_s);
-      if (std::stod(acc_s) >= 0.95 && result.steps_to_target < 0)
-        result.steps_to_target = std::stoi(step_s);
-    }
-  } else {
-    log_row(0, std::numeric_limits<double>::quiet_NaN(), st, schedule.lr_at(0));
-  }
-  result.final_eval_loss = st.loss;
-  result.final_eval_acc = st.accuracy;
-
-  const bool tty = c.progress && isatty(fileno(stdout));
-  auto save = [&](std::size_t step) {
-    if (!c.write_checkpoint) return;
-    if (dev) {
-      sync_parameters();
-      opt->load_state(dev_opt->state_tensors(), dev_opt->step_count());
-    }
-    RunMeta meta;
-    meta.config_json = config_json(c).dump();
-    meta.step = step;
-    meta.optimizer_steps = opt->step_count();
-    meta.data_rng = data_rng.state();
     StateTensors state;
     for (auto& t : opt->state_tensors()) state.emplace_back(t.first, std::move(t.second));
-    save_run_checkpoint(c.out + "/model.safetensors", params, state, meta);
+    load_run_checkpoint(c.resume + "/model.safetensors", params, &state);
+    opt->load_state(state, resumed.optimizer_steps);
+    data_rng.set_state(resumed.data_rng);
+  }
+  // Chosen once: the loop below has no device branches.
+  const auto backend =
+      context.backend == Backend::cuda
+          ? device_backend(model, *opt, c.optimizer == "adamw" ? &adamw : nullptr, &sgd, device_ops)
+          : host_backend(model, *opt);
+
+  std::filesystem::create_directories(c.out);
+  write_config_file(c.out + "/config.json", c);
+  MetricsLog log(c.out + "/metrics.csv", model.layers(), model.heads(),
+                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
+  const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint);
+  const ProgressFn progress = c.progress ? terminal_progress() : ProgressFn();
+  const std::size_t d_k = c.model.block.attention.head_dim_k();
+  LayerNorms norms;
+  for (auto* v : {&norms.wq_grad, &norms.wk_grad, &norms.wq, &norms.wk})
+    v->assign(model.layers(), 0.0);
+  const auto log_row = [&](std::size_t step, double train_loss, double lr, const EvalStats& st) {
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      norms.wq[l] = tensor_norm(find_param(params, model.w_q_name(l))->value);
+      norms.wk[l] = tensor_norm(find_param(params, model.w_k_name(l))->value);
+    }
+    log.write(step, train_loss, lr, st, norms);
   };
 
-  const auto B = static_cast<std::size_t>(c.batch);
-  std::vector<std::size_t> rows(B);
+  TrainResult result;
+  const auto t0 = Clock::now();
+  EvalStats st = evaluate(*backend, model.layers(), data.eval, c.task, d_k);
+  result.init_qk_var_ratio = st.qk_var_ratio;
+  // A resumed run's loss at initialisation comes from its saved rows.
+  result.init_eval_loss = resuming ? log.kept_init_eval_loss().value_or(st.loss) : st.loss;
+  if (!resuming) log_row(0, std::numeric_limits<double>::quiet_NaN(), schedule.lr_at(0), st);
+  result.final_eval_loss = st.loss;
+  result.final_eval_acc = st.accuracy;
+  const auto diverge = [&](std::size_t step, std::string where, const char* fallback) {
+    result.diverged = true;
+    result.diverged_step = static_cast<int>(step);
+    result.diverged_where = where.empty() ? fallback : std::move(where);
+  };
+
   std::size_t step = start;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
-  for (; step < static_cast<std::size_t>(c.steps); ++step) {
+  for (; step < steps; ++step) {
     if (context.stop_requested() ||
         (c.stop_after > 0 && step == static_cast<std::size_t>(c.stop_after))) {
       result.interrupted = true;
       break;
     }
     const double lr = schedule.lr_at(step);
-    opt->set_lr(lr);
-    if (dev_opt) dev_opt->set_lr(lr);
-    Batch batch;
-    if (from_file) {
-      for (auto& r : rows) r = data_rng.below(file_data.size());
-      batch = gather_batch(file_data, rows);
-    } else {
-      batch = generate_batch(c.task, B, data_rng);
-    }
-    LossResult loss;
-    if (dev) {
-      dev->forward(batch.fields);
-      loss.loss = dev->loss(batch.targets);
-    } else {
-      const Tensor3<float> logits = model.forward(batch);
-      loss = masked_cross_entropy(logits, batch.targets, true);
-    }
-    if (!std::isfinite(loss.loss)) {
-      result.diverged = true;
-      result.diverged_step = static_cast<int>(step + 1);
-      if (dev) {  // replay the batch on the host mirror, which locates the first non-finite stage
-        sync_parameters();
-        model.forward(batch);
-      }
-      result.diverged_where = model.first_nonfinite_stage();
-      if (result.diverged_where.empty()) result.diverged_where = "loss";
+    backend->set_lr(lr);
+    const Batch batch = data.next(static_cast<std::size_t>(c.batch), data_rng);
+    const double loss = backend->forward_loss(batch);
+    if (!std::isfinite(loss)) {
+      diverge(step + 1, backend->locate_nonfinite(batch), "loss");
       last_loss = std::numeric_limits<double>::quiet_NaN();
       break;
     }
-    last_loss = loss.loss;
-    if (dev) {
-      dev->backward();
-    } else {
-      model.zero_grad();
-      model.backward(loss.dlogits);
-    }
-    const bool log_now = (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 ||
-                         step + 1 == static_cast<std::size_t>(c.steps);
+    last_loss = loss;
+    backend->backward();
+    const bool log_now =
+        (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 || step + 1 == steps;
     if (log_now)
       for (std::size_t l = 0; l < model.layers(); ++l) {
-        wq_grad[l] = dev ? dev->grad_norm(model.w_q_name(l))
-                         : tensor_norm(find_param(params, model.w_q_name(l))->grad);
-        wk_grad[l] = dev ? dev->grad_norm(model.w_k_name(l))
-                         : tensor_norm(find_param(params, model.w_k_name(l))->grad);
+        norms.wq_grad[l] = backend->grad_norm(model.w_q_name(l));
+        norms.wk_grad[l] = backend->grad_norm(model.w_k_name(l));
       }
-    if (c.clip > 0) {
-      if (dev)
-        dev->clip_grad_norm(c.clip);
-      else
-        clip_grad_norm(params, c.clip);
-    }
-    if (dev)
-      dev_opt->step();
-    else
-      opt->step();
+    if (c.clip > 0) backend->clip_grad_norm(c.clip);
+    backend->step();
     if (log_now) {
-      sync_parameters();  // for the weight norms of the row
-      st = evaluate(model, dev.get(), eval, c.task, c.model);
-      log_row(step + 1, loss.loss, st, lr);
+      backend->sync_host(false);  // the weight norms of the row read the host mirror
+      st = evaluate(*backend, model.layers(), data.eval, c.task, d_k);
+      log_row(step + 1, loss, lr, st);
       result.final_eval_loss = st.loss;
       result.final_eval_acc = st.accuracy;
       if (!std::isfinite(st.loss)) {
-        result.diverged = true;
-        result.diverged_step = static_cast<int>(step + 1);
-        result.diverged_where = model.first_nonfinite_stage();
-        if (result.diverged_where.empty()) result.diverged_where = "eval loss";
+        diverge(step + 1, model.first_nonfinite_stage(), "eval loss");
         ++step;
         break;
       }
     }
     if (c.save_every > 0 && (step + 1) % static_cast<std::size_t>(c.save_every) == 0)
-      save(step + 1);
-    if (c.progress) {
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double rate = static_cast<double>(step + 1 - start) / std::max(secs, 1e-9);
-      const double eta = static_cast<double>(c.steps - static_cast<int>(step) - 1) / rate;
-      if (tty) {
-        const int width = 24;
-        const int filled = static_cast<int>(width * static_cast<double>(step + 1) / c.steps);
-        std::printf("\r[%s%s] step %zu/%d loss %.4f acc %.3f %.1f it/s ETA %s   ",
-                    std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), step + 1,
-                    c.steps, loss.loss, result.final_eval_acc, rate, format_duration(eta).c_str());
-        std::fflush(stdout);
-      } else if (log_now) {
-        std::printf("step %zu/%d loss %.4f eval_loss %.4f eval_acc %.3f lr %.3g %.1f it/s ETA %s\n",
-                    step + 1, c.steps, loss.loss, st.loss, st.accuracy, lr, rate,
-                    format_duration(eta).c_str());
-        std::fflush(stdout);
-      }
+      saver.save(step + 1, *backend, *opt, params, data_rng);
+    if (progress) {
+      char detail[160];
+      std::snprintf(detail, sizeof detail, "loss %.4f eval_loss %.4f eval_acc %.3f lr %.3g", loss,
+                    st.loss, st.accuracy, lr);
+      progress({"step", start, step + 1, steps,
+                std::chrono::duration<double>(Clock::now() - t0).count(), detail, log_now});
     }
   }
-  if (tty) std::printf("\n");
   result.steps_done = static_cast<int>(step);
+  result.steps_to_target = log.steps_to_target();
   result.final_train_loss = last_loss;
   if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  result.device = dev ? device_ops->name() : "cpu";
+  result.device = backend->name();
   // A diverged model is never saved: its weights may hold non-finite values.
-  if (!result.diverged) save(step);
+  if (!result.diverged) saver.save(step, *backend, *opt, params, data_rng);
   write_summary(c.out + "/summary.json", c, result);
   return result;
 }
@@ -622,18 +315,13 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   const RunMeta meta = read_run_meta(path);
   TrainConfig c;
   try {
-    const json saved = json::parse(meta.config_json);
-    c.task = task_from_json(saved.at("task"));
-    c.model = spec_from_json(saved.at("model"));
-    c.valid_file = saved.at("valid_file").get<std::string>();
-    c.eval_size = saved.at("eval_size").get<int>();
-    c.seed = saved.at("seed").get<std::uint64_t>();
-  } catch (const json::exception& e) {
+    read_json_text(meta.config_json, c);
+  } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(path + ": model_config: " + e.what());
   }
   const TaskShape shape = task_shape(c.task);
   Rng rng(c.seed);
-  Model model(c.model, shape, rng);
+  Model model(resolve_model(c.model, shape), rng);
   ParameterList<float> params = model.parameters();
   load_run_checkpoint(path, params, nullptr);
   const std::string valid = !valid_file.empty() ? valid_file : c.valid_file;
@@ -648,8 +336,8 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   r.examples = static_cast<int>(eval.size());
   std::ostringstream os;
   os << "run " << run_dir << ": task " << to_string(c.task.kind) << ", step " << meta.step
-     << ", scaling " << to_string(c.model.scaling) << ", d_k "
-     << (c.model.d_k ? c.model.d_k : c.model.d_model / c.model.heads) << "\n";
+     << ", scaling " << to_string(c.model.block.attention.sdpa.scaling) << ", d_k "
+     << c.model.block.attention.head_dim_k() << "\n";
   os << "eval set (" << (valid.empty() ? "the task's fixed eval set" : valid)
      << "): " << eval.size() << " examples, " << loss.labelled << " labelled positions\n";
   char buf[160];

@@ -455,8 +455,10 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
 
 void save_safetensors(const std::string& path, const std::vector<StoredTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  const auto bytes = serialize_safetensors(tensors, metadata, path);
+  write_file_atomic(path, serialize_safetensors(tensors, metadata, path));
+}
 
+void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
   const std::filesystem::path target(path);
   if (target.filename().empty()) fail(path, "cannot write: the path names a directory");
   const std::filesystem::path dir =

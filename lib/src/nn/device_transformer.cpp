@@ -146,11 +146,11 @@ struct DeviceTransformer<T>::Impl {
         ds(&o),
         sum_scratch(&o),
         sums(&o) {
-    C = config.d_model;
-    H = config.heads;
-    D = config.d_k ? config.d_k : C / H;
-    Dv = config.d_v ? config.d_v : C / H;
-    F = config.d_ff;
+    C = config.block.attention.d_model;
+    H = config.block.attention.heads;
+    D = config.block.attention.head_dim_k();
+    Dv = config.block.attention.head_dim_v();
+    F = config.block.d_ff;
     V = config.out_vocab;
     const ParameterList<T> list = host.parameters();
     std::size_t offset = 0;
@@ -179,26 +179,26 @@ struct DeviceTransformer<T>::Impl {
     for (std::size_t l = 0; l < config.layers; ++l) {
       const std::string p = "blocks." + std::to_string(l) + ".";
       BlockParams b;
-      if (config.norm != Norm::none) {
+      if (config.block.norm != Norm::none) {
         b.ln1_g = param(p + "ln1.gamma");
-        if (config.norm == Norm::layernorm) b.ln1_b = param(p + "ln1.beta");
-        if (!config.attn_only) {
+        if (config.block.norm == Norm::layernorm) b.ln1_b = param(p + "ln1.beta");
+        if (!config.block.attn_only) {
           b.ln2_g = param(p + "ln2.gamma");
-          if (config.norm == Norm::layernorm) b.ln2_b = param(p + "ln2.beta");
+          if (config.block.norm == Norm::layernorm) b.ln2_b = param(p + "ln2.beta");
         }
       }
       b.w_q = param(p + "attn.w_q");
       b.w_k = param(p + "attn.w_k");
       b.w_v = param(p + "attn.w_v");
       b.w_o = param(p + "attn.w_o");
-      if (config.qk_norm) {
+      if (config.block.attention.qk_norm) {
         b.qn_g = param(p + "attn.q_norm.gamma");
         b.qn_b = param(p + "attn.q_norm.beta");
         b.kn_g = param(p + "attn.k_norm.gamma");
         b.kn_b = param(p + "attn.k_norm.beta");
       }
-      if (config.learnable_scale) b.log_scale = param(p + "attn.log_scale");
-      if (!config.attn_only) {
+      if (config.block.attention.learnable_scale) b.log_scale = param(p + "attn.log_scale");
+      if (!config.block.attn_only) {
         b.fc1_w = param(p + "mlp.fc1.w");
         b.fc1_b = param(p + "mlp.fc1.b");
         b.fc2_w = param(p + "mlp.fc2.w");
@@ -206,20 +206,20 @@ struct DeviceTransformer<T>::Impl {
       }
       blocks.push_back(b);
       caches.emplace_back(ops);
-      if (!config.learnable_scale) {
+      if (!config.block.attention.learnable_scale) {
         // The fixed scale of every head, as MultiHeadAttention::head_scales gives it.
-        const std::vector<T> s(H, static_cast<T>(resolve_scale(config.attention, D)));
+        const std::vector<T> s(H, static_cast<T>(resolve_scale(config.block.attention.sdpa, D)));
         ops->upload(caches.back().scale.reserve(H), s.data(), H * sizeof(T));
       } else {
         caches.back().scale.reserve(H);
       }
     }
-    if (config.norm != Norm::none) {
+    if (config.block.norm != Norm::none) {
       lnf_g = param("ln_f.gamma");
-      if (config.norm == Norm::layernorm) lnf_b = param("ln_f.beta");
+      if (config.block.norm == Norm::layernorm) lnf_b = param("ln_f.beta");
     }
     head_w = param("head.w");
-    if (config.attention.path == SdpaPath::fused) ops->check_fused(D, Dv);
+    if (config.block.attention.sdpa.path == SdpaPath::fused) ops->check_fused(D, Dv);
   }
 
   std::size_t index_of(const std::string& name) const {
@@ -256,10 +256,12 @@ struct DeviceTransformer<T>::Impl {
   }
 
   bool fused() const {
-    if (resolve_sdpa_path(config.attention.path, Tn, config.attention.causal) != SdpaPath::fused)
+    if (resolve_sdpa_path(config.block.attention.sdpa.path, Tn,
+                          config.block.attention.sdpa.causal) != SdpaPath::fused)
       return false;
-    if (config.attention.path == SdpaPath::fused) return true;  // checked at construction
-    try {  // automatic: the fused path when the device's kernels can take these head dims
+    if (config.block.attention.sdpa.path == SdpaPath::fused)
+      return true;  // checked at construction
+    try {           // automatic: the fused path when the device's kernels can take these head dims
       ops->check_fused(D, Dv);
       return true;
     } catch (const std::invalid_argument&) {
@@ -280,9 +282,9 @@ struct DeviceTransformer<T>::Impl {
 
   // y = norm(x) into `out` (stats into mean/rstd); for Norm::none, out = x.
   const T* norm_forward(Buf& out, Buf& mean, Buf& rstd, const T* x, const T* gamma, const T* beta) {
-    if (config.norm == Norm::none) return x;
+    if (config.block.norm == Norm::none) return x;
     T* y = out.reserve(N * C);
-    if (config.norm == Norm::layernorm) {
+    if (config.block.norm == Norm::layernorm) {
       ops->layernorm_forward(y, mean.reserve(N), rstd.reserve(N), x, gamma, beta, N, C,
                              static_cast<T>(kLayerNormEps));
     } else {
@@ -294,8 +296,8 @@ struct DeviceTransformer<T>::Impl {
   // dx of a norm into `dx` (gamma/beta grads assigned); for Norm::none returns dy itself.
   T* norm_backward_into(T* dx, T* dy, const T* x, const Buf& mean, const Buf& rstd, const T* gamma,
                         const T* beta) {
-    if (config.norm == Norm::none) return dy;
-    if (config.norm == Norm::layernorm) {
+    if (config.block.norm == Norm::none) return dy;
+    if (config.block.norm == Norm::layernorm) {
       ops->layernorm_backward(dx, grad_of_param(gamma), grad_of_param(beta), dy, x, mean.data(),
                               rstd.data(), gamma, N, C);
     } else {
@@ -337,8 +339,9 @@ struct DeviceTransformer<T>::Impl {
     Tn = t;
     N = B * Tn;
     // Self-attention over the T tokens; the options' checks are the CPU op's.
-    attention_spec = make_attention_spec(
-        op, config.attention, {.B = B, .H = H, .Hkv = H, .Tq = Tn, .Tk = Tn, .D = D, .Dv = Dv});
+    attention_spec =
+        make_attention_spec(op, config.block.attention.sdpa,
+                            {.B = B, .H = H, .Hkv = H, .Tq = Tn, .Tk = Tn, .D = D, .Dv = Dv});
     const std::size_t nf = fields.size();
     int* id_data = ids.reserve(nf * N);
     for (std::size_t f = 0; f < nf; ++f) {
@@ -385,12 +388,14 @@ struct DeviceTransformer<T>::Impl {
     T* k = c.k.reserve(rows_h * D);
     T* v = c.v.reserve(rows_h * Dv);
     ops->linear_forward(proj, a, bp.w_q, nullptr, N, C, HD);
-    ops->split_heads(config.qk_norm ? c.q_raw.reserve(rows_h * D) : q, proj, B, Tn, H, D);
+    ops->split_heads(config.block.attention.qk_norm ? c.q_raw.reserve(rows_h * D) : q, proj, B, Tn,
+                     H, D);
     ops->linear_forward(proj, a, bp.w_k, nullptr, N, C, HD);
-    ops->split_heads(config.qk_norm ? c.k_raw.reserve(rows_h * D) : k, proj, B, Tn, H, D);
+    ops->split_heads(config.block.attention.qk_norm ? c.k_raw.reserve(rows_h * D) : k, proj, B, Tn,
+                     H, D);
     ops->linear_forward(proj, a, bp.w_v, nullptr, N, C, HDv);
     ops->split_heads(v, proj, B, Tn, H, Dv);
-    if (config.qk_norm) {
+    if (config.block.attention.qk_norm) {
       const T eps = static_cast<T>(kLayerNormEps);
       ops->layernorm_forward(q, c.q_mean.reserve(rows_h), c.q_rstd.reserve(rows_h), c.q_raw.data(),
                              bp.qn_g, bp.qn_b, rows_h, D, eps);
@@ -410,7 +415,7 @@ struct DeviceTransformer<T>::Impl {
     T* h = c.h.reserve(N * C);
     ops->linear_forward(h, merged, bp.w_o, nullptr, N, HDv, C);
     ops->add(h, x, h, N * C);  // h = x + attn(norm1(x))
-    if (config.attn_only) return h;
+    if (config.block.attn_only) return h;
     // y = h + mlp(norm2(h)),  mlp = fc2(gelu(fc1(·)))
     const T* m = norm_forward(c.m, c.mean2, c.rstd2, h, bp.ln2_g, bp.ln2_b);
     c.m_ptr = m;
@@ -480,7 +485,7 @@ struct DeviceTransformer<T>::Impl {
     BlockCache& c = caches[l];
     const std::size_t HD = H * D, HDv = H * Dv, rows_h = B * H * Tn;
     const T* dh = dy;  // dL/dh
-    if (!config.attn_only) {
+    if (!config.block.attn_only) {
       // y = h + fc2(gelu(fc1(norm2(h))))
       T* dg = dff1.reserve(N * F);
       ops->linear_backward(dg, grad_of_param(bp.fc2_w), grad_of_param(bp.fc2_b), dy, c.g.data(),
@@ -514,7 +519,7 @@ struct DeviceTransformer<T>::Impl {
     }
     // s = exp(log s): dL/dlog s_h = s_h · dL/ds_h = Σ q ⊙ dq over head h (as dQ = s · dZ K).
     if (bp.log_scale) ops->head_dot(grad_of_param(bp.log_scale), c.q.data(), dq_p, B, H, Tn * D);
-    if (config.qk_norm) {
+    if (config.block.attention.qk_norm) {
       T* dq_raw = dqn.reserve(rows_h * D);
       T* dk_raw = dkn.reserve(rows_h * D);
       ops->layernorm_backward(dq_raw, grad_of_param(bp.qn_g), grad_of_param(bp.qn_b), dq_p,

@@ -9,24 +9,23 @@
 
 namespace attnlab {
 
-void AttentionConfig::validate() const {
-  constexpr std::string_view op = "AttentionConfig";
-  check_arg(d_model > 0, op, "d_model", "> 0", std::to_string(d_model));
-  check_arg(heads > 0, op, "heads", "> 0", std::to_string(heads));
+void AttentionConfig::validate(std::string_view op, const std::string& path) const {
+  check_arg(d_model > 0, op, path + "d_model", "> 0", std::to_string(d_model));
+  check_arg(heads > 0, op, path + "heads", "> 0", std::to_string(heads));
   const std::string divisible = "divisible by heads (" + std::to_string(heads) + ") when ";
   if (d_k == 0) {
-    check_arg(d_model % heads == 0, op, "d_model", divisible + "d_k is 0 (derived)",
+    check_arg(d_model % heads == 0, op, path + "d_model", divisible + "d_k is 0 (derived)",
               std::to_string(d_model));
   }
   if (d_v == 0) {
-    check_arg(d_model % heads == 0, op, "d_model", divisible + "d_v is 0 (derived)",
+    check_arg(d_model % heads == 0, op, path + "d_model", divisible + "d_v is 0 (derived)",
               std::to_string(d_model));
   }
   if (sdpa.scale) {
-    check_arg(std::isfinite(*sdpa.scale) && *sdpa.scale > 0, op, "sdpa.scale", "a finite value > 0",
-              std::to_string(*sdpa.scale));
+    check_arg(std::isfinite(*sdpa.scale) && *sdpa.scale > 0, op, path + "sdpa.scale",
+              "a finite value > 0", std::to_string(*sdpa.scale));
   }
-  check_arg(sdpa.head_scale.empty(), op, "sdpa.head_scale",
+  check_arg(sdpa.head_scale.empty(), op, path + "sdpa.head_scale",
             "empty (use learnable_scale for per-head scales)",
             std::to_string(sdpa.head_scale.size()) + " entries");
 }

@@ -12,64 +12,35 @@ void TransformerConfig::validate() const {
     check_arg(vocab_sizes[i] > 0, op, "vocab_sizes[" + std::to_string(i) + "]", "> 0", "0");
   }
   check_arg(max_len > 0, op, "max_len", "> 0", std::to_string(max_len));
-  check_arg(d_model > 0, op, "d_model", "> 0", std::to_string(d_model));
-  check_arg(heads > 0, op, "heads", "> 0", std::to_string(heads));
   check_arg(layers > 0, op, "layers", "> 0", std::to_string(layers));
   check_arg(out_vocab > 0, op, "out_vocab", "> 0", std::to_string(out_vocab));
-  if (!attn_only) check_arg(d_ff > 0, op, "d_ff", "> 0 (or attn_only)", std::to_string(d_ff));
-  const std::string divisible = "divisible by heads (" + std::to_string(heads) + ") when ";
-  if (d_k == 0) {
-    check_arg(d_model % heads == 0, op, "d_model", divisible + "d_k is 0 (derived)",
-              std::to_string(d_model));
-  }
-  if (d_v == 0) {
-    check_arg(d_model % heads == 0, op, "d_model", divisible + "d_v is 0 (derived)",
-              std::to_string(d_model));
-  }
-  if (attention.scale) {
-    check_arg(std::isfinite(*attention.scale) && *attention.scale > 0, op, "attention.scale",
-              "a finite value > 0", std::to_string(*attention.scale));
-  }
-  check_arg(attention.head_scale.empty(), op, "attention.head_scale",
-            "empty (use learnable_scale for per-head scales)",
-            std::to_string(attention.head_scale.size()) + " entries");
+  check_arg(block.attention.d_context == 0, op, "block.attention.d_context",
+            "0 (a Transformer has no cross-attention)", std::to_string(block.attention.d_context));
+  block.validate(op, "block.");
 }
 
-AttentionConfig TransformerConfig::attention_config() const {
-  AttentionConfig a;
-  a.d_model = d_model;
-  a.heads = heads;
-  a.d_k = d_k;
-  a.d_v = d_v;
-  a.sdpa = attention;
-  a.qk_norm = qk_norm;
-  a.learnable_scale = learnable_scale;
-  return a;
-}
-
-BlockConfig TransformerConfig::block_config() const {
+BlockConfig TransformerConfig::default_block() {
   BlockConfig b;
-  b.attention = attention_config();
-  b.d_ff = d_ff;
-  b.attn_only = attn_only;
-  b.norm = norm;
+  b.attention.d_model = 64;
+  b.attention.heads = 4;
+  b.d_ff = 256;
   return b;
 }
 
 template <class T>
 Transformer<T>::Transformer(const TransformerConfig& config, Rng& rng)
     : config_((config.validate(), config)),
-      embed_(config.vocab_sizes, config.d_model, rng),
-      pos_(config.positions, config.max_len, config.d_model, rng),
+      embed_(config.vocab_sizes, config.d_model(), rng),
+      pos_(config.positions, config.max_len, config.d_model(), rng),
       blocks_([&] {
         std::vector<std::unique_ptr<TransformerBlock<T>>> blocks;
         for (std::size_t l = 0; l < config.layers; ++l) {
-          blocks.push_back(std::make_unique<TransformerBlock<T>>(config.block_config(), rng));
+          blocks.push_back(std::make_unique<TransformerBlock<T>>(config.block, rng));
         }
         return blocks;
       }()),
-      norm_f_(make_norm<T>(config.norm, config.d_model)),
-      head_(config.d_model, config.out_vocab, rng, false) {}
+      norm_f_(make_norm<T>(config.block.norm, config.d_model())),
+      head_(config.d_model(), config.out_vocab, rng, false) {}
 
 template <class T>
 void Transformer<T>::collect_parameters(const std::string& prefix, ParameterList<T>& out) {

@@ -7,9 +7,10 @@
 
 namespace attnlab {
 
-void BlockConfig::validate() const {
-  attention.validate();
-  if (!attn_only) check_arg(d_ff > 0, "BlockConfig", "d_ff", "> 0", std::to_string(d_ff));
+void BlockConfig::validate(std::string_view op, const std::string& path) const {
+  if (!attn_only)
+    check_arg(d_ff > 0, op, path + "d_ff", "> 0 (or attn_only)", std::to_string(d_ff));
+  attention.validate(op, path + "attention.");
 }
 
 namespace {

@@ -108,6 +108,10 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
 void save_safetensors(const std::string& path, const std::vector<StoredTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// The atomic write behind save_safetensors, for any file (same steps and guarantees; throws
+// CheckpointError naming the file).
+void write_file_atomic(const std::string& path, std::span<const std::byte> bytes);
+
 // Reads and validates a whole file (it must be a regular file). Throws CheckpointError.
 SafetensorsFile load_safetensors(const std::string& path);
 

@@ -37,9 +37,11 @@ struct AttentionConfig {
   bool qk_norm = false;
   bool learnable_scale = false;
 
-  // Throws std::invalid_argument naming the field: zero sizes, a d_model that heads do not divide
-  // when d_k or d_v is derived, a non-positive explicit scale, a non-empty sdpa.head_scale.
-  void validate() const;
+  // Throws std::invalid_argument "<op>: <path><field> expected ..., got ...": zero sizes, a d_model
+  // that heads do not divide when d_k or d_v is derived, a non-positive explicit scale, a
+  // non-empty sdpa.head_scale. The one home of these rules (BlockConfig and TransformerConfig pass
+  // their name and the path to here).
+  void validate(std::string_view op = "AttentionConfig", const std::string& path = "") const;
   std::size_t head_dim_k() const { return d_k ? d_k : d_model / heads; }
   std::size_t head_dim_v() const { return d_v ? d_v : d_model / heads; }
   std::size_t context_dim() const { return d_context ? d_context : d_model; }

@@ -24,28 +24,25 @@
 
 namespace attnlab {
 
+// One nested config: TransformerConfig ⊃ BlockConfig ⊃ AttentionConfig, one home per field
+// (C and H live in block.attention). Validated once, in validate(); JSON in io/config_json.hpp.
 struct TransformerConfig {
   std::vector<std::size_t> vocab_sizes;  // one vocabulary per input field (at least one)
   std::size_t max_len = 64;              // longest sequence (size of the position table)
-  std::size_t d_model = 64;              // C
-  std::size_t heads = 4;                 // H
-  std::size_t d_k = 0;                   // D; 0: d_model / heads
-  std::size_t d_v = 0;                   // Dv; 0: d_model / heads
-  std::size_t d_ff = 256;                // F (ignored when attn_only)
   std::size_t layers = 2;                // number of blocks
   std::size_t out_vocab = 0;             // V, the classes of the head
-  bool attn_only = false;
-  Norm norm = Norm::layernorm;
-  SdpaOptions attention;  // scaling mode, explicit scale, causal (head_scale must stay empty)
-  bool qk_norm = false;
-  bool learnable_scale = false;
   PositionEncoding positions = PositionEncoding::learned;
+  // Every block's shape: C = block.attention.d_model, H = block.attention.heads, F = block.d_ff.
+  BlockConfig block = default_block();
 
-  // Throws std::invalid_argument whose message names the field, e.g.
-  // "TransformerConfig: d_model expected divisible by heads (4) when d_k is 0, got 30".
+  // Throws std::invalid_argument whose message names the field by its path, e.g.
+  // "TransformerConfig: block.attention.d_model expected divisible by heads (4) when d_k is 0
+  // (derived), got 30".
   void validate() const;
-  AttentionConfig attention_config() const;
-  BlockConfig block_config() const;
+  std::size_t d_model() const { return block.attention.d_model; }
+
+  // C 64, H 4, F 256, LayerNorm, MLP on.
+  static BlockConfig default_block();
 };
 
 template <class T>

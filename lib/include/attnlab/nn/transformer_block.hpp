@@ -20,8 +20,9 @@ struct BlockConfig {
   bool attn_only = false;
   Norm norm = Norm::layernorm;
 
-  // Throws std::invalid_argument naming the field (attention.validate() included).
-  void validate() const;
+  // Throws std::invalid_argument "<op>: <path><field> expected ..., got ..." (attention.validate()
+  // included, its fields under <path>attention.); an owner passes its name and the path to here.
+  void validate(std::string_view op = "BlockConfig", const std::string& path = "") const;
 };
 
 template <class T>

@@ -1,13 +1,14 @@
 // Gradient checks of one layer from the command line (`attnlab gradcheck`): builds the layer in
-// double precision from a ModelSpec, and runs the library's central-difference checker on the
-// input and every parameter of L = Σ r ⊙ layer(x) (cross-entropy for the whole Transformer).
+// double precision from a TransformerConfig (its block and attention for the smaller layers), and
+// runs the library's central-difference checker on the input and every parameter of L = Σ r ⊙
+// layer(x) (cross-entropy for the whole Transformer).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "attnlab/app/trainer.hpp"
+#include "attnlab/app/run_config.hpp"
 #include "attnlab/gradcheck.hpp"
 
 namespace attnlab::app {
@@ -25,9 +26,10 @@ bool layer_check_passed(const GradcheckReport& report);
 
 const std::vector<std::string>& checkable_layers();
 
-// layer: one of checkable_layers(). batch B and seq T size the input. Throws std::invalid_argument
-// for an unknown layer or a bad spec.
-GradcheckReport check_layer(const std::string& layer, const ModelSpec& spec, int batch, int seq,
-                            std::uint64_t seed);
+// layer: one of checkable_layers(). batch B and seq T size the input; the model's vocabularies,
+// max_len and out_vocab are the check's own, d_ff 0 means 4 · d_model. Throws
+// std::invalid_argument for an unknown layer or a bad config (TransformerConfig::validate).
+GradcheckReport check_layer(const std::string& layer, const TransformerConfig& model, int batch,
+                            int seq, std::uint64_t seed);
 
 }  // namespace attnlab::app

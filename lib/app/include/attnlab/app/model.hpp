@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "attnlab/app/tasks.hpp"
-#include "attnlab/app/trainer.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/tensor.hpp"
@@ -17,15 +16,17 @@
 namespace attnlab {
 template <class T>
 class Transformer;
+struct TransformerConfig;
 }  // namespace attnlab
 
 namespace attnlab::app {
 
 class Model {
  public:
-  // Draws the initial weights from rng (the order of draws depends only on the shapes, never on
-  // the scaling mode, so that the modes of a study start from identical weights).
-  Model(const ModelSpec& spec, const TaskShape& shape, Rng& rng);
+  // config: resolved against the task (resolve_model in run_config.hpp). Draws the initial weights
+  // from rng (the order of draws depends only on the shapes, never on the scaling mode, so that
+  // the modes of a study start from identical weights).
+  Model(const TransformerConfig& config, Rng& rng);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -63,9 +63,17 @@ struct StudyOutcome {
   double seconds = 0;
 };
 
-// Runs the plan's jobs on options.jobs std::threads. Every job trains with a Context of its own:
-// one thread (so results do not depend on --jobs), on the CPU, and context.stop (once set, every
-// job stops before its next step with a checkpoint). context.threads is not used.
+// Validates every run of the plan first (std::invalid_argument naming the group and the field),
+// then runs the plan's jobs on options.jobs std::threads. Every job trains with a Context of its
+// own: one thread (so results do not depend on --jobs), on the CPU, and context.stop (once set,
+// every job stops before its next step with a checkpoint). context.threads is not used.
 StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const Context& context);
+
+// A custom grid without recompiling (`attnlab study --config FILE`): a StudyPlan as JSON, every
+// group's base a run config (run_config.hpp). Reading overlays, unknown keys are errors naming
+// their path; std::invalid_argument names the file. data/configs/study_micro.json is the micro
+// preset written out.
+void read_study_file(const std::string& path, StudyPlan& plan);
+std::string to_json_text(const StudyPlan& plan);
 
 }  // namespace attnlab::app

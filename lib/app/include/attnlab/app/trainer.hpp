@@ -21,10 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/run_config.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/context.hpp"
-#include "attnlab/nn/norm.hpp"
-#include "attnlab/ops/attention.hpp"
 
 namespace attnlab {
 template <class T>
@@ -32,57 +31,6 @@ class DeviceOps;
 }  // namespace attnlab
 
 namespace attnlab::app {
-
-// The model's shape and attention options (the vocabularies come from the task).
-struct ModelSpec {
-  int d_model = 64;
-  int heads = 1;
-  int d_k = 0;  // 0: d_model / heads
-  int d_v = 0;  // 0: d_model / heads
-  int layers = 1;
-  bool attn_only = true;
-  Norm norm = Norm::layernorm;
-  bool qk_norm = false;
-  bool learnable_scale = false;
-  Scaling scaling = Scaling::sqrt_dk;
-  std::optional<double> scale;  // explicit scale, overrides scaling
-  bool causal = false;
-  bool positions = true;  // learned positional embedding
-  int d_ff = 0;           // MLP width; 0: 4 · d_model
-};
-
-// Throws std::invalid_argument naming the field (e.g. heads that do not divide d_model when d_k or
-// d_v is left to default).
-void validate(const ModelSpec& spec);
-
-struct TrainConfig {
-  TaskConfig task;
-  std::string data_file;   // train on this file instead of generated batches ("" = generate)
-  std::string valid_file;  // eval on this file ("" = the task's fixed eval set)
-  ModelSpec model;
-  std::string optimizer = "adamw";  // adamw | sgd
-  double lr = 3e-3;
-  double beta1 = 0.9, beta2 = 0.95;
-  double momentum = 0.9;  // sgd
-  double weight_decay = 0;
-  double clip = 0;                  // 0: no clipping
-  std::string schedule = "cosine";  // constant | cosine
-  int warmup = 0;
-  int steps = 1000;
-  int batch = 32;
-  std::uint64_t seed = 0;
-  std::string out = "runs/train";
-  int eval_every = 50;
-  int eval_size = 512;
-  int save_every = 0;    // 0: only at the end
-  std::string resume;    // a run directory to continue from
-  int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
-  bool progress = true;  // live bar on a TTY, plain lines otherwise (false: silent)
-  bool write_checkpoint = true;
-  // The thread count, the stop flag and the backend are run control, not part of the run config:
-  // they come in the Context given to train_model (attnlab/context.hpp), so a run may be resumed
-  // with another thread count or on the other device.
-};
 
 struct TrainResult {
   int steps_done = 0;
@@ -101,16 +49,26 @@ struct TrainResult {
 };
 
 // Validates the config and the context (std::invalid_argument naming the field; DataFileError for
-// data files), trains, writes the outputs into config.out. Never calls exit. What `context` says:
+// data files), trains, writes the outputs into config.out: OUT/config.json (the effective config,
+// model resolved against the task), metrics.csv, summary.json, model.safetensors. Never calls exit.
+//
+// What `context` says (run control, not part of the run config):
 //  - threads: the run's ops use that many threads; it is set on the calling thread for the run
 //    only (a ThreadScope), so runs on several threads at once (the study's jobs) are independent;
 //  - stop: once the flag is set (e.g. by the app's SIGINT handler) the run saves a checkpoint
 //    before its next step and returns with `interrupted`;
-//  - backend cuda: the training step (forward, loss, backward, clipping, optimizer) and the eval
-//    forward run on the GPU in a DeviceTransformer (nn/device_transformer.hpp), on a CUDA backend
-//    the run makes and owns; the attention metrics are computed on the host from each layer's
-//    queries and keys, and the host model is the mirror that checkpoints read. `device_ops` (when
-//    not null) replaces that backend: the tests pass the emulated device.
+//  - backend cuda: the training step and the eval forward run on the GPU in a DeviceTransformer
+//    (nn/device_transformer.hpp), on a CUDA backend the run makes and owns; the host model is the
+//    mirror that checkpoints read. `device_ops` (when not null) replaces that backend: the tests
+//    pass the emulated device.
+//
+// Resume (config.resume = DIR): the run saved in DIR continues. Its saved config is the recipe:
+// every field of `config` but out, save_every, the one-off controls and steps must equal it
+// (std::invalid_argument naming the first field that differs; start from read_run_config). out
+// left at its default writes into DIR. steps may grow (not shrink below the saved step): the LR
+// schedule is then the one a fresh run with the new steps follows (warmup and cosine over the new
+// total), continued from the saved step. The context may differ (another thread count, the other
+// device).
 TrainResult train_model(const TrainConfig& config, const Context& context,
                         DeviceOps<float>* device_ops = nullptr);
 

@@ -1,0 +1,83 @@
+// The run config of `attnlab train` (and of every run of a study): task + model + optimizer +
+// schedule + run control, one plain struct like the model's TransformerConfig, which it nests.
+//
+// JSON: every field by name (the model nested as in io/config_json.hpp). Reading overlays a file
+// on the value it is read into, so a config file names only what differs from the defaults; a key
+// that is not a field is an error naming it. Every run writes its effective config to
+// OUT/config.json, and that file is accepted back by `attnlab train --config`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "attnlab/app/tasks.hpp"
+#include "attnlab/nn/transformer.hpp"
+
+namespace attnlab::app {
+
+// The app's model defaults: C 64, one head, one attention-only layer, learned positions, d_ff 0
+// (4 · C). vocab_sizes, max_len and out_vocab are decided by the task (resolve_model).
+TransformerConfig default_model();
+
+struct TrainConfig {
+  TaskConfig task;
+  std::string data_file;   // train on this file instead of generated batches ("" = generate)
+  std::string valid_file;  // eval on this file ("" = the task's fixed eval set)
+  TransformerConfig model = default_model();
+  std::string optimizer = "adamw";  // adamw | sgd
+  double lr = 3e-3;
+  double beta1 = 0.9, beta2 = 0.95;
+  double momentum = 0.9;  // sgd
+  double weight_decay = 0;
+  double clip = 0;                  // 0: no clipping
+  std::string schedule = "cosine";  // constant | cosine
+  int warmup = 0;
+  int steps = 1000;
+  int batch = 32;
+  std::uint64_t seed = 0;
+  int eval_every = 50;
+  int eval_size = 512;
+  // Run control: may differ when a run is resumed (see train_model). The thread count, the stop
+  // flag and the backend are not in the config: they travel in the Context given to train_model
+  // (attnlab/context.hpp), so a run may be resumed with another thread count or on the other
+  // device.
+  std::string out = "runs/train";
+  int save_every = 0;  // 0: only at the end
+  // Not part of the config file (one-off controls of this invocation):
+  std::string resume;    // a run directory to continue from
+  int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
+  bool progress = true;  // live bar on a TTY, plain lines otherwise (false: silent)
+  bool write_checkpoint = true;
+};
+
+// The model the task's data needs: vocab_sizes, max_len and out_vocab from the task shape (a
+// value already set must agree: std::invalid_argument naming the field), d_ff 0 -> 4 · d_model.
+// The result is validated (TransformerConfig::validate).
+TransformerConfig resolve_model(const TransformerConfig& model, const TaskShape& shape);
+
+// Throws std::invalid_argument naming the field (the model's rules are TransformerConfig's).
+void validate(const TrainConfig& config);
+
+// nlohmann-json (de)serialisers (reading overlays; see io/config_json.hpp).
+void to_json(nlohmann::json& j, TaskKind v);
+void from_json(const nlohmann::json& j, TaskKind& v);
+void to_json(nlohmann::json& j, const TaskConfig& v);
+void from_json(const nlohmann::json& j, TaskConfig& v);
+void to_json(nlohmann::json& j, const TrainConfig& v);
+void from_json(const nlohmann::json& j, TrainConfig& v);
+
+// The JSON text of a config (what OUT/config.json and the checkpoint metadata hold).
+std::string to_json_text(const TrainConfig& config);
+// Overlays JSON text on `config` (ConfigError naming the key on an unknown key or a bad value).
+// Also reads the flat layout that checkpoints written before the nested config hold.
+void read_json_text(const std::string& text, TrainConfig& config);
+// The same, from a file (std::invalid_argument naming the file when it cannot be read or parsed).
+void read_config_file(const std::string& path, TrainConfig& config);
+// Writes OUT/config.json-style files atomically.
+void write_config_file(const std::string& path, const TrainConfig& config);
+// Overlays the config saved in a run directory's checkpoint (DIR/model.safetensors) on `config`.
+void read_run_config(const std::string& run_dir, TrainConfig& config);
+
+}  // namespace attnlab::app

@@ -1,0 +1,34 @@
+// JSON of a study plan: the presets as data (`attnlab study --config FILE`).
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "attnlab/app/study.hpp"
+#include "attnlab/io/config_json.hpp"
+
+namespace attnlab::app {
+
+ATTNLAB_JSON_FIELDS(StudyArm, name, scaling, qk_norm, learnable_scale)
+ATTNLAB_JSON_FIELDS(StudyGroup, name, base, arms, d_k, lrs, seeds)
+ATTNLAB_JSON_FIELDS(StudyPlan, preset, groups)
+
+void read_study_file(const std::string& path, StudyPlan& plan) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(path + ": cannot open the study config");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    nlohmann::json::parse(ss.str()).get_to(plan);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(path + ": " + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(path + ": " + e.what());
+  }
+}
+
+std::string to_json_text(const StudyPlan& plan) {
+  return nlohmann::json(plan).dump(2);
+}
+
+}  // namespace attnlab::app

@@ -1,0 +1,121 @@
+#include "train_metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "attnlab/app/loss.hpp"
+
+namespace attnlab::app {
+
+namespace {
+
+constexpr double kTargetAccuracy = 0.95;
+
+std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
+  std::ostringstream os;
+  os << "step,loss,eval_loss,eval_acc,lr";
+  for (std::size_t l = 0; l < layers; ++l)
+    for (std::size_t h = 0; h < heads; ++h) {
+      const std::string p = "l" + std::to_string(l) + "h" + std::to_string(h) + "_";
+      os << ',' << p << "entropy," << p << "max_logit," << p << "saturated," << p << "jacobian";
+      if (recall) os << ',' << p << "recall_mass";
+    }
+  for (std::size_t l = 0; l < layers; ++l) {
+    const std::string p = "l" + std::to_string(l) + "_";
+    os << ',' << p << "wq_grad_norm," << p << "wk_grad_norm," << p << "wq_norm," << p << "wk_norm";
+  }
+  os << ",jacobian_mean";
+  return os.str();
+}
+
+std::string g(double x) {
+  if (!std::isfinite(x)) return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.7g", x);
+  return buf;
+}
+
+}  // namespace
+
+EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
+                   const TaskConfig& task, std::size_t d_k) {
+  EvalStats st;
+  const LossResult lr = masked_cross_entropy(backend.eval_logits(eval), eval.targets, false);
+  st.loss = lr.loss;
+  st.accuracy = lr.accuracy;
+  const std::vector<int> key_pos =
+      task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
+  Tensor4<float> dots;  // layer 0's unscaled q·k
+  for (std::size_t l = 0; l < layers; ++l) {
+    LayerAttention a = backend.attention(l);
+    const auto h = attention_health(a.weights, a.scores);
+    st.health.insert(st.health.end(), h.begin(), h.end());
+    if (!key_pos.empty()) {
+      const auto m = correct_key_mass(a.weights, eval.length() - 1, key_pos);
+      st.recall_mass.insert(st.recall_mass.end(), m.begin(), m.end());
+    }
+    if (l == 0) dots = std::move(a.dots);
+  }
+  double mean = 0, sq = 0;
+  for (float x : dots) mean += x;
+  mean /= static_cast<double>(dots.size());
+  for (float x : dots) sq += (x - mean) * (x - mean);
+  st.qk_var_ratio = sq / static_cast<double>(std::max<std::size_t>(dots.size() - 1, 1)) /
+                    static_cast<double>(d_k);
+  return st;
+}
+
+MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
+                       const std::string& resume_csv, std::size_t resumed_step)
+    : recall_(recall) {
+  std::vector<std::string> kept;
+  if (!resume_csv.empty()) {
+    std::ifstream in(resume_csv);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::stringstream ss(line);
+      std::string step_s, loss_s, eval_s, acc_s;
+      std::getline(ss, step_s, ',');
+      std::getline(ss, loss_s, ',');
+      std::getline(ss, eval_s, ',');
+      std::getline(ss, acc_s, ',');
+      if (acc_s.empty()) continue;
+      const auto step = std::stoul(step_s);
+      if (step > resumed_step) continue;
+      kept.push_back(line);
+      if (step == 0) kept_init_eval_loss_ = std::stod(eval_s);
+      if (std::stod(acc_s) >= kTargetAccuracy && steps_to_target_ < 0)
+        steps_to_target_ = static_cast<int>(step);
+    }
+  }
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw std::runtime_error(path + ": cannot open for writing");
+  out_ << csv_header(layers, heads, recall) << '\n';
+  for (const auto& row : kept) out_ << row << '\n';
+}
+
+void MetricsLog::write(std::size_t step, double train_loss, double lr, const EvalStats& st,
+                       const LayerNorms& norms) {
+  out_ << step << ',' << g(train_loss) << ',' << g(st.loss) << ',' << g(st.accuracy) << ','
+       << g(lr);
+  double jac = 0;
+  for (std::size_t i = 0; i < st.health.size(); ++i) {
+    const auto& h = st.health[i];
+    out_ << ',' << g(h.entropy) << ',' << g(h.max_abs_logit) << ',' << g(h.saturated_fraction)
+         << ',' << g(h.jacobian_norm);
+    if (recall_) out_ << ',' << g(st.recall_mass.at(i));
+    jac += h.jacobian_norm;
+  }
+  for (std::size_t l = 0; l < norms.wq.size(); ++l)
+    out_ << ',' << g(norms.wq_grad[l]) << ',' << g(norms.wk_grad[l]) << ',' << g(norms.wq[l]) << ','
+         << g(norms.wk[l]);
+  out_ << ',' << g(st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size())) << '\n';
+  out_.flush();
+  if (st.accuracy >= kTargetAccuracy && steps_to_target_ < 0)
+    steps_to_target_ = static_cast<int>(step);
+}
+
+}  // namespace attnlab::app

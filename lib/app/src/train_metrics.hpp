@@ -1,0 +1,59 @@
+// The trainer's measurements and their file: one evaluation through the backend, and
+// OUT/metrics.csv (one row per logged step). Internal to the app (lib/app/src).
+#pragma once
+
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnlab/app/metrics.hpp"
+#include "attnlab/app/tasks.hpp"
+#include "train_backend.hpp"
+
+namespace attnlab::app {
+
+// What one evaluation measures.
+struct EvalStats {
+  double loss = 0, accuracy = 0;
+  std::vector<HeadHealth> health;   // layers × heads, row-major
+  std::vector<double> recall_mass;  // layers × heads (recall only)
+  double qk_var_ratio = 0;          // layer 0, all heads: Var(q·k) / d_k
+};
+
+// Loss and accuracy of the eval forward, the attention health of every head, the recall mass on
+// the correct key (recall), and the premise check Var(q·k)/d_k of layer 0.
+EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
+                   const TaskConfig& task, std::size_t d_k);
+
+// Per-layer weight statistics of a logged step.
+struct LayerNorms {
+  std::vector<double> wq_grad, wk_grad, wq, wk;  // one per layer
+};
+
+// OUT/metrics.csv. Columns: step, loss, eval_loss, eval_acc, lr, per head l<L>h<H>_{entropy,
+// max_logit, saturated, jacobian[, recall_mass]}, per layer l<L>_{wq_grad_norm, wk_grad_norm,
+// wq_norm, wk_norm}, jacobian_mean. Values are %.7g; non-finite ones "nan", "inf", "-inf".
+class MetricsLog {
+ public:
+  // Truncates `path` and writes the header. A resumed run first keeps the rows of `resume_csv`
+  // (read before truncating, so it may be the same file) up to `resumed_step`.
+  MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
+             const std::string& resume_csv = "", std::size_t resumed_step = 0);
+
+  void write(std::size_t step, double train_loss, double lr, const EvalStats& eval,
+             const LayerNorms& norms);
+
+  // The eval loss of the step-0 row kept from a resumed run (nullopt: none kept).
+  std::optional<double> kept_init_eval_loss() const { return kept_init_eval_loss_; }
+  // The first logged step with eval accuracy >= 0.95 (kept rows included), -1 if none yet.
+  int steps_to_target() const { return steps_to_target_; }
+
+ private:
+  std::ofstream out_;
+  bool recall_;
+  std::optional<double> kept_init_eval_loss_;
+  int steps_to_target_ = -1;
+};
+
+}  // namespace attnlab::app

@@ -1,0 +1,24 @@
+#include "train_saver.hpp"
+
+#include "attnlab/app/run_checkpoint.hpp"
+
+namespace attnlab::app {
+
+RunSaver::RunSaver(std::string path, std::string config_json, bool enabled)
+    : path_(std::move(path)), config_json_(std::move(config_json)), enabled_(enabled) {}
+
+void RunSaver::save(std::size_t step, TrainBackend& backend, Optimizer<float>& optimizer,
+                    const ParameterList<float>& params, const Rng& data_rng) const {
+  if (!enabled_) return;
+  backend.sync_host(true);
+  RunMeta meta;
+  meta.config_json = config_json_;
+  meta.step = step;
+  meta.optimizer_steps = optimizer.step_count();
+  meta.data_rng = data_rng.state();
+  StateTensors state;
+  for (auto& t : optimizer.state_tensors()) state.emplace_back(t.first, std::move(t.second));
+  save_run_checkpoint(path_, params, state, meta);
+}
+
+}  // namespace attnlab::app

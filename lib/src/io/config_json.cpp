@@ -1,0 +1,93 @@
+#include "attnlab/io/config_json.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace attnlab {
+
+ConfigError::ConfigError(std::string path_in, const std::string& problem_in)
+    : std::invalid_argument("config key '" + path_in + "': " + problem_in),
+      path(std::move(path_in)),
+      problem(problem_in) {}
+
+namespace config_json {
+
+void check_keys(const nlohmann::json& j, std::string_view type,
+                std::initializer_list<std::string_view> fields) {
+  if (!j.is_object())
+    throw ConfigError("", "expected a JSON object (" + std::string(type) + "), got " +
+                              std::string(j.type_name()));
+  for (const auto& item : j.items()) {
+    bool known = false;
+    for (std::string_view f : fields) known = known || item.key() == f;
+    if (known) continue;
+    std::string expected;
+    for (std::string_view f : fields) expected += (expected.empty() ? "" : ", ") + std::string(f);
+    throw ConfigError(
+        item.key(), "unknown key in " + std::string(type) + " (expected one of: " + expected + ")");
+  }
+}
+
+}  // namespace config_json
+
+namespace {
+template <class Enum, class Parse>
+void enum_from_json(const nlohmann::json& j, Enum& v, Parse parse) {
+  v = parse(j.get<std::string>());
+}
+}  // namespace
+
+void to_json(nlohmann::json& j, Scaling v) {
+  j = std::string(to_string(v));
+}
+void from_json(const nlohmann::json& j, Scaling& v) {
+  enum_from_json(j, v, parse_scaling);
+}
+void to_json(nlohmann::json& j, SdpaPath v) {
+  j = std::string(to_string(v));
+}
+void from_json(const nlohmann::json& j, SdpaPath& v) {
+  enum_from_json(j, v, parse_sdpa_path);
+}
+void to_json(nlohmann::json& j, Norm v) {
+  j = std::string(to_string(v));
+}
+void from_json(const nlohmann::json& j, Norm& v) {
+  enum_from_json(j, v, parse_norm);
+}
+void to_json(nlohmann::json& j, PositionEncoding v) {
+  j = std::string(to_string(v));
+}
+void from_json(const nlohmann::json& j, PositionEncoding& v) {
+  enum_from_json(j, v, parse_position_encoding);
+}
+
+// By hand: the optional scale is null or a number (nlohmann 3.11 has no std::optional support).
+void to_json(nlohmann::json& j, const SdpaOptions& v) {
+  j = {{"scaling", v.scaling},
+       {"scale", v.scale ? nlohmann::json(*v.scale) : nlohmann::json(nullptr)},
+       {"causal", v.causal},
+       {"path", v.path}};
+}
+
+void from_json(const nlohmann::json& j, SdpaOptions& v) {
+  config_json::check_keys(j, "SdpaOptions", {"scaling", "scale", "causal", "path"});
+  config_json::read_field(j, "scaling", v.scaling);
+  config_json::read_field(j, "causal", v.causal);
+  config_json::read_field(j, "path", v.path);
+  if (const auto it = j.find("scale"); it != j.end()) {
+    if (it->is_null()) {
+      v.scale.reset();
+    } else {
+      double s = 0;
+      config_json::read_field(j, "scale", s);
+      v.scale = s;
+    }
+  }
+}
+
+ATTNLAB_JSON_FIELDS(AttentionConfig, d_model, heads, d_k, d_v, d_context, sdpa, qk_norm,
+                    learnable_scale)
+ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, norm)
+ATTNLAB_JSON_FIELDS(TransformerConfig, vocab_sizes, max_len, layers, out_vocab, positions, block)
+
+}  // namespace attnlab
