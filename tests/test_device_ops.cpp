@@ -1,7 +1,8 @@
-// Every DeviceOps operation (attnlab/device_ops.hpp) against the CPU ops, for both implementations:
-// the emulated one (the CUDA kernel sources on the CPU, attnlab/backends/emulated.hpp) on every
-// machine, and the CUDA one (make_cuda_device_ops) where a device exists; without one those cases
-// are reported as skipped. Outputs start as NaN so that an element an operation never wrote shows.
+// Every DeviceOps operation (attnlab/device_ops.hpp) against the CPU ops, for every implementation:
+// the emulated one (the CUDA kernel sources on the CPU, attnlab/backends/emulated.hpp) and the CPU
+// backend (attnlab/backends/cpu.hpp) on every machine, one body over both (device_backends.hpp),
+// and the CUDA one (make_cuda_device_ops) where a device exists; without one those cases are reported
+// as skipped. Outputs start as NaN so that an element an operation never wrote shows.
 // Inputs are rounded to T first, so the double CPU reference sees exactly the device's inputs.
 #include <doctest/doctest.h>
 
@@ -31,6 +32,7 @@
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "cuda_helpers.hpp"
+#include "device_backends.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -295,8 +297,9 @@ KeyMask attention_mask(std::size_t B, std::size_t Tk) {
   return mask;
 }
 
+// fused_limited: the backend's fused path has a head-dim limit (shared memory on a GPU).
 template <class T>
-void check_attention(DeviceOps<T>& ops, double tol) {
+void check_attention(DeviceOps<T>& ops, double tol, bool fused_limited) {
   const std::size_t B = 2, H = 2, Tq = 6, Tk = 6, D = 4, Dv = 3;
   Rng rng(4);
   const auto q = random<T, 4>({B, H, Tq, D}, rng), k = random<T, 4>({B, H, Tk, D}, rng);
@@ -342,7 +345,11 @@ void check_attention(DeviceOps<T>& ops, double tol) {
   {
     INFO("fused");
     ops.check_fused(D, Dv);
-    CHECK_THROWS_AS(ops.check_fused(100000, 4), std::invalid_argument);
+    if (fused_limited) {
+      CHECK_THROWS_AS(ops.check_fused(100000, 4), std::invalid_argument);
+    } else {
+      CHECK_NOTHROW(ops.check_fused(100000, 4));
+    }
     DeviceVector<T, T> lse(ops, B * H * Tq), row_dot(ops, B * H * Tq);
     ops.sdpa_fused_forward(out.get(), lse.get(), a);
     ops.sdpa_fused_backward(dq.get(), dk.get(), dv.get(), row_dot.get(), ddout.get(), out.get(),
@@ -435,13 +442,13 @@ void check_optimizers(DeviceOps<T>& ops, double tol) {
 }
 
 template <class T>
-void check_all(DeviceOps<T>& ops, double tol) {
+void check_all(DeviceOps<T>& ops, double tol, bool fused_limited = true) {
   CAPTURE(ops.name());
   check_memory(ops);
   check_elementwise(ops, tol);
   check_heads(ops, tol);
   check_layers(ops, tol);
-  check_attention(ops, tol);
+  check_attention(ops, tol, fused_limited);
   check_optimizers(ops, tol);
   ops.synchronize();
 }
@@ -451,19 +458,23 @@ constexpr double kFloatTol = 1e-5;
 
 }  // namespace
 
-TEST_CASE("device ops (emulated): every operation matches the CPU op, in double") {
-  const auto device = emulated::make_device_ops<double>();
-  auto& ops = *device;
-  CHECK(ops.name() == "emulated (CPU)");
-  check_all(ops, kDoubleTol);
-  CHECK(emulated::live_allocations(ops) == 0);
+TEST_CASE_TEMPLATE("device ops: every operation matches the CPU op, in double", Backend,
+                   test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<double>();
+  check_all(*device, kDoubleTol, Backend::kFusedLimited);
+  test::check_no_live_allocations<Backend>(*device);
 }
 
-TEST_CASE("device ops (emulated): every operation matches the CPU op, in float") {
-  const auto device = emulated::make_device_ops<float>();
-  auto& ops = *device;
-  check_all(ops, kFloatTol);
-  CHECK(emulated::live_allocations(ops) == 0);
+TEST_CASE_TEMPLATE("device ops: every operation matches the CPU op, in float", Backend,
+                   test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<float>();
+  check_all(*device, kFloatTol, Backend::kFusedLimited);
+  test::check_no_live_allocations<Backend>(*device);
+}
+
+TEST_CASE("device ops: the backends name themselves") {
+  CHECK(emulated::make_device_ops<float>()->name() == "emulated (CPU)");
+  CHECK(make_cpu_device_ops<float>()->name() == "cpu");
 }
 
 TEST_CASE("device ops (emulated): allocations are NaN-filled and counted until released") {

@@ -2,8 +2,10 @@
 //
 // On every machine they run on the emulated device (attnlab/backends/emulated.hpp: the CUDA kernel
 // sources on the CPU, BLAS for the GEMMs), which checks the device model's orchestration (buffers,
-// order of operations, gradient routing) and the kernels' arithmetic; on a machine with a GPU the
-// same checks run once more on the CUDA backend, and are reported as skipped elsewhere.
+// order of operations, gradient routing) and the kernels' arithmetic, and on the CPU backend
+// (attnlab/backends/cpu.hpp: the CPU ops), one body over both (device_backends.hpp); on a machine
+// with a GPU the same checks run once more on the CUDA backend, and are reported as skipped
+// elsewhere.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -21,6 +23,7 @@
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "cuda_helpers.hpp"
+#include "device_backends.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -252,22 +255,25 @@ void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss
 
 }  // namespace
 
-TEST_CASE("device transformer (emulated): one step matches the CPU model, double") {
-  const auto device = emulated::make_device_ops<double>();
+TEST_CASE_TEMPLATE("device transformer: one step matches the CPU model, double", Backend,
+                   test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<double>();
   auto& ops = *device;
   check_variants<double>(ops, 1e-10);
 }
 
-TEST_CASE("device transformer (emulated): one step matches the CPU model, float") {
-  const auto device = emulated::make_device_ops<float>();
+TEST_CASE_TEMPLATE("device transformer: one step matches the CPU model, float", Backend,
+                   test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<float>();
   auto& ops = *device;
   check_variants<float>(ops, 2e-5);
 }
 
-TEST_CASE("device transformer (emulated): central-difference gradient check of every parameter") {
+TEST_CASE_TEMPLATE("device transformer: central-difference gradient check of every parameter",
+                   Backend, test::EmulatedBackend, test::CpuBackend) {
   // The device backward on its own terms, in double: every element of every parameter against
   // (L(θ + ε) − L(θ − ε)) / 2ε of the device's own forward and loss, with every feature on.
-  const auto device = emulated::make_device_ops<double>();
+  const auto device = Backend::template make<double>();
   auto& ops = *device;
   TransformerConfig c;
   c.vocab_sizes = {5, 3};
@@ -315,14 +321,16 @@ TEST_CASE("device transformer (emulated): central-difference gradient check of e
   }
 }
 
-TEST_CASE("device transformer (emulated): 50 AdamW steps with clipping follow the CPU loss curve") {
-  const auto device = emulated::make_device_ops<float>();
+TEST_CASE_TEMPLATE("device transformer: 50 AdamW steps with clipping follow the CPU loss curve",
+                   Backend, test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<float>();
   auto& ops = *device;
   check_training_curve<float>(ops, 50, false, 1e-4, 1e-4);
 }
 
-TEST_CASE("device transformer (emulated): SGD with momentum and weight decay, double") {
-  const auto device = emulated::make_device_ops<double>();
+TEST_CASE_TEMPLATE("device transformer: SGD with momentum and weight decay, double", Backend,
+                   test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<double>();
   auto& ops = *device;
   check_training_curve<double>(ops, 20, true, 1e-10, 1e-10);
 }

@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
     }
   }
   if (train) register_train_benchmarks(quick);
+  if (train) register_backend_benchmarks();
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
   const attnlab::BlasInfo& blas = attnlab::blas_info();
@@ -183,6 +184,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_table(reporter.seconds, points);
   if (train) print_train_table(reporter.seconds);
+  if (train) print_backend_table(reporter.seconds);
   if (memory) print_memory();
   std::printf("load average at end: %s\n", load_average().c_str());
   benchmark::Shutdown();

@@ -1,4 +1,4 @@
-// Training-step benchmarks (tokens/s) of whole models (bench_train.cpp).
+// Training-step benchmarks (tokens/s) of whole models (bench_train.cpp, bench_backend.cpp).
 #pragma once
 
 #include <map>
@@ -8,5 +8,10 @@ namespace attnlab::bench {
 
 void register_train_benchmarks(bool quick);
 void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds);
+
+// The same training step (AdamW) on the CPU Modules and on DeviceTransformer over the CPU backend
+// (bench_backend.cpp).
+void register_backend_benchmarks();
+void print_backend_table(const std::map<std::string, std::map<std::string, double>>& seconds);
 
 }  // namespace attnlab::bench

@@ -1,9 +1,10 @@
 // The operations a device-resident model is written against: memory, copies, and the kernels of a
-// transformer training step, on device pointers. Two implementations exist:
+// transformer training step, on device pointers. Three implementations exist:
 //   make_cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
 //   emulated::make_device_ops<T>()  the same kernel sources run on the CPU by the emulator of the
 //                                   CUDA thread model, with BLAS for the GEMMs
 //                                   (attnlab/backends/emulated.hpp, target attnlab_emulated).
+//   make_cpu_device_ops<T>()        host memory and attnlab's CPU ops (attnlab/backends/cpu.hpp).
 // So DeviceTransformer (nn/device_transformer.hpp) is one piece of code that runs on a GPU and is
 // checked against the CPU Transformer on machines without one.
 //

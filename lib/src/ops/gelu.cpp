@@ -8,6 +8,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "../parallel_rows.hpp"
+#include "gelu_kernels.hpp"
 
 namespace attnlab {
 
@@ -81,6 +82,23 @@ void gelu_map_parallel(T* out, const T* x, const T* dy, std::size_t n, GeluAppro
   });
 }
 }  // namespace
+
+namespace detail {
+
+template <class T>
+void gelu_elements(T* out, const T* x, const T* dy, std::size_t n, bool exact) {
+  const auto a = exact ? GeluApproximation::exact : GeluApproximation::tanh;
+  if (dy) {
+    gelu_map_parallel<T, true>(out, x, dy, n, a);
+  } else {
+    gelu_map_parallel<T, false>(out, x, nullptr, n, a);
+  }
+}
+
+template void gelu_elements<float>(float*, const float*, const float*, std::size_t, bool);
+template void gelu_elements<double>(double*, const double*, const double*, std::size_t, bool);
+
+}  // namespace detail
 
 template <class T, std::size_t N>
 Tensor<T, N> gelu_forward(GeluCache<T, N>& cache, const Tensor<T, N>& x,

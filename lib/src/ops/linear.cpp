@@ -7,6 +7,7 @@
 #include "../parallel_rows.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/threads.hpp"
+#include "linear_kernels.hpp"
 #include "shape_helpers.hpp"
 
 namespace attnlab {
@@ -26,16 +27,94 @@ std::vector<std::ptrdiff_t> with_last(std::size_t last) {
 
 using shape_helpers::dims;
 
-// Rows are split into contiguous chunks, one per thread; a chunk smaller than this is not worth a
-// thread. The split depends only on (rows, num_threads()), so results are deterministic for a
-// fixed thread count.
-constexpr std::size_t kMinRowsPerChunk = 64;
+}  // namespace
 
-std::size_t chunk_count(std::size_t rows) {
+namespace detail {
+
+namespace {
+// A chunk smaller than this is not worth a thread.
+constexpr std::size_t kMinRowsPerChunk = 64;
+}  // namespace
+
+std::size_t linear_chunks(std::size_t rows) {
   const auto threads = static_cast<std::size_t>(num_threads());
   return std::max<std::size_t>(1, std::min(threads, rows / kMinRowsPerChunk));
 }
-}  // namespace
+
+template <class T>
+void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
+                         std::size_t out) {
+  const std::size_t chunks = linear_chunks(rows);
+#pragma omp parallel for num_threads(int(chunks)) schedule(static)
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
+    if (r1 == r0) continue;
+    //                                                 (r,In) x (In,Out) -> (r,Out)
+    blas::gemm<T>(false, false, int(r1 - r0), int(out), int(in), T(1), x + r0 * in, int(in), w,
+                  int(out), T(0), y + r0 * out, int(out));
+    if (b) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        T* row = y + r * out;
+        for (std::size_t k = 0; k < out; ++k) row[k] += b[k];
+      }
+    }
+  }
+}
+
+template <class T>
+void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
+                          std::size_t rows, std::size_t in, std::size_t out, T* partial_dw) {
+  const std::size_t chunks = linear_chunks(rows);
+  if (rows == 0) std::fill(dw, dw + in * out, T(0));
+    // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
+#pragma omp parallel for num_threads(int(chunks)) schedule(static)
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
+    const int r = int(r1 - r0);
+    if (r == 0) continue;  // only when rows = 0
+    // dx = dy Wᵀ                                     (r,Out) x (Out,In) -> (r,In)
+    if (dx) {
+      blas::gemm<T>(false, true, r, int(in), int(out), T(1), dy + r0 * out, int(out), w, int(out),
+                    T(0), dx + r0 * in, int(in));
+    }
+    // dW = xᵀ dy                                     (In,r) x (r,Out) -> (In,Out)
+    T* dwc = c == 0 ? dw : partial_dw + (c - 1) * in * out;
+    blas::gemm<T>(true, false, int(in), int(out), r, T(1), x + r0 * in, int(in), dy + r0 * out,
+                  int(out), T(0), dwc, int(out));
+  }
+  // The partials and db are sums over chunks / rows; cut over their elements instead, each element
+  // summed in chunk / row order, so the bits do not depend on this second cut.
+  if (chunks > 1) {
+    for_row_chunks(in * out, chunks, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t c = 1; c < chunks; ++c) {
+        const T* part = partial_dw + (c - 1) * in * out;
+        for (std::size_t i = i0; i < i1; ++i) dw[i] += part[i];
+      }
+    });
+  }
+  if (db) {
+    std::fill(db, db + out, T(0));
+    for_row_chunks(out, rows, [&](std::size_t c0, std::size_t c1, std::size_t) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = dy + r * out;
+        for (std::size_t c = c0; c < c1; ++c) db[c] += row[c];
+      }
+    });
+  }
+}
+
+template void linear_forward_rows<float>(float*, const float*, const float*, const float*,
+                                         std::size_t, std::size_t, std::size_t);
+template void linear_forward_rows<double>(double*, const double*, const double*, const double*,
+                                          std::size_t, std::size_t, std::size_t);
+template void linear_backward_rows<float>(float*, float*, float*, const float*, const float*,
+                                          const float*, std::size_t, std::size_t, std::size_t,
+                                          float*);
+template void linear_backward_rows<double>(double*, double*, double*, const double*, const double*,
+                                           const double*, std::size_t, std::size_t, std::size_t,
+                                           double*);
+
+}  // namespace detail
 
 template <class T, std::size_t N>
 Tensor<T, N> linear_forward(LinearCache<T, N>& cache, const Tensor<T, N>& x, const Tensor2<T>& w,
@@ -49,21 +128,7 @@ Tensor<T, N> linear_forward(LinearCache<T, N>& cache, const Tensor<T, N>& x, con
   auto y_shape = x.shape();
   y_shape[N - 1] = out;
   Tensor<T, N> y(y_shape);
-  const std::size_t chunks = chunk_count(rows);
-#pragma omp parallel for num_threads(int(chunks)) schedule(static)
-  for (std::size_t c = 0; c < chunks; ++c) {
-    const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
-    if (r1 == r0) continue;
-    //                                                 (r,In) x (In,Out) -> (r,Out)
-    blas::gemm<T>(false, false, int(r1 - r0), int(out), int(in), T(1), x.data() + r0 * in, int(in),
-                  w.data(), int(out), T(0), y.data() + r0 * out, int(out));
-    if (b) {
-      for (std::size_t r = r0; r < r1; ++r) {
-        T* row = y.data() + r * out;
-        for (std::size_t k = 0; k < out; ++k) row[k] += (*b)(k);
-      }
-    }
-  }
+  detail::linear_forward_rows(y.data(), x.data(), w.data(), b ? b->data() : nullptr, rows, in, out);
   detail::assign_copy(cache.x, x);
   return y;
 }
@@ -82,44 +147,11 @@ LinearGrads<T, N> linear_backward(const Tensor<T, N>& dy, const LinearCache<T, N
   check_extents("linear_backward", "x (cache)", dims(cache.x.shape()), with_last<N>(in));
   const std::size_t rows = cache.x.size() / in;
   LinearGrads<T, N> g{Tensor<T, N>(cache.x.shape()), Tensor2<T>({in, out}), Tensor1<T>()};
-  g.dw.fill(T(0));
-  const std::size_t chunks = chunk_count(rows);
-  // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
-  std::vector<T> partial_dw(chunks > 1 ? (chunks - 1) * in * out : 0);
-#pragma omp parallel for num_threads(int(chunks)) schedule(static)
-  for (std::size_t c = 0; c < chunks; ++c) {
-    const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
-    const int r = int(r1 - r0);
-    if (r == 0) continue;  // only when rows = 0: dW stays 0
-    // dx = dy Wᵀ                                     (r,Out) x (Out,In) -> (r,In)
-    blas::gemm<T>(false, true, r, int(in), int(out), T(1), dy.data() + r0 * out, int(out), w.data(),
-                  int(out), T(0), g.dx.data() + r0 * in, int(in));
-    // dW = xᵀ dy                                     (In,r) x (r,Out) -> (In,Out)
-    T* dw = c == 0 ? g.dw.data() : partial_dw.data() + (c - 1) * in * out;
-    blas::gemm<T>(true, false, int(in), int(out), r, T(1), cache.x.data() + r0 * in, int(in),
-                  dy.data() + r0 * out, int(out), T(0), dw, int(out));
-  }
-  // The partials and db are sums over chunks / rows; cut over their elements instead, each element
-  // summed in chunk / row order, so the bits do not depend on this second cut.
-  if (chunks > 1) {
-    detail::for_row_chunks(in * out, chunks, [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t c = 1; c < chunks; ++c) {
-        const T* part = partial_dw.data() + (c - 1) * in * out;
-        for (std::size_t i = i0; i < i1; ++i) g.dw.data()[i] += part[i];
-      }
-    });
-  }
-  if (with_bias) {
-    g.db = Tensor1<T>::from_shape({out});
-    g.db.fill(T(0));
-    T* db = g.db.data();
-    detail::for_row_chunks(out, rows, [&](std::size_t c0, std::size_t c1, std::size_t) {
-      for (std::size_t r = 0; r < rows; ++r) {
-        const T* row = dy.data() + r * out;
-        for (std::size_t c = c0; c < c1; ++c) db[c] += row[c];
-      }
-    });
-  }
+  if (with_bias) g.db = Tensor1<T>::from_shape({out});
+  std::vector<T> partial_dw((detail::linear_chunks(rows) - 1) * in * out);
+  detail::linear_backward_rows(g.dx.data(), g.dw.data(), with_bias ? g.db.data() : nullptr,
+                               dy.data(), cache.x.data(), w.data(), rows, in, out,
+                               partial_dw.data());
   return g;
 }
 

@@ -1,0 +1,223 @@
+// The CPU backend's DeviceOps (attnlab/backends/cpu.hpp): each operation is a CPU op's raw-pointer
+// core (ops/*_kernels.hpp, ops/softmax.hpp, the attention kernels), a row kernel written with the
+// ops' arithmetic (cpu_kernels.hpp), or an element helper of attnlab/cuda_math.hpp. No copies in
+// the hot path; small scratch (per-chunk partial sums, per-slice dL/ds) is kept between calls.
+// The CPU attention paths allocate their own per-thread tile scratch, as they do under the ops.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "../ops/attention_kernels.hpp"
+#include "../ops/gelu_kernels.hpp"
+#include "../ops/linear_kernels.hpp"
+#include "../ops/row_kernels.hpp"
+#include "../parallel_rows.hpp"
+#include "attnlab/backends/cpu.hpp"
+#include "cpu_kernels.hpp"
+
+namespace attnlab {
+
+namespace {
+
+using detail::for_row_chunks;
+
+template <class T>
+class CpuDeviceOps final : public DeviceOps<T> {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  // ---- memory -----------------------------------------------------------------------------------
+  void* allocate(std::size_t bytes) override {
+    return bytes == 0 ? nullptr : ::operator new(bytes, kAlignment);
+  }
+  void release(void* p) noexcept override {
+    if (p != nullptr) ::operator delete(p, kAlignment);
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) override { copy(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { copy(dst, src, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+  }
+  void zero(void* dst, std::size_t bytes) override {
+    if (bytes > 0) std::memset(dst, 0, bytes);
+  }
+
+  // ---- elementwise and broadcast -------------------------------------------------------------
+  void add(T* y, const T* a, const T* b, std::size_t n) override {
+    detail::add_elements(y, a, b, n);
+  }
+  void scale(T* x, T factor, std::size_t n) override {
+    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      row_kernels::scale_inplace(x + i0, i1 - i0, factor);
+    });
+  }
+  void exp(T* y, const T* x, std::size_t n) override {
+    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i) y[i] = std::exp(x[i]);
+    });
+  }
+  void add_bias(T* y, const T* b, std::size_t rows, std::size_t C) override {
+    for_row_chunks(rows, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        T* row = y + r * C;
+        for (std::size_t c = 0; c < C; ++c) row[c] += b[c];
+      }
+    });
+  }
+  void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C) override {
+    std::fill(db, db + C, T(0));
+    // Columns cut across threads; each column summed in row order (linear_backward's db).
+    for_row_chunks(C, rows, [&](std::size_t c0, std::size_t c1, std::size_t) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = dy + r * C;
+        for (std::size_t c = c0; c < c1; ++c) db[c] += row[c];
+      }
+    });
+  }
+
+  // ---- heads --------------------------------------------------------------------------------
+  void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                   std::size_t D) override {
+    cpu_backend::permute_heads(out, x, B, Tn, H, D, true);
+  }
+  void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                   std::size_t D) override {
+    cpu_backend::permute_heads(out, x, B, Tn, H, D, false);
+  }
+  void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
+                std::size_t n) override {
+    for (std::size_t h = 0; h < H; ++h) {
+      T acc = 0;
+      for (std::size_t b = 0; b < B; ++b) {
+        const std::size_t off = (b * H + h) * n;
+        acc += row_kernels::dot(a + off, c + off, n);
+      }
+      out[h] = acc;
+    }
+  }
+
+  // ---- layers -------------------------------------------------------------------------------
+  void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
+                         std::size_t C) override {
+    cpu_backend::embedding_forward(y, ids, table, rows, C);
+  }
+  void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows, std::size_t V,
+                          std::size_t C) override {
+    cpu_backend::embedding_backward(dtable, dy, ids, rows, V, C);
+  }
+  void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
+                         std::size_t rows, std::size_t C, T eps) override {
+    cpu_backend::layernorm_forward(y, mean, rstd, x, gamma, beta, rows, C, eps);
+  }
+  void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean,
+                          const T* rstd, const T* gamma, std::size_t rows, std::size_t C) override {
+    cpu_backend::layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, C, scratch_);
+  }
+  void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows, std::size_t C,
+                       T eps) override {
+    cpu_backend::rmsnorm_forward(y, rstd, x, gamma, rows, C, eps);
+  }
+  void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
+                        std::size_t rows, std::size_t C) override {
+    cpu_backend::rmsnorm_backward(dx, dgamma, dy, x, rstd, gamma, rows, C, scratch_);
+  }
+  void gelu_forward(T* y, const T* x, std::size_t n, bool exact) override {
+    detail::gelu_elements<T>(y, x, nullptr, n, exact);
+  }
+  void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) override {
+    detail::gelu_elements<T>(dx, x, dy, n, exact);
+  }
+  void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
+                      std::size_t out) override {
+    if (out == 0) return;
+    detail::linear_forward_rows(y, x, w, b, rows, in, out);
+  }
+  void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
+                       std::size_t in, std::size_t out) override {
+    scratch_.resize((detail::linear_chunks(rows) - 1) * in * out);
+    detail::linear_backward_rows(dx, dw, db, dy, x, w, rows, in, out, scratch_.data());
+  }
+  void softmax_cross_entropy(T* loss, T* dlogits, T* /*row_loss: kept in double here*/,
+                             const T* logits, const int* targets, std::size_t rows, std::size_t V,
+                             int ignore_index) override {
+    cpu_backend::softmax_cross_entropy(loss, dlogits, logits, targets, rows, V, ignore_index,
+                                       row_loss_);
+  }
+
+  // ---- attention: the CPU paths; dL/ds per slice goes to scratch (the device model uses head_dot)
+  void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) override {
+    check_attention_params(a, "cpu sdpa_reference_forward");
+    if (a.B * a.H * a.Tq == 0) return;
+    detail::sdpa_reference_forward(out, p, a);
+  }
+  void sdpa_reference_backward(T* dq, T* dk, T* dv, T* /*ds: per-thread inside the op*/,
+                               const T* dout, const T* p, const AttentionParams<T>& a) override {
+    check_attention_params(a, "cpu sdpa_reference_backward");
+    if (a.B * a.H * a.Tq == 0) return;
+    dscale_.resize(a.B * a.H);
+    detail::sdpa_reference_backward(dq, dk, dv, dscale_.data(), dout, p, a);
+  }
+  void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) override {
+    check_attention_params(a, "cpu sdpa_fused_forward");
+    if (a.B * a.H * a.Tq == 0) return;
+    detail::sdpa_fused_forward(out, lse, a, 0, 0);
+  }
+  void sdpa_fused_backward(T* dq, T* dk, T* dv, T* /*row_dot*/, const T* dout, const T* out,
+                           const T* lse, const AttentionParams<T>& a) override {
+    check_attention_params(a, "cpu sdpa_fused_backward");
+    if (a.B * a.H * a.Tq == 0) return;
+    dscale_.resize(a.B * a.H);
+    detail::sdpa_fused_backward(dq, dk, dv, dscale_.data(), dout, out, lse, a, 0, 0);
+  }
+  // The CPU fused path takes any head dims.
+  void check_fused(std::size_t, std::size_t) override {}
+
+  // ---- optimizers and norms ------------------------------------------------------------------
+  void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
+                    const cuda_math::AdamWScalars<T>& s) override {
+    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i)
+        cuda_math::adamw_element(param[i], m[i], v[i], grad[i], s);
+    });
+  }
+  void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
+                  bool first_step) override {
+    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i) {
+        cuda_math::sgd_element(param[i], buf ? buf + i : nullptr, grad[i], lr, momentum,
+                               weight_decay, first_step);
+      }
+    });
+  }
+  // In double, in index order (grad_norm's order): one serial pass, no partials.
+  void sum_of_squares(double* out, double* /*partial*/, const T* x, std::size_t n) override {
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    *out = sum;
+  }
+  std::size_t sum_of_squares_scratch() const override { return 1; }
+
+  void synchronize() override {}
+
+ private:
+  static constexpr std::align_val_t kAlignment{64};
+
+  std::vector<T> scratch_;        // per-chunk partial sums (norm and linear backward)
+  std::vector<T> dscale_;         // (B·H) dL/ds of the attention backward, unused by the caller
+  std::vector<double> row_loss_;  // (rows,) cross-entropy row losses in double
+};
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<DeviceOps<T>> make_cpu_device_ops() {
+  return std::make_unique<CpuDeviceOps<T>>();
+}
+
+template std::unique_ptr<DeviceOps<float>> make_cpu_device_ops<float>();
+template std::unique_ptr<DeviceOps<double>> make_cpu_device_ops<double>();
+
+}  // namespace attnlab

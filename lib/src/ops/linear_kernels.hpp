@@ -1,0 +1,26 @@
+// Private to lib/src: the raw-pointer cores of linear_forward / linear_backward (ops/linear.cpp),
+// shared with the CPU device backend (backends/cpu_device_ops.cpp). Rows are cut into contiguous
+// chunks, one per thread (the cut depends only on rows and num_threads()), one blas::gemm per
+// chunk; sums over rows (dW, db) are added in chunk / row order, so results are deterministic for a
+// fixed thread count. Every output is assigned.
+#pragma once
+
+#include <cstddef>
+
+namespace attnlab::detail {
+
+// y (rows,Out) = x (rows,In) · w (In,Out) + b (Out,); b may be null.
+template <class T>
+void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
+                         std::size_t out);
+
+// dx = dy wᵀ (skipped when dx is null), dw = xᵀ dy, db = Σ_rows dy (skipped when db is null).
+// partial_dw holds (linear_chunks(rows) − 1) · in · out values (may be null when that is 0).
+template <class T>
+void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
+                          std::size_t rows, std::size_t in, std::size_t out, T* partial_dw);
+
+// The number of row chunks (threads) the linear kernels use for `rows` rows.
+std::size_t linear_chunks(std::size_t rows);
+
+}  // namespace attnlab::detail
