@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages attnlab needs (build, tests, CLI, plots, benchmarks).
+# Installs the Debian 12 packages attnlab needs (build, tests, CLI, plots, benchmarks; clang-format
+# for the format check and LLVM's libomp for the tsan preset).
 # Idempotent: packages already present are skipped, so a ready machine pays nothing.
 set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config
   libxtensor-dev libxtensor-blas-dev libxsimd-dev xtl-dev libopenblas-dev
   doctest-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev gnuplot-nox
+  clang-format libomp-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -19,8 +19,8 @@
 // zeros to a multiple of 64 in shared memory: the padding adds zeros to every dot product.
 //
 // Device code only, on raw pointers: compiled by nvcc through attention_fused.cu, and by the C++
-// compiler in tests/test_cuda_emulated.cpp, which runs these kernels on the CPU under an emulation
-// of the CUDA thread model (device_compat.cuh).
+// compiler in tests/backends/test_cuda_emulated.cpp, which runs these kernels on the CPU under an
+// emulation of the CUDA thread model (device_compat.cuh).
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Kernels of the reference GPU attention (launch glue: attention_reference.cu): the two row kernels
 // that sit between the cuBLAS GEMMs. Device code only: compiled by nvcc, and on the CPU under the
-// emulator of tests/test_cuda_emulated.cpp (device_compat.cuh).
+// emulator of tests/backends/test_cuda_emulated.cpp (device_compat.cuh).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Private to lib/cuda: the few spellings that differ between nvcc and the CPU emulation of the CUDA
-// thread model used by tests/test_cuda_emulated.cpp (attnlab/backends/cuda_emulator.hpp). Under nvcc they are
-// the plain CUDA declarations.
+// thread model used by tests/backends/test_cuda_emulated.cpp (attnlab/backends/cuda_emulator.hpp).
+// Under nvcc they are the plain CUDA declarations.
 #pragma once
 
 #if defined(__CUDACC__)

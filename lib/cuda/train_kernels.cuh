@@ -1,5 +1,6 @@
 // Kernels of the training step (launch glue: train.cu; contracts: attnlab/cuda_train.hpp). Device
-// code only: compiled by nvcc, and on the CPU under the emulator of tests/test_cuda_emulated.cpp.
+// code only: compiled by nvcc, and on the CPU under the emulator of
+// tests/backends/test_cuda_emulated.cpp.
 //
 // Row kernels use one block of kRowThreads per row and deterministic block reductions; column
 // reductions (dγ, dβ, db, the embedding backward) use one thread per output element looping over

@@ -63,8 +63,8 @@ ATTNLAB_HD inline T score(const AttentionParams<T>& p, std::size_t b, std::size_
 
 // score_of_scaled() over n consecutive keys j0.. of query i, in place over their scaled dots (the
 // CPU paths get s_h · Q Kᵀ of a tile from one GEMM with alpha = s_h). The same numbers as
-// score_of_scaled() element by element (tests/test_cuda_math.cpp checks it), in loops that touch
-// only the hidden keys: nothing when the row hides none.
+// score_of_scaled() element by element (tests/backends/test_cuda_math.cpp checks it), in loops that
+// touch only the hidden keys: nothing when the row hides none.
 template <class T>
 inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i,
                       std::size_t j0, std::size_t n, T* scaled_row) {

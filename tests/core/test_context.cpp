@@ -121,7 +121,7 @@ std::pair<std::vector<std::vector<float>>, std::vector<std::vector<float>>> conc
 }  // namespace
 
 TEST_CASE("threads: the count is a setting of the calling thread") {
-  REQUIRE(num_threads() == 1);  // tests/test_main.cpp sets 1 on the main thread
+  REQUIRE(num_threads() == 1);  // tests/support/test_main.cpp sets 1 on the main thread
   const auto [fresh, after_set] = counts_on_new_thread(3);
   CHECK(fresh == default_num_threads());  // not the main thread's 1
   CHECK(after_set == 3);

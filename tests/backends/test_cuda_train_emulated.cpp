@@ -1,8 +1,8 @@
 // The training-step CUDA kernels (lib/cuda/train_kernels.cuh) run on the CPU under the emulator of
-// the CUDA thread model (attnlab/backends/cuda_emulator.hpp), against the CPU ops: embedding, LayerNorm,
-// RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW, SGD, the sum of squares,
-// and the glue of a device-resident model (add, scale, exp, head split/merge, per-head dot).
-// Outputs start NaN-filled so that an element a kernel skipped shows. Runs on every machine.
+// the CUDA thread model (attnlab/backends/cuda_emulator.hpp), against the CPU ops: embedding,
+// LayerNorm, RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW, SGD, the sum
+// of squares, and the glue of a device-resident model (add, scale, exp, head split/merge, per-head
+// dot). Outputs start NaN-filled so that an element a kernel skipped shows. Runs on every machine.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -26,7 +26,7 @@
 
 // clang-format off
 #include "attnlab/backends/cuda_emulator.hpp"
-#include "../lib/cuda/train_kernels.cuh"
+#include "train_kernels.cuh"
 // clang-format on
 
 using namespace attnlab;

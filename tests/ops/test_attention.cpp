@@ -1,7 +1,7 @@
 // sdpa_forward / sdpa_backward: gradient checks over the option grid, the seed's numbers, the
 // statistics behind the √d_k argument, float vs double, and bad input. Every test that runs the op
 // runs on both CPU paths (TEST_CASE_TEMPLATE over ReferencePath and FusedPath,
-// tests/sdpa_paths.hpp).
+// tests/support/sdpa_paths.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,9 +1,9 @@
 // The CUDA kernels themselves (lib/cuda/*_kernels.cuh), compiled by the C++ compiler and run on the
-// CPU under attnlab/backends/cuda_emulator.hpp (one std::thread per CUDA thread, barriers for __syncthreads
-// and warp shuffles, NaN-filled shared memory), against the CPU op. This runs on every machine: it
-// checks the kernels' tiling, indexing, masking, synchronisation points and arithmetic where no GPU
-// is available. It cannot check nvcc's code generation or speed: tests/test_cuda_attention.cpp does
-// that on a device.
+// CPU under attnlab/backends/cuda_emulator.hpp (one std::thread per CUDA thread, barriers for
+// __syncthreads and warp shuffles, NaN-filled shared memory), against the CPU op. This runs on
+// every machine: it checks the kernels' tiling, indexing, masking, synchronisation points and
+// arithmetic where no GPU is available. It cannot check nvcc's code generation or speed:
+// tests/backends/test_cuda_attention.cpp does that on a device.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -20,8 +20,8 @@
 
 // clang-format off
 #include "attnlab/backends/cuda_emulator.hpp"
-#include "../lib/cuda/attention_fused_kernels.cuh"
-#include "../lib/cuda/attention_reference_kernels.cuh"
+#include "attention_fused_kernels.cuh"
+#include "attention_reference_kernels.cuh"
 // clang-format on
 
 using namespace attnlab;

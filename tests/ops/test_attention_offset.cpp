@@ -55,8 +55,8 @@ xt::xtensor<double, N> nan_filled(const std::array<std::size_t, N>& shape) {
 }
 
 // One forward (and, when dout is given, backward) on `path`. The CPU paths use the fused path's
-// test tiles (2 x 3, tests/sdpa_paths.hpp) unless options set others; the emulated paths run the
-// CUDA kernels on the AttentionParams that the CPU op's cache resolves the options into.
+// test tiles (2 x 3, tests/support/sdpa_paths.hpp) unless options set others; the emulated paths
+// run the CUDA kernels on the AttentionParams that the CPU op's cache resolves the options into.
 Result run(Path path, const Tensor4<double>& q, const Tensor4<double>& k, const Tensor4<double>& v,
            const Tensor4<double>* dout, SdpaOptions options, const KeyMask* mask) {
   Result r;

@@ -1,6 +1,6 @@
 // The training-step launchers (attnlab/cuda_train.hpp) on a GPU against the CPU ops, in float with
 // NaN-poisoned outputs (fp32 to ~1e-5 relative against the double CPU op) and in double. Without a
-// device these tests are reported as skipped (tests/cuda_helpers.hpp).
+// device these tests are reported as skipped (tests/support/cuda_helpers.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,8 +1,8 @@
 // GPU attention (both paths) against the CPU op: forward and backward on random inputs over the
 // option grid, NaN-poisoned device outputs (sdpa_*_cuda poison every output before the kernels),
 // double-precision gradient checks, determinism, TF32 reported on its own. Without a device these
-// tests print the skip marker and ctest reports them as skipped (tests/cuda_helpers.hpp); the
-// boundary checks run everywhere.
+// tests print the skip marker and ctest reports them as skipped (tests/support/cuda_helpers.hpp);
+// the boundary checks run everywhere.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 // Every DeviceOps operation (attnlab/device_ops.hpp) against the CPU ops, for every implementation:
 // the emulated one (the CUDA kernel sources on the CPU, attnlab/backends/emulated.hpp) and the CPU
 // backend (attnlab/backends/cpu.hpp) on every machine, one body over both (device_backends.hpp),
-// and the CUDA one (make_cuda_device_ops) where a device exists; without one those cases are reported
-// as skipped. Outputs start as NaN so that an element an operation never wrote shows.
+// and the CUDA one (make_cuda_device_ops) where a device exists; without one those cases are
+// reported as skipped. Outputs start as NaN so that an element an operation never wrote shows.
 // Inputs are rounded to T first, so the double CPU reference sees exactly the device's inputs.
 #include <doctest/doctest.h>
 
