@@ -30,7 +30,7 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
   return os.str();
 }
 
-std::string g(double x) {
+std::string csv_number(double x) {
   if (!std::isfinite(x)) return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.7g", x);
@@ -99,20 +99,21 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
 
 void MetricsLog::write(std::size_t step, double train_loss, double lr, const EvalStats& st,
                        const LayerNorms& norms) {
-  out_ << step << ',' << g(train_loss) << ',' << g(st.loss) << ',' << g(st.accuracy) << ','
-       << g(lr);
+  out_ << step << ',' << csv_number(train_loss) << ',' << csv_number(st.loss) << ','
+       << csv_number(st.accuracy) << ',' << csv_number(lr);
   double jac = 0;
   for (std::size_t i = 0; i < st.health.size(); ++i) {
     const auto& h = st.health[i];
-    out_ << ',' << g(h.entropy) << ',' << g(h.max_abs_logit) << ',' << g(h.saturated_fraction)
-         << ',' << g(h.jacobian_norm);
-    if (recall_) out_ << ',' << g(st.recall_mass.at(i));
+    out_ << ',' << csv_number(h.entropy) << ',' << csv_number(h.max_abs_logit) << ','
+         << csv_number(h.saturated_fraction) << ',' << csv_number(h.jacobian_norm);
+    if (recall_) out_ << ',' << csv_number(st.recall_mass.at(i));
     jac += h.jacobian_norm;
   }
   for (std::size_t l = 0; l < norms.wq.size(); ++l)
-    out_ << ',' << g(norms.wq_grad[l]) << ',' << g(norms.wk_grad[l]) << ',' << g(norms.wq[l]) << ','
-         << g(norms.wk[l]);
-  out_ << ',' << g(st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size())) << '\n';
+    out_ << ',' << csv_number(norms.wq_grad[l]) << ',' << csv_number(norms.wk_grad[l]) << ','
+         << csv_number(norms.wq[l]) << ',' << csv_number(norms.wk[l]);
+  out_ << ',' << csv_number(st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size()))
+       << '\n';
   out_.flush();
   if (st.accuracy >= kTargetAccuracy && steps_to_target_ < 0)
     steps_to_target_ = static_cast<int>(step);

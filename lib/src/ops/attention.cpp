@@ -113,18 +113,18 @@ AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const 
                                 const Tensor4<T>* v, const SdpaOptions& options,
                                 const KeyMask* key_mask) {
   constexpr auto any = kAnyExtent;
-  const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
+  const auto extent = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
   AttentionSpec s;
   s.B = q.shape()[0], s.H = q.shape()[1], s.Hkv = s.H, s.Tq = q.shape()[2], s.D = q.shape()[3];
-  check_shape(op, "k", k, {e(s.B), e(s.Hkv), any, e(s.D)});
+  check_shape(op, "k", k, {extent(s.B), extent(s.Hkv), any, extent(s.D)});
   s.Tk = k.shape()[2];
   if (v) {
-    check_shape(op, "v", *v, {e(s.B), e(s.Hkv), e(s.Tk), any});
+    check_shape(op, "v", *v, {extent(s.B), extent(s.Hkv), extent(s.Tk), any});
     s.Dv = v->shape()[3];
   }
   check_arg(s.D > 0 && s.Tq > 0 && s.Tk > 0, op, "q, k", "non-zero Tq, Tk and D",
             format_shape_of(q.shape()) + " and " + format_shape_of(k.shape()));
-  if (key_mask) check_shape(op, "key_mask", *key_mask, {e(s.B), e(s.Tk)});
+  if (key_mask) check_shape(op, "key_mask", *key_mask, {extent(s.B), extent(s.Tk)});
   return make_attention_spec(op, options, s);
 }
 
@@ -153,11 +153,11 @@ void check_sdpa_backward_inputs(std::string_view op, const Tensor4<T>& dout,
     throw std::logic_error(std::string(op) +
                            ": the cache is empty: call sdpa_forward or sdpa_forward_cuda first");
   }
-  const auto e = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
-  check_shape(op, "dout", dout, {e(s.B), e(s.H), e(s.Tq), e(s.Dv)});
-  check_shape(op, "q", q, {e(s.B), e(s.H), e(s.Tq), e(s.D)});
-  check_shape(op, "k", k, {e(s.B), e(s.Hkv), e(s.Tk), e(s.D)});
-  check_shape(op, "v", v, {e(s.B), e(s.Hkv), e(s.Tk), e(s.Dv)});
+  const auto extent = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
+  check_shape(op, "dout", dout, {extent(s.B), extent(s.H), extent(s.Tq), extent(s.Dv)});
+  check_shape(op, "q", q, {extent(s.B), extent(s.H), extent(s.Tq), extent(s.D)});
+  check_shape(op, "k", k, {extent(s.B), extent(s.Hkv), extent(s.Tk), extent(s.D)});
+  check_shape(op, "v", v, {extent(s.B), extent(s.Hkv), extent(s.Tk), extent(s.Dv)});
 }
 
 template <class T>

@@ -13,7 +13,7 @@
 namespace attnlab {
 
 namespace {
-std::ptrdiff_t e(std::size_t x) {
+std::ptrdiff_t extent(std::size_t x) {
   return static_cast<std::ptrdiff_t>(x);
 }
 
@@ -21,7 +21,7 @@ std::ptrdiff_t e(std::size_t x) {
 template <std::size_t N>
 std::vector<std::ptrdiff_t> with_last(std::size_t last) {
   std::vector<std::ptrdiff_t> shape(N, kAnyExtent);
-  shape[N - 1] = e(last);
+  shape[N - 1] = extent(last);
   return shape;
 }
 
@@ -123,7 +123,7 @@ Tensor<T, N> linear_forward(LinearCache<T, N>& cache, const Tensor<T, N>& x, con
   check_arg(in > 0 && out > 0, "linear_forward", "w", "a non-empty (In, Out) matrix",
             format_shape_of(w.shape()));
   check_extents("linear_forward", "x", dims(x.shape()), with_last<N>(in));
-  if (b) check_shape("linear_forward", "b", *b, {e(out)});
+  if (b) check_shape("linear_forward", "b", *b, {extent(out)});
   const std::size_t rows = x.size() / in;
   auto y_shape = x.shape();
   y_shape[N - 1] = out;
