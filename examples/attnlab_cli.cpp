@@ -165,6 +165,24 @@ const std::vector<std::string> kResumeFlags = {"--resume",     "--steps",  "--ou
                                                "--threads",    "--device", "--save-every",
                                                "--stop-after", "--quiet"};
 
+// Tokens/s of the training steps and, on the CPU, the model FLOPs utilisation: model FLOPs per
+// second over the sgemm peak measured now on the run's thread count (nanoGPT's and llm.c's MFU).
+void print_throughput(const TrainResult& r, const Context& context) {
+  if (r.tokens_per_second <= 0) return;
+  const double gflops = r.flops_per_token * r.tokens_per_second / 1e9;
+  if (context.backend != Backend::cpu) {
+    std::fprintf(stdout, "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s\n",
+                 r.tokens_per_second, r.flops_per_token / 1e6, gflops);
+    return;
+  }
+  const double peak = measure_gemm_peak_gflops<float>(context.threads);
+  std::fprintf(stdout,
+               "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s = MFU %.0f%% of the "
+               "sgemm peak measured now (%.0f GFLOP/s at %d thread%s, core %s)\n",
+               r.tokens_per_second, r.flops_per_token / 1e6, gflops, 100 * gflops / peak, peak,
+               context.threads, context.threads == 1 ? "" : "s", blas_info().core.c_str());
+}
+
 int run_train(TrainConfig config, Context context) {
   context.stop = &stop_requested;
   std::signal(SIGINT, on_signal);
@@ -183,11 +201,13 @@ int run_train(TrainConfig config, Context context) {
   }
   std::fprintf(stdout,
                "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "
-               "%.3f\n"
-               "outputs: %s/config.json, %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
+               "%.3f\n",
                r.steps_done, r.seconds, r.device.c_str(), r.final_eval_loss, r.init_eval_loss,
-               r.final_eval_acc, config.out.c_str(), config.out.c_str(), config.out.c_str(),
-               config.out.c_str());
+               r.final_eval_acc);
+  print_throughput(r, context);
+  std::fprintf(stdout,
+               "outputs: %s/config.json, %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
+               config.out.c_str(), config.out.c_str(), config.out.c_str(), config.out.c_str());
   return 0;
 }
 

@@ -153,6 +153,16 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   CHECK(summary["status"] == "finished");
   // The same environment, so the same BLAS kernels as this process.
   CHECK(summary["blas_core"] == attnlab::blas_info().core);
+  // Throughput: tokens/s of the steps' time (part of the run's time), the model's FLOPs per token,
+  // and the MFU line that relates them to the sgemm peak measured at the run's thread count.
+  const double step_seconds = summary["step_seconds"].get<double>();
+  CHECK(step_seconds > 0);
+  CHECK(step_seconds < summary["seconds"].get<double>());
+  const double tokens_per_second = summary["tokens_per_second"].get<double>();
+  CHECK(tokens_per_second * step_seconds == doctest::Approx(150.0 * 16 * 5));  // steps·B·(pairs+1)
+  CHECK(summary["flops_per_token"].get<double>() > 0);
+  CHECK(r.out.find("throughput: ") != std::string::npos);
+  CHECK(r.out.find("MFU ") != std::string::npos);
   // eval reads the checkpoint back and reports the same loss.
   const Run e = cli("eval --checkpoint '" + (dir / "run").string() + "' --show 1", dir);
   REQUIRE(e.status == 0);

@@ -36,8 +36,8 @@ void bench_backend(benchmark::State& state, TrainModel m, int threads) {
   Rng rng(5);
   TokenIds tokens({m.B, m.T}), targets({m.B, m.T});
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens.data()[i] = static_cast<int>(rng.below(kTrainVocab));
-    targets.data()[i] = static_cast<int>(rng.below(kTrainVocab));
+    tokens.data()[i] = static_cast<int>(rng.below(m.vocab));
+    targets.data()[i] = static_cast<int>(rng.below(m.vocab));
   }
   const TransformerConfig config = train_config(m);
   const AdamWOptions options{1e-3, 0.9, 0.95, 1e-8, 0.01};

@@ -3,7 +3,8 @@
 // attention at T = 4096, and the training-step figures. Google Benchmark flags pass through
 // (e.g. --benchmark_filter=fwdbwd/.*/T:256, --benchmark_min_time=0.1).
 // Own flags: --quick (a small grid, for a smoke run), --cpu-time (time with the process CPU
-// clock), --no-memory, --no-train.
+// clock), --no-memory, --no-train, --torch=FILE (PyTorch eager's step times from
+// tests/bench/torch_step.py, for the training table's ratio column).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -147,9 +148,12 @@ void print_memory() {
 int main(int argc, char** argv) {
   using namespace attnlab::bench;
   bool quick = false, memory = true, train = true;
+  std::string torch_file;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
+    if (std::strncmp(argv[i], "--torch=", 8) == 0) {
+      torch_file = argv[i] + 8;
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       use_cpu_time(true);
@@ -183,7 +187,7 @@ int main(int argc, char** argv) {
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_table(reporter.seconds, points);
-  if (train) print_train_table(reporter.seconds);
+  if (train) print_train_table(reporter.seconds, torch_file);
   if (train) print_backend_table(reporter.seconds);
   if (memory) print_memory();
   std::printf("load average at end: %s\n", load_average().c_str());

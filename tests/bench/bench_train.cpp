@@ -1,21 +1,24 @@
 // Training-step benchmarks: one step = forward, fused softmax cross-entropy, zero_grad, backward
-// and a plain SGD update, in float, on random tokens. Models:
-//   study: the study's model, 1 layer, 1 head, attention only, d_model 64, d_k 256, T = 33, B = 64
-//   small: 2 layers, 4 heads, d_model 128, d_ff 512, T = 256, B = 16
-// both causal. Each iteration runs the reference and the fused attention path once each
-// (interleaved; the minimum per path is reported), at 1 and at 2 threads.
+// and a plain SGD update, in float, on random tokens, for the models of train_models.hpp (study,
+// small, nanogpt). Each iteration runs the reference and the fused attention path once each
+// (interleaved; the minimum per path is reported), at 1 and at 2 threads. The table adds model
+// FLOPs per token (transformer_flops_per_token), GFLOP/s and MFU against the sgemm peak measured
+// at the same thread count (measure_gemm_peak_gflops), and PyTorch eager when given its times.
 #include "bench_train.hpp"
 #include "train_models.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
+#include "attnlab/blas.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/random.hpp"
@@ -24,8 +27,6 @@
 namespace attnlab::bench {
 
 namespace {
-
-constexpr std::size_t kVocab = kTrainVocab;
 
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -52,8 +53,8 @@ void bench_train(benchmark::State& state, TrainModel m, int threads) {
   Rng rng(5);
   TokenIds tokens({m.B, m.T}), targets({m.B, m.T});
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens.data()[i] = static_cast<int>(rng.below(kVocab));
-    targets.data()[i] = static_cast<int>(rng.below(kVocab));
+    tokens.data()[i] = static_cast<int>(rng.below(m.vocab));
+    targets.data()[i] = static_cast<int>(rng.below(m.vocab));
   }
   const SdpaPath paths[] = {SdpaPath::reference, SdpaPath::fused};
   std::vector<std::unique_ptr<Transformer<float>>> models;
@@ -92,26 +93,58 @@ void register_train_benchmarks(bool) {
   }
 }
 
-void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds) {
+void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds,
+                       const std::string& torch_file) {
+  std::map<std::string, double> torch;  // train_name -> seconds per step
+  if (!torch_file.empty()) {
+    std::ifstream in(torch_file);
+    if (!in) std::printf("\n(cannot read the PyTorch times in %s)\n", torch_file.c_str());
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string model;
+      int threads = 0;
+      double step = 0;
+      if (fields >> model >> threads >> step)
+        torch["train/" + model + "/thr:" + std::to_string(threads)] = step;
+    }
+  }
   std::printf(
-      "\nTraining step (forward, cross-entropy, backward, SGD), float, wall clock, tokens/s\n"
-      "study: 1 layer, 1 head, attention only, d_model 64, d_k 256, T 33, B 64\n"
-      "small: 2 layers, 4 heads, d_model 128, d_ff 512, T 256, B 16 (both causal)\n");
-  std::printf("%-6s %3s | %12s %12s %10s | %14s\n", "model", "thr", "ref tok/s", "fused tok/s",
-              "fused/ref", "thr 2 / thr 1");
+      "\nTraining step (forward, cross-entropy, backward, SGD), float, wall clock (best step)\n"
+      "study:   1 layer, 1 head, attention only, d_model 64, d_k 256, T 33, B 64\n"
+      "small:   2 layers, 4 heads, d_model 128, d_ff 512, T 256, B 16\n"
+      "nanogpt: nanoGPT's CPU Shakespeare shape, 4 layers, 4 heads, d_model 128, T 64, B 12, V 65\n"
+      "(all causal). MFU: model FLOPs (6N + attention, nanoGPT's count) x tokens/s over the sgemm\n"
+      "peak measured now at the same thread count (each thread its own 1024^3 sgemm).\n");
+  std::map<int, double> peak;
+  for (int threads : {1, 2}) peak[threads] = measure_gemm_peak_gflops<float>(threads);
+  std::printf("sgemm peak: %.1f GFLOP/s at 1 thread, %.1f at 2 (core %s)\n", peak[1], peak[2],
+              blas_info().core.c_str());
+  std::printf("%-8s %3s | %10s %10s %9s | %8s %7s %6s | %13s | %s\n", "model", "thr", "ref tok/s",
+              "fused tok/s", "fused/ref", "MFLOP/tk", "GFLOP/s", "MFU", "thr 2 / thr 1",
+              torch.empty() ? "" : "torch ms  attnlab ms  torch/attnlab");
   for (const TrainModel& m : kTrainModels) {
+    const double flops = transformer_flops_per_token(train_config(m), m.T);
     for (int threads : {1, 2}) {
       const auto it = seconds.find(train_name(m, threads));
       if (it == seconds.end()) continue;
       const double tokens = static_cast<double>(m.B * m.T);
       const double ref = it->second.at("ref"), fused = it->second.at("fused");
-      std::printf("%-6s %3d | %12.0f %12.0f %10.2f |", m.name, threads, tokens / ref,
-                  tokens / fused, ref / fused);
+      const double best = std::min(ref, fused);
+      const double gflops = flops * tokens / best / 1e9;
+      std::printf("%-8s %3d | %10.0f %10.0f %9.2f | %8.2f %7.1f %5.0f%% |", m.name, threads,
+                  tokens / ref, tokens / fused, ref / fused, flops / 1e6, gflops,
+                  100 * gflops / peak[threads]);
       const auto one = seconds.find(train_name(m, 1));
       if (threads == 2 && one != seconds.end()) {
-        std::printf(" ref %4.2f fused %4.2f", one->second.at("ref") / ref,
+        std::printf(" ref %4.2f fused %4.2f |", one->second.at("ref") / ref,
                     one->second.at("fused") / fused);
+      } else {
+        std::printf("%15s|", "");
       }
+      const auto t = torch.find(train_name(m, threads));
+      if (t != torch.end())
+        std::printf(" %8.2f %11.2f %14.2f", 1e3 * t->second, 1e3 * best, t->second / best);
       std::printf("\n");
     }
   }

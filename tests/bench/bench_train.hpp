@@ -7,7 +7,11 @@
 namespace attnlab::bench {
 
 void register_train_benchmarks(bool quick);
-void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds);
+// tokens/s, GFLOP/s and MFU (against the sgemm peak measured here at the same thread count) per
+// model and thread count; `torch` (optional, from tests/bench/torch_step.py: "model threads
+// seconds" lines) adds PyTorch eager's step time on the same model and the ratio.
+void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds,
+                       const std::string& torch_file = "");
 
 // The same training step (AdamW) on the CPU Modules and on DeviceTransformer over the CPU backend
 // (bench_backend.cpp).

@@ -84,7 +84,6 @@ double median_seconds(const std::function<void()>& call, int reps) {
 }
 
 void train_step_table() {
-  constexpr std::size_t kVocab = bench::kTrainVocab;
   std::printf(
       "\ntraining step (forward, cross-entropy, backward, AdamW), float, CPU on %d threads\n\n",
       num_threads());
@@ -97,8 +96,8 @@ void train_step_table() {
     Rng rng(5);
     TokenIds tokens({m.B, m.T}), targets({m.B, m.T});
     for (std::size_t i = 0; i < tokens.size(); ++i) {
-      tokens.data()[i] = static_cast<int>(rng.below(kVocab));
-      targets.data()[i] = static_cast<int>(rng.below(kVocab));
+      tokens.data()[i] = static_cast<int>(rng.below(m.vocab));
+      targets.data()[i] = static_cast<int>(rng.below(m.vocab));
     }
     Transformer<float> cpu(c, rng);
     const auto ops = make_cuda_device_ops<float>();

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -252,4 +253,23 @@ TEST_CASE(
     CHECK(unsupported["core"] != "SkylakeX");
     CHECK(unsupported["warning"].find("AVX-512") != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "measure_gemm_peak_gflops: a positive finite rate per thread count; bad arguments named") {
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    const double single = measure_gemm_peak_gflops<float>(threads, 256, 2);
+    const double dbl = measure_gemm_peak_gflops<double>(threads, 256, 2);
+    CHECK(std::isfinite(single));
+    // Any optimised BLAS core does well over 1 GFLOP/s on a 256³ product (a plain loop does not).
+    CHECK(single > 1.0);
+    CHECK(dbl > 1.0);
+  }
+  CHECK_THROWS_WITH_AS((void)measure_gemm_peak_gflops<float>(0),
+                       "measure_gemm_peak_gflops: threads expected >= 1, got 0",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)measure_gemm_peak_gflops<float>(1, 8),
+                       "measure_gemm_peak_gflops: n expected >= 16, got 8", std::invalid_argument);
+  CHECK_THROWS_AS((void)measure_gemm_peak_gflops<double>(1, 64, 0), std::invalid_argument);
 }

@@ -409,3 +409,53 @@ TEST_CASE("Transformer float and double agree on logits and gradients") {
     CHECK(test::rel_error(pf[i].param->grad, pd[i].param->grad) < 1e-4);
   }
 }
+
+TEST_CASE("transformer_flops_per_token: 6 x the matmul weights counted from parameters() + QK/PV") {
+  // nanoGPT's CPU Shakespeare shape: 4 layers, 4 heads, C 128, T 64, 65 characters.
+  TransformerConfig c;
+  c.vocab_sizes = {65};
+  c.max_len = 64;
+  c.layers = 4;
+  c.out_vocab = 65;
+  c.block.attention.d_model = 128;
+  c.block.attention.heads = 4;
+  c.block.d_ff = 512;
+  const auto matmul_weights = [](Transformer<double>& model) {
+    double n = 0;
+    for (const auto& p : model.parameters()) {
+      const std::string& name = p.name;
+      const auto ends = [&name](const std::string& tail) {
+        return name.size() >= tail.size() &&
+               name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+      };
+      if (ends("attn.w_q") || ends("attn.w_k") || ends("attn.w_v") || ends("attn.w_o") ||
+          ends("fc1.w") || ends("fc2.w") || name == "head.w")
+        n += static_cast<double>(p.param->value.size());
+    }
+    return n;
+  };
+  for (bool attn_only : {false, true}) {
+    for (std::size_t d_k : {std::size_t{0}, std::size_t{48}}) {
+      CAPTURE(attn_only);
+      CAPTURE(d_k);
+      TransformerConfig v = c;
+      v.block.attn_only = attn_only;
+      v.block.attention.d_k = d_k;
+      v.block.attention.d_v = d_k ? 40 : 0;
+      Rng rng(1);
+      Transformer<double> model(v, rng);
+      const double D = d_k ? 48.0 : 32.0, Dv = d_k ? 40.0 : 32.0;
+      const double want = 6 * matmul_weights(model) + 6.0 * 4 * 4 * 64 * (D + Dv);
+      CHECK(transformer_flops_per_token(v, 64) == doctest::Approx(want).epsilon(1e-15));
+    }
+  }
+  // The figure nanoGPT's estimate_mfu gives this shape: 6 · 794,752 + 12 · 4 · 4 · 32 · 64.
+  CHECK(transformer_flops_per_token(c, 64) == 5161728.0);
+  // Doubling T adds only the attention term.
+  CHECK(transformer_flops_per_token(c, 128) - transformer_flops_per_token(c, 64) == 393216.0);
+  CHECK_THROWS_WITH_AS(transformer_flops_per_token(c, 0),
+                       "transformer_flops_per_token: seq_len expected >= 1, got 0",
+                       std::invalid_argument);
+  c.block.attention.heads = 3;  // does not divide 128
+  CHECK_THROWS_AS(transformer_flops_per_token(c, 64), std::invalid_argument);
+}

@@ -103,6 +103,9 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   }
   j["init_qk_var_ratio"] = r.init_qk_var_ratio;
   j["seconds"] = r.seconds;
+  j["step_seconds"] = r.step_seconds;
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["flops_per_token"] = r.flops_per_token;
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
   const std::string text = j.dump(2) + '\n';
@@ -250,6 +253,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
 
   std::size_t step = start;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
+  double step_seconds = 0;  // the training steps' wall time (no evals, metrics, checkpoints)
   for (; step < steps; ++step) {
     if (context.stop_requested() ||
         (c.stop_after > 0 && step == static_cast<std::size_t>(c.stop_after))) {
@@ -259,6 +263,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     const double lr = schedule.lr_at(step);
     backend->set_lr(lr);
     const Batch batch = data.next(static_cast<std::size_t>(c.batch), data_rng);
+    auto step_start = Clock::now();
     const double loss = backend->forward_loss(batch);
     if (!std::isfinite(loss)) {
       diverge(step + 1, backend->locate_nonfinite(batch), "loss");
@@ -267,6 +272,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     }
     last_loss = loss;
     backend->backward();
+    step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     const bool log_now =
         (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 || step + 1 == steps;
     if (log_now)
@@ -274,8 +280,10 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
         norms.wq_grad[l] = backend->grad_norm(model.w_q_name(l));
         norms.wk_grad[l] = backend->grad_norm(model.w_k_name(l));
       }
+    step_start = Clock::now();
     if (c.clip > 0) backend->clip_grad_norm(c.clip);
     backend->step();
+    step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     if (log_now) {
       backend->sync_host(false);  // the weight norms of the row read the host mirror
       st = evaluate(*backend, model.layers(), data.eval, c.task, d_k);
@@ -304,6 +312,14 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   result.device = backend->name();
+  result.step_seconds = step_seconds;
+  const std::size_t steps_run = step > start ? step - start : 0;
+  if (steps_run > 0 && step_seconds > 0)
+    result.tokens_per_second = static_cast<double>(steps_run * static_cast<std::size_t>(c.batch) *
+                                                   static_cast<std::size_t>(shape.seq_len)) /
+                               step_seconds;
+  result.flops_per_token =
+      transformer_flops_per_token(c.model, static_cast<std::size_t>(shape.seq_len));
   // A diverged model is never saved: its weights may hold non-finite values.
   if (!result.diverged) saver.save(step, *backend, *opt, params, data_rng);
   write_summary(c.out + "/summary.json", c, result);

@@ -5,6 +5,22 @@
 
 namespace attnlab {
 
+double transformer_flops_per_token(const TransformerConfig& config, std::size_t seq_len) {
+  config.validate();
+  check_arg(seq_len >= 1, "transformer_flops_per_token", "seq_len", ">= 1",
+            std::to_string(seq_len));
+  const AttentionConfig& a = config.block.attention;
+  const double C = static_cast<double>(a.d_model), H = static_cast<double>(a.heads);
+  const double D = static_cast<double>(a.head_dim_k()), Dv = static_cast<double>(a.head_dim_v());
+  const double F = static_cast<double>(config.block.d_ff), L = static_cast<double>(config.layers);
+  const double T = static_cast<double>(seq_len), V = static_cast<double>(config.out_vocab);
+  const double cc = static_cast<double>(a.context_dim());
+  double per_block = C * H * D + cc * H * D + cc * H * Dv + H * Dv * C;  // w_q, w_k, w_v, w_o
+  if (!config.block.attn_only) per_block += 2 * C * F;                   // fc1.w, fc2.w
+  const double n = L * per_block + C * V;                                // + head.w
+  return 6 * n + 6 * L * H * T * (D + Dv);
+}
+
 void TransformerConfig::validate() const {
   constexpr std::string_view op = "TransformerConfig";
   check_arg(!vocab_sizes.empty(), op, "vocab_sizes", "at least one field", "none");

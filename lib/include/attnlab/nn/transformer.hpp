@@ -45,6 +45,17 @@ struct TransformerConfig {
   static BlockConfig default_block();
 };
 
+// Model FLOPs of one training step (forward + backward) per token at sequence length seq_len, as
+// nanoGPT's estimate_mfu and the PaLM paper count them (Chowdhery et al. 2022, appendix B):
+//   6 · N + 6 · L · H · T · (D + Dv)
+// N: the weights of every matmul (w_q, w_k, w_v, w_o, the MLP's fc1.w and fc2.w, head.w; not the
+// embedding and position tables, which are lookups, nor biases and norms); the second term is QKᵀ
+// and PV (2 · T · D and 2 · T · Dv multiply-adds per query and head, times 3 for the backward), at
+// the full T even when attention is causal (the convention; causal kernels do about half). For
+// D = Dv it is nanoGPT's 6N + 12·L·H·D·T. Throws std::invalid_argument for an invalid config or
+// seq_len 0. MFU = flops_per_token · tokens/s / the machine's measured peak (blas.hpp).
+double transformer_flops_per_token(const TransformerConfig& config, std::size_t seq_len);
+
 template <class T>
 class Transformer : public Module<T> {
  public:

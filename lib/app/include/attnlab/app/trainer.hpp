@@ -46,6 +46,11 @@ struct TrainResult {
   double init_qk_var_ratio = 0;  // Var(q·k)/d_k at step 0, layer 0, on the eval set
   double seconds = 0;
   std::string device;  // what ran the training step: "cpu" or the DeviceOps name
+  // Throughput of this invocation's training steps (forward, loss, backward, clipping, update;
+  // not the evals, metrics and checkpoints): tokens = batch · sequence length per step.
+  double step_seconds = 0;
+  double tokens_per_second = 0;  // 0 when no step ran
+  double flops_per_token = 0;    // transformer_flops_per_token of the model (nn/transformer.hpp)
 };
 
 // Validates the config and the context (std::invalid_argument naming the field; DataFileError for
