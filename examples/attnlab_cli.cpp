@@ -22,6 +22,7 @@
 #include "attnlab/blas.hpp"
 #include "attnlab/context.hpp"
 #include "attnlab/io/checkpoint.hpp"
+#include "attnlab/memory.hpp"
 #include "attnlab/threads.hpp"
 
 using namespace attnlab;
@@ -214,6 +215,7 @@ int run_train(TrainConfig config, Context context) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  attnlab::keep_freed_memory();  // steps reuse their freed activations instead of page-faulting
   CLI::App app{
       "attnlab: train toy transformers and measure how attention scaling (none, 1/sqrt(d_k), "
       "1/d_k) affects stability"};

@@ -4,7 +4,8 @@
 // (e.g. --benchmark_filter=fwdbwd/.*/T:256, --benchmark_min_time=0.1).
 // Own flags: --quick (a small grid, for a smoke run), --cpu-time (time with the process CPU
 // clock), --no-memory, --no-train, --torch=FILE (PyTorch eager's step times from
-// tests/bench/torch_step.py, for the training table's ratio column).
+// tests/bench/torch_step.py, for the training table's ratio column), --malloc-default (leave
+// glibc's malloc settings alone instead of attnlab::keep_freed_memory()).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "attnlab/blas.hpp"
+#include "attnlab/memory.hpp"
 #include "attnlab/threads.hpp"
 #include "bench_common.hpp"
 #include "bench_train.hpp"
@@ -147,11 +149,16 @@ void print_memory() {
 
 int main(int argc, char** argv) {
   using namespace attnlab::bench;
+  // As the CLI does: freed activations are reused, not page-faulted in again every step. Off with
+  // --malloc-default, to measure what it saves.
+  bool keep_memory = true;
   bool quick = false, memory = true, train = true;
   std::string torch_file;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--torch=", 8) == 0) {
+    if (std::strcmp(argv[i], "--malloc-default") == 0) {
+      keep_memory = false;
+    } else if (std::strncmp(argv[i], "--torch=", 8) == 0) {
       torch_file = argv[i] + 8;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -165,6 +172,7 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
     }
   }
+  if (keep_memory) attnlab::keep_freed_memory();
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
   const auto points = grid(quick);
@@ -183,6 +191,9 @@ int main(int argc, char** argv) {
   const attnlab::BlasInfo& blas = attnlab::blas_info();
   std::printf("blas: %s\n", attnlab::blas_summary(blas).c_str());
   if (!blas.warning.empty()) std::printf("blas warning: %s\n", blas.warning.c_str());
+  std::printf("malloc: %s\n", keep_memory
+                                  ? "freed memory kept for reuse (attnlab::keep_freed_memory)"
+                                  : "glibc defaults (--malloc-default)");
   std::printf("load average at start: %s\n", load_average().c_str());
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
