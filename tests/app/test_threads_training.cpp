@@ -10,6 +10,7 @@
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
+#include "helpers.hpp"
 
 using namespace attnlab;
 
@@ -22,25 +23,12 @@ struct ThreadCountGuard {
 // Losses of `steps` SGD steps of a 1-layer, 2-head float Transformer on fixed random tokens.
 std::vector<float> loss_curve(int threads, bool causal, int steps = 4) {
   set_num_threads(threads);
-  TransformerConfig c;
-  c.vocab_sizes = {11};
-  c.max_len = 260;
-  c.block.attention.d_model = 64;
-  c.block.attention.heads = 2;
-  c.block.d_ff = 128;
-  c.layers = 1;
-  c.out_vocab = 11;
-  c.block.attention.sdpa.causal =
-      causal;  // causal at T = 260 runs the fused path (auto), else the reference
   Rng rng(17);
-  Transformer<float> model(c, rng);
+  Transformer<float> model(test::threads_test_config(causal), rng);
   auto params = model.parameters();
   const std::size_t B = 2, T = 260;  // B·T = 520 rows: the projections' gemms split over threads
-  TokenIds tokens({B, T}), targets({B, T});
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens.data()[i] = static_cast<int>(rng.below(11));
-    targets.data()[i] = static_cast<int>(rng.below(11));
-  }
+  const TokenIds tokens = test::random_ids(B, T, 11, rng);
+  const TokenIds targets = test::random_ids(B, T, 11, rng);
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
     const auto ce = softmax_cross_entropy<float, 3>(model.forward({tokens}), targets);

@@ -13,6 +13,7 @@
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
+#include "helpers.hpp"
 
 using namespace attnlab;
 
@@ -31,17 +32,8 @@ struct Curves {
 // weights. B·T = 520 rows: the linear layers' gemms and the norms' column sums split over threads.
 Curves loss_curves(int threads, bool causal, int steps = 3) {
   set_num_threads(threads);
-  TransformerConfig c;
-  c.vocab_sizes = {11};
-  c.max_len = 260;
-  c.block.attention.d_model = 64;
-  c.block.attention.heads = 2;
-  c.block.d_ff = 128;
-  c.layers = 1;
-  c.out_vocab = 11;
-  c.block.attention.sdpa.causal = causal;
   Rng rng(17);
-  Transformer<float> model(c, rng);
+  Transformer<float> model(test::threads_test_config(causal), rng);
   const auto params = model.parameters();
   const AdamWOptions options{1e-2, 0.9, 0.95, 1e-8, 0.01};
   AdamW<float> opt(params, options);
@@ -49,11 +41,8 @@ Curves loss_curves(int threads, bool causal, int steps = 3) {
   DeviceTransformer<float> dev(model, *ops);
   DeviceOptimizer<float> dopt(dev, options);
   const std::size_t B = 2, T = 260;
-  TokenIds tokens({B, T}), targets({B, T});
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens.data()[i] = static_cast<int>(rng.below(11));
-    targets.data()[i] = static_cast<int>(rng.below(11));
-  }
+  const TokenIds tokens = test::random_ids(B, T, 11, rng);
+  const TokenIds targets = test::random_ids(B, T, 11, rng);
   Curves curves;
   for (int step = 0; step < steps; ++step) {
     const auto ce = softmax_cross_entropy<float, 3>(model.forward({tokens}), targets);

@@ -33,15 +33,7 @@ namespace {
 using test::rel_error;
 
 TransformerConfig small_config() {
-  TransformerConfig c;
-  c.vocab_sizes = {7};
-  c.max_len = 9;
-  c.block.attention.d_model = 8;
-  c.block.attention.heads = 2;
-  c.block.d_ff = 12;
-  c.layers = 2;
-  c.out_vocab = 5;
-  return c;
+  return test::transformer_config(7, 9, 8, 2, 12, 2, 5);
 }
 
 // Ids in [0, vocab) with a few absent tokens (kNoToken) and targets with ignored positions.

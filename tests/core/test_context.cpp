@@ -18,6 +18,7 @@
 #include "attnlab/ops/layernorm.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
+#include "helpers.hpp"
 
 using namespace attnlab;
 
@@ -51,24 +52,12 @@ std::vector<float> layernorm_dgamma() {
 // Losses and the final weights of 2 SGD steps of a small causal Transformer (fused attention,
 // gemms large enough to split, layernorms): the ops of a training step, all reading the count.
 std::vector<float> training_bits() {
-  TransformerConfig c;
-  c.vocab_sizes = {11};
-  c.max_len = 260;
-  c.block.attention.d_model = 64;
-  c.block.attention.heads = 2;
-  c.block.d_ff = 128;
-  c.layers = 1;
-  c.out_vocab = 11;
-  c.block.attention.sdpa.causal = true;
   Rng rng(17);
-  Transformer<float> model(c, rng);
+  Transformer<float> model(test::threads_test_config(true), rng);
   auto params = model.parameters();
   const std::size_t B = 2, T = 260;
-  TokenIds tokens({B, T}), targets({B, T});
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens.data()[i] = static_cast<int>(rng.below(11));
-    targets.data()[i] = static_cast<int>(rng.below(11));
-  }
+  const TokenIds tokens = test::random_ids(B, T, 11, rng);
+  const TokenIds targets = test::random_ids(B, T, 11, rng);
   std::vector<float> bits;
   for (int step = 0; step < 2; ++step) {
     const auto ce = softmax_cross_entropy<float, 3>(model.forward({tokens}), targets);

@@ -336,16 +336,7 @@ TEST_CASE("A tiny Transformer overfits one fixed batch (loss < 1e-3) within 300 
   // Plain Adam (β1 0.9, β2 0.999, lr 1e-2, no weight decay), written here so that this test does
   // not depend on the optimizer library.
   Rng rng(50);
-  TransformerConfig c;
-  c.vocab_sizes = {8};
-  c.max_len = 8;
-  c.block.attention.d_model = 16;
-  c.block.attention.heads = 2;
-  c.block.d_ff = 32;
-  c.layers = 1;
-  c.out_vocab = 8;
-  c.block.attention.sdpa.causal = true;
-  Transformer<float> model(c, rng);
+  Transformer<float> model(test::transformer_config(8, 8, 16, 2, 32, 1, 8, true), rng);
   TokenIds ids({4, 8});
   TokenIds targets({4, 8});
   for (std::size_t b = 0; b < 4; ++b) {

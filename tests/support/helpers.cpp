@@ -34,4 +34,29 @@ xt::xarray<double> golden_tensor(const nlohmann::json& test_case, const std::str
   return out;
 }
 
+TransformerConfig transformer_config(std::size_t vocab, std::size_t max_len, std::size_t d_model,
+                                     std::size_t heads, std::size_t d_ff, std::size_t layers,
+                                     std::size_t out_vocab, bool causal) {
+  TransformerConfig c;
+  c.vocab_sizes = {vocab};
+  c.max_len = max_len;
+  c.block.attention.d_model = d_model;
+  c.block.attention.heads = heads;
+  c.block.d_ff = d_ff;
+  c.layers = layers;
+  c.out_vocab = out_vocab;
+  c.block.attention.sdpa.causal = causal;
+  return c;
+}
+
+TransformerConfig threads_test_config(bool causal) {
+  return transformer_config(11, 260, 64, 2, 128, 1, 11, causal);
+}
+
+TokenIds random_ids(std::size_t batch, std::size_t length, std::size_t vocab, Rng& rng) {
+  TokenIds ids({batch, length});
+  for (auto& id : ids) id = static_cast<int>(rng.below(vocab));
+  return ids;
+}
+
 }  // namespace attnlab::test

@@ -8,6 +8,8 @@
 #include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
 
+#include "attnlab/nn/transformer.hpp"
+#include "attnlab/random.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab::test {
@@ -40,5 +42,18 @@ std::string data_path(const std::string& relative);
 // Golden files (tests/data/golden/*.json, made by tests/golden/make_goldens.py).
 const nlohmann::json& golden_file(const std::string& name);
 xt::xarray<double> golden_tensor(const nlohmann::json& test_case, const std::string& key);
+
+// A Transformer config from its sizes (one input field, LayerNorm, learned positions).
+TransformerConfig transformer_config(std::size_t vocab, std::size_t max_len, std::size_t d_model,
+                                     std::size_t heads, std::size_t d_ff, std::size_t layers,
+                                     std::size_t out_vocab, bool causal = false);
+
+// The 1-layer, 2-head, d_model 64 model of the thread tests on T = 260 tokens of 11 symbols: B·T =
+// 520 rows split the projections' gemms over threads, and causal runs the fused path (automatic at
+// that T), non-causal the reference one.
+TransformerConfig threads_test_config(bool causal);
+
+// (B, T) ids drawn uniformly from [0, vocab).
+TokenIds random_ids(std::size_t batch, std::size_t length, std::size_t vocab, Rng& rng);
 
 }  // namespace attnlab::test

@@ -18,12 +18,19 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
   os << "step,loss,eval_loss,eval_acc,lr";
   for (std::size_t l = 0; l < layers; ++l)
     for (std::size_t h = 0; h < heads; ++h) {
-      const std::string p = "l" + std::to_string(l) + "h" + std::to_string(h) + "_";
+      // Appended, not "l" + ...: GCC 12 at -O3 warns falsely (-Wrestrict) on literal + string.
+      std::string p(1, 'l');
+      p += std::to_string(l);
+      p += 'h';
+      p += std::to_string(h);
+      p += '_';
       os << ',' << p << "entropy," << p << "max_logit," << p << "saturated," << p << "jacobian";
       if (recall) os << ',' << p << "recall_mass";
     }
   for (std::size_t l = 0; l < layers; ++l) {
-    const std::string p = "l" + std::to_string(l) + "_";
+    std::string p(1, 'l');
+    p += std::to_string(l);
+    p += '_';
     os << ',' << p << "wq_grad_norm," << p << "wk_grad_norm," << p << "wq_norm," << p << "wk_norm";
   }
   os << ",jacobian_mean";

@@ -68,7 +68,9 @@ std::string first_difference(const json& a, const json& b, const std::string& pa
 }
 
 json at_path(const json& j, const std::string& path) {
-  return j.at(json::json_pointer("/" + std::regex_replace(path, std::regex("\\."), "/")));
+  std::string pointer(1, '/');  // appended: GCC 12 -O3 warns falsely (-Wrestrict) on "/" + string
+  pointer += std::regex_replace(path, std::regex("\\."), "/");
+  return j.at(json::json_pointer(pointer));
 }
 
 double tensor_norm(const xt::xarray<float>& a) {
