@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attnlab/attention/score_rule.hpp"
+#include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
@@ -12,6 +13,7 @@
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/io/safetensors.hpp"
+#include "attnlab/memory.hpp"
 #include "attnlab/nn/activation.hpp"
 #include "attnlab/nn/device_transformer.hpp"
 #include "attnlab/nn/embedding.hpp"
