@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -215,7 +216,11 @@ int run_train(TrainConfig config, Context context) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  attnlab::keep_freed_memory();  // steps reuse their freed activations instead of page-faulting
+  // Steps reuse their freed activations instead of page-faulting them in again; a user's own
+  // malloc settings win.
+  if (!std::getenv("MALLOC_MMAP_THRESHOLD_") && !std::getenv("MALLOC_TRIM_THRESHOLD_") &&
+      !std::getenv("GLIBC_TUNABLES"))
+    attnlab::keep_freed_memory();
   CLI::App app{
       "attnlab: train toy transformers and measure how attention scaling (none, 1/sqrt(d_k), "
       "1/d_k) affects stability"};

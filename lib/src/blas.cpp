@@ -390,10 +390,6 @@ std::string to_string(const CpuFeatures& cpu) {
 
 }  // namespace attnlab
 
-// tensor.hpp's check_arg, declared here: blas.cpp includes cblas.h and keeps xtensor out.
-void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,
-               std::string_view got);
-
 namespace attnlab {
 
 // tensor.hpp's check_arg, declared here: this file includes cblas.h and keeps xtensor out.
@@ -413,17 +409,21 @@ double measure_gemm_peak_gflops(int threads, int n, int rounds) {
   double best = 0;
   for (int round = -1; round < rounds; ++round) {  // round -1: first touch and warm-up
     double start = 0, stop = 0;
+    int team = 0;  // the threads OpenMP gave (fewer inside a parallel region, or when dynamic)
 #pragma omp parallel num_threads(threads)
     {
       const int id = omp_get_thread_num();
-      if (round < 0) {  // each thread's matrices in its own memory
+      if (a[id].empty()) {  // each thread's matrices in its own memory, before the clock starts
         a[id].assign(elements, T(0.5));
         b[id].assign(elements, T(0.25));
         c[id].assign(elements, T(0));
       }
 #pragma omp barrier
 #pragma omp single
-      start = omp_get_wtime();
+      {
+        team = omp_get_num_threads();
+        start = omp_get_wtime();
+      }
       for (int call = 0; call < kCallsPerRound; ++call)
         blas::serial_gemm(false, false, n, n, n, T(1), a[id].data(), n, b[id].data(), n, T(0),
                           c[id].data(), n);
@@ -432,7 +432,7 @@ double measure_gemm_peak_gflops(int threads, int n, int rounds) {
       stop = omp_get_wtime();
     }
     if (round < 0) continue;
-    const double flops = 2.0 * n * static_cast<double>(n) * n * kCallsPerRound * threads;
+    const double flops = 2.0 * n * static_cast<double>(n) * n * kCallsPerRound * team;
     best = std::max(best, flops / (stop - start) / 1e9);
   }
   return best;

@@ -21,7 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# name, B, T, d_model, heads, d_k (0: d_model / heads), d_ff (0: 4 d_model), layers, attn_only, vocab
+# name, B, T, d_model, heads, d_k (0: d_model / heads), d_ff (0: 4 d_model), layers, attn_only, vocab;
+# d_v is always d_model / heads (attnlab's default, which train_models.hpp keeps)
 MODELS = [
     ("study", 64, 33, 64, 1, 256, 0, 1, True, 16),
     ("small", 16, 256, 128, 4, 0, 512, 2, False, 16),
@@ -30,14 +31,14 @@ MODELS = [
 
 
 class Block(nn.Module):
-    def __init__(self, c, heads, d_k, d_ff, attn_only):
+    def __init__(self, c, heads, d_k, d_v, d_ff, attn_only):
         super().__init__()
-        self.heads, self.d_k = heads, d_k
+        self.heads, self.d_k, self.d_v = heads, d_k, d_v
         self.ln1 = nn.LayerNorm(c)
         self.w_q = nn.Linear(c, heads * d_k, bias=False)
         self.w_k = nn.Linear(c, heads * d_k, bias=False)
-        self.w_v = nn.Linear(c, heads * d_k, bias=False)
-        self.w_o = nn.Linear(heads * d_k, c, bias=False)
+        self.w_v = nn.Linear(c, heads * d_v, bias=False)
+        self.w_o = nn.Linear(heads * d_v, c, bias=False)
         self.attn_only = attn_only
         if not attn_only:
             self.ln2 = nn.LayerNorm(c)
@@ -47,11 +48,12 @@ class Block(nn.Module):
     def forward(self, x, mask):
         b, t, _ = x.shape
         a = self.ln1(x)
-        split = lambda y: y.view(b, t, self.heads, self.d_k).transpose(1, 2)
-        q, k, v = split(self.w_q(a)), split(self.w_k(a)), split(self.w_v(a))
+        split = lambda y, d: y.view(b, t, self.heads, d).transpose(1, 2)
+        q, k = split(self.w_q(a), self.d_k), split(self.w_k(a), self.d_k)
+        v = split(self.w_v(a), self.d_v)
         s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.d_k))
         p = F.softmax(s.masked_fill(mask[:t, :t], float("-inf")), dim=-1)
-        o = (p @ v).transpose(1, 2).reshape(b, t, self.heads * self.d_k)
+        o = (p @ v).transpose(1, 2).reshape(b, t, self.heads * self.d_v)
         x = x + self.w_o(o)
         if self.attn_only:
             return x
@@ -61,11 +63,12 @@ class Block(nn.Module):
 class Model(nn.Module):
     def __init__(self, b, t, c, heads, d_k, d_ff, layers, attn_only, vocab):
         super().__init__()
-        d_k = d_k or c // heads
+        d_v = c // heads  # attnlab's default d_v, whatever d_k is
+        d_k = d_k or d_v
         self.embed = nn.Embedding(vocab, c)
         self.pos = nn.Parameter(torch.randn(t, c))
         self.blocks = nn.ModuleList(
-            Block(c, heads, d_k, d_ff or 4 * c, attn_only) for _ in range(layers))
+            Block(c, heads, d_k, d_v, d_ff or 4 * c, attn_only) for _ in range(layers))
         self.ln_f = nn.LayerNorm(c)
         self.head = nn.Linear(c, vocab, bias=False)
         self.register_buffer("mask", torch.triu(torch.ones(t, t, dtype=torch.bool), 1))

@@ -1,7 +1,7 @@
 // The models of the training-step benchmarks, shared by the CPU benchmark (bench_train.cpp) and
 // the GPU one (tests/bench_cuda), all causal:
-//   study:   the study's model, 1 layer, 1 head, attention only, d_model 64, d_k 256, T = 33,
-//            B = 64, 16 symbols
+//   study:   the study's attention shape, 1 layer, 1 head, attention only, d_model 64, d_k 256
+//            (d_v 64), T = 33, B = 64, 16 symbols, causal, learned positions
 //   small:   2 layers, 4 heads, d_model 128, d_ff 512, T = 256, B = 16, 16 symbols
 //   nanogpt: nanoGPT's CPU Shakespeare shape (its README's "I only have a macbook" run):
 //            4 layers, 4 heads, d_model 128, d_ff 512, T = 64, B = 12, 65 characters

@@ -440,7 +440,8 @@ TEST_CASE("transformer_flops_per_token: 6 x the matmul weights counted from para
       CHECK(transformer_flops_per_token(v, 64) == doctest::Approx(want).epsilon(1e-15));
     }
   }
-  // The figure nanoGPT's estimate_mfu gives this shape: 6 · 794,752 + 12 · 4 · 4 · 32 · 64.
+  // nanoGPT's estimate_mfu formula with N = the 794,752 matmul weights: 6 · N + 12 · 4 · 4 · 32 ·
+  // 64 (nanoGPT's own N also counts the LayerNorm gains: 5,168,640, 0.13% more).
   CHECK(transformer_flops_per_token(c, 64) == 5161728.0);
   // Doubling T adds only the attention term.
   CHECK(transformer_flops_per_token(c, 128) - transformer_flops_per_token(c, 64) == 393216.0);

@@ -40,6 +40,7 @@ class HostBackend final : public TrainBackend {
   }
   void clip_grad_norm(double max_norm) override { attnlab::clip_grad_norm(params_, max_norm); }
   void step() override { opt_.step(); }
+  void synchronize() override {}
   Tensor3<float> eval_logits(const Batch& batch) override { return model_.forward(batch); }
   LayerAttention attention(std::size_t layer) override {
     LayerAttention a{model_.attention_weights(layer), model_.attention_logits(layer), {}};
@@ -83,6 +84,7 @@ class DeviceBackend final : public TrainBackend {
   double grad_norm(const std::string& parameter) override { return dev_.grad_norm(parameter); }
   void clip_grad_norm(double max_norm) override { dev_.clip_grad_norm(max_norm); }
   void step() override { dev_opt_->step(); }
+  void synchronize() override { ops_.synchronize(); }
   Tensor3<float> eval_logits(const Batch& batch) override {
     dev_.forward(batch.fields);
     return dev_.logits();

@@ -39,6 +39,9 @@ class TrainBackend {
   virtual double grad_norm(const std::string& parameter) = 0;
   virtual void clip_grad_norm(double max_norm) = 0;
   virtual void step() = 0;
+  // Waits for the work queued so far (a device backend runs asynchronously): what the throughput
+  // timing calls before reading the clock.
+  virtual void synchronize() = 0;
   // Eval forward: (B, T, V) logits; attention(l) then describes it.
   virtual Tensor3<float> eval_logits(const Batch& batch) = 0;
   virtual LayerAttention attention(std::size_t layer) = 0;

@@ -274,6 +274,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     }
     last_loss = loss;
     backend->backward();
+    backend->synchronize();
     step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     const bool log_now =
         (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 || step + 1 == steps;
@@ -285,6 +286,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     step_start = Clock::now();
     if (c.clip > 0) backend->clip_grad_norm(c.clip);
     backend->step();
+    backend->synchronize();
     step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     if (log_now) {
       backend->sync_host(false);  // the weight norms of the row read the host mirror

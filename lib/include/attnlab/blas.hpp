@@ -39,8 +39,9 @@ std::string to_string(const CpuFeatures& cpu);
 // The machine's measured GEMM peak in GFLOP/s, the denominator of MFU: `threads` OpenMP threads
 // (>= 1; std::invalid_argument otherwise) each run single-threaded sgemm (T = float) or dgemm on
 // square matrices of side n (default 1024) of their own, as attnlab's parallel loops do; the best
-// of `rounds` rounds, every thread's 2·n³ flops over the round's wall time. Takes about
-// rounds × 3 × (n³ · 2 / per-thread rate) seconds (0.1 s at 1024 on a 150 GFLOP/s core).
+// of `rounds` rounds, the flops of the threads OpenMP actually gave (fewer when called inside a
+// parallel region) over the round's wall time. Takes (rounds + 1) × 3 gemms of 2·n³ flops per
+// thread (about 0.1 s at 1024 on a 100 GFLOP/s core) and 3 · n² values per thread of memory.
 template <class T>
 double measure_gemm_peak_gflops(int threads, int n = 1024, int rounds = 3);
 

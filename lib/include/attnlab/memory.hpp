@@ -1,18 +1,23 @@
 // The process's allocator and attnlab's steps. A training step allocates its activations and
 // gradients and frees them at the end; glibc's malloc hands large freed blocks back to the kernel
 // (blocks above the mmap threshold are unmapped, and the heap top is trimmed), so the next step
-// page-faults the same memory in again: 417k page faults and about 10% of the step time of
+// page-faults the same memory in again: 417k page faults and about 8% of the step time of
 // nanoGPT's CPU shape at 1 thread, measured (tests/bench).
 #pragma once
 
 namespace attnlab {
 
-// Asks glibc's malloc to keep freed memory for reuse: blocks up to 32 MiB (its largest mmap
-// threshold) come from the heap, and the heap is never trimmed, so a process keeps its peak heap
-// (what a training process reuses every step anyway). Process-wide, so the library never calls it
-// by itself: the CLI and the benchmarks call it first thing, and a program embedding attnlab calls
-// it once if it wants the same. Returns false (and does nothing) where the C library is not glibc
-// or refuses the settings.
+// Asks glibc's malloc to keep freed memory for reuse: blocks up to 32 MiB (glibc's largest mmap
+// threshold on 64-bit) come from the heap instead of mmap, and the main heap's top is not trimmed
+// until over 2 GiB of it are free. The costs: the process keeps its peak heap for life (what a
+// training process reuses every step anyway, but not what a long-lived service embedding attnlab
+// may want); it overrides MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / GLIBC_TUNABLES malloc
+// settings; blocks over 32 MiB (e.g. reference-path attention weights at large T) are still mapped
+// and unmapped per use, and the heaps of other threads' arenas may still be released. Process-wide,
+// so the library never calls it by itself: the CLI calls it first thing (unless the user set one
+// of those variables) and the benchmark too (--malloc-default turns it off). Returns true when
+// both settings took effect, false (changing nothing it could not) where the C library is not
+// glibc or refuses a value (e.g. 32-bit, or glibc.malloc.hugetlb=2).
 bool keep_freed_memory();
 
 }  // namespace attnlab

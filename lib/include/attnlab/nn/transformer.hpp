@@ -45,8 +45,9 @@ struct TransformerConfig {
   static BlockConfig default_block();
 };
 
-// Model FLOPs of one training step (forward + backward) per token at sequence length seq_len, as
-// nanoGPT's estimate_mfu and the PaLM paper count them (Chowdhery et al. 2022, appendix B):
+// Model FLOPs of one training step (forward + backward) per token at sequence length seq_len:
+// nanoGPT's estimate_mfu formula with N restricted to the matmul weights, as the PaLM paper counts
+// them (Chowdhery et al. 2022, appendix B):
 //   6 · N + 6 · L · H · T · (D + Dv)
 // N: the weights of every matmul (w_q, w_k, w_v, w_o, the MLP's fc1.w and fc2.w, head.w; not the
 // embedding and position tables, which are lookups, nor biases and norms); the second term is QKᵀ
