@@ -35,11 +35,7 @@ std::vector<float> loss_curve(int threads, bool causal, int steps = 4) {
     losses.push_back(ce.loss);
     model.zero_grad();
     model.backward(ce.dlogits);
-    for (auto& p : params) {
-      float* w = p.param->value.data();
-      const float* g = p.param->grad.data();
-      for (std::size_t i = 0; i < p.param->value.size(); ++i) w[i] -= 0.5f * g[i];
-    }
+    test::sgd_step(params, 0.5f);
   }
   return losses;
 }

@@ -64,11 +64,7 @@ std::vector<float> training_bits() {
     bits.push_back(ce.loss);
     model.zero_grad();
     model.backward(ce.dlogits);
-    for (auto& p : params) {
-      float* w = p.param->value.data();
-      const float* g = p.param->grad.data();
-      for (std::size_t i = 0; i < p.param->value.size(); ++i) w[i] -= 0.5f * g[i];
-    }
+    test::sgd_step(params, 0.5f);
   }
   for (auto& p : params) bits.insert(bits.end(), p.param->value.begin(), p.param->value.end());
   return bits;

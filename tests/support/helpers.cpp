@@ -53,6 +53,14 @@ TransformerConfig threads_test_config(bool causal) {
   return transformer_config(11, 260, 64, 2, 128, 1, 11, causal);
 }
 
+void sgd_step(const ParameterList<float>& params, float lr) {
+  for (const auto& p : params) {
+    float* w = p.param->value.data();
+    const float* g = p.param->grad.data();
+    for (std::size_t i = 0; i < p.param->value.size(); ++i) w[i] -= lr * g[i];
+  }
+}
+
 TokenIds random_ids(std::size_t batch, std::size_t length, std::size_t vocab, Rng& rng) {
   TokenIds ids({batch, length});
   for (auto& id : ids) id = static_cast<int>(rng.below(vocab));

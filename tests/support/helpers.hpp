@@ -53,6 +53,9 @@ TransformerConfig transformer_config(std::size_t vocab, std::size_t max_len, std
 // that T), non-causal the reference one.
 TransformerConfig threads_test_config(bool causal);
 
+// w -= lr · g for every parameter: plain SGD, written out so tests need no optimizer.
+void sgd_step(const ParameterList<float>& params, float lr);
+
 // (B, T) ids drawn uniformly from [0, vocab).
 TokenIds random_ids(std::size_t batch, std::size_t length, std::size_t vocab, Rng& rng);
 

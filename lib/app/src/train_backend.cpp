@@ -10,13 +10,13 @@
 
 namespace attnlab::app {
 
-namespace {
-
 double tensor_norm(const xt::xarray<float>& a) {
   double s = 0;
   for (float x : a) s += static_cast<double>(x) * x;
   return std::sqrt(s);
 }
+
+namespace {
 
 class HostBackend final : public TrainBackend {
  public:

@@ -62,4 +62,7 @@ std::unique_ptr<TrainBackend> device_backend(Model& model, Optimizer<float>& opt
                                              const AdamWOptions* adamw, const SgdOptions* sgd,
                                              DeviceOps<float>* ops);
 
+// √(Σ x²) accumulated in double: the weight and gradient norms of metrics.csv.
+double tensor_norm(const xt::xarray<float>& a);
+
 }  // namespace attnlab::app

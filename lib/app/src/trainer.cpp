@@ -73,12 +73,6 @@ json at_path(const json& j, const std::string& path) {
   return j.at(json::json_pointer(pointer));
 }
 
-double tensor_norm(const xt::xarray<float>& a) {
-  double s = 0;
-  for (float x : a) s += static_cast<double>(x) * x;
-  return std::sqrt(s);
-}
-
 Parameter<float>* find_param(const ParameterList<float>& params, const std::string& name) {
   for (const auto& p : params)
     if (p.name == name) return p.param;
