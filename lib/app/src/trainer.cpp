@@ -48,7 +48,7 @@ std::uint64_t data_seed(std::uint64_t seed) {
 
 // The run's recipe as JSON: every field but the run control that a resumed run may change.
 json recipe_json(const TrainConfig& c) {
-  json j = json::parse(to_json_text(c));
+  json j = c;
   for (const char* k : {"out", "save_every", "steps"}) j.erase(k);
   return j;
 }
@@ -81,7 +81,7 @@ Parameter<float>* find_param(const ParameterList<float>& params, const std::stri
 
 void write_summary(const std::string& path, const TrainConfig& c, const TrainResult& r) {
   json j;
-  j["config"] = json::parse(to_json_text(c));
+  j["config"] = c;
   j["steps_done"] = r.steps_done;
   j["init_eval_loss"] = r.init_eval_loss;
   j["final_eval_loss"] = std::isfinite(r.final_eval_loss) ? json(r.final_eval_loss) : json(nullptr);
