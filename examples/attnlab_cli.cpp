@@ -100,6 +100,10 @@ void add_model_flags(CLI::App& app, TransformerConfig& m) {
   app.add_option("--heads", a.heads, "attention heads H")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--kv-heads", a.kv_heads,
+                 "key/value heads, dividing --heads (grouped-query attention; 1: multi-query; "
+                 "default: --heads)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--d-k", a.d_k, "head dim of q and k (default d_model / heads)")
       ->check(CLI::Range(1, 8192));
   app.add_option("--d-v", a.d_v, "head dim of v (default d_model / heads)")
@@ -117,7 +121,11 @@ void add_model_flags(CLI::App& app, TransformerConfig& m) {
       ->default_str(std::string(to_string(m.block.norm)));
   app.add_flag("--qk-norm", a.qk_norm, "LayerNorm on q and k per head");
   app.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
+  app.add_flag("--alibi", a.alibi, "ALiBi: a linear distance penalty per head (Press et al. 2022)");
   app.add_flag("--causal", a.sdpa.causal, "causal attention");
+  app.add_option("--window", a.sdpa.window,
+                 "sliding-window attention: each query sees its N latest keys (needs --causal)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option_function<std::string>(
          "--scaling", [&a](const std::string& s) { a.sdpa.scaling = parse_scaling(s); },
          "attention scale: 1, 1/sqrt(d_k) or 1/d_k")

@@ -147,11 +147,13 @@ __global__ void __launch_bounds__(kThreads)
     row_max[r] = cm::negative_infinity<T>();
     row_sum[r] = T(0);
   }
-  // The last query of the tile sees keys [0, key_end); later keys are hidden from the whole tile.
+  // The tile's queries see keys [key_begin(first), key_end(last)); the key tiles outside are
+  // hidden from the whole tile.
   const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
   const std::size_t key_end = attention::key_end(a, last_query);
+  const std::size_t key_start = attention::key_begin(a, i0) / TILE * TILE;
 
-  for (std::size_t j0 = 0; j0 < key_end; j0 += TILE) {
+  for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {
     __syncthreads();  // the previous tile's O update has finished reading V and P
     load_tile(kvs, ldkv, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
     __syncthreads();
@@ -326,10 +328,10 @@ __global__ void __launch_bounds__(kThreads)
   T* dot_s = lse_s + TILE;
 
   const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
-  const std::size_t kv = a.kv_slice_of(bh);
+  // One block per (K/V slice, key tile): the tiles of K and V are read once for the whole group
+  // of query heads that share them (grouped-query attention), whose dK and dV add up here.
+  const std::size_t kv = blockIdx.y, group = a.group();
   const std::size_t j0 = static_cast<std::size_t>(blockIdx.x) * TILE;
-  const T s = a.scale[h];
   const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
 
   load_tile(ks, g.ldd, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
@@ -338,60 +340,66 @@ __global__ void __launch_bounds__(kThreads)
   zero_tile(dvs, TILE * g.dvp);
   // Queries before query_begin(j0) see none of these keys; start at the tile holding it.
   const std::size_t first_query = attention::query_begin(a, j0) / TILE * TILE;
+  // Queries from query_end(last key of the tile) on see none of them either (a sliding window).
+  const std::size_t query_stop = attention::query_end(a, std::min(j0 + TILE, a.Tk) - 1);
 
-  for (std::size_t i0 = first_query; i0 < a.Tq; i0 += TILE) {
-    __syncthreads();  // the previous query tile is no longer read
-    load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
-    load_tile(dos, g.lddv, dout + bh * a.Tq * a.Dv, i0, a.Tq, Dv, g.dvp, TILE);
-    load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
-    __syncthreads();
-    // P = exp(s·Q Kᵀ − LSE), kept in registers for dS and stored for dV
-    T p[MI][NS];
-    tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
-#pragma unroll
-    for (int i = 0; i < MI; ++i) {
-#pragma unroll
-      for (int j = 0; j < NS; ++j) ps[(ty + kSide * i) * g.lds + tx + kSide * j] = p[i][j];
-    }
-    __syncthreads();
-    // dV += Pᵀ dO                                      (TILE,TILE)ᵀ x (TILE,dvp) -> (TILE,dvp)
-    for (int n0 = 0; n0 < g.dvp; n0 += kChunk) {
-      T acc[MI][kChunkCols];
+  for (std::size_t bh = kv * group; bh < (kv + 1) * group; ++bh) {
+    const std::size_t b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+    const T s = a.scale[h];
+    for (std::size_t i0 = first_query; i0 < query_stop; i0 += TILE) {
+      __syncthreads();  // the previous query tile is no longer read
+      load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
+      load_tile(dos, g.lddv, dout + bh * a.Tq * a.Dv, i0, a.Tq, Dv, g.dvp, TILE);
+      load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
+      __syncthreads();
+      // P = exp(s·Q Kᵀ − LSE), kept in registers for dS and stored for dV
+      T p[MI][NS];
+      tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
 #pragma unroll
       for (int i = 0; i < MI; ++i) {
 #pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          acc[i][j] = dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j];
+        for (int j = 0; j < NS; ++j) ps[(ty + kSide * i) * g.lds + tx + kSide * j] = p[i][j];
+      }
+      __syncthreads();
+      // dV += Pᵀ dO                                      (TILE,TILE)ᵀ x (TILE,dvp) -> (TILE,dvp)
+      for (int n0 = 0; n0 < g.dvp; n0 += kChunk) {
+        T acc[MI][kChunkCols];
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+          for (int j = 0; j < kChunkCols; ++j) {
+            acc[i][j] = dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j];
+          }
+        }
+        micro_gemm(acc, ps, 1, g.lds, dos, g.lddv, 1, TILE, ty, tx, n0);
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+          for (int j = 0; j < kChunkCols; ++j) {
+            dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j] = acc[i][j];
+          }
         }
       }
-      micro_gemm(acc, ps, 1, g.lds, dos, g.lddv, 1, TILE, ty, tx, n0);
+      __syncthreads();  // P is no longer read: overwrite it with dS
+      tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
+      __syncthreads();
+      // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
+      for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
+        T acc[MI][kChunkCols];
 #pragma unroll
-      for (int i = 0; i < MI; ++i) {
+        for (int i = 0; i < MI; ++i) {
 #pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j] = acc[i][j];
+          for (int j = 0; j < kChunkCols; ++j) {
+            acc[i][j] = dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j];
+          }
         }
-      }
-    }
-    __syncthreads();  // P is no longer read: overwrite it with dS
-    tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
-    __syncthreads();
-    // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
-    for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
-      T acc[MI][kChunkCols];
+        micro_gemm(acc, ps, 1, g.lds, qs, g.ldd, 1, TILE, ty, tx, n0);
 #pragma unroll
-      for (int i = 0; i < MI; ++i) {
+        for (int i = 0; i < MI; ++i) {
 #pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          acc[i][j] = dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j];
-        }
-      }
-      micro_gemm(acc, ps, 1, g.lds, qs, g.ldd, 1, TILE, ty, tx, n0);
-#pragma unroll
-      for (int i = 0; i < MI; ++i) {
-#pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j] = acc[i][j];
+          for (int j = 0; j < kChunkCols; ++j) {
+            dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j] = acc[i][j];
+          }
         }
       }
     }
@@ -445,8 +453,9 @@ __global__ void __launch_bounds__(kThreads)
   zero_tile(dqs, TILE * g.dp);
   const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
   const std::size_t key_end = attention::key_end(a, last_query);
+  const std::size_t key_start = attention::key_begin(a, i0) / TILE * TILE;
 
-  for (std::size_t j0 = 0; j0 < key_end; j0 += TILE) {
+  for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {
     __syncthreads();  // the previous key tile and dS are no longer read
     load_tile(ks, g.ldd, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
     load_tile(vs, g.lddv, a.v + kv * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
@@ -490,8 +499,9 @@ inline dim3 query_tile_grid(const AttentionParams<T>& a, int tile) {
   return dim3(static_cast<unsigned>(cm::tile_count(a.Tq, tile)), static_cast<unsigned>(a.B * a.H));
 }
 template <class T>
-inline dim3 key_tile_grid(const AttentionParams<T>& a, int tile) {
-  return dim3(static_cast<unsigned>(cm::tile_count(a.Tk, tile)), static_cast<unsigned>(a.B * a.H));
+inline dim3 key_tile_grid(const AttentionParams<T>& a, int tile) {  // one block per K/V slice
+  return dim3(static_cast<unsigned>(cm::tile_count(a.Tk, tile)),
+              static_cast<unsigned>(a.B * a.Hkv));
 }
 constexpr std::size_t kRowDotRowsPerBlock = kThreads / detail::kWarpSize;  // one warp per row
 

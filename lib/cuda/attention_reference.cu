@@ -36,21 +36,31 @@ unsigned grid_of(std::size_t rows) {
 
 }  // namespace
 
+// Grouped-query attention: query head h reads K/V head h / g (g = H / Hkv). The (b, h) slices of q
+// that read K/V slice j are bh = j·g + r, so for each r in turn one strided-batched GEMM over the
+// B·Hkv K/V slices covers them (q-side strides times g); dK and dV add over r (beta 1 after r = 0).
 template <class T>
 void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) {
   check_attention_params(a, "cuda::sdpa_reference_forward");
   const int m = as_int(a.Tq, "Tq"), n = as_int(a.Tk, "Tk"), d = as_int(a.D, "D"),
-            dv = as_int(a.Dv, "Dv"), batch = as_int(a.B * a.H, "B*H");
-  const std::size_t rows = a.B * a.H * a.Tq;
+            dv = as_int(a.Dv, "Dv"), batch = as_int(a.B * a.Hkv, "B*Hkv");
+  const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
   if (rows == 0) return;
-  // S = Q Kᵀ, unscaled (the scale is per head)          (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
-  gemm_strided_batched<T>(false, true, m, n, d, T(1), a.q, d, a.Tq * a.D, a.k, d, a.Tk * a.D, T(0),
-                          p, n, a.Tq * a.Tk, batch);
+  const auto gl = static_cast<long long>(g);
+  const long long sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
+                  so = a.Tq * a.Dv;
+  for (std::size_t r = 0; r < g; ++r) {
+    // S = Q Kᵀ, unscaled (the scale is per head)        (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
+    gemm_strided_batched<T>(false, true, m, n, d, T(1), a.q + r * sq, d, gl * sq, a.k, d, sk, T(0),
+                            p + r * sp, n, gl * sp, batch);
+  }
   masked_softmax_rows<T><<<grid_of(rows), kRowThreads>>>(p, a);
   ATTNLAB_CUDA_CHECK_LAUNCH();
-  // O = P V                                              (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-  gemm_strided_batched<T>(false, false, m, dv, n, T(1), p, n, a.Tq * a.Tk, a.v, dv, a.Tk * a.Dv,
-                          T(0), out, dv, a.Tq * a.Dv, batch);
+  for (std::size_t r = 0; r < g; ++r) {
+    // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
+    gemm_strided_batched<T>(false, false, m, dv, n, T(1), p + r * sp, n, gl * sp, a.v, dv, sv, T(0),
+                            out + r * so, dv, gl * so, batch);
+  }
 }
 
 template <class T>
@@ -58,26 +68,33 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T*
                              const AttentionParams<T>& a) {
   check_attention_params(a, "cuda::sdpa_reference_backward");
   const int m = as_int(a.Tq, "Tq"), n = as_int(a.Tk, "Tk"), d = as_int(a.D, "D"),
-            dvw = as_int(a.Dv, "Dv"), batch = as_int(a.B * a.H, "B*H");
-  const std::size_t rows = a.B * a.H * a.Tq;
+            dvw = as_int(a.Dv, "Dv"), batch = as_int(a.B * a.Hkv, "B*Hkv");
+  const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
   if (rows == 0) return;
+  const auto gl = static_cast<long long>(g);
   const long long sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
                   so = a.Tq * a.Dv;
-  // dV = Pᵀ dO                                           (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-  gemm_strided_batched<T>(true, false, n, dvw, m, T(1), p, n, sp, dout, dvw, so, T(0), dv, dvw, sv,
-                          batch);
-  // dP = dO Vᵀ                                           (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-  gemm_strided_batched<T>(false, true, m, n, dvw, T(1), dout, dvw, so, a.v, dvw, sv, T(0), ds, n,
-                          sp, batch);
+  for (std::size_t r = 0; r < g; ++r) {
+    const T beta = r == 0 ? T(0) : T(1);
+    // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+    gemm_strided_batched<T>(true, false, n, dvw, m, T(1), p + r * sp, n, gl * sp, dout + r * so,
+                            dvw, gl * so, beta, dv, dvw, sv, batch);
+    // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+    gemm_strided_batched<T>(false, true, m, n, dvw, T(1), dout + r * so, dvw, gl * so, a.v, dvw, sv,
+                            T(0), ds + r * sp, n, gl * sp, batch);
+  }
   // dS = s_h · P ⊙ (dP − rowsum(dP ⊙ P)), in place
   softmax_backward_rows<T><<<grid_of(rows), kRowThreads>>>(ds, p, a.scale, a.H, a.Tq, a.Tk);
   ATTNLAB_CUDA_CHECK_LAUNCH();
-  // dQ = dS K                                            (Tq,Tk) x (Tk,D) -> (Tq,D)
-  gemm_strided_batched<T>(false, false, m, d, n, T(1), ds, n, sp, a.k, d, sk, T(0), dq, d, sq,
-                          batch);
-  // dK = dSᵀ Q                                           (Tk,Tq) x (Tq,D) -> (Tk,D)
-  gemm_strided_batched<T>(true, false, n, d, m, T(1), ds, n, sp, a.q, d, sq, T(0), dk, d, sk,
-                          batch);
+  for (std::size_t r = 0; r < g; ++r) {
+    const T beta = r == 0 ? T(0) : T(1);
+    // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)
+    gemm_strided_batched<T>(false, false, m, d, n, T(1), ds + r * sp, n, gl * sp, a.k, d, sk, T(0),
+                            dq + r * sq, d, gl * sq, batch);
+    // dK (+)= dSᵀ Q                                      (Tk,Tq) x (Tq,D) -> (Tk,D)
+    gemm_strided_batched<T>(true, false, n, d, m, T(1), ds + r * sp, n, gl * sp, a.q + r * sq, d,
+                            gl * sq, beta, dk, d, sk, batch);
+  }
 }
 
 #define ATTNLAB_INSTANTIATE(T)                                                 \

@@ -175,6 +175,20 @@ void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) {
 }
 
 template <class T>
+void relu_forward(T* y, const T* x, std::size_t n) {
+  if (n == 0) return;
+  relu_forward_kernel<T><<<element_blocks(n), kElementThreads>>>(y, x, n);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) {
+  if (n == 0) return;
+  relu_backward_kernel<T><<<element_blocks(n), kElementThreads>>>(dx, dy, x, n);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                     std::size_t out) {
   if (rows == 0 || out == 0) return;
@@ -273,6 +287,8 @@ void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) {
                                     std::size_t);                                                 \
   template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                 \
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                      \
+  template void relu_forward<T>(T*, const T*, std::size_t);                                       \
+  template void relu_backward<T>(T*, const T*, const T*, std::size_t);                            \
   template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,     \
                                   std::size_t);                                                   \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,         \

@@ -154,6 +154,20 @@ __global__ void __launch_bounds__(kElementThreads)
   }
 }
 
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    relu_forward_kernel(T* y, const T* x, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    y[i] = x[i] > T(0) ? x[i] : T(0);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    relu_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    dx[i] = x[i] > T(0) ? dy[i] : T(0);
+}
+
 // y[r, c] += b[c] over rows × C values.
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)

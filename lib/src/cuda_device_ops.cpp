@@ -1,11 +1,12 @@
 // The CUDA backend's DeviceOps (attnlab/device_ops.hpp): every operation forwards to the host
 // launchers of attnlab/cuda.hpp, cuda_train.hpp and cuda_attention.hpp. Plain C++ in every build:
 // without the CUDA backend those launchers throw CudaError, and make_cuda_device_ops() throws
-// before making an instance. An instance holds no state: the device state lives in the buffers its
-// owner allocates, and the one process-wide object below it, the cuBLAS handle, is guarded there
-// (lib/cuda/runtime.cpp).
+// before making an instance. An instance keeps only its cache of freed device blocks (below); the
+// one process-wide object under it, the cuBLAS handle, is guarded there (lib/cuda/runtime.cpp).
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "attnlab/cuda.hpp"
 #include "attnlab/cuda_attention.hpp"
@@ -21,8 +22,39 @@ class CudaDeviceOps final : public DeviceOps<T> {
  public:
   std::string name() const override { return "cuda: " + cuda_device_name(); }
 
-  void* allocate(std::size_t bytes) override { return cuda::device_allocate(bytes); }
-  void release(void* p) noexcept override { cuda::device_release(p); }
+  CudaDeviceOps() = default;
+  CudaDeviceOps(const CudaDeviceOps&) = delete;
+  CudaDeviceOps& operator=(const CudaDeviceOps&) = delete;
+  ~CudaDeviceOps() override {
+    for (auto& [bytes, p] : cached_) cuda::device_release(p);
+  }
+
+  // A caching allocator, as PyTorch's: the Modules' buffers are freed and allocated again every
+  // step (an output the next layer still caches is not overwritten but replaced), and cudaFree
+  // synchronises the device. Freed blocks are kept by size (rounded up to 512 bytes) and handed out
+  // again; the device memory is returned when the backend is destroyed.
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    bytes = (bytes + 511) / 512 * 512;
+    std::lock_guard<std::mutex> lock(mutex_);
+    void* p = nullptr;
+    if (auto it = cached_.find(bytes); it != cached_.end()) {
+      p = it->second;
+      cached_.erase(it);
+    } else {
+      p = cuda::device_allocate(bytes);
+    }
+    live_[p] = bytes;
+    return p;
+  }
+  void release(void* p) noexcept override {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return;
+    cached_.emplace(it->second, p);
+    live_.erase(it);
+  }
   void upload(void* device_dst, const void* host_src, std::size_t bytes) override {
     cuda::copy_host_to_device(device_dst, host_src, bytes);
   }
@@ -87,6 +119,10 @@ class CudaDeviceOps final : public DeviceOps<T> {
   void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) override {
     cuda::gelu_backward(dx, dy, x, n, exact);
   }
+  void relu_forward(T* y, const T* x, std::size_t n) override { cuda::relu_forward(y, x, n); }
+  void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
+    cuda::relu_backward(dx, dy, x, n);
+  }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                       std::size_t out) override {
     cuda::linear_forward(y, x, w, b, rows, in, out);
@@ -132,6 +168,11 @@ class CudaDeviceOps final : public DeviceOps<T> {
   std::size_t sum_of_squares_scratch() const override { return cuda::sum_of_squares_scratch(); }
 
   void synchronize() override { cuda::synchronize(); }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_multimap<std::size_t, void*> cached_;  // free blocks by size
+  std::unordered_map<void*, std::size_t> live_;         // handed-out blocks and their sizes
 };
 
 }  // namespace

@@ -177,6 +177,14 @@ void gelu_backward(T*, const T*, const T*, std::size_t, bool) {
   not_built("cuda::gelu_backward");
 }
 template <class T>
+void relu_forward(T*, const T*, std::size_t) {
+  not_built("cuda::relu_forward");
+}
+template <class T>
+void relu_backward(T*, const T*, const T*, std::size_t) {
+  not_built("cuda::relu_backward");
+}
+template <class T>
 void linear_forward(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t) {
   not_built("cuda::linear_forward");
 }
@@ -232,6 +240,8 @@ std::size_t sum_of_squares_scratch() {
                                     std::size_t);                                                 \
   template void gelu_forward<T>(T*, const T*, std::size_t, bool);                                 \
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                      \
+  template void relu_forward<T>(T*, const T*, std::size_t);                                       \
+  template void relu_backward<T>(T*, const T*, const T*, std::size_t);                            \
   template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,     \
                                   std::size_t);                                                   \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,         \

@@ -77,14 +77,4 @@ void assign_copy(C& cache, const C& x) {
   copy_elements(cache.data(), x.data(), x.size());
 }
 
-// dst = a parameter's value (an xarray of dst's rank) as a fixed-rank tensor, reusing dst's
-// buffer: the per-forward snapshot of the weights that the backward must use.
-template <class D, class S>
-void assign_snapshot(D& dst, const S& value) {
-  typename D::shape_type fixed;
-  std::copy(value.shape().begin(), value.shape().end(), fixed.begin());
-  dst.resize(fixed);
-  copy_elements(dst.data(), value.data(), value.size());
-}
-
 }  // namespace attnlab::detail

@@ -318,6 +318,10 @@ TEST_CASE("cli: gradcheck prints a row per tensor and passes on the stack's laye
       cli("gradcheck --layer block --d-model 4 --heads 2 --batch 1 --seq 3 --causal", dir);
   CHECK(t.status == 0);
   CHECK(t.out.find("mlp.fc2.w") != std::string::npos);
+  const Run g = cli(
+      "gradcheck --layer mha --d-model 8 --heads 4 --kv-heads 2 --causal --window 3 --alibi", dir);
+  CHECK(g.status == 0);
+  CHECK(g.out.find("PASS") != std::string::npos);
 }
 
 TEST_CASE("cli: SIGINT saves a checkpoint and exits cleanly, and the run resumes from it") {
@@ -353,6 +357,10 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
   const std::pair<const char*, const char*> cases[] = {
       {"train --d-model 0", "--d-model"},
       {"train --heads 0", "--heads"},
+      {"train --kv-heads 0", "--kv-heads"},
+      {"train --window 0", "--window"},
+      {"train --window 4", "sdpa.window expected 0 without causal"},
+      {"train --d-model 8 --heads 4 --kv-heads 3", "kv_heads expected a divisor of heads (4)"},
       {"train --d-k 0", "--d-k"},
       {"train --d-v -1", "--d-v"},
       {"train --layers 0", "--layers"},

@@ -192,35 +192,43 @@ TEST_CASE("attention score rule: causal bounds agree with key_visible, for any q
   CHECK(attention::key_visible(rule_params(6, 5, true, 2), 0, 2, 4));  // j <= i + o
 }
 
-TEST_CASE("attention score rule: score_row over scaled dots equals score element by element") {
+TEST_CASE(
+    "attention score rule: score_row equals score element by element, with window and ALiBi") {
   Rng rng(5);
   const std::size_t Tq = 6, Tk = 23;
   std::vector<unsigned char> mask(2 * Tk);
   for (auto& m : mask) m = rng.uniform() < 0.7 ? 1 : 0;
+  const double slope = 0.3;
   for (bool causal : {false, true}) {
     for (std::size_t offset : {0, 4, 30}) {
       for (bool masked : {false, true}) {
-        if (!causal && offset != 0) continue;
-        AttentionParams<double> p = rule_params(Tq, Tk, causal, offset);
-        p.B = 2;
-        p.key_mask = masked ? mask.data() : nullptr;
-        for (std::size_t b = 0; b < 2; ++b) {
-          for (std::size_t i = 0; i < Tq; ++i) {
-            for (std::size_t j0 : {0, 3, 9}) {
-              for (std::size_t n : {std::size_t{1}, std::size_t{5}, Tk - j0}) {
-                CAPTURE(causal);
-                CAPTURE(offset);
-                CAPTURE(masked);
-                CAPTURE(i);
-                CAPTURE(j0);
-                std::vector<double> dots(n), row(n), expected(n);
-                for (auto& x : dots) x = 4.0 * (rng.uniform() - 0.5);
-                for (std::size_t c = 0; c < n; ++c) {
-                  expected[c] = attention::score(p, b, 0, i, j0 + c, 0.37, dots[c]);
-                  row[c] = 0.37 * dots[c];  // what a GEMM with alpha = s_h gives
+        for (std::size_t variant = 0; variant < 3; ++variant) {  // plain, window 3, ALiBi
+          if (!causal && offset != 0) continue;
+          if (!causal && variant == 1) continue;
+          AttentionParams<double> p = rule_params(Tq, Tk, causal, offset);
+          p.B = 2;
+          p.key_mask = masked ? mask.data() : nullptr;
+          if (variant == 1) p.window = 3;
+          if (variant == 2) p.alibi_slopes = &slope;
+          CAPTURE(variant);
+          for (std::size_t b = 0; b < 2; ++b) {
+            for (std::size_t i = 0; i < Tq; ++i) {
+              for (std::size_t j0 : {0, 3, 9}) {
+                for (std::size_t n : {std::size_t{1}, std::size_t{5}, Tk - j0}) {
+                  CAPTURE(causal);
+                  CAPTURE(offset);
+                  CAPTURE(masked);
+                  CAPTURE(i);
+                  CAPTURE(j0);
+                  std::vector<double> dots(n), row(n), expected(n);
+                  for (auto& x : dots) x = 4.0 * (rng.uniform() - 0.5);
+                  for (std::size_t c = 0; c < n; ++c) {
+                    expected[c] = attention::score(p, b, 0, i, j0 + c, 0.37, dots[c]);
+                    row[c] = 0.37 * dots[c];  // what a GEMM with alpha = s_h gives
+                  }
+                  attention::score_row(p, b, 0, i, j0, n, row.data());
+                  CHECK(row == expected);  // bit for bit: the same products
                 }
-                attention::score_row(p, b, 0, i, j0, n, row.data());
-                CHECK(row == expected);  // bit for bit: the same products
               }
             }
           }
@@ -235,7 +243,7 @@ TEST_CASE("attention score rule: score_row over scaled dots equals score element
   CHECK(attention::score(p, 0, 0, 0, 1, 0.5, nan) == -kInf);
 }
 
-TEST_CASE("attention params: kv_head_of, and the variants not supported yet are refused") {
+TEST_CASE("attention params: kv_head_of, Hkv divides H, a window needs causal, a bias is refused") {
   AttentionParams<float> p;
   p.B = 1, p.H = 8, p.Hkv = 8, p.Tq = p.Tk = 4, p.D = p.Dv = 2;
   for (std::size_t h = 0; h < 8; ++h) CHECK(p.kv_head_of(h) == h);
@@ -245,21 +253,26 @@ TEST_CASE("attention params: kv_head_of, and the variants not supported yet are 
   grouped.Hkv = 2;  // the mapping is in place for grouped-query attention: 4 query heads per K/V
   CHECK(grouped.kv_head_of(5) == 1);
   CHECK(grouped.kv_slice_of(8 + 5) == 2 + 1);
-  CHECK_THROWS_WITH_AS(
-      check_attention_spec(grouped, "op"),
-      "op: Hkv expected 8 (= H), got 2: grouped-query attention is not supported yet",
-      std::invalid_argument);
+  CHECK_NOTHROW(check_attention_spec(grouped, "op"));  // grouped-query attention runs
+  grouped.Hkv = 3;
+  CHECK_THROWS_WITH_AS(check_attention_spec(grouped, "op"),
+                       "op: Hkv (key/value heads) expected a divisor of H = 8, got 3",
+                       std::invalid_argument);
+  grouped.Hkv = 0;
+  CHECK_THROWS_AS(check_attention_spec(grouped, "op"), std::invalid_argument);
   const auto refused = [&](auto change, const char* message) {
     AttentionParams<float> bad = p;
     change(bad);
     CHECK_THROWS_WITH_AS(check_attention_params(bad, "op"), doctest::Contains(message),
                          std::invalid_argument);
   };
-  refused([](auto& a) { a.window = 3; }, "not supported yet");
+  refused([](auto& a) { a.window = 3; }, "window expected causal attention");
   refused([](auto& a) { a.dropout_p = 0.1f; }, "not supported yet");
   const float bias = 0, slopes = 0;
   refused([&](auto& a) { a.bias = &bias; }, "not supported yet");
-  refused([&](auto& a) { a.alibi_slopes = &slopes; }, "not supported yet");
+  AttentionParams<float> with_alibi = p;  // ALiBi runs on every path
+  with_alibi.alibi_slopes = &slopes;
+  CHECK_NOTHROW(check_attention_params(with_alibi, "op"));
   refused([](auto& a) { a.query_offset = 1; }, "op: query_offset expected 0 without causal, got 1");
 }
 

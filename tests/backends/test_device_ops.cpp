@@ -27,6 +27,7 @@
 #include "attnlab/ops/gelu.hpp"
 #include "attnlab/ops/layernorm.hpp"
 #include "attnlab/ops/linear.hpp"
+#include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/sgd.hpp"
@@ -242,6 +243,19 @@ void check_layers(DeviceOps<T>& ops, double tol) {
       CHECK(test::rel_error(y.host(), y_cpu) < tol);
       CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
     }
+  }
+  {
+    INFO("relu");
+    ReluCache<double, 2> cache;
+    const auto y_cpu = relu_forward(cache, x);
+    const auto dx_cpu = relu_backward(dy, cache);
+    DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
+    ops.relu_forward(y.get(), dx_in.get(), rows * C);
+    ops.relu_backward(dx.get(), ddy.get(), dx_in.get(), rows * C);
+    const std::vector<T> y_dev = y.host();
+    CHECK(test::rel_error(y_dev, y_cpu) < tol);
+    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
+    CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
   }
   {
     INFO("linear");

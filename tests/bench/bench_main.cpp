@@ -19,6 +19,7 @@
 #include "attnlab/threads.hpp"
 #include "bench_common.hpp"
 #include "bench_train.hpp"
+#include "bench_variants.hpp"
 
 namespace attnlab::bench {
 namespace {
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
   // As the CLI does: freed activations are reused, not page-faulted in again every step. Off with
   // --malloc-default, to measure what it saves.
   bool keep_memory = true;
-  bool quick = false, memory = true, train = true;
+  bool quick = false, memory = true, train = true, variants = true;
   std::string torch_file;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -168,6 +169,8 @@ int main(int argc, char** argv) {
       memory = false;
     } else if (std::strcmp(argv[i], "--no-train") == 0) {
       train = false;
+    } else if (std::strcmp(argv[i], "--no-variants") == 0) {
+      variants = false;
     } else {
       args.push_back(argv[i]);
     }
@@ -185,7 +188,7 @@ int main(int argc, char** argv) {
     }
   }
   if (train) register_train_benchmarks(quick);
-  if (train) register_backend_benchmarks();
+  if (variants) register_variant_benchmarks();
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
   const attnlab::BlasInfo& blas = attnlab::blas_info();
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_table(reporter.seconds, points);
   if (train) print_train_table(reporter.seconds, torch_file);
-  if (train) print_backend_table(reporter.seconds);
+  if (variants) print_variant_table(reporter.seconds);
   if (memory) print_memory();
   std::printf("load average at end: %s\n", load_average().c_str());
   benchmark::Shutdown();

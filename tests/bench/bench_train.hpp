@@ -1,4 +1,4 @@
-// Training-step benchmarks (tokens/s) of whole models (bench_train.cpp, bench_backend.cpp).
+// Training-step benchmarks (tokens/s) of whole models (bench_train.cpp).
 #pragma once
 
 #include <map>
@@ -12,10 +12,5 @@ void register_train_benchmarks(bool quick);
 // seconds" lines) adds PyTorch eager's step time on the same model and the ratio.
 void print_train_table(const std::map<std::string, std::map<std::string, double>>& seconds,
                        const std::string& torch_file = "");
-
-// The same training step (AdamW) on the CPU Modules and on DeviceTransformer over the CPU backend
-// (bench_backend.cpp).
-void register_backend_benchmarks();
-void print_backend_table(const std::map<std::string, std::map<std::string, double>>& seconds);
 
 }  // namespace attnlab::bench

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the benchmark suite (preset `bench`) and runs it: a compact table on stdout, one line per
 # benchmark on stderr. Extra arguments go to attnlab_bench (--quick, --cpu-time, --no-memory,
-# --no-train, and Google Benchmark flags such as --benchmark_filter=REGEX).
+# --no-train, --no-variants, and Google Benchmark flags such as --benchmark_filter=REGEX).
 # On a shared machine, ATTNLAB_BENCH_RT=1 runs the benchmark (not the build) under the lowest
 # real-time priority (chrt -f 1, needs root), so that other jobs do not distort the 2-thread
 # figures; the kernel still leaves them 5% of the CPU.

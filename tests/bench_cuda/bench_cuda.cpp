@@ -8,7 +8,7 @@
 // not counted, as is usual.
 //
 // Then the training step (forward, fused cross-entropy, backward, AdamW) of two models, on the CPU
-// (attnlab::Transformer, all cores) and on the GPU (DeviceTransformer + DeviceOptimizer), float,
+// (attnlab::Transformer, all cores) and on the GPU (the same Transformer moved there), float,
 // causal, from the same weights on the same random tokens (the models of tests/bench/
 // train_models.hpp); the first step's losses are printed side by side as a check that both
 // computed the same thing.
@@ -27,7 +27,8 @@
 #include "../bench/train_models.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/cuda_attention.hpp"
-#include "attnlab/nn/device_transformer.hpp"
+#include "attnlab/nn/cross_entropy.hpp"
+#include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/random.hpp"
@@ -99,12 +100,15 @@ void train_step_table() {
       tokens.data()[i] = static_cast<int>(rng.below(m.vocab));
       targets.data()[i] = static_cast<int>(rng.below(m.vocab));
     }
+    const auto ops = make_cuda_device_ops<float>();  // outlives the model moved to it
+    Rng same = rng;
     Transformer<float> cpu(c, rng);
-    const auto ops = make_cuda_device_ops<float>();
-    DeviceTransformer<float> dev(cpu, *ops);
+    Transformer<float> dev(c, same);  // the same weights, moved to the GPU: one model code
+    dev.to(*ops);
     const AdamWOptions adam{1e-3, 0.9, 0.95, 1e-8, 0.0};
     AdamW<float> opt(cpu.parameters(), adam);
-    DeviceOptimizer<float> dopt(dev, adam);
+    AdamW<float> dopt(dev.parameters(), adam);
+    CrossEntropyLoss<float> loss_fn;
     double cpu_loss = 0, gpu_loss = 0;
     const auto cpu_step = [&] {
       const auto ce = softmax_cross_entropy<float, 3>(cpu.forward({tokens}), targets);
@@ -114,9 +118,9 @@ void train_step_table() {
       if (cpu_loss == 0) cpu_loss = ce.loss;
     };
     const auto gpu_step = [&] {
-      dev.forward({tokens});
-      const double loss = dev.loss(targets);
-      dev.backward();
+      const double loss = loss_fn.forward(*ops, dev.forward(dev.upload_fields({tokens})), targets);
+      dev.zero_grad();
+      dev.backward(loss_fn.dlogits());
       dopt.step();
       cuda::synchronize();
       if (gpu_loss == 0) gpu_loss = loss;

@@ -59,8 +59,8 @@ TEST_CASE_TEMPLATE("hardening: sdpa_forward and sdpa_scores reject every wrong s
   const std::vector<BadCall> shape_errors = {
       {"k batch", [&] { sdpa_forward(c, q, zeros4<T>(3, 4, 7, 16), v); },
        "sdpa_forward: k expected"},
-      {"k heads", [&] { sdpa_forward(c, q, zeros4<T>(2, 2, 7, 16), v); },
-       "sdpa_forward: k expected"},
+      {"k and v heads differ", [&] { sdpa_forward(c, q, zeros4<T>(2, 2, 7, 16), v); },
+       "sdpa_forward: v expected (2, 2, 7, *), got (2, 4, 7, 8)"},
       {"k head dim", [&] { sdpa_forward(c, q, zeros4<T>(2, 4, 7, 15), v); },
        "sdpa_forward: k expected (2, 4, *, 16), got (2, 4, 7, 15)"},
       {"v batch", [&] { sdpa_forward(c, q, k, zeros4<T>(1, 4, 7, 8)); },
@@ -103,6 +103,9 @@ TEST_CASE_TEMPLATE("hardening: sdpa_forward and sdpa_scores reject every wrong s
   const std::vector<BadCall> argument_errors = {
       {"negative explicit scale", [&] { sdpa_forward(c, q, k, v, negative); },
        "sdpa_forward: scale expected a finite scale > 0"},
+      {"k heads not dividing q heads",
+       [&] { sdpa_forward(c, q, zeros4<T>(2, 3, 7, 16), zeros4<T>(2, 3, 7, 8)); },
+       "sdpa_forward: Hkv (key/value heads) expected a divisor of H = 4, got 3"},
       {"a zero head scale", [&] { sdpa_forward(c, q, k, v, zero_head); },
        "sdpa_forward: head_scale expected a finite scale > 0"},
       {"zero queries", [&] { sdpa_forward(c, zeros4<T>(2, 4, 0, 16), k, v); },

@@ -6,6 +6,9 @@ own results against the numbers written here.
 
 What it makes (all paths relative to the repository root):
   tests/data/golden/sdpa.json           scaled dot-product attention: out, P, dq, dk, dv
+  tests/data/golden/gqa.json            grouped-query attention (Hkv < H): out, P, dq, dk, dv
+  tests/data/golden/window.json         sliding-window causal attention (a band mask): the same
+  tests/data/golden/alibi.json          ALiBi (a float bias on the scaled scores): the same
   tests/data/golden/softmax.json        row softmax and its backward
   tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
   tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, embedding
@@ -20,7 +23,8 @@ How to run (from the repository root):
   python3 tests/golden/make_goldens.py mha.json   # only the named files
 Requires torch, numpy and safetensors (pip install torch numpy safetensors).
 The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
-safetensors 0.8.0, Python 3.11.7.
+safetensors 0.8.0, Python 3.11.7; gqa.json, window.json and alibi.json with Debian's python3-torch 1.13 (it needs neither
+F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check when present).
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -209,6 +213,134 @@ def sdpa_cases():
 
         config = {"scaling": scaling, "scale": scale, "causal": causal,
                   "has_mask": mask is not None, "effective_scale": sc, "seed": seed}
+        tensors = {"q": q, "k": k, "v": v, "r": r}
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+GQA_CASES = [
+    # name, B, H, Hkv, Tq, Tk, D, Dv, causal, mask-kind
+    ("gqa_h4_kv2",            2, 4, 2, 4, 5, 3, 2, False, None),
+    ("gqa_h6_kv3_causal",     2, 6, 3, 5, 5, 4, 3, True,  None),
+    ("mqa_h4_kv1_mask",       2, 4, 1, 3, 5, 4, 4, False, "empty_batch"),
+    ("gqa_h4_kv2_causal_mask", 2, 4, 2, 4, 4, 2, 3, True,  "first_key"),
+]
+
+
+def gqa_cases():
+    """Grouped-query attention: query head h reads K/V head h // (H / Hkv). The
+    reference expands K and V with repeat_interleave (what enable_gqa=True
+    means) and lets autograd sum dK and dV over each group; with torch >= 2.5
+    it is also checked against F.scaled_dot_product_attention(enable_gqa=True)."""
+    out_cases = []
+    for idx, (name, b, h, hkv, tq, tk, d, dv, causal, mkind) in enumerate(GQA_CASES):
+        seed = 1500 + idx
+        g = gen(seed)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, hkv, tk, d), randn(g, b, hkv, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        sc = 1.0 / math.sqrt(d)
+        vis = visibility(b, h, tq, tk, causal, mask)
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+        group = h // hkv
+        out, p = masked_attention(q, k.repeat_interleave(group, dim=1),
+                                  v.repeat_interleave(group, dim=1), sc, vis)
+        dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
+        assert dk.shape == (b, hkv, tk, d) and dv_.shape == (b, hkv, tk, dv)
+        sdpa = getattr(F, "scaled_dot_product_attention", None)
+        version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+        if sdpa is not None and version >= (2, 5) and not (~vis).any():
+            ref = sdpa(q.detach(), k.detach(), v.detach(), scale=sc, enable_gqa=True)
+            close(out, ref)
+        config = {"heads": h, "kv_heads": hkv, "causal": causal, "has_mask": mask is not None,
+                  "seed": seed}
+        tensors = {"q": q, "k": k, "v": v, "r": r}
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+WINDOW_CASES = [
+    # name, B, H, Tq, Tk, D, Dv, window, query offset, mask-kind
+    ("window_1",             2, 2, 5, 5, 3, 2, 1, 0, None),
+    ("window_3_mask",        2, 2, 4, 4, 4, 3, 3, 0, "first_key"),
+    ("window_2_offset_3",    2, 2, 3, 6, 3, 3, 2, 3, None),
+]
+
+
+def window_cases():
+    """Sliding-window causal attention: query i sees keys j with
+    i + o - w < j <= i + o, as a boolean band mask over masked_attention."""
+    out_cases = []
+    for idx, (name, b, h, tq, tk, d, dv, w, o, mkind) in enumerate(WINDOW_CASES):
+        seed = 1600 + idx
+        g = gen(seed)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, h, tk, d), randn(g, b, h, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        i = torch.arange(tq)[:, None] + o
+        j = torch.arange(tk)[None, :]
+        band = (j <= i) & (j > i - w)
+        vis = band[None, None].expand(b, h, tq, tk).clone()
+        if mask is not None:
+            vis &= mask[:, None, None, :]
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+        out, p = masked_attention(q, k, v, 1.0 / math.sqrt(d), vis)
+        dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
+        config = {"window": w, "offset": o, "has_mask": mask is not None, "seed": seed}
+        tensors = {"q": q, "k": k, "v": v, "r": r}
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+ALIBI_CASES = [
+    # name, B, H, Tq, Tk, D, Dv, causal, query offset, mask-kind
+    ("alibi_bidirectional",  2, 4, 4, 5, 3, 2, False, 0, None),
+    ("alibi_causal_mask",    2, 4, 4, 4, 4, 3, True,  0, "first_key"),
+    ("alibi_offset_2",       2, 2, 3, 5, 3, 3, True,  2, None),
+]
+
+
+def alibi_cases():
+    """ALiBi: the paper's slopes m_h = 2^(-8(h+1)/H), a float bias
+    -m_h (i + o - j) added to the scaled scores of visible keys."""
+    out_cases = []
+    for idx, (name, b, h, tq, tk, d, dv, causal, o, mkind) in enumerate(ALIBI_CASES):
+        seed = 1700 + idx
+        g = gen(seed)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, h, tk, d), randn(g, b, h, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        slopes = [2.0 ** (-8.0 * (hh + 1) / h) for hh in range(h)]
+        i = torch.arange(tq, dtype=DT)[:, None] + o
+        j = torch.arange(tk, dtype=DT)[None, :]
+        bias = -torch.tensor(slopes, dtype=DT)[:, None, None] * (i - j)  # (H, Tq, Tk)
+        vis = torch.ones(b, h, tq, tk, dtype=torch.bool)
+        if causal:
+            vis &= (j <= i)[None, None]
+        if mask is not None:
+            vis &= mask[:, None, None, :]
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+        sc = 1.0 / math.sqrt(d)
+        s = sc * (q @ k.transpose(-2, -1)) + bias
+        row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        e = torch.where(vis, torch.exp(torch.where(vis, s - row_max, torch.zeros_like(s))),
+                        torch.zeros_like(s))
+        denom = e.sum(-1, keepdim=True)
+        p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+        out = p @ v
+        dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
+        config = {"causal": causal, "offset": o, "slopes": slopes, "has_mask": mask is not None,
+                  "seed": seed}
         tensors = {"q": q, "k": k, "v": v, "r": r}
         if mask is not None:
             tensors["mask"] = mask
@@ -644,6 +776,9 @@ def main():
     os.makedirs(GOLDEN_DIR, exist_ok=True)
     makers = {
         "sdpa.json": sdpa_cases,
+        "gqa.json": gqa_cases,
+        "window.json": window_cases,
+        "alibi.json": alibi_cases,
         "softmax.json": softmax_cases,
         "optim.json": optim_cases,
         "layers.json": layer_cases,

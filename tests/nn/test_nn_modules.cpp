@@ -237,7 +237,7 @@ TEST_CASE("NaN poisoning: every entry of dx and of the parameter grads is writte
 namespace {
 
 // A user's own layer, y = x ⊙ scale (per channel), with a backward that can be broken on purpose.
-class ChannelScale : public SequenceModule<double> {
+class ChannelScale : public HostSequenceModule<double> {
  public:
   ChannelScale(std::size_t dim, bool broken) : dim_(dim), broken_(broken) {
     scale = make_parameter<double>(xt::xarray<double>(xt::linspace<double>(0.5, 1.5, dim)));
@@ -251,13 +251,13 @@ class ChannelScale : public SequenceModule<double> {
   Parameter<double> scale;
 
  protected:
-  Tensor3<double> forward_impl(const Tensor3<double>& x) override {
+  Tensor3<double> forward_host(const Tensor3<double>& x) override {
     x_ = x;
     Tensor3<double> y = x;
     for (std::size_t i = 0; i < y.size(); ++i) y.data()[i] *= scale.value(i % dim_);
     return y;
   }
-  Tensor3<double> backward_impl(const Tensor3<double>& dy) override {
+  Tensor3<double> backward_host(const Tensor3<double>& dy) override {
     Tensor3<double> dx = dy;
     for (std::size_t i = 0; i < dx.size(); ++i) {
       dx.data()[i] *= scale.value(i % dim_);

@@ -193,7 +193,7 @@ TEST_CASE("layernorm output rows have mean 0 and variance 1 before the affine, r
   CHECK_THROWS_AS((rmsnorm_forward<double, 2>(rc, x, wrong)), ShapeError);
 }
 
-TEST_CASE("gelu (tanh and exact) and relu gradcheck; gelu forms differ by < 1e-3") {
+TEST_CASE("gelu (tanh and exact) and relu gradcheck, and the gelu forms differ by < 1e-3") {
   Rng rng(15);
   auto x = randn<double, 3>({2, 3, 7}, rng, 2.0);
   const auto r = randn<double, 3>({2, 3, 7}, rng);

@@ -1,8 +1,8 @@
 // The DeviceOps backends that run on every machine, as types for TEST_CASE_TEMPLATE: the tests of
-// device_ops.hpp and DeviceTransformer run one body over each. EmulatedBackend runs the CUDA kernel
-// sources on the CPU (attnlab/backends/emulated.hpp) and counts its allocations; CpuBackend is the
-// CPU backend (attnlab/backends/cpu.hpp) on attnlab's CPU ops. The CUDA backend has its own cases
-// (skipped without a device).
+// device_ops.hpp and of the one model on a device run one body over each. EmulatedBackend runs the
+// CUDA kernel sources on the CPU (attnlab/backends/emulated.hpp) and counts its allocations;
+// CpuBackend is the CPU backend (attnlab/backends/cpu.hpp) on attnlab's CPU ops. The CUDA backend
+// has its own cases (skipped without a device).
 #pragma once
 
 #include <doctest/doctest.h>

@@ -26,8 +26,29 @@ Tensor3<float> Model::forward(const Batch& batch) {
   return impl_->net.forward(batch.fields);
 }
 
+Buffer<float> Model::forward_on_backend(const Batch& batch) {
+  return impl_->net.forward(impl_->net.upload_fields(batch.fields));
+}
+
 void Model::backward(const Tensor3<float>& dlogits) {
   impl_->net.backward(dlogits);
+}
+
+void Model::backward(const Buffer<float>& dlogits) {
+  impl_->net.backward(dlogits);
+}
+
+void Model::to(DeviceOps<float>& ops) {
+  impl_->net.to(ops);
+  impl_->net.set_nonfinite_check(ops.host_memory());
+}
+
+DeviceOps<float>& Model::ops() const {
+  return impl_->net.ops();
+}
+
+void Model::copy_to_host() {
+  impl_->net.copy_to_host();
 }
 
 ParameterList<float> Model::parameters() {
@@ -78,6 +99,15 @@ Transformer<float>& Model::transformer() {
 
 std::string Model::first_nonfinite_stage() const {
   return impl_->net.first_nonfinite().value_or("");
+}
+
+std::string Model::locate_nonfinite(const Batch& batch) {
+  if (impl_->net.ops().host_memory()) return first_nonfinite_stage();
+  impl_->net.set_nonfinite_check(true);  // a device backend: replay the batch with the check on
+  impl_->net.forward(batch.fields);
+  std::string where = impl_->net.first_nonfinite().value_or("");
+  impl_->net.set_nonfinite_check(false);
+  return where;
 }
 
 }  // namespace attnlab::app

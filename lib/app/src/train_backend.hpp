@@ -1,23 +1,15 @@
-// Where a training step runs, chosen once per run so that the trainer's loop has no device
-// branches: the host (Transformer + Optimizer) or a device (DeviceTransformer + DeviceOptimizer,
-// with the host model and optimizer kept as the mirror that checkpoints and weight norms read).
-//
-// Deliberately thin: the redesign will make the two models one, and this interface then goes.
+// One training step on the model's backend, whatever it is: the trainer's loop calls these and has
+// no device branches. The backend is chosen once, by moving the Model there (Model::to); the same
+// model code, optimizer and loss then run on the CPU, on a CUDA device or on the emulated device.
 // Internal to the app (lib/app/src).
 #pragma once
 
-#include <memory>
 #include <string>
 
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/tasks.hpp"
-#include "attnlab/optim/adamw.hpp"
-#include "attnlab/optim/sgd.hpp"
-
-namespace attnlab {
-template <class T>
-class DeviceOps;
-}  // namespace attnlab
+#include "attnlab/nn/cross_entropy.hpp"
+#include "attnlab/optim/optimizer.hpp"
 
 namespace attnlab::app {
 
@@ -29,38 +21,36 @@ struct LayerAttention {
 
 class TrainBackend {
  public:
-  virtual ~TrainBackend() = default;
-  virtual std::string name() const = 0;  // "cpu" or the DeviceOps name
-  virtual void set_lr(double lr) = 0;
-  // Training forward and mean loss of the batch (may be non-finite).
-  virtual double forward_loss(const Batch& batch) = 0;
+  // `model` already on its backend; `optimizer` over model.parameters().
+  TrainBackend(Model& model, Optimizer<float>& optimizer);
+
+  std::string name() const;  // the backend's name: "cpu", "cuda: ...", "emulated (CPU)"
+  void set_lr(double lr);
+  // Training forward and mean loss of the batch (may be non-finite; NaN then).
+  double forward_loss(const Batch& batch);
   // Gradients of the last forward_loss (previous grads replaced).
-  virtual void backward() = 0;
-  virtual double grad_norm(const std::string& parameter) = 0;
-  virtual void clip_grad_norm(double max_norm) = 0;
-  virtual void step() = 0;
+  void backward();
+  double grad_norm(const std::string& parameter);
+  void clip_grad_norm(double max_norm);
+  void step();
   // Waits for the work queued so far (a device backend runs asynchronously): what the throughput
   // timing calls before reading the clock.
-  virtual void synchronize() = 0;
+  void synchronize();
   // Eval forward: (B, T, V) logits; attention(l) then describes it.
-  virtual Tensor3<float> eval_logits(const Batch& batch) = 0;
-  virtual LayerAttention attention(std::size_t layer) = 0;
-  // Brings the host model's parameters (and the host optimizer's state) up to date; a no-op on
-  // the host.
-  virtual void sync_host(bool optimizer_state) = 0;
+  Tensor3<float> eval_logits(const Batch& batch);
+  LayerAttention attention(std::size_t layer);
+  // Brings the Parameter xarrays up to date for host readers (weight norms, checkpoints); a no-op
+  // on the CPU. The optimizer's state_tensors() read its state wherever it is.
+  void sync_host();
   // After a non-finite loss on `batch`: the first stage whose output was non-finite ("" if none).
-  virtual std::string locate_nonfinite(const Batch& batch) = 0;
+  std::string locate_nonfinite(const Batch& batch);
+
+ private:
+  Model& model_;
+  Optimizer<float>& opt_;
+  ParameterList<float> params_;
+  CrossEntropyLoss<float> loss_;
 };
-
-// The host backend trains `model` with `optimizer` directly.
-std::unique_ptr<TrainBackend> host_backend(Model& model, Optimizer<float>& optimizer);
-
-// The device backend: a device-resident copy of `model` and of `optimizer` (its state included,
-// so a resumed run continues there), trained with the same options. `ops` null: the CUDA backend
-// (std::invalid_argument naming "device" when no usable CUDA device is present).
-std::unique_ptr<TrainBackend> device_backend(Model& model, Optimizer<float>& optimizer,
-                                             const AdamWOptions* adamw, const SgdOptions* sgd,
-                                             DeviceOps<float>* ops);
 
 // √(Σ x²) accumulated in double: the weight and gradient norms of metrics.csv.
 double tensor_norm(const xt::xarray<float>& a);

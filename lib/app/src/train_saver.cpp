@@ -10,7 +10,7 @@ RunSaver::RunSaver(std::string path, std::string config_json, bool enabled)
 void RunSaver::save(std::size_t step, TrainBackend& backend, Optimizer<float>& optimizer,
                     const ParameterList<float>& params, const Rng& data_rng) const {
   if (!enabled_) return;
-  backend.sync_host(true);
+  backend.sync_host();
   RunMeta meta;
   meta.config_json = config_json_;
   meta.step = step;

@@ -20,7 +20,9 @@
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
+#include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
+#include "attnlab/cuda.hpp"
 #include "attnlab/io/safetensors.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/schedule.hpp"
@@ -188,6 +190,22 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   c.model = resolve_model(c.model, shape);  // the effective config records what the task decided
   const TrainData data(c, shape);
 
+  // The backend, chosen once: the model moves there (its optimizer follows), and the loop below
+  // runs the same code whatever it is. Made before the model, whose buffers it must outlive.
+  std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
+  DeviceOps<float>* ops = &cpu_ops<float>();
+  if (context.backend == Backend::cuda) {
+    if (!device_ops) {
+      if (!cuda_available()) {
+        check_arg(
+            false, "train", "device", "a usable CUDA device for 'cuda'",
+            cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
+      }
+      own_ops = make_cuda_device_ops<float>();
+      device_ops = own_ops.get();
+    }
+    ops = device_ops;
+  }
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);
@@ -208,11 +226,8 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     opt->load_state(state, resumed.optimizer_steps);
     data_rng.set_state(resumed.data_rng);
   }
-  // Chosen once: the loop below has no device branches.
-  const auto backend =
-      context.backend == Backend::cuda
-          ? device_backend(model, *opt, c.optimizer == "adamw" ? &adamw : nullptr, &sgd, device_ops)
-          : host_backend(model, *opt);
+  model.to(*ops);  // after the resume load (into the host copy); the optimizer follows
+  TrainBackend backend(model, *opt);
 
   std::filesystem::create_directories(c.out);
   write_config_file(c.out + "/config.json", c);
@@ -234,7 +249,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
 
   TrainResult result;
   const auto t0 = Clock::now();
-  EvalStats st = evaluate(*backend, model.layers(), data.eval, c.task, d_k);
+  EvalStats st = evaluate(backend, model.layers(), data.eval, c.task, d_k);
   result.init_qk_var_ratio = st.qk_var_ratio;
   // A resumed run's loss at initialisation comes from its saved rows.
   result.init_eval_loss = resuming ? log.kept_init_eval_loss().value_or(st.loss) : st.loss;
@@ -257,45 +272,45 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
       break;
     }
     const double lr = schedule.lr_at(step);
-    backend->set_lr(lr);
+    backend.set_lr(lr);
     const Batch batch = data.next(static_cast<std::size_t>(c.batch), data_rng);
     auto step_start = Clock::now();
-    const double loss = backend->forward_loss(batch);
+    const double loss = backend.forward_loss(batch);
     if (!std::isfinite(loss)) {
-      diverge(step + 1, backend->locate_nonfinite(batch), "loss");
+      diverge(step + 1, backend.locate_nonfinite(batch), "loss");
       last_loss = std::numeric_limits<double>::quiet_NaN();
       break;
     }
     last_loss = loss;
-    backend->backward();
-    backend->synchronize();
+    backend.backward();
+    backend.synchronize();
     step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     const bool log_now =
         (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 || step + 1 == steps;
     if (log_now)
       for (std::size_t l = 0; l < model.layers(); ++l) {
-        norms.wq_grad[l] = backend->grad_norm(model.w_q_name(l));
-        norms.wk_grad[l] = backend->grad_norm(model.w_k_name(l));
+        norms.wq_grad[l] = backend.grad_norm(model.w_q_name(l));
+        norms.wk_grad[l] = backend.grad_norm(model.w_k_name(l));
       }
     step_start = Clock::now();
-    if (c.clip > 0) backend->clip_grad_norm(c.clip);
-    backend->step();
-    backend->synchronize();
+    if (c.clip > 0) backend.clip_grad_norm(c.clip);
+    backend.step();
+    backend.synchronize();
     step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     if (log_now) {
-      backend->sync_host(false);  // the weight norms of the row read the host mirror
-      st = evaluate(*backend, model.layers(), data.eval, c.task, d_k);
+      backend.sync_host();  // the weight norms of the row read the host copy
+      st = evaluate(backend, model.layers(), data.eval, c.task, d_k);
       log_row(step + 1, loss, lr, st);
       result.final_eval_loss = st.loss;
       result.final_eval_acc = st.accuracy;
       if (!std::isfinite(st.loss)) {
-        diverge(step + 1, model.first_nonfinite_stage(), "eval loss");
+        diverge(step + 1, model.locate_nonfinite(data.eval), "eval loss");
         ++step;
         break;
       }
     }
     if (c.save_every > 0 && (step + 1) % static_cast<std::size_t>(c.save_every) == 0)
-      saver.save(step + 1, *backend, *opt, params, data_rng);
+      saver.save(step + 1, backend, *opt, params, data_rng);
     if (progress) {
       char detail[160];
       std::snprintf(detail, sizeof detail, "loss %.4f eval_loss %.4f eval_acc %.3f lr %.3g", loss,
@@ -309,7 +324,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   result.final_train_loss = last_loss;
   if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  result.device = backend->name();
+  result.device = backend.name();
   result.step_seconds = step_seconds;
   const std::size_t steps_run = step > start ? step - start : 0;
   if (steps_run > 0 && step_seconds > 0)
@@ -319,7 +334,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   result.flops_per_token =
       transformer_flops_per_token(c.model, static_cast<std::size_t>(shape.seq_len));
   // A diverged model is never saved: its weights may hold non-finite values.
-  if (!result.diverged) saver.save(step, *backend, *opt, params, data_rng);
+  if (!result.diverged) saver.save(step, backend, *opt, params, data_rng);
   write_summary(c.out + "/summary.json", c, result);
   return result;
 }

@@ -15,7 +15,7 @@
 #include "attnlab/io/safetensors.hpp"
 #include "attnlab/memory.hpp"
 #include "attnlab/nn/activation.hpp"
-#include "attnlab/nn/device_transformer.hpp"
+#include "attnlab/nn/cross_entropy.hpp"
 #include "attnlab/nn/embedding.hpp"
 #include "attnlab/nn/feed_forward.hpp"
 #include "attnlab/nn/gradcheck_module.hpp"

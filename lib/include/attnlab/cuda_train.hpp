@@ -90,6 +90,11 @@ template <class T>
 void gelu_forward(T* y, const T* x, std::size_t n, bool exact);
 template <class T>
 void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact);
+// y = max(x, 0) and dx = dy where x > 0 (else 0), elementwise over n values.
+template <class T>
+void relu_forward(T* y, const T* x, std::size_t n);
+template <class T>
+void relu_backward(T* dx, const T* dy, const T* x, std::size_t n);
 
 // y (rows, Out) = x (rows, In) · w (In, Out) + b (Out,); b may be null.
 template <class T>

@@ -5,8 +5,9 @@
 //                                   CUDA thread model, with BLAS for the GEMMs
 //                                   (attnlab/backends/emulated.hpp, target attnlab_emulated).
 //   make_cpu_device_ops<T>()        host memory and attnlab's CPU ops (attnlab/backends/cpu.hpp).
-// So DeviceTransformer (nn/device_transformer.hpp) is one piece of code that runs on a GPU and is
-// checked against the CPU Transformer on machines without one.
+// The Modules (attnlab/nn/) are written once against this interface, so the same model code runs on
+// the CPU, on a GPU, and on the emulated device that checks the GPU kernels on machines without
+// one.
 //
 // Contracts are those of attnlab/cuda_train.hpp and attnlab/cuda_attention.hpp: row-major
 // contiguous tensors, every output assigned (never accumulated) unless stated, fixed reduction
@@ -23,15 +24,18 @@
 
 namespace attnlab {
 
-template <class T>
-class DeviceOps {
+// The memory half of a backend, independent of the element type: what a Buffer (attnlab/buffer.hpp)
+// needs to hold ids, masks and values alike.
+class DeviceMemory {
  public:
-  virtual ~DeviceOps() = default;
+  virtual ~DeviceMemory() = default;
 
-  // "cuda: NVIDIA H200 (sm_90, 139 GiB)", "emulated (CPU)".
+  // "cuda: NVIDIA H200 (sm_90, 139 GiB)", "emulated (CPU)", "cpu".
   virtual std::string name() const = 0;
+  // True when the backend's memory is the host's and its kernels are the CPU ops (the CPU
+  // backend): a Module on it keeps its parameters in the Parameter xarrays themselves.
+  virtual bool host_memory() const { return false; }
 
-  // ---- memory ---------------------------------------------------------------------------------
   // `bytes` of uninitialised device memory (nullptr for 0 bytes); throws on failure.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void release(void* p) noexcept = 0;
@@ -40,6 +44,13 @@ class DeviceOps {
   virtual void copy(void* device_dst, const void* device_src, std::size_t bytes) = 0;
   virtual void zero(void* device_dst, std::size_t bytes) = 0;
 
+  // Waits for queued work; throws on an asynchronous error.
+  virtual void synchronize() = 0;
+};
+
+template <class T>
+class DeviceOps : public DeviceMemory {
+ public:
   // ---- elementwise and broadcast ---------------------------------------------------------------
   // y = a + b over n values (y may alias a or b).
   virtual void add(T* y, const T* a, const T* b, std::size_t n) = 0;
@@ -79,6 +90,9 @@ class DeviceOps {
                                 const T* gamma, std::size_t rows, std::size_t C) = 0;
   virtual void gelu_forward(T* y, const T* x, std::size_t n, bool exact) = 0;
   virtual void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) = 0;
+  // y = max(x, 0); dx = dy where x > 0, else 0.
+  virtual void relu_forward(T* y, const T* x, std::size_t n) = 0;
+  virtual void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) = 0;
   // y = x W (+ b); W stored (In, Out); b may be null.
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows,
                               std::size_t in, std::size_t out) = 0;
@@ -111,9 +125,6 @@ class DeviceOps {
   // doubles.
   virtual void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) = 0;
   virtual std::size_t sum_of_squares_scratch() const = 0;
-
-  // Waits for queued work; throws on an asynchronous error.
-  virtual void synchronize() = 0;
 };
 
 // A new CUDA backend, owned by the caller (a run makes one and keeps it for its lifetime; instances

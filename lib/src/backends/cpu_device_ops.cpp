@@ -27,6 +27,7 @@ template <class T>
 class CpuDeviceOps final : public DeviceOps<T> {
  public:
   std::string name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
 
   // ---- memory -----------------------------------------------------------------------------------
   void* allocate(std::size_t bytes) override {
@@ -113,7 +114,8 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean,
                           const T* rstd, const T* gamma, std::size_t rows, std::size_t C) override {
-    cpu_backend::layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, C, scratch_);
+    cpu_backend::layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, C,
+                                    scratch());
   }
   void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows, std::size_t C,
                        T eps) override {
@@ -121,13 +123,24 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
                         std::size_t rows, std::size_t C) override {
-    cpu_backend::rmsnorm_backward(dx, dgamma, dy, x, rstd, gamma, rows, C, scratch_);
+    cpu_backend::rmsnorm_backward(dx, dgamma, dy, x, rstd, gamma, rows, C, scratch());
   }
   void gelu_forward(T* y, const T* x, std::size_t n, bool exact) override {
     detail::gelu_elements<T>(y, x, nullptr, n, exact);
   }
   void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) override {
     detail::gelu_elements<T>(dx, x, dy, n, exact);
+  }
+  // ops/relu.cpp's arithmetic.
+  void relu_forward(T* y, const T* x, std::size_t n) override {
+    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+    });
+  }
+  void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
+    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
+    });
   }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                       std::size_t out) override {
@@ -136,14 +149,15 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
                        std::size_t in, std::size_t out) override {
-    scratch_.resize((detail::linear_chunks(rows) - 1) * in * out);
-    detail::linear_backward_rows(dx, dw, db, dy, x, w, rows, in, out, scratch_.data());
+    std::vector<T>& partial = scratch();
+    partial.resize((detail::linear_chunks(rows) - 1) * in * out);
+    detail::linear_backward_rows(dx, dw, db, dy, x, w, rows, in, out, partial.data());
   }
   void softmax_cross_entropy(T* loss, T* dlogits, T* /*row_loss: kept in double here*/,
                              const T* logits, const int* targets, std::size_t rows, std::size_t V,
                              int ignore_index) override {
     cpu_backend::softmax_cross_entropy(loss, dlogits, logits, targets, rows, V, ignore_index,
-                                       row_loss_);
+                                       row_loss());
   }
 
   // ---- attention: the CPU paths; dL/ds per slice goes to scratch (the device model uses head_dot)
@@ -156,8 +170,9 @@ class CpuDeviceOps final : public DeviceOps<T> {
                                const T* dout, const T* p, const AttentionParams<T>& a) override {
     check_attention_params(a, "cpu sdpa_reference_backward");
     if (a.B * a.H * a.Tq == 0) return;
-    dscale_.resize(a.B * a.H);
-    detail::sdpa_reference_backward(dq, dk, dv, dscale_.data(), dout, p, a);
+    std::vector<T>& dscale = scratch();
+    dscale.resize(a.B * a.H);
+    detail::sdpa_reference_backward(dq, dk, dv, dscale.data(), dout, p, a);
   }
   void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) override {
     check_attention_params(a, "cpu sdpa_fused_forward");
@@ -168,8 +183,9 @@ class CpuDeviceOps final : public DeviceOps<T> {
                            const T* lse, const AttentionParams<T>& a) override {
     check_attention_params(a, "cpu sdpa_fused_backward");
     if (a.B * a.H * a.Tq == 0) return;
-    dscale_.resize(a.B * a.H);
-    detail::sdpa_fused_backward(dq, dk, dv, dscale_.data(), dout, out, lse, a, 0, 0);
+    std::vector<T>& dscale = scratch();
+    dscale.resize(a.B * a.H);
+    detail::sdpa_fused_backward(dq, dk, dv, dscale.data(), dout, out, lse, a, 0, 0);
   }
   // The CPU fused path takes any head dims.
   void check_fused(std::size_t, std::size_t) override {}
@@ -205,9 +221,17 @@ class CpuDeviceOps final : public DeviceOps<T> {
  private:
   static constexpr std::align_val_t kAlignment{64};
 
-  std::vector<T> scratch_;        // per-chunk partial sums (norm and linear backward)
-  std::vector<T> dscale_;         // (B·H) dL/ds of the attention backward, unused by the caller
-  std::vector<double> row_loss_;  // (rows,) cross-entropy row losses in double
+  // Per calling thread, so that one instance serves every thread: per-chunk partial sums (norm and
+  // linear backward) or the (B·H) dL/ds of the attention backward (unused by the caller), and the
+  // (rows,) cross-entropy row losses in double.
+  static std::vector<T>& scratch() {
+    thread_local std::vector<T> buffer;
+    return buffer;
+  }
+  static std::vector<double>& row_loss() {
+    thread_local std::vector<double> buffer;
+    return buffer;
+  }
 };
 
 }  // namespace
@@ -217,6 +241,14 @@ std::unique_ptr<DeviceOps<T>> make_cpu_device_ops() {
   return std::make_unique<CpuDeviceOps<T>>();
 }
 
+template <class T>
+DeviceOps<T>& cpu_ops() {
+  static CpuDeviceOps<T>* const instance = new CpuDeviceOps<T>();  // immortal: Buffers may outlive
+  return *instance;                                                // static destruction
+}
+
+template DeviceOps<float>& cpu_ops<float>();
+template DeviceOps<double>& cpu_ops<double>();
 template std::unique_ptr<DeviceOps<float>> make_cpu_device_ops<float>();
 template std::unique_ptr<DeviceOps<double>> make_cpu_device_ops<double>();
 

@@ -66,13 +66,15 @@ void to_json(nlohmann::json& j, const SdpaOptions& v) {
   j = {{"scaling", v.scaling},
        {"scale", v.scale ? nlohmann::json(*v.scale) : nlohmann::json(nullptr)},
        {"causal", v.causal},
+       {"window", v.window},
        {"path", v.path}};
 }
 
 void from_json(const nlohmann::json& j, SdpaOptions& v) {
-  config_json::check_keys(j, "SdpaOptions", {"scaling", "scale", "causal", "path"});
+  config_json::check_keys(j, "SdpaOptions", {"scaling", "scale", "causal", "window", "path"});
   config_json::read_field(j, "scaling", v.scaling);
   config_json::read_field(j, "causal", v.causal);
+  config_json::read_field(j, "window", v.window);
   config_json::read_field(j, "path", v.path);
   if (const auto it = j.find("scale"); it != j.end()) {
     if (it->is_null()) {
@@ -85,8 +87,8 @@ void from_json(const nlohmann::json& j, SdpaOptions& v) {
   }
 }
 
-ATTNLAB_JSON_FIELDS(AttentionConfig, d_model, heads, d_k, d_v, d_context, sdpa, qk_norm,
-                    learnable_scale)
+ATTNLAB_JSON_FIELDS(AttentionConfig, d_model, heads, kv_heads, d_k, d_v, d_context, sdpa, qk_norm,
+                    learnable_scale, alibi)
 ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, norm)
 ATTNLAB_JSON_FIELDS(TransformerConfig, vocab_sizes, max_len, layers, out_vocab, positions, block)
 

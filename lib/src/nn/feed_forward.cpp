@@ -14,12 +14,12 @@ void FeedForward<T>::collect_parameters(const std::string& prefix, ParameterList
 }
 
 template <class T>
-Tensor3<T> FeedForward<T>::forward_impl(const Tensor3<T>& x) {
+Buffer<T> FeedForward<T>::forward_impl(const Buffer<T>& x) {
   return fc2.forward(act.forward(fc1.forward(x)));  // (B,T,C) -> (B,T,F) -> (B,T,F) -> (B,T,C)
 }
 
 template <class T>
-Tensor3<T> FeedForward<T>::backward_impl(const Tensor3<T>& dy) {
+Buffer<T> FeedForward<T>::backward_impl(const Buffer<T>& dy) {
   return fc1.backward(act.backward(fc2.backward(dy)));
 }
 

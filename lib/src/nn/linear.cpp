@@ -3,8 +3,6 @@
 #include <cmath>
 #include <string>
 
-#include "../parallel_rows.hpp"
-
 namespace attnlab {
 
 template <class T>
@@ -23,19 +21,28 @@ void Linear<T>::collect_parameters(const std::string& prefix, ParameterList<T>& 
 }
 
 template <class T>
-Tensor3<T> Linear<T>::forward_impl(const Tensor3<T>& x) {
-  detail::assign_snapshot(w_used_, w.value);  // reuses the buffer
-  if (!has_bias_) return linear_forward<T, 3>(cache_, x, w_used_, nullptr);
-  const Tensor1<T> bias = tensor_of<T, 1>(b.value);
-  return linear_forward<T, 3>(cache_, x, w_used_, &bias);
+Buffer<T> Linear<T>::forward_impl(const Buffer<T>& x) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rows = x.dim(0) * x.dim(1);
+  x_ = x;
+  Buffer<T>& y = Buffer<T>::reuse(y_, ops, {x.dim(0), x.dim(1), out_});
+  ops.linear_forward(y.data(), x.data(), w.value_data(), has_bias_ ? b.value_data() : nullptr, rows,
+                     in_, out_);
+  return y;
 }
 
 template <class T>
-Tensor3<T> Linear<T>::backward_impl(const Tensor3<T>& dy) {
-  auto g = linear_backward<T, 3>(dy, cache_, w_used_, has_bias_);
-  add_into(w.grad, g.dw);
-  if (has_bias_) add_into(b.grad, g.db);
-  return std::move(g.dx);
+Buffer<T> Linear<T>::backward_impl(const Buffer<T>& dy) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rows = dy.dim(0) * dy.dim(1);
+  Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, {dy.dim(0), dy.dim(1), in_});
+  Buffer<T>& dw = Buffer<T>::reuse(dw_, ops, {in_, out_});
+  T* db = has_bias_ ? Buffer<T>::reuse(db_, ops, {out_}).data() : nullptr;
+  ops.linear_backward(dx.data(), dw.data(), db, dy.data(), x_.data(), w.value_data(), rows, in_,
+                      out_);
+  add_into(ops, w, dw);
+  if (has_bias_) add_into(ops, b, db_);
+  return dx;
 }
 
 template class Linear<float>;

@@ -21,10 +21,22 @@ void AttentionConfig::validate(std::string_view op, const std::string& path) con
     check_arg(d_model % heads == 0, op, path + "d_model", divisible + "d_v is 0 (derived)",
               std::to_string(d_model));
   }
+  if (kv_heads != 0) {
+    check_arg(heads % kv_heads == 0, op, path + "kv_heads",
+              "a divisor of heads (" + std::to_string(heads) + "), or 0 (= heads)",
+              std::to_string(kv_heads));
+  }
   if (sdpa.scale) {
     check_arg(std::isfinite(*sdpa.scale) && *sdpa.scale > 0, op, path + "sdpa.scale",
               "a finite value > 0", std::to_string(*sdpa.scale));
   }
+  if (sdpa.window != 0) {
+    check_arg(sdpa.causal, op, path + "sdpa.window",
+              "0 without causal (a window bounds causal keys)", std::to_string(sdpa.window));
+  }
+  check_arg(sdpa.alibi_slopes.empty(), op, path + "sdpa.alibi_slopes",
+            "empty (use alibi for the paper's slopes)",
+            std::to_string(sdpa.alibi_slopes.size()) + " entries");
   check_arg(sdpa.head_scale.empty(), op, path + "sdpa.head_scale",
             "empty (use learnable_scale for per-head scales)",
             std::to_string(sdpa.head_scale.size()) + " entries");
@@ -64,41 +76,19 @@ Tensor3<T> merge_heads(const Tensor4<T>& x) {
   return out;
 }
 
-namespace {
-// With one head (B,T,D) and (B,1,T,D) share a memory layout: reshape by moving the buffer.
-template <class T>
-Tensor4<T> split_heads_of(Tensor3<T>&& x, std::size_t heads) {
-  if (heads != 1) return split_heads<T>(x, heads);
-  const std::size_t B = x.shape()[0], Tn = x.shape()[1], D = x.shape()[2];
-  typename Tensor4<T>::inner_shape_type shape{B, 1, Tn, D};
-  typename Tensor4<T>::inner_strides_type strides;
-  xt::compute_strides(shape, xt::layout_type::row_major, strides);
-  return Tensor4<T>(std::move(x.storage()), std::move(shape), std::move(strides));
-}
-
-template <class T>
-Tensor3<T> merge_heads_of(Tensor4<T>&& x) {
-  if (x.shape()[1] != 1) return merge_heads<T>(x);
-  const std::size_t B = x.shape()[0], Tn = x.shape()[2], D = x.shape()[3];
-  typename Tensor3<T>::inner_shape_type shape{B, Tn, D};
-  typename Tensor3<T>::inner_strides_type strides;
-  xt::compute_strides(shape, xt::layout_type::row_major, strides);
-  return Tensor3<T>(std::move(x.storage()), std::move(shape), std::move(strides));
-}
-}  // namespace
-
 template <class T>
 MultiHeadAttention<T>::MultiHeadAttention(const AttentionConfig& config, Rng& rng)
     : config_(config) {
   config_.validate();
   H_ = config_.heads;
+  Hkv_ = config_.key_value_heads();
   D_ = config_.head_dim_k();
   Dv_ = config_.head_dim_v();
   const std::size_t C = config_.d_model, Cc = config_.context_dim();
   const auto fan_in_std = [](std::size_t n) { return 1.0 / std::sqrt(double(n)); };
   w_q = make_parameter<T>(randn<T, 2>({C, H_ * D_}, rng, fan_in_std(C)));
-  w_k = make_parameter<T>(randn<T, 2>({Cc, H_ * D_}, rng, fan_in_std(Cc)));
-  w_v = make_parameter<T>(randn<T, 2>({Cc, H_ * Dv_}, rng, fan_in_std(Cc)));
+  w_k = make_parameter<T>(randn<T, 2>({Cc, Hkv_ * D_}, rng, fan_in_std(Cc)));
+  w_v = make_parameter<T>(randn<T, 2>({Cc, Hkv_ * Dv_}, rng, fan_in_std(Cc)));
   w_o = make_parameter<T>(randn<T, 2>({H_ * Dv_, C}, rng, fan_in_std(H_ * Dv_)));
   if (config_.qk_norm) {
     q_norm_gamma = make_parameter<T>(xt::ones<T>({D_}));
@@ -129,13 +119,26 @@ void MultiHeadAttention<T>::collect_parameters(const std::string& prefix, Parame
 }
 
 template <class T>
+void MultiHeadAttention<T>::reset_cache() {
+  SequenceModule<T>::reset_cache();
+  has_forward_ = false;
+  x_ = context_ = q_ = k_ = v_ = o_ = p_ = lse_ = scale_ = alibi_ = dcontext_ = Buffer<T>();
+  mask_ = Buffer<unsigned char>();
+}
+
+template <class T>
 SdpaOptions MultiHeadAttention<T>::sdpa_options() const {
   SdpaOptions options = config_.sdpa;
+  if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
   if (config_.learnable_scale) {
-    options.head_scale.resize(H_);
-    for (std::size_t h = 0; h < H_; ++h) {
-      options.head_scale[h] = std::exp(static_cast<double>(log_scale.value(h)));
+    std::vector<T> log_s(H_);
+    if (log_scale.on_device()) {
+      log_scale.device_value.copy_to_host(log_s.data());
+    } else {
+      std::copy(log_scale.value.data(), log_scale.value.data() + H_, log_s.begin());
     }
+    options.head_scale.resize(H_);
+    for (std::size_t h = 0; h < H_; ++h) options.head_scale[h] = std::exp(double(log_s[h]));
   }
   return options;
 }
@@ -148,63 +151,208 @@ std::vector<double> MultiHeadAttention<T>::head_scales() const {
 }
 
 template <class T>
-Tensor4<T> MultiHeadAttention<T>::attention_weights() const {
-  if (sdpa_cache_.has_weights() || q_.size() == 0) return sdpa_cache_.p;
+SdpaOptions MultiHeadAttention<T>::used_options() const {
   SdpaOptions options = config_.sdpa;
-  options.head_scale.assign(sdpa_cache_.scale.begin(), sdpa_cache_.scale.end());
-  return sdpa_weights<T>(q_, k_, options,
-                         sdpa_cache_.has_key_mask ? &sdpa_cache_.key_mask : nullptr);
+  if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
+  const std::vector<T> scales = scale_.to_vector();
+  options.head_scale.assign(scales.begin(), scales.end());
+  return options;
+}
+
+namespace {
+template <class T>
+Tensor4<T> heads_to_host(const Buffer<T>& b, std::size_t B, std::size_t H, std::size_t Tn,
+                         std::size_t D) {
+  if (b.empty()) return Tensor4<T>();
+  Tensor4<T> out({B, H, Tn, D});
+  b.copy_to_host(out.data());
+  return out;
+}
+
+KeyMask mask_to_host(const Buffer<unsigned char>& mask) {
+  KeyMask out({mask.dim(0), mask.dim(1)});
+  const std::vector<unsigned char> bytes = mask.to_vector();
+  for (std::size_t i = 0; i < bytes.size(); ++i) out.data()[i] = bytes[i] != 0;
+  return out;
+}
+}  // namespace
+
+template <class T>
+Tensor4<T> MultiHeadAttention<T>::queries() const {
+  return heads_to_host(q_, spec_.B, H_, spec_.Tq, D_);
+}
+
+template <class T>
+Tensor4<T> MultiHeadAttention<T>::keys() const {
+  return heads_to_host(k_, spec_.B, Hkv_, spec_.Tk, D_);
+}
+
+template <class T>
+Tensor4<T> MultiHeadAttention<T>::attention_weights() const {
+  if (!has_forward_) return Tensor4<T>();
+  if (!fused_) return heads_to_host(p_, spec_.B, H_, spec_.Tq, spec_.Tk);
+  const KeyMask mask = mask_.empty() ? KeyMask() : mask_to_host(mask_);
+  return sdpa_weights<T>(queries(), keys(), used_options(), mask_.empty() ? nullptr : &mask);
 }
 
 template <class T>
 Tensor4<T> MultiHeadAttention<T>::attention_scores() const {
-  if (q_.size() == 0) {
+  if (!has_forward_) {
     throw std::logic_error("MultiHeadAttention::attention_scores: called before forward");
   }
-  SdpaOptions options = config_.sdpa;
-  options.head_scale.assign(sdpa_cache_.scale.begin(), sdpa_cache_.scale.end());
-  return sdpa_scores<T>(q_, k_, options,
-                        sdpa_cache_.has_key_mask ? &sdpa_cache_.key_mask : nullptr);
+  const KeyMask mask = mask_.empty() ? KeyMask() : mask_to_host(mask_);
+  return sdpa_scores<T>(queries(), keys(), used_options(), mask_.empty() ? nullptr : &mask);
 }
 
 template <class T>
-Tensor3<T> MultiHeadAttention<T>::attend(const Tensor3<T>& x, const Tensor3<T>& context,
-                                         const KeyMask* key_mask, bool self) {
+AttentionParams<T> MultiHeadAttention<T>::params() const {
+  AttentionParams<T> a;
+  static_cast<AttentionSpec&>(a) = spec_;
+  a.q = q_.data();
+  a.k = k_.data();
+  a.v = v_.data();
+  a.scale = scale_.data();
+  a.key_mask = mask_.empty() ? nullptr : mask_.data();
+  a.alibi_slopes = alibi_.empty() ? nullptr : alibi_.data();
+  return a;
+}
+
+template <class T>
+Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& context,
+                                        const Buffer<unsigned char>* key_mask, bool self) {
   if (self) {
     check_arg(config_.context_dim() == config_.d_model, "MultiHeadAttention", "self-attention",
               "d_context = d_model (" + std::to_string(config_.d_model) + ")",
               std::to_string(config_.context_dim()));
   }
-  self_ = self;
-  detail::assign_snapshot(wq_used_, w_q.value);
-  detail::assign_snapshot(wk_used_, w_k.value);
-  detail::assign_snapshot(wv_used_, w_v.value);
-  detail::assign_snapshot(wo_used_, w_o.value);
-  q_ = split_heads_of<T>(linear_forward<T, 3>(q_proj_, x, wq_used_),
-                         H_);  // (B,Tq,H·D) -> (B,H,Tq,D)
-  k_ = split_heads_of<T>(linear_forward<T, 3>(k_proj_, context, wk_used_), H_);  // (B,H,Tk,D)
-  v_ = split_heads_of<T>(linear_forward<T, 3>(v_proj_, context, wv_used_), H_);  // (B,H,Tk,Dv)
-  if (config_.qk_norm) {
-    q_gamma_used_ = tensor_of<T, 1>(q_norm_gamma.value);
-    k_gamma_used_ = tensor_of<T, 1>(k_norm_gamma.value);
-    q_ = layernorm_forward<T, 4>(q_norm_, q_, q_gamma_used_, tensor_of<T, 1>(q_norm_beta.value));
-    k_ = layernorm_forward<T, 4>(k_norm_, k_, k_gamma_used_, tensor_of<T, 1>(k_norm_beta.value));
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t B = x.dim(0), Tq = x.dim(1), Tk = context.dim(1);
+  const std::size_t C = config_.d_model, Cc = config_.context_dim();
+  if (key_mask) {
+    check_buffer("sdpa_forward", "key_mask", *key_mask, ops,
+                 {static_cast<std::ptrdiff_t>(B), static_cast<std::ptrdiff_t>(Tk)});
   }
-  Tensor4<T> o = sdpa_forward<T>(sdpa_cache_, q_, k_, v_, sdpa_options(), key_mask);
+  spec_ =
+      make_attention_spec("sdpa_forward", config_.sdpa,
+                          {.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_});
+  fused_ = resolve_sdpa_path(config_.sdpa.path, Tk, config_.sdpa.causal) == SdpaPath::fused;
+  if (fused_ && config_.sdpa.path != SdpaPath::fused) {
+    try {  // automatic: the fused path when the backend's kernels take these head dims
+      ops.check_fused(D_, Dv_);
+    } catch (const std::invalid_argument&) {
+      fused_ = false;
+    }
+  } else if (fused_) {
+    ops.check_fused(D_, Dv_);
+  }
+  self_ = self;
+  x_ = x;
+  context_ = context;
+  mask_ = key_mask ? *key_mask : Buffer<unsigned char>();
+  const std::size_t HD = H_ * D_, HDv = H_ * Dv_, Nq = B * Tq, Nk = B * Tk;
+  // Projections, split into heads (B,H,T,·); QK-norm over D per head.
+  Buffer<T>& proj = Buffer<T>::reuse(proj_, ops, {std::max(Nq, Nk) * std::max(HD, HDv)});
+  Buffer<T>& q = Buffer<T>::reuse(q_, ops, {B, H_, Tq, D_});
+  Buffer<T>& k = Buffer<T>::reuse(k_, ops, {B, Hkv_, Tk, D_});
+  Buffer<T>& v = Buffer<T>::reuse(v_, ops, {B, Hkv_, Tk, Dv_});
+  const bool norm = config_.qk_norm;
+  // x W into heads (B,H,T,·); with one head the layouts agree and the projection writes there.
+  const auto project = [&](T* heads, std::size_t n_heads, const T* in, const T* w, std::size_t rows,
+                           std::size_t Tn, std::size_t width_in, std::size_t d) {
+    if (n_heads == 1) return ops.linear_forward(heads, in, w, nullptr, rows, width_in, d);
+    ops.linear_forward(proj.data(), in, w, nullptr, rows, width_in, n_heads * d);
+    ops.split_heads(heads, proj.data(), B, Tn, n_heads, d);
+  };
+  project(norm ? Buffer<T>::reuse(q_raw_, ops, q.shape()).data() : q.data(), H_, x.data(),
+          w_q.value_data(), Nq, Tq, C, D_);
+  project(norm ? Buffer<T>::reuse(k_raw_, ops, k.shape()).data() : k.data(), Hkv_, context.data(),
+          w_k.value_data(), Nk, Tk, Cc, D_);
+  project(v.data(), Hkv_, context.data(), w_v.value_data(), Nk, Tk, Cc, Dv_);
+  if (norm) {
+    const T eps = static_cast<T>(kLayerNormEps);
+    const std::size_t rq = B * H_ * Tq, rk = B * Hkv_ * Tk;
+    ops.layernorm_forward(q.data(), Buffer<T>::reuse(q_mean_, ops, {rq}).data(),
+                          Buffer<T>::reuse(q_rstd_, ops, {rq}).data(), q_raw_.data(),
+                          q_norm_gamma.value_data(), q_norm_beta.value_data(), rq, D_, eps);
+    ops.layernorm_forward(k.data(), Buffer<T>::reuse(k_mean_, ops, {rk}).data(),
+                          Buffer<T>::reuse(k_rstd_, ops, {rk}).data(), k_raw_.data(),
+                          k_norm_gamma.value_data(), k_norm_beta.value_data(), rk, D_, eps);
+  }
+  // The scale of each head: exp(log_scale), or the fixed one (uploaded once per backend).
+  if (config_.learnable_scale) {
+    ops.exp(Buffer<T>::reuse(scale_, ops, {H_}).data(), log_scale.value_data(), H_);
+  } else if (scale_.empty()) {
+    const std::vector<T> s(H_, static_cast<T>(resolve_scale(config_.sdpa, D_)));
+    scale_ = Buffer<T>::from_host(ops, s.data(), {H_});
+  }
+  if (config_.alibi && alibi_.empty()) {  // the slopes, uploaded once per backend
+    const std::vector<double> slopes = alibi_slopes(H_);
+    const std::vector<T> values(slopes.begin(), slopes.end());
+    alibi_ = Buffer<T>::from_host(ops, values.data(), {H_});
+  }
+  if (H_ == 1) merged_ = Buffer<T>();  // it shares o's storage: let o's buffer be reused
+  Buffer<T>& o = Buffer<T>::reuse(o_, ops, {B, H_, Tq, Dv_});
+  if (fused_) {
+    p_ = Buffer<T>();
+    ops.sdpa_fused_forward(o.data(), Buffer<T>::reuse(lse_, ops, {B, H_, Tq}).data(), params());
+  } else {
+    lse_ = Buffer<T>();
+    ops.sdpa_reference_forward(o.data(), Buffer<T>::reuse(p_, ops, {B, H_, Tq, Tk}).data(),
+                               params());
+  }
   // (B,H,Tq,Dv) -> (B,Tq,H·Dv) x (H·Dv,C) -> (B,Tq,C)
-  return linear_forward<T, 3>(o_proj_, merge_heads_of<T>(std::move(o)), wo_used_);
+  if (H_ == 1) {
+    merged_ = o.reshaped({B, Tq, HDv});  // one head: the same layout
+  } else {
+    ops.merge_heads(Buffer<T>::reuse(merged_, ops, {B, Tq, HDv}).data(), o.data(), B, Tq, H_, Dv_);
+  }
+  const Buffer<T>& merged = merged_;
+  Buffer<T>& y = Buffer<T>::reuse(y_, ops, {B, Tq, C});
+  ops.linear_forward(y.data(), merged.data(), w_o.value_data(), nullptr, Nq, HDv, C);
+  has_forward_ = true;
+  return y;
 }
 
 template <class T>
-Tensor3<T> MultiHeadAttention<T>::forward_impl(const Tensor3<T>& x) {
+Buffer<unsigned char> MultiHeadAttention<T>::upload_mask(const KeyMask* key_mask, std::size_t B,
+                                                         std::size_t Tk) {
+  if (!key_mask) return Buffer<unsigned char>();
+  check_shape("sdpa_forward", "key_mask", *key_mask,
+              {static_cast<std::ptrdiff_t>(B), static_cast<std::ptrdiff_t>(Tk)});
+  return to_byte_mask(this->ops(), *key_mask);
+}
+
+template <class T>
+Buffer<T> MultiHeadAttention<T>::forward_impl(const Buffer<T>& x) {
   return attend(x, x, nullptr, true);
+}
+
+template <class T>
+Buffer<T> MultiHeadAttention<T>::forward(const Buffer<T>& x,
+                                         const Buffer<unsigned char>* key_mask) {
+  this->check_input(x);
+  Buffer<T> y = attend(x, x, key_mask, true);
+  this->mark_forward(x.dim(0), x.dim(1));
+  return y;
 }
 
 template <class T>
 Tensor3<T> MultiHeadAttention<T>::forward(const Tensor3<T>& x, const KeyMask* key_mask) {
   this->check_input(x);
-  Tensor3<T> y = attend(x, x, key_mask, true);
-  this->mark_forward(x.shape()[0], x.shape()[1]);
+  const Buffer<unsigned char> mask = upload_mask(key_mask, x.shape()[0], x.shape()[1]);
+  return to_tensor<T, 3>(forward(to_buffer<T>(this->ops(), x), key_mask ? &mask : nullptr),
+                         "MultiHeadAttention");
+}
+
+template <class T>
+Buffer<T> MultiHeadAttention<T>::forward_cross(const Buffer<T>& x, const Buffer<T>& context,
+                                               const Buffer<unsigned char>* key_mask) {
+  this->check_input(x);
+  check_buffer("MultiHeadAttention", "context", context, this->ops(),
+               {static_cast<std::ptrdiff_t>(x.dim(0)), kAnyExtent,
+                static_cast<std::ptrdiff_t>(config_.context_dim())});
+  Buffer<T> y = attend(x, context, key_mask, false);
+  this->mark_forward(x.dim(0), x.dim(1));
   return y;
 }
 
@@ -215,53 +363,98 @@ Tensor3<T> MultiHeadAttention<T>::forward_cross(const Tensor3<T>& x, const Tenso
   check_shape("MultiHeadAttention", "context", context,
               {static_cast<std::ptrdiff_t>(x.shape()[0]), kAnyExtent,
                static_cast<std::ptrdiff_t>(config_.context_dim())});
-  Tensor3<T> y = attend(x, context, key_mask, false);
-  this->mark_forward(x.shape()[0], x.shape()[1]);
-  return y;
+  const Buffer<unsigned char> mask = upload_mask(key_mask, x.shape()[0], context.shape()[1]);
+  return to_tensor<T, 3>(
+      forward_cross(to_buffer<T>(this->ops(), x), to_buffer<T>(this->ops(), context),
+                    key_mask ? &mask : nullptr),
+      "MultiHeadAttention");
 }
 
 template <class T>
-Tensor3<T> MultiHeadAttention<T>::backward_impl(const Tensor3<T>& dy) {
+Buffer<T> MultiHeadAttention<T>::backward_impl(const Buffer<T>& dy) {
   // Exact reverse of attend().
-  auto go = linear_backward<T, 3>(dy, o_proj_, wo_used_, false);  // y = merged W_o
-  add_into(w_o.grad, go.dw);
-  const Tensor4<T> dout = split_heads_of<T>(std::move(go.dx), H_);  // (B,Tq,H·Dv) -> (B,H,Tq,Dv)
-  SdpaGrads<T> g = sdpa_backward<T>(dout, sdpa_cache_, q_, k_, v_);
-  if (config_.learnable_scale) {
-    // s = exp(log s): dL/dlog s = s · dL/ds.
-    for (std::size_t h = 0; h < H_; ++h) log_scale.grad(h) += sdpa_cache_.scale[h] * g.dscale(h);
-  }
-  if (config_.qk_norm) {
-    auto gq = layernorm_backward<T, 4>(g.dq, q_norm_, q_gamma_used_);
-    auto gk = layernorm_backward<T, 4>(g.dk, k_norm_, k_gamma_used_);
-    add_into(q_norm_gamma.grad, gq.dgamma);
-    add_into(q_norm_beta.grad, gq.dbeta);
-    add_into(k_norm_gamma.grad, gk.dgamma);
-    add_into(k_norm_beta.grad, gk.dbeta);
-    g.dq = std::move(gq.dx);
-    g.dk = std::move(gk.dx);
-  }
-  auto gq = linear_backward<T, 3>(merge_heads_of<T>(std::move(g.dq)), q_proj_, wq_used_, false);
-  auto gk = linear_backward<T, 3>(merge_heads_of<T>(std::move(g.dk)), k_proj_, wk_used_, false);
-  auto gv = linear_backward<T, 3>(merge_heads_of<T>(std::move(g.dv)), v_proj_, wv_used_, false);
-  add_into(w_q.grad, gq.dw);
-  add_into(w_k.grad, gk.dw);
-  add_into(w_v.grad, gv.dw);
-  Tensor3<T> dcontext = std::move(gk.dx);  // (B,Tk,Cc)
-  detail::add_elements(dcontext.data(), dcontext.data(), gv.dx.data(), dcontext.size());
-  if (self_) {
-    detail::add_elements(gq.dx.data(), gq.dx.data(), dcontext.data(), dcontext.size());
-    dcontext_ = Tensor3<T>();
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t B = spec_.B, Tq = spec_.Tq, Tk = spec_.Tk;
+  const std::size_t C = config_.d_model, Cc = config_.context_dim();
+  const std::size_t HD = H_ * D_, HDv = H_ * Dv_, Nq = B * Tq, Nk = B * Tk;
+  const auto add_weight_grad = [&](Parameter<T>& p) { add_into(ops, p, dw_); };
+  // y = merged W_o
+  Buffer<T>& dmerged = Buffer<T>::reuse(dmerged_, ops, {std::max(Nq, Nk) * std::max(HD, HDv)});
+  Buffer<T>& dout = Buffer<T>::reuse(dout_, ops, {B, H_, Tq, Dv_});
+  ops.linear_backward(H_ == 1 ? dout.data() : dmerged.data(),
+                      Buffer<T>::reuse(dw_, ops, {HDv * C}).data(), nullptr, dy.data(),
+                      merged_.data(), w_o.value_data(), Nq, HDv, C);
+  add_weight_grad(w_o);
+  if (H_ != 1) ops.split_heads(dout.data(), dmerged.data(), B, Tq, H_, Dv_);
+  Buffer<T>& dq = Buffer<T>::reuse(dq_, ops, {B, H_, Tq, D_});
+  Buffer<T>& dk = Buffer<T>::reuse(dk_, ops, {B, Hkv_, Tk, D_});
+  Buffer<T>& dv = Buffer<T>::reuse(dv_, ops, {B, Hkv_, Tk, Dv_});
+  if (fused_) {
+    ops.sdpa_fused_backward(dq.data(), dk.data(), dv.data(),
+                            Buffer<T>::reuse(ds_, ops, {B * H_ * Tq}).data(), dout.data(),
+                            o_.data(), lse_.data(), params());
   } else {
-    dcontext_ = std::move(dcontext);
+    ops.sdpa_reference_backward(dq.data(), dk.data(), dv.data(),
+                                Buffer<T>::reuse(ds_, ops, {B * H_ * Tq * Tk}).data(), dout.data(),
+                                p_.data(), params());
   }
-  return std::move(gq.dx);
+  if (config_.learnable_scale) {
+    // s = exp(log s): dL/dlog s_h = s_h · dL/ds_h = Σ q ⊙ dq over head h (as dQ = s · dS K).
+    Buffer<T>& dlog = Buffer<T>::reuse(dlog_scale_, ops, {H_});
+    ops.head_dot(dlog.data(), q_.data(), dq.data(), B, H_, Tq * D_);
+    add_into(ops, log_scale, dlog);
+  }
+  const T* dq_in = dq.data();
+  const T* dk_in = dk.data();
+  if (config_.qk_norm) {
+    const std::size_t rq = B * H_ * Tq, rk = B * Hkv_ * Tk;
+    Buffer<T>& dgamma = Buffer<T>::reuse(dnorm_, ops, {2 * D_});
+    const Buffer<T> dbeta = Buffer<T>::view(dgamma, D_, {D_});
+    ops.layernorm_backward(Buffer<T>::reuse(dq_raw_, ops, dq.shape()).data(), dgamma.data(),
+                           dbeta.data(), dq.data(), q_raw_.data(), q_mean_.data(), q_rstd_.data(),
+                           q_norm_gamma.value_data(), rq, D_);
+    ops.add(q_norm_gamma.grad_data(), q_norm_gamma.grad_data(), dgamma.data(), D_);
+    ops.add(q_norm_beta.grad_data(), q_norm_beta.grad_data(), dbeta.data(), D_);
+    ops.layernorm_backward(Buffer<T>::reuse(dk_raw_, ops, dk.shape()).data(), dgamma.data(),
+                           dbeta.data(), dk.data(), k_raw_.data(), k_mean_.data(), k_rstd_.data(),
+                           k_norm_gamma.value_data(), rk, D_);
+    ops.add(k_norm_gamma.grad_data(), k_norm_gamma.grad_data(), dgamma.data(), D_);
+    ops.add(k_norm_beta.grad_data(), k_norm_beta.grad_data(), dbeta.data(), D_);
+    dq_in = dq_raw_.data();
+    dk_in = dk_raw_.data();
+  }
+  // dcontext = (through w_k) + (through w_v); dx = (through w_q) [+ dcontext for self-attention]
+  Buffer<T>& dctx = Buffer<T>::reuse(dcontext_, ops, {B, Tk, Cc});
+  // (B,H,T,·) -> (B,T,H·); with one head the layouts agree and the heads are read in place.
+  const auto merged_of = [&](const T* heads, std::size_t n_heads, std::size_t Tn,
+                             std::size_t d) -> const T* {
+    if (n_heads == 1) return heads;
+    ops.merge_heads(dmerged.data(), heads, B, Tn, n_heads, d);
+    return dmerged.data();
+  };
+  const std::size_t KD = Hkv_ * D_, KDv = Hkv_ * Dv_;  // the K/V projections' widths
+  ops.linear_backward(dctx.data(), Buffer<T>::reuse(dw_, ops, {Cc * KD}).data(), nullptr,
+                      merged_of(dk_in, Hkv_, Tk, D_), context_.data(), w_k.value_data(), Nk, Cc,
+                      KD);
+  add_weight_grad(w_k);
+  Buffer<T>& dctx_v = Buffer<T>::reuse(dcontext_v_, ops, {B, Tk, Cc});
+  ops.linear_backward(dctx_v.data(), Buffer<T>::reuse(dw_, ops, {Cc * KDv}).data(), nullptr,
+                      merged_of(dv.data(), Hkv_, Tk, Dv_), context_.data(), w_v.value_data(), Nk,
+                      Cc, KDv);
+  add_weight_grad(w_v);
+  ops.add(dctx.data(), dctx.data(), dctx_v.data(), dctx.size());
+  Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, {B, Tq, C});
+  ops.linear_backward(dx.data(), Buffer<T>::reuse(dw_, ops, {C * HD}).data(), nullptr,
+                      merged_of(dq_in, H_, Tq, D_), x_.data(), w_q.value_data(), Nq, C, HD);
+  add_weight_grad(w_q);
+  if (self_) ops.add(dx.data(), dx.data(), dctx.data(), dx.size());
+  return dx;
 }
 
 template <class T>
 typename MultiHeadAttention<T>::CrossGrads MultiHeadAttention<T>::backward_cross(
     const Tensor3<T>& dy) {
-  if (q_.size() == 0) {
+  if (!has_forward_) {
     throw std::logic_error("MultiHeadAttention::backward_cross: called before forward");
   }
   if (self_) {
@@ -270,8 +463,7 @@ typename MultiHeadAttention<T>::CrossGrads MultiHeadAttention<T>::backward_cross
   }
   CrossGrads out;
   out.dx = this->backward(dy);
-  out.dcontext = std::move(dcontext_);
-  dcontext_ = Tensor3<T>();
+  out.dcontext = to_tensor<T, 3>(dcontext_, "MultiHeadAttention");
   return out;
 }
 

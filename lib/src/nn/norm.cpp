@@ -38,17 +38,29 @@ void LayerNorm<T>::collect_parameters(const std::string& prefix, ParameterList<T
 }
 
 template <class T>
-Tensor3<T> LayerNorm<T>::forward_impl(const Tensor3<T>& x) {
-  gamma_used_ = tensor_of<T, 1>(gamma.value);
-  return layernorm_forward<T, 3>(cache_, x, gamma_used_, tensor_of<T, 1>(beta.value), eps_);
+Buffer<T> LayerNorm<T>::forward_impl(const Buffer<T>& x) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rows = x.dim(0) * x.dim(1);
+  x_ = x;
+  Buffer<T>& y = Buffer<T>::reuse(y_, ops, x.shape());
+  ops.layernorm_forward(y.data(), Buffer<T>::reuse(mean_, ops, {rows}).data(),
+                        Buffer<T>::reuse(rstd_, ops, {rows}).data(), x.data(), gamma.value_data(),
+                        beta.value_data(), rows, dim_, static_cast<T>(eps_));
+  return y;
 }
 
 template <class T>
-Tensor3<T> LayerNorm<T>::backward_impl(const Tensor3<T>& dy) {
-  auto g = layernorm_backward<T, 3>(dy, cache_, gamma_used_);
-  add_into(gamma.grad, g.dgamma);
-  add_into(beta.grad, g.dbeta);
-  return std::move(g.dx);
+Buffer<T> LayerNorm<T>::backward_impl(const Buffer<T>& dy) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rows = dy.dim(0) * dy.dim(1);
+  Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, dy.shape());
+  Buffer<T>& dgamma = Buffer<T>::reuse(dgamma_, ops, {dim_});
+  Buffer<T>& dbeta = Buffer<T>::reuse(dbeta_, ops, {dim_});
+  ops.layernorm_backward(dx.data(), dgamma.data(), dbeta.data(), dy.data(), x_.data(), mean_.data(),
+                         rstd_.data(), gamma.value_data(), rows, dim_);
+  add_into(ops, gamma, dgamma);
+  add_into(ops, beta, dbeta);
+  return dx;
 }
 
 template <class T>
@@ -63,16 +75,26 @@ void RMSNorm<T>::collect_parameters(const std::string& prefix, ParameterList<T>&
 }
 
 template <class T>
-Tensor3<T> RMSNorm<T>::forward_impl(const Tensor3<T>& x) {
-  gamma_used_ = tensor_of<T, 1>(gamma.value);
-  return rmsnorm_forward<T, 3>(cache_, x, gamma_used_, eps_);
+Buffer<T> RMSNorm<T>::forward_impl(const Buffer<T>& x) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rows = x.dim(0) * x.dim(1);
+  x_ = x;
+  Buffer<T>& y = Buffer<T>::reuse(y_, ops, x.shape());
+  ops.rmsnorm_forward(y.data(), Buffer<T>::reuse(rstd_, ops, {rows}).data(), x.data(),
+                      gamma.value_data(), rows, dim_, static_cast<T>(eps_));
+  return y;
 }
 
 template <class T>
-Tensor3<T> RMSNorm<T>::backward_impl(const Tensor3<T>& dy) {
-  auto g = rmsnorm_backward<T, 3>(dy, cache_, gamma_used_);
-  add_into(gamma.grad, g.dgamma);
-  return std::move(g.dx);
+Buffer<T> RMSNorm<T>::backward_impl(const Buffer<T>& dy) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rows = dy.dim(0) * dy.dim(1);
+  Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, dy.shape());
+  Buffer<T>& dgamma = Buffer<T>::reuse(dgamma_, ops, {dim_});
+  ops.rmsnorm_backward(dx.data(), dgamma.data(), dy.data(), x_.data(), rstd_.data(),
+                       gamma.value_data(), rows, dim_);
+  add_into(ops, gamma, dgamma);
+  return dx;
 }
 
 template <class T>

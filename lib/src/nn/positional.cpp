@@ -3,8 +3,6 @@
 #include <cmath>
 #include <string>
 
-#include "../parallel_rows.hpp"
-
 namespace attnlab {
 
 std::string_view to_string(PositionEncoding kind) {
@@ -61,33 +59,32 @@ void PositionalEncoding<T>::collect_parameters(const std::string& prefix, Parame
 }
 
 template <class T>
-Tensor3<T> PositionalEncoding<T>::forward_impl(const Tensor3<T>& x) {
-  const std::size_t B = x.shape()[0], Tn = x.shape()[1], C = dim_;
+Buffer<T> PositionalEncoding<T>::forward_impl(const Buffer<T>& x) {
+  const std::size_t B = x.dim(0), Tn = x.dim(1), C = dim_;
   check_arg(Tn <= max_len_, "PositionalEncoding", "x (B, T, C)",
             "T <= max_len = " + std::to_string(max_len_), "T = " + std::to_string(Tn));
   if (kind_ == PositionEncoding::none) return x;
-  Tensor3<T> y(x.shape());
-  const T* pos = table.value.data();
-  detail::for_row_chunks(B * Tn, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
-    for (std::size_t r = r0; r < r1; ++r) {
-      const std::size_t t = r % Tn;  // y[b, t, :] = x[b, t, :] + pos[t, :]
-      detail::add_elements_serial(y.data() + r * C, x.data() + r * C, pos + t * C, C);
-    }
-  });
+  DeviceOps<T>& ops = this->ops();
+  const T* pos = table.value_data();
+  if (kind_ == PositionEncoding::sinusoidal) {
+    if (fixed_.empty()) fixed_ = to_buffer<T>(ops, table.value);
+    pos = fixed_.data();
+  }
+  Buffer<T>& y = Buffer<T>::reuse(y_, ops, x.shape());
+  ops.copy(y.data(), x.data(), x.size() * sizeof(T));
+  ops.add_bias(y.data(), pos, B, Tn * C);  // y[b] = x[b] + pos[0:T] as one (T·C,) row
   return y;
 }
 
 template <class T>
-Tensor3<T> PositionalEncoding<T>::backward_impl(const Tensor3<T>& dy) {
+Buffer<T> PositionalEncoding<T>::backward_impl(const Buffer<T>& dy) {
   if (kind_ == PositionEncoding::learned) {
-    const std::size_t B = dy.shape()[0], Tn = dy.shape()[1], C = dim_;
-    T* g = table.grad.data();
-    // Each element of the table's grad sums over b in batch order, whatever the cut.
-    detail::for_row_chunks(Tn * C, B, [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t b = 0; b < B; ++b) {
-        for (std::size_t i = i0; i < i1; ++i) g[i] += dy.data()[b * Tn * C + i];
-      }
-    });
+    DeviceOps<T>& ops = this->ops();
+    const std::size_t B = dy.dim(0), n = dy.dim(1) * dim_;
+    // dpos[t] = Σ_b dy[b, t], b in order; the rows t >= T get nothing.
+    Buffer<T>& dpos = Buffer<T>::reuse(dpos_, ops, {n});
+    ops.column_sum(dpos.data(), dy.data(), B, n);
+    ops.add(table.grad_data(), table.grad_data(), dpos.data(), n);
   }
   return dy;
 }

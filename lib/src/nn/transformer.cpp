@@ -15,9 +15,10 @@ double transformer_flops_per_token(const TransformerConfig& config, std::size_t 
   const double F = static_cast<double>(config.block.d_ff), L = static_cast<double>(config.layers);
   const double T = static_cast<double>(seq_len), V = static_cast<double>(config.out_vocab);
   const double cc = static_cast<double>(a.context_dim());
-  double per_block = C * H * D + cc * H * D + cc * H * Dv + H * Dv * C;  // w_q, w_k, w_v, w_o
-  if (!config.block.attn_only) per_block += 2 * C * F;                   // fc1.w, fc2.w
-  const double n = L * per_block + C * V;                                // + head.w
+  const double Hkv = static_cast<double>(a.key_value_heads());
+  double per_block = C * H * D + cc * Hkv * D + cc * Hkv * Dv + H * Dv * C;  // w_q, w_k, w_v, w_o
+  if (!config.block.attn_only) per_block += 2 * C * F;                       // fc1.w, fc2.w
+  const double n = L * per_block + C * V;                                    // + head.w
   return 6 * n + 6 * L * H * T * (D + Dv);
 }
 
@@ -77,23 +78,62 @@ void Transformer<T>::set_nonfinite_check(bool enabled) {
 }
 
 template <class T>
-void Transformer<T>::note(const Tensor3<T>& t, const std::string& where) {
+void Transformer<T>::for_each_child(const std::function<void(Module<T>&)>& visit) {
+  visit(embed_);
+  visit(pos_);
+  for (auto& b : blocks_) visit(*b);
+  if (norm_f_) visit(*norm_f_);
+  visit(head_);
+}
+
+template <class T>
+void Transformer<T>::note(const Buffer<T>& t, const std::string& where) {
   if (!check_nonfinite_ || first_nonfinite_) return;
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    if (!std::isfinite(t.data()[i])) {
-      first_nonfinite_ = where;
-      return;
+  if (!all_finite(t)) first_nonfinite_ = where;
+}
+
+template <class T>
+std::vector<Buffer<int>> Transformer<T>::upload_fields(const std::vector<TokenIds>& fields) const {
+  const char* op = "Transformer::forward";
+  check_arg(fields.size() == config_.vocab_sizes.size(), op, "fields",
+            std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
+            std::to_string(fields.size()));
+  const auto B = static_cast<std::ptrdiff_t>(fields[0].shape()[0]);
+  const auto Tn = static_cast<std::ptrdiff_t>(fields[0].shape()[1]);
+  std::vector<Buffer<int>> ids;
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    if (i > 0) {
+      check_shape("MultiFieldEmbedding::forward", "fields[" + std::to_string(i) + "]", fields[i],
+                  {B, Tn});
     }
+    check_token_ids("embedding_forward", "ids", fields[i], config_.vocab_sizes[i]);
+    ids.push_back(to_buffer<int>(this->ops(), fields[i]));
   }
+  return ids;
 }
 
 template <class T>
 Tensor3<T> Transformer<T>::forward(const std::vector<TokenIds>& fields, const KeyMask* key_mask) {
-  check_arg(fields.size() == config_.vocab_sizes.size(), "Transformer::forward", "fields",
+  const std::vector<Buffer<int>> ids = upload_fields(fields);
+  Buffer<unsigned char> mask;
+  if (key_mask) {
+    check_shape("sdpa_forward", "key_mask", *key_mask,
+                {static_cast<std::ptrdiff_t>(fields[0].shape()[0]),
+                 static_cast<std::ptrdiff_t>(fields[0].shape()[1])});
+    mask = to_byte_mask(this->ops(), *key_mask);
+  }
+  return to_tensor<T, 3>(forward(ids, key_mask ? &mask : nullptr), "Transformer");
+}
+
+template <class T>
+Buffer<T> Transformer<T>::forward(const std::vector<Buffer<int>>& ids,
+                                  const Buffer<unsigned char>* key_mask) {
+  check_arg(ids.size() == config_.vocab_sizes.size(), "Transformer::forward", "fields",
             std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
-            std::to_string(fields.size()));
+            std::to_string(ids.size()));
   first_nonfinite_.reset();
-  Tensor3<T> x = embed_.forward(fields);  // (B,T,C)
+  has_forward_ = false;
+  Buffer<T> x = embed_.forward(ids);  // (B,T,C)
   note(x, "embed");
   x = pos_.forward(x);
   note(x, "pos");
@@ -106,16 +146,27 @@ Tensor3<T> Transformer<T>::forward(const std::vector<TokenIds>& fields, const Ke
   }
   if (norm_f_) x = norm_f_->forward(x);
   note(x, "ln_f");
-  Tensor3<T> logits = head_.forward(x);  // (B,T,C) x (C,V) -> (B,T,V)
+  Buffer<T> logits = head_.forward(x);  // (B,T,C) x (C,V) -> (B,T,V)
   note(logits, "head");
   has_forward_ = true;
+  batch_ = logits.dim(0);
+  length_ = logits.dim(1);
   return logits;
 }
 
 template <class T>
 void Transformer<T>::backward(const Tensor3<T>& dlogits) {
   if (!has_forward_) throw std::logic_error("Transformer::backward: called before forward");
-  Tensor3<T> dx = head_.backward(dlogits);
+  check_shape("Linear", "dy", dlogits,
+              {static_cast<std::ptrdiff_t>(batch_), static_cast<std::ptrdiff_t>(length_),
+               static_cast<std::ptrdiff_t>(config_.out_vocab)});
+  backward(to_buffer<T>(this->ops(), dlogits));
+}
+
+template <class T>
+void Transformer<T>::backward(const Buffer<T>& dlogits) {
+  if (!has_forward_) throw std::logic_error("Transformer::backward: called before forward");
+  Buffer<T> dx = head_.backward(dlogits);
   note(dx, "head (gradient)");
   if (norm_f_) dx = norm_f_->backward(dx);
   note(dx, "ln_f (gradient)");

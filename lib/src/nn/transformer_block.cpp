@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "../parallel_rows.hpp"
+#include <algorithm>
 
 namespace attnlab {
 
@@ -12,16 +12,6 @@ void BlockConfig::validate(std::string_view op, const std::string& path) const {
     check_arg(d_ff > 0, op, path + "d_ff", "> 0 (or attn_only)", std::to_string(d_ff));
   attention.validate(op, path + "attention.");
 }
-
-namespace {
-template <class T>
-bool all_finite(const Tensor3<T>& t) {
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    if (!std::isfinite(t.data()[i])) return false;
-  }
-  return true;
-}
-}  // namespace
 
 template <class T>
 TransformerBlock<T>::TransformerBlock(const BlockConfig& config, Rng& rng)
@@ -43,21 +33,23 @@ void TransformerBlock<T>::collect_parameters(const std::string& prefix, Paramete
 }
 
 template <class T>
-void TransformerBlock<T>::note(const Tensor3<T>& t, const char* where) {
+void TransformerBlock<T>::note(const Buffer<T>& t, const char* where) {
   if (!check_nonfinite_ || first_nonfinite_ || all_finite(t)) return;
   first_nonfinite_ = where;
 }
 
 template <class T>
-Tensor3<T> TransformerBlock<T>::run_forward(const Tensor3<T>& x, const KeyMask* key_mask) {
+Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
+                                           const Buffer<unsigned char>* key_mask) {
+  DeviceOps<T>& ops = this->ops();
   first_nonfinite_.reset();
   // h = x + attn(norm1(x))
-  Tensor3<T> a = norm1_ ? norm1_->forward(x) : x;
+  Buffer<T> a = norm1_ ? norm1_->forward(x) : x;
   note(a, "ln1");
   a = attn_.forward(a, key_mask);
   if (check_nonfinite_ && !first_nonfinite_ && !all_finite(a)) {
     // Name the first head whose attention weights went non-finite, if any.
-    const auto& p = attn_.attention_weights();
+    const Tensor4<T> p = attn_.attention_weights();
     const std::size_t B = p.shape()[0], H = p.shape()[1], n = p.shape()[2] * p.shape()[3];
     std::string where = "attn";
     for (std::size_t h = 0; h < H && where == "attn"; ++h) {
@@ -71,49 +63,63 @@ Tensor3<T> TransformerBlock<T>::run_forward(const Tensor3<T>& x, const KeyMask* 
     }
     first_nonfinite_ = where;
   }
-  detail::add_elements(a.data(), x.data(), a.data(), a.size());
-  Tensor3<T> h = std::move(a);  // h = x + attn(norm1(x))
+  ops.add(a.data(), x.data(), a.data(), a.size());
+  const Buffer<T> h = a;  // h = x + attn(norm1(x)), in the attention's output buffer
   if (!mlp_) return h;
   // y = h + mlp(norm2(h))
-  Tensor3<T> m = norm2_ ? norm2_->forward(h) : h;
+  Buffer<T> m = norm2_ ? norm2_->forward(h) : h;
   note(m, "ln2");
   m = mlp_->forward(m);
   note(m, "mlp");
-  detail::add_elements(m.data(), h.data(), m.data(), m.size());
+  ops.add(m.data(), h.data(), m.data(), m.size());
   return m;  // h + mlp(norm2(h))
 }
 
 template <class T>
-Tensor3<T> TransformerBlock<T>::forward_impl(const Tensor3<T>& x) {
+Buffer<T> TransformerBlock<T>::forward_impl(const Buffer<T>& x) {
   return run_forward(x, nullptr);
+}
+
+template <class T>
+Buffer<T> TransformerBlock<T>::forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask) {
+  this->check_input(x);
+  Buffer<T> y = run_forward(x, key_mask);
+  this->mark_forward(x.dim(0), x.dim(1));
+  return y;
 }
 
 template <class T>
 Tensor3<T> TransformerBlock<T>::forward(const Tensor3<T>& x, const KeyMask* key_mask) {
   this->check_input(x);
-  Tensor3<T> y = run_forward(x, key_mask);
-  this->mark_forward(x.shape()[0], x.shape()[1]);
-  return y;
+  Buffer<unsigned char> mask;
+  if (key_mask) {
+    check_shape(
+        "sdpa_forward", "key_mask", *key_mask,
+        {static_cast<std::ptrdiff_t>(x.shape()[0]), static_cast<std::ptrdiff_t>(x.shape()[1])});
+    mask = to_byte_mask(this->ops(), *key_mask);
+  }
+  return to_tensor<T, 3>(forward(to_buffer<T>(this->ops(), x), key_mask ? &mask : nullptr),
+                         "TransformerBlock");
 }
 
 template <class T>
-Tensor3<T> TransformerBlock<T>::backward_impl(const Tensor3<T>& dy) {
+Buffer<T> TransformerBlock<T>::backward_impl(const Buffer<T>& dy) {
   // Reverse of run_forward. Each residual adds both paths (written into the path's buffer).
-  Tensor3<T> dh;  // dL/dh
+  DeviceOps<T>& ops = this->ops();
+  Buffer<T> dh = dy;  // dL/dh; without an MLP, dh = dy
   if (mlp_) {
-    Tensor3<T> dm = mlp_->backward(dy);  // y = h + mlp(norm2(h))
+    Buffer<T> dm = mlp_->backward(dy);  // y = h + mlp(norm2(h))
     note(dm, "mlp (gradient)");
     if (norm2_) dm = norm2_->backward(dm);
     note(dm, "ln2 (gradient)");
-    detail::add_elements(dm.data(), dy.data(), dm.data(), dm.size());
-    dh = std::move(dm);  // dy + dm
+    ops.add(dm.data(), dy.data(), dm.data(), dm.size());
+    dh = dm;  // dy + dm
   }
-  const Tensor3<T>& dh_total = mlp_ ? dh : dy;  // without an MLP, dh = dy
-  Tensor3<T> da = attn_.backward(dh_total);     // h = x + attn(norm1(x))
+  Buffer<T> da = attn_.backward(dh);  // h = x + attn(norm1(x))
   note(da, "attn (gradient)");
   if (norm1_) da = norm1_->backward(da);
   note(da, "ln1 (gradient)");
-  detail::add_elements(da.data(), dh_total.data(), da.data(), da.size());
+  ops.add(da.data(), dh.data(), da.data(), da.size());
   return da;  // dh + da
 }
 

@@ -87,6 +87,15 @@ double resolve_scale(const SdpaOptions& options, std::size_t d) {
   return scaling_factor(options.scaling, d);
 }
 
+std::vector<double> alibi_slopes(std::size_t heads) {
+  check_arg(heads > 0, "alibi_slopes", "heads", "> 0", "0");
+  std::vector<double> slopes(heads);
+  for (std::size_t h = 0; h < heads; ++h) {
+    slopes[h] = std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(heads));
+  }
+  return slopes;
+}
+
 AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& options,
                                   AttentionSpec sizes) {
   if (options.scale) check_scale_value(*options.scale, op, "scale");
@@ -95,6 +104,13 @@ AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& option
                   {static_cast<std::ptrdiff_t>(sizes.H)});
     for (double s : options.head_scale) check_scale_value(s, op, "head_scale");
   }
+  if (!options.alibi_slopes.empty()) {
+    check_extents(op, "alibi_slopes", {options.alibi_slopes.size()},
+                  {static_cast<std::ptrdiff_t>(sizes.H)});
+    for (double m : options.alibi_slopes) {
+      check_arg(std::isfinite(m), op, "alibi_slopes", "finite slopes", std::to_string(m));
+    }
+  }
   check_arg(options.query_offset >= 0, op, "query_offset", "an offset >= 0",
             std::to_string(options.query_offset));
   check_arg(options.causal || options.query_offset == 0, op, "query_offset",
@@ -102,6 +118,7 @@ AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& option
             std::to_string(options.query_offset));
   sizes.causal = options.causal;
   sizes.query_offset = static_cast<std::size_t>(options.query_offset);
+  sizes.window = options.window;
   check_attention_spec(sizes, std::string(op).c_str());
   return sizes;
 }
@@ -115,7 +132,8 @@ AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const 
   constexpr auto any = kAnyExtent;
   const auto extent = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
   AttentionSpec s;
-  s.B = q.shape()[0], s.H = q.shape()[1], s.Hkv = s.H, s.Tq = q.shape()[2], s.D = q.shape()[3];
+  s.B = q.shape()[0], s.H = q.shape()[1], s.Tq = q.shape()[2], s.D = q.shape()[3];
+  s.Hkv = k.shape()[1];  // Hkv < H: grouped-query attention (checked by the spec below)
   check_shape(op, "k", k, {extent(s.B), extent(s.Hkv), any, extent(s.D)});
   s.Tk = k.shape()[2];
   if (v) {
@@ -136,6 +154,7 @@ void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaO
   for (std::size_t h = 0; h < options.head_scale.size(); ++h) {
     cache.scale[h] = static_cast<T>(options.head_scale[h]);
   }
+  cache.alibi.assign(options.alibi_slopes.begin(), options.alibi_slopes.end());
   cache.has_key_mask = key_mask != nullptr;
   cache.key_mask = key_mask ? *key_mask : KeyMask();
   cache.tile_rows = options.tile_rows;

@@ -93,11 +93,13 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
       T* lsep = lse + bh * Tq;
       for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
         const std::size_t br = std::min(tile_rows, Tq - i0);
-        const std::size_t keys = attention::key_end(p, i0 + br - 1);  // later keys: hidden
+        // Keys before key_begin(first row) and from key_end(last row) on are hidden from the tile.
+        const std::size_t first = attention::key_begin(p, i0);
+        const std::size_t keys = attention::key_end(p, i0 + br - 1);
         std::fill(m.begin(), m.end(), kHidden<T>);
         std::fill(l.begin(), l.end(), T(0));
         T* o_i = op + i0 * Dv;
-        for (std::size_t j0 = 0; j0 < keys; j0 += tile_keys) {
+        for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
           const std::size_t bc = std::min(tile_keys, keys - j0);
           const int rows = static_cast<int>(br), cols = static_cast<int>(bc);
           // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
@@ -126,9 +128,9 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
           }
           // O_i = correction · O_i + P V_j (the first tile assigns)   (Br,Bc) x (Bc,Dv) -> (Br,Dv)
           blas::gemm<T>(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
-                        j0 > 0 ? T(1) : T(0), o_i, dv);
+                        j0 > first ? T(1) : T(0), o_i, dv);
         }
-        if (keys == 0) std::fill(o_i, o_i + br * Dv, T(0));  // no key block ran (Tk = 0 guard)
+        if (first >= keys) std::fill(o_i, o_i + br * Dv, T(0));  // no key block ran
         for (std::size_t r = 0; r < br; ++r) {
           T* o_row = o_i + r * Dv;
           if (l[r] == T(0)) {  // the row sees no key: O = 0, lse = -inf, never NaN
@@ -153,76 +155,82 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
   tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
   tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
   const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * H);
+  // One K/V slice (b, kv head) per task: dK and dV start at 0 and every query head of its group
+  // (bh = kv·g + r, r in order) adds into them, so grouped-query attention sums without races.
+  const std::size_t group = p.group();
+  const auto kv_count = static_cast<std::ptrdiff_t>(p.B * p.Hkv);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));   // (Br,Bc) S, then P
     std::vector<T> dpb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) dP, then dS
     std::vector<T> delta(Tq);  // (Tq,) D_i = rowsum(dO ⊙ O)
 #pragma omp for schedule(static)
-    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-      const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
-      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
-      const T s = p.scale[h];
-      const T* qp = p.q + bh * Tq * D;
-      const T* kp = p.k + kv * Tk * D;
-      const T* vp = p.v + kv * Tk * Dv;
-      const T* op = out + bh * Tq * Dv;
-      const T* dop = dout + bh * Tq * Dv;
-      const T* lsep = lse + bh * Tq;
-      T* dqp = dq + bh * Tq * D;
+    for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
+      const auto kv = static_cast<std::size_t>(kv_index);
       T* dkp = dk + kv * Tk * D;
       T* dvp = dv + kv * Tk * Dv;
-      std::fill(dqp, dqp + Tq * D, T(0));
       std::fill(dkp, dkp + Tk * D, T(0));
       std::fill(dvp, dvp + Tk * Dv, T(0));
-      for (std::size_t i = 0; i < Tq; ++i) {
-        T acc = 0;
-        for (std::size_t c = 0; c < Dv; ++c) acc += dop[i * Dv + c] * op[i * Dv + c];
-        delta[i] = acc;
-      }
-      for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
-        const std::size_t br = std::min(tile_rows, Tq - i0);
-        const std::size_t keys = attention::key_end(p, i0 + br - 1);  // later keys: hidden
-        const int rows = static_cast<int>(br);
-        for (std::size_t j0 = 0; j0 < keys; j0 += tile_keys) {
-          const std::size_t bc = std::min(tile_keys, keys - j0);
-          const int cols = static_cast<int>(bc);
-          // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
-                        sb.data(), cols);
-          score_tile(sb.data(), p, b, h, i0, br, j0, bc);
-          for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
-            T* row = sb.data() + r * bc;
-            const T row_lse = lsep[i0 + r];
-            if (row_lse == kHidden<T>) {
-              std::fill(row, row + bc, T(0));
-            } else {
-              exp_shifted_inplace(row, bc, row_lse);
-            }
-          }
-          // dV_j += Pᵀ dO_i                           (Bc,Br) x (Br,Dv) -> (Bc,Dv)
-          blas::gemm<T>(true, false, cols, dvw, rows, T(1), sb.data(), cols, dop + i0 * Dv, dvw,
-                        T(1), dvp + j0 * Dv, dvw);
-          // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
-                        T(0), dpb.data(), cols);
-          // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
-          for (std::size_t r = 0; r < br; ++r) {
-            subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);
-          }
-          // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
-          blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
-                        dqp + i0 * D, d);
-          // dK_j += s · dSᵀ Q_i                       (Bc,Br) x (Br,D) -> (Bc,D)
-          blas::gemm<T>(true, false, cols, d, rows, s, dpb.data(), cols, qp + i0 * D, d, T(1),
-                        dkp + j0 * D, d);
+      for (std::size_t bh = kv * group; bh < (kv + 1) * group; ++bh) {
+        const std::size_t b = bh / H, h = bh % H;
+        const T s = p.scale[h];
+        const T* qp = p.q + bh * Tq * D;
+        const T* kp = p.k + kv * Tk * D;
+        const T* vp = p.v + kv * Tk * Dv;
+        const T* op = out + bh * Tq * Dv;
+        const T* dop = dout + bh * Tq * Dv;
+        const T* lsep = lse + bh * Tq;
+        T* dqp = dq + bh * Tq * D;
+        std::fill(dqp, dqp + Tq * D, T(0));
+        for (std::size_t i = 0; i < Tq; ++i) {
+          T acc = 0;
+          for (std::size_t c = 0; c < Dv; ++c) acc += dop[i * Dv + c] * op[i * Dv + c];
+          delta[i] = acc;
         }
+        for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
+          const std::size_t br = std::min(tile_rows, Tq - i0);
+          const std::size_t first = attention::key_begin(p, i0);        // earlier keys: hidden
+          const std::size_t keys = attention::key_end(p, i0 + br - 1);  // later keys: hidden
+          const int rows = static_cast<int>(br);
+          for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
+            const std::size_t bc = std::min(tile_keys, keys - j0);
+            const int cols = static_cast<int>(bc);
+            // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
+            blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
+                          sb.data(), cols);
+            score_tile(sb.data(), p, b, h, i0, br, j0, bc);
+            for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
+              T* row = sb.data() + r * bc;
+              const T row_lse = lsep[i0 + r];
+              if (row_lse == kHidden<T>) {
+                std::fill(row, row + bc, T(0));
+              } else {
+                exp_shifted_inplace(row, bc, row_lse);
+              }
+            }
+            // dV_j += Pᵀ dO_i                           (Bc,Br) x (Br,Dv) -> (Bc,Dv)
+            blas::gemm<T>(true, false, cols, dvw, rows, T(1), sb.data(), cols, dop + i0 * Dv, dvw,
+                          T(1), dvp + j0 * Dv, dvw);
+            // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
+            blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
+                          T(0), dpb.data(), cols);
+            // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
+            for (std::size_t r = 0; r < br; ++r) {
+              subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);
+            }
+            // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
+            blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
+                          dqp + i0 * D, d);
+            // dK_j += s · dSᵀ Q_i                       (Bc,Br) x (Br,D) -> (Bc,D)
+            blas::gemm<T>(true, false, cols, d, rows, s, dpb.data(), cols, qp + i0 * D, d, T(1),
+                          dkp + j0 * D, d);
+          }
+        }
+        // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
+        T acc = 0;
+        for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
+        dscale_part[bh] = acc / s;
       }
-      // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
-      T acc = 0;
-      for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
-      dscale_part[bh] = acc / s;
     }
   }
 }

@@ -1,7 +1,8 @@
 // The reference CPU attention: the readable definition of the contract (attnlab/ops/attention.hpp),
 // one (b, h) slice per thread, whole (Tq, Tk) matrices through blas::gemm, P materialised.
 //   S = s · Q Kᵀ (the score rule, attnlab/attention/score_rule.hpp), P = softmax(S), O = P V;
-//   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = s · dS K, dK = s · dSᵀ Q.
+//   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = s · dS K, dK = s · dSᵀ Q;
+//   with grouped-query attention dK and dV sum over the query heads that share a K/V head.
 #include <cstddef>
 #include <memory>
 
@@ -60,35 +61,42 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
   const std::size_t Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
   const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), d = static_cast<int>(D),
             dvw = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
+  // One K/V slice (b, kv head) per task: its group's query heads bh = kv·g + r, r in order, add
+  // their dK and dV into it (the first assigns), so grouped-query attention sums without races.
+  const std::size_t group = p.group();
+  const auto kv_count = static_cast<std::ptrdiff_t>(p.B * p.Hkv);
 #pragma omp parallel num_threads(num_threads())
   {
     // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
     const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
 #pragma omp for schedule(static)
-    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
-      const T s = p.scale[static_cast<std::size_t>(bh) % p.H];
-      const T* pp = probs + bh * Tq * Tk;
-      const T* dop = dout + bh * Tq * Dv;
-      const T* qp = p.q + bh * Tq * D;
+    for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
+      const auto kv = static_cast<std::size_t>(kv_index);
       const T* kp = p.k + kv * Tk * D;
       const T* vp = p.v + kv * Tk * Dv;
-      T* dqp = dq + bh * Tq * D;
-      // dV = Pᵀ dO                                     (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-      blas::gemm<T>(true, false, n, dvw, m, T(1), pp, n, dop, dvw, T(0), dv + kv * Tk * Dv, dvw);
-      // dP = dO Vᵀ                                     (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-      blas::gemm<T>(false, true, m, n, dvw, T(1), dop, dvw, vp, dvw, T(0), ds.get(), n);
-      // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
-      softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
-      // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
-      blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
-      // dK = s · dSᵀ Q                                 (Tk,Tq) x (Tq,D) -> (Tk,D)
-      blas::gemm<T>(true, false, n, d, m, s, ds.get(), n, qp, d, T(0), dk + kv * Tk * D, d);
-      // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
-      T acc = 0;
-      for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
-      dscale_part[bh] = acc / s;
+      for (std::size_t r = 0; r < group; ++r) {
+        const std::size_t bh = kv * group + r;
+        const T s = p.scale[bh % p.H];
+        const T beta = r == 0 ? T(0) : T(1);
+        const T* pp = probs + bh * Tq * Tk;
+        const T* dop = dout + bh * Tq * Dv;
+        const T* qp = p.q + bh * Tq * D;
+        T* dqp = dq + bh * Tq * D;
+        // dV (+)= Pᵀ dO                                 (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+        blas::gemm<T>(true, false, n, dvw, m, T(1), pp, n, dop, dvw, beta, dv + kv * Tk * Dv, dvw);
+        // dP = dO Vᵀ                                     (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+        blas::gemm<T>(false, true, m, n, dvw, T(1), dop, dvw, vp, dvw, T(0), ds.get(), n);
+        // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
+        softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
+        // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
+        blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
+        // dK (+)= s · dSᵀ Q                              (Tk,Tq) x (Tq,D) -> (Tk,D)
+        blas::gemm<T>(true, false, n, d, m, s, ds.get(), n, qp, d, beta, dk + kv * Tk * D, d);
+        // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
+        T acc = 0;
+        for (std::size_t i = 0; i < Tq * D; ++i) acc += dqp[i] * qp[i];
+        dscale_part[bh] = acc / s;
+      }
     }
   }
 }

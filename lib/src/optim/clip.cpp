@@ -3,22 +3,41 @@
 #include <cmath>
 #include <sstream>
 
+#include <algorithm>
+#include <vector>
+
+#include "attnlab/backends/cpu.hpp"
+#include "attnlab/buffer.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
 
+namespace {
+// The backend of a parameter: its Module's (cpu_ops when it lives in the host xarrays).
+template <class T>
+DeviceOps<T>& backend_of(const Parameter<T>& p) {
+  if (!p.on_device()) return cpu_ops<T>();
+  return *dynamic_cast<DeviceOps<T>*>(p.device_value.memory());
+}
+}  // namespace
+
 template <class T>
 double grad_norm(const ParameterList<T>& params) {
-  double sum = 0;  // fixed order: parameters in list order, entries row-major
+  // Σ g² per parameter in double on its backend (entries in row-major order), then over the
+  // parameters in list order.
+  double sum = 0;
+  std::vector<double> partial;
   for (const auto& np : params) {
     check_arg(np.param != nullptr, "grad_norm", "parameter '" + np.name + "'", "a Parameter",
               "a null pointer");
-    const T* grad = np.param->grad.data();
-    const std::size_t n = np.param->grad.size();
-    for (std::size_t j = 0; j < n; ++j) {
-      const double g = static_cast<double>(grad[j]);
-      sum += g * g;
-    }
+    DeviceOps<T>& ops = backend_of(*np.param);
+    if (np.param->size() == 0) continue;
+    Buffer<double> out(ops, {1}),
+        scratch(ops, {std::max<std::size_t>(ops.sum_of_squares_scratch(), 1)});
+    ops.sum_of_squares(out.data(), scratch.data(), np.param->grad_data(), np.param->size());
+    double host = 0;
+    out.copy_to_host(&host);
+    sum += host;
   }
   return std::sqrt(sum);
 }
@@ -33,9 +52,7 @@ double clip_grad_norm(const ParameterList<T>& params, double max_norm) {
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
   const T scale = static_cast<T>(max_norm / (norm + kClipNormEps));
   for (const auto& np : params) {
-    T* grad = np.param->grad.data();
-    const std::size_t n = np.param->grad.size();
-    for (std::size_t j = 0; j < n; ++j) grad[j] *= scale;
+    backend_of(*np.param).scale(np.param->grad_data(), scale, np.param->size());
   }
   return norm;
 }

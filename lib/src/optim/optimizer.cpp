@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "attnlab/backends/cpu.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
@@ -50,8 +51,34 @@ Optimizer<T>::Optimizer(std::string name, ParameterList<T> params, double lr)
     check_extents(name_, "grad of parameter '" + np.name + "'", to_extents(np.param->grad.shape()),
                   to_expected(shape));
     shapes_.push_back(shape);
+    offsets_.push_back(total_);
+    total_ += np.param->value.size();
   }
   set_lr(lr);
+  state_ops_ = &backend();
+}
+
+template <class T>
+DeviceOps<T>& Optimizer<T>::backend() {
+  const auto ops_of = [](const Parameter<T>& p) -> DeviceOps<T>* {
+    if (!p.on_device()) return &cpu_ops<T>();
+    return dynamic_cast<DeviceOps<T>*>(p.device_value.memory());
+  };
+  DeviceOps<T>* ops = ops_of(*params_[0].param);
+  for (const auto& np : params_) {
+    DeviceOps<T>* other = ops_of(*np.param);
+    check_arg(other == ops, name_, "parameter '" + np.name + "'",
+              "on the backend of '" + params_[0].name + "' (" + ops->name() + ")",
+              other ? other->name() : std::string("an unknown backend"));
+  }
+  if (state_ops_ != nullptr && state_ops_ != ops) {  // the Module moved: the state follows
+    for (auto& slot : slots_) {
+      std::vector<T> host = slot.to_vector();
+      slot = Buffer<T>::from_host(*ops, host.data(), slot.shape());
+    }
+  }
+  state_ops_ = ops;
+  return *ops;
 }
 
 template <class T>
@@ -63,8 +90,7 @@ void Optimizer<T>::set_lr(double lr) {
 template <class T>
 std::size_t Optimizer<T>::add_slot(const std::string& slot) {
   slot_names_.push_back(slot);
-  auto& tensors = slots_.emplace_back();
-  for (const auto& shape : shapes_) tensors.push_back(xt::zeros<T>(shape));
+  slots_.push_back(Buffer<T>::zeros(*state_ops_, {total_}));
   return slots_.size() - 1;
 }
 
@@ -79,14 +105,33 @@ void Optimizer<T>::step() {
     check_extents(name_ + ".step", "grad of parameter '" + np.name + "'",
                   to_extents(np.param->grad.shape()), expected);
   }
+  DeviceOps<T>& ops = backend();
   const std::size_t t = step_ + 1;
-  for (std::size_t i = 0; i < params_.size(); ++i) update(i, *params_[i].param, t);
+  // One call over everything when the values and the grads each lie in order in one arena.
+  bool contiguous = true;
+  for (std::size_t i = 1; i < params_.size() && contiguous; ++i) {
+    const Parameter<T>& p = *params_[i].param;
+    contiguous = p.value_data() == params_[0].param->value_data() + offsets_[i] &&
+                 p.grad_data() == params_[0].param->grad_data() + offsets_[i];
+  }
+  std::vector<T*> state(slots_.size());
+  const auto run = [&](std::size_t i, std::size_t n) {
+    for (std::size_t s = 0; s < slots_.size(); ++s) state[s] = slots_[s].data() + offsets_[i];
+    Parameter<T>& p = *params_[i].param;
+    update(ops, p.value_data(), p.grad_data(), state.data(), n, t);
+  };
+  if (contiguous) {
+    run(0, total_);
+  } else {
+    for (std::size_t i = 0; i < params_.size(); ++i) run(i, params_[i].param->size());
+  }
   step_ = t;
 }
 
 template <class T>
 void Optimizer<T>::zero_grad() {
-  for (auto& np : params_) np.param->grad.fill(T(0));
+  DeviceOps<T>& ops = backend();
+  for (auto& np : params_) ops.zero(np.param->grad_data(), np.param->size() * sizeof(T));
 }
 
 template <class T>
@@ -94,7 +139,12 @@ std::vector<NamedTensor<T>> Optimizer<T>::state_tensors() const {
   std::vector<NamedTensor<T>> out;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     for (std::size_t s = 0; s < slots_.size(); ++s) {
-      out.emplace_back(optim_state_name(params_[i].name, slot_names_[s]), slots_[s][i]);
+      xt::xarray<T> value = xt::xarray<T>::from_shape(shapes_[i]);
+      if (value.size() > 0) {
+        state_ops_->download(value.data(), slots_[s].data() + offsets_[i],
+                             value.size() * sizeof(T));
+      }
+      out.emplace_back(optim_state_name(params_[i].name, slot_names_[s]), std::move(value));
     }
   }
   return out;
@@ -128,8 +178,12 @@ void Optimizer<T>::load_state(const std::vector<NamedTensor<T>>& tensors, std::s
     check_arg(found[j] != nullptr, op, "state tensor '" + expected_names[j] + "'", "present",
               "missing");
   }
+  DeviceOps<T>& ops = backend();
   for (std::size_t j = 0; j < found.size(); ++j) {
-    slots_[j % slots_.size()][j / slots_.size()] = *found[j];
+    const std::size_t s = j % slots_.size(), i = j / slots_.size();
+    if (found[j]->size() > 0) {
+      ops.upload(slots_[s].data() + offsets_[i], found[j]->data(), found[j]->size() * sizeof(T));
+    }
   }
   step_ = step_count;
 }

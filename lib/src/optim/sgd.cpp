@@ -32,23 +32,13 @@ SGD<T>::SGD(ParameterList<T> params, const SgdOptions& options)
 }
 
 template <class T>
-void SGD<T>::update(std::size_t i, Parameter<T>& p, std::size_t t) {
-  const T lr = static_cast<T>(this->lr());
-  const T wd = static_cast<T>(options_.weight_decay);
-  const T momentum = static_cast<T>(options_.momentum);
-  T* value = p.value.data();
-  const T* grad = p.grad.data();
-  T* buf = options_.momentum != 0 ? this->state(buffer_slot_, i).data() : nullptr;
-  const std::size_t n = p.value.size();
-  for (std::size_t j = 0; j < n; ++j) {
-    T d = grad[j];
-    if (options_.weight_decay != 0) d = d + wd * value[j];  // grad.add(param, alpha=wd)
-    if (buf) {
-      buf[j] = t == 1 ? d : buf[j] * momentum + d;  // buf = clone(d), then buf.mul_(m).add_(d)
-      d = buf[j];
-    }
-    value[j] = value[j] + (-lr) * d;  // param.add_(d, alpha=-lr)
-  }
+void SGD<T>::update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
+                    std::size_t t) {
+  // torch's order (cuda_math::sgd_element): d = g + wd·p; buf = d, then buf·momentum + d; p -=
+  // lr·d.
+  ops.sgd_update(value, options_.momentum != 0 ? state[buffer_slot_] : nullptr, grad, n,
+                 static_cast<T>(this->lr()), static_cast<T>(options_.momentum),
+                 static_cast<T>(options_.weight_decay), t == 1);
 }
 
 template class SGD<float>;

@@ -184,6 +184,14 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
                   exact);
     }
   }
+  void relu_forward(T* y, const T* x, std::size_t n) override {
+    if (n > 0) emu::launch(emu_train::relu_forward_kernel<T>, element_grid(n), block(), 0, y, x, n);
+  }
+  void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
+    if (n > 0) {
+      emu::launch(emu_train::relu_backward_kernel<T>, element_grid(n), block(), 0, dx, dy, x, n);
+    }
+  }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                       std::size_t out) override {
     if (rows == 0 || out == 0) return;
@@ -217,42 +225,58 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
   }
 
   // ---- attention ----------------------------------------------------------------------------
+  // attention_reference.cu's orchestration, with BLAS for cuBLAS: per group member r, one batched
+  // GEMM over the B·Hkv K/V slices; dK and dV add over r.
   void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) override {
     check_attention_params(a, "emulated sdpa_reference_forward");
-    const std::size_t rows = a.B * a.H * a.Tq;
+    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
     if (rows == 0) return;
     const int m = as_int(a.Tq), n = as_int(a.Tk), d = as_int(a.D), dv = as_int(a.Dv),
-              batch = as_int(a.B * a.H);
-    // S = Q Kᵀ, unscaled (the scale is per head)          (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
-    gemm_batched(false, true, m, n, d, a.q, d, a.Tq * a.D, a.k, d, a.Tk * a.D, p, n, a.Tq * a.Tk,
-                 batch);
+              batch = as_int(a.B * a.Hkv);
+    const std::size_t sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
+                      so = a.Tq * a.Dv;
+    for (std::size_t r = 0; r < g; ++r) {
+      // S = Q Kᵀ, unscaled (the scale is per head)        (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
+      gemm_batched(false, true, m, n, d, a.q + r * sq, d, g * sq, a.k, d, sk, p + r * sp, n, g * sp,
+                   batch);
+    }
     emu::launch(cuda::reference::masked_softmax_rows<T>, row_grid(rows), block(), 0, p, a);
-    // O = P V                                              (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-    gemm_batched(false, false, m, dv, n, p, n, a.Tq * a.Tk, a.v, dv, a.Tk * a.Dv, out, dv,
-                 a.Tq * a.Dv, batch);
+    for (std::size_t r = 0; r < g; ++r) {
+      // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
+      gemm_batched(false, false, m, dv, n, static_cast<const T*>(p + r * sp), n, g * sp, a.v, dv,
+                   sv, out + r * so, dv, g * so, batch);
+    }
   }
   void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
                                const AttentionParams<T>& a) override {
     check_attention_params(a, "emulated sdpa_reference_backward");
-    const std::size_t rows = a.B * a.H * a.Tq;
+    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
     if (rows == 0) return;
     const int m = as_int(a.Tq), n = as_int(a.Tk), d = as_int(a.D), dvw = as_int(a.Dv),
-              batch = as_int(a.B * a.H);
+              batch = as_int(a.B * a.Hkv);
     const std::size_t sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
                       so = a.Tq * a.Dv;
-    // dV = Pᵀ dO                                           (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-    gemm_batched(true, false, n, dvw, m, p, n, sp, dout, dvw, so, dv, dvw, sv, batch);
-    // dP = dO Vᵀ                                           (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-    gemm_batched(false, true, m, n, dvw, dout, dvw, so, a.v, dvw, sv, ds, n, sp, batch);
+    for (std::size_t r = 0; r < g; ++r) {
+      const T beta = r == 0 ? T(0) : T(1);
+      // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+      gemm_batched(true, false, n, dvw, m, p + r * sp, n, g * sp, dout + r * so, dvw, g * so, dv,
+                   dvw, sv, batch, beta);
+      // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+      gemm_batched(false, true, m, n, dvw, dout + r * so, dvw, g * so, a.v, dvw, sv, ds + r * sp, n,
+                   g * sp, batch);
+    }
     // dS = s_h · P ⊙ (dP − rowsum(dP ⊙ P)), in place
     emu::launch(cuda::reference::softmax_backward_rows<T>, row_grid(rows), block(), 0, ds, p,
                 a.scale, a.H, a.Tq, a.Tk);
-    // dQ = dS K                                            (Tq,Tk) x (Tk,D) -> (Tq,D)
-    gemm_batched(false, false, m, d, n, static_cast<const T*>(ds), n, sp, a.k, d, sk, dq, d, sq,
-                 batch);
-    // dK = dSᵀ Q                                           (Tk,Tq) x (Tq,D) -> (Tk,D)
-    gemm_batched(true, false, n, d, m, static_cast<const T*>(ds), n, sp, a.q, d, sq, dk, d, sk,
-                 batch);
+    for (std::size_t r = 0; r < g; ++r) {
+      const T beta = r == 0 ? T(0) : T(1);
+      // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)
+      gemm_batched(false, false, m, d, n, static_cast<const T*>(ds + r * sp), n, g * sp, a.k, d, sk,
+                   dq + r * sq, d, g * sq, batch);
+      // dK (+)= dSᵀ Q                                      (Tk,Tq) x (Tq,D) -> (Tk,D)
+      gemm_batched(true, false, n, d, m, static_cast<const T*>(ds + r * sp), n, g * sp,
+                   a.q + r * sq, d, g * sq, dk, d, sk, batch, beta);
+    }
   }
   void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) override {
     check_attention_params(a, "emulated sdpa_fused_forward");
@@ -334,12 +358,12 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
   // cuBLAS's strided-batched GEMM with alpha = 1, beta = 0: one CPU GEMM per matrix.
   static void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda,
                            std::size_t stride_a, const T* b, int ldb, std::size_t stride_b, T* c,
-                           int ldc, std::size_t stride_c, int batch) {
+                           int ldc, std::size_t stride_c, int batch, T beta = T(0)) {
     if (m == 0 || n == 0) return;
     for (int i = 0; i < batch; ++i) {
       const auto bi = static_cast<std::size_t>(i);
       blas::gemm<T>(trans_a, trans_b, m, n, k, T(1), a + bi * stride_a, lda, b + bi * stride_b, ldb,
-                    T(0), c + bi * stride_c, ldc);
+                    beta, c + bi * stride_c, ldc);
     }
   }
 

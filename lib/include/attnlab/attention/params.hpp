@@ -28,11 +28,15 @@ struct AttentionSpec {
   bool causal = false;
   std::size_t query_offset = 0;
 
+  // Sliding window w (causal only): query i sees keys j with i + o - w < j <= i + o, its w latest;
+  // 0 = no window.
+  std::size_t window = 0;
   // ---- variants not accepted yet: check_attention_params throws "not supported yet" if set ----
-  std::size_t window = 0;  // sliding window w: j > i + o - w; 0 = no window
   float dropout_p = 0.0f;  // dropout on P in training, keyed by dropout_seed
   std::uint64_t dropout_seed = 0;
 
+  // The query heads per K/V head (1 without grouped-query attention).
+  ATTNLAB_HD std::size_t group() const { return H / Hkv; }
   // The K/V head that query head h reads (grouped-query attention: H / Hkv query heads share one).
   ATTNLAB_HD std::size_t kv_head_of(std::size_t h) const { return h / (H / Hkv); }
   // The flattened (b, kv head) slice of k and v that the (b, h) slice bh = b·H + h of q reads.
@@ -50,30 +54,36 @@ struct AttentionParams : AttentionSpec {
   const T* v = nullptr;                     // (B,Hkv,Tk,Dv)
   const T* scale = nullptr;                 // (H,) the scale s_h of each query head
   const unsigned char* key_mask = nullptr;  // (B,Tk) nonzero = may attend; nullptr: no mask
+  // (H,) ALiBi (Press et al. 2022): the score of a visible key gets -m_h · (i + o - j), computed
+  // on the fly (the fused paths keep O(T) memory); nullptr: no ALiBi.
+  const T* alibi_slopes = nullptr;
 
   // ---- variants not accepted yet: check_attention_params throws "not supported yet" if set ----
   // Additive bias, rows of Tk contiguous; element (b,h,i,j) at b·bias_batch_stride +
   // h·bias_head_stride + i·Tk + j (a stride of 0 broadcasts over that axis).
   const T* bias = nullptr;
   std::size_t bias_batch_stride = 0, bias_head_stride = 0;
-  const T* alibi_slopes = nullptr;  // (H,) ALiBi: bias m_h · (j - i - o), computed on the fly
 };
 
 // Throws std::invalid_argument naming `op` unless the spec describes a call this version runs:
-// Hkv == H, no query offset without causal, and none of the variants not accepted yet. Host only;
-// the public entry points and the launchers call it (sizes are checked against the tensors there).
+// Hkv >= 1 dividing H (grouped-query attention: H / Hkv query heads share one K/V head), no query
+// offset and no window without causal, and none of the variants not accepted yet. Host only; the
+// public entry points and the launchers call it (sizes are checked against the tensors there).
 inline void check_attention_spec(const AttentionSpec& s, const char* op) {
   const auto fail = [op](const std::string& what) {
     throw std::invalid_argument(std::string(op) + ": " + what);
   };
-  if (s.Hkv != s.H) {
-    fail("Hkv expected " + std::to_string(s.H) + " (= H), got " + std::to_string(s.Hkv) +
-         ": grouped-query attention is not supported yet");
+  if (s.Hkv == 0 || s.H % s.Hkv != 0) {
+    fail("Hkv (key/value heads) expected a divisor of H = " + std::to_string(s.H) + ", got " +
+         std::to_string(s.Hkv));
   }
   if (!s.causal && s.query_offset != 0) {
     fail("query_offset expected 0 without causal, got " + std::to_string(s.query_offset));
   }
-  if (s.window != 0) fail("a sliding window is not supported yet");
+  if (s.window != 0 && !s.causal) {
+    fail("window expected causal attention (a sliding window bounds the causal keys), got " +
+         std::to_string(s.window) + " without causal");
+  }
   if (s.dropout_p != 0.0f) fail("attention dropout is not supported yet");
 }
 
@@ -82,8 +92,6 @@ void check_attention_params(const AttentionParams<T>& p, const char* op) {
   check_attention_spec(p, op);
   if (p.bias != nullptr)
     throw std::invalid_argument(std::string(op) + ": an attention bias is not supported yet");
-  if (p.alibi_slopes != nullptr)
-    throw std::invalid_argument(std::string(op) + ": ALiBi is not supported yet");
 }
 
 }  // namespace attnlab

@@ -2,12 +2,15 @@
 // softmax gets, called by all four paths (CPU reference and fused in lib/src/ops, CUDA reference
 // and fused in lib/cuda). __host__ __device__ under nvcc, plain inline C++ otherwise.
 //
-//   visible(b, i, j) = key_mask(b, j) && (!causal || j <= i + o)
-//   S_ij = s_h · q_i·k_j when visible, -inf (excluded from the softmax) otherwise
+//   visible(b, i, j) = key_mask(b, j) && (!causal || j <= i + o) && (!w || j > i + o - w)
+//   S_ij = s_h · q_i·k_j [- m_h · (i + o - j) with ALiBi] when visible, -inf (excluded from the
+//          softmax) otherwise
 //
-// A variant changes these helpers only: a window adds j > i + o - w to key_visible() and its
-// bounds, a bias adds its term in score_of_scaled() and score_row(), grouped-query attention maps
-// heads with kv_head_of (params.hpp).
+// with o the query offset and w the sliding window (causal only: query i sees its w latest keys,
+// itself included). A variant changes these helpers only: ALiBi adds its term in
+// score_of_scaled() and score_row(), grouped-query attention maps heads with kv_head_of
+// (params.hpp). The tile bounds (key_begin, key_end, query_begin, query_end) let the fused paths
+// skip whole tiles that the rule hides.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +27,15 @@ ATTNLAB_HD inline bool key_visible(const AttentionParams<T>& p, std::size_t b, s
   if (p.key_mask != nullptr && p.key_mask[cuda_math::key_mask_offset(b, j, p.Tk)] == 0) {
     return false;
   }
-  return !p.causal || j <= i + p.query_offset;
+  if (!p.causal) return true;
+  return j <= i + p.query_offset && (p.window == 0 || j + p.window > i + p.query_offset);
+}
+
+// The first key that query i may see, whatever the mask: i + o + 1 - w with a window (0 if that is
+// negative), else 0. Keys before it are hidden from query i, and from every earlier query.
+ATTNLAB_HD inline std::size_t key_begin(const AttentionSpec& s, std::size_t i) {
+  if (!s.causal || s.window == 0 || i + s.query_offset + 1 <= s.window) return 0;
+  return i + s.query_offset + 1 - s.window;
 }
 
 // One past the last key that query i may see, whatever the mask: min(i + o + 1, Tk) when causal,
@@ -43,14 +54,31 @@ ATTNLAB_HD inline std::size_t query_begin(const AttentionSpec& s, std::size_t j)
   return j - s.query_offset;
 }
 
+// One past the last query that may see key j, whatever the mask: j + w - o with a window (clamped
+// to [0, Tq]), else Tq. Later queries never see key j, nor any earlier key.
+ATTNLAB_HD inline std::size_t query_end(const AttentionSpec& s, std::size_t j) {
+  if (!s.causal || s.window == 0) return s.Tq;
+  if (j + s.window <= s.query_offset) return 0;
+  const std::size_t end = j + s.window - s.query_offset;
+  return end < s.Tq ? end : s.Tq;
+}
+
 // The score the softmax sees for query i and key j of batch b, head h, from the scaled dot
 // scaled_dot = s_h · q_i·k_j: itself when key j is visible to query i, -inf when hidden. A NaN at
 // a visible key stays NaN.
+// ALiBi's term for query i, key j of head h: -m_h · (i + o - j) (0 without ALiBi).
+template <class T>
+ATTNLAB_HD inline T alibi_term(const AttentionParams<T>& p, std::size_t h, std::size_t i,
+                               std::size_t j) {
+  if (p.alibi_slopes == nullptr) return T(0);
+  return p.alibi_slopes[h] * (static_cast<T>(j) - static_cast<T>(i + p.query_offset));
+}
+
 template <class T>
 ATTNLAB_HD inline T score_of_scaled(const AttentionParams<T>& p, std::size_t b, std::size_t h,
                                     std::size_t i, std::size_t j, T scaled_dot) {
-  (void)h;  // read by the bias and ALiBi variants
-  return key_visible(p, b, i, j) ? scaled_dot : cuda_math::negative_infinity<T>();
+  if (!key_visible(p, b, i, j)) return cuda_math::negative_infinity<T>();
+  return p.alibi_slopes == nullptr ? scaled_dot : scaled_dot + alibi_term(p, h, i, j);
 }
 
 // The same from dot = q_i·k_j and scale = s_h (p.scale[h], passed in so that a kernel loads it
@@ -64,21 +92,26 @@ ATTNLAB_HD inline T score(const AttentionParams<T>& p, std::size_t b, std::size_
 // score_of_scaled() over n consecutive keys j0.. of query i, in place over their scaled dots (the
 // CPU paths get s_h · Q Kᵀ of a tile from one GEMM with alpha = s_h). The same numbers as
 // score_of_scaled() element by element (tests/backends/test_cuda_math.cpp checks it), in loops that
-// touch only the hidden keys: nothing when the row hides none.
+// touch only the hidden keys (and, with ALiBi, the shown ones): nothing when the row hides none.
 template <class T>
 inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i,
                       std::size_t j0, std::size_t n, T* scaled_row) {
-  (void)h;
-  const std::size_t end = key_end(p, i);
-  const std::size_t shown = end <= j0 ? 0 : (end - j0 < n ? end - j0 : n);  // keys j0.. < end
+  const std::size_t begin = key_begin(p, i), end = key_end(p, i);
+  // Columns [first, shown) of the row are keys in [begin, end); the rest are hidden.
+  const std::size_t first = begin <= j0 ? 0 : (begin - j0 < n ? begin - j0 : n);
+  const std::size_t shown = end <= j0 ? 0 : (end - j0 < n ? end - j0 : n);
   constexpr T hidden = cuda_math::negative_infinity<T>();
+  if (p.alibi_slopes != nullptr) {
+    for (std::size_t c = first; c < shown; ++c) scaled_row[c] += alibi_term(p, h, i, j0 + c);
+  }
+  for (std::size_t c = 0; c < first; ++c) scaled_row[c] = hidden;
   if (p.key_mask != nullptr) {
     const unsigned char* mask = p.key_mask + cuda_math::key_mask_offset(b, j0, p.Tk);
-    for (std::size_t c = 0; c < shown; ++c) {
+    for (std::size_t c = first; c < shown; ++c) {
       if (mask[c] == 0) scaled_row[c] = hidden;
     }
   }
-  for (std::size_t c = shown; c < n; ++c) scaled_row[c] = hidden;
+  for (std::size_t c = shown > first ? shown : first; c < n; ++c) scaled_row[c] = hidden;
 }
 
 }  // namespace attnlab::attention

@@ -7,8 +7,7 @@
 // (attnlab/threads.hpp) as the ops do: results are deterministic for a fixed thread count. Calls
 // are synchronous.
 //
-// This is the step towards writing the Modules once over DeviceOps (redesign issue 11, item 1):
-// DeviceTransformer (attnlab/nn/device_transformer.hpp) runs on it unchanged.
+// Every Module starts on cpu_ops<T>() (attnlab/nn/module.hpp).
 #pragma once
 
 #include <memory>
@@ -21,5 +20,10 @@ namespace attnlab {
 // keeps small scratch buffers between calls).
 template <class T>
 std::unique_ptr<DeviceOps<T>> make_cpu_device_ops();
+
+// The CPU backend every Module starts on: one immortal instance per element type, safe to call
+// from any number of threads at once (its scratch is per thread).
+template <class T>
+DeviceOps<T>& cpu_ops();
 
 }  // namespace attnlab

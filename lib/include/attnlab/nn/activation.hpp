@@ -1,9 +1,9 @@
-// Elementwise activations as layers (ops/gelu.hpp, ops/relu.hpp). No parameters.
+// Elementwise activations as layers (the arithmetic of ops/gelu.hpp, ops/relu.hpp, on the
+// module's backend). No parameters.
 #pragma once
 
 #include "attnlab/nn/module.hpp"
 #include "attnlab/ops/gelu.hpp"
-#include "attnlab/ops/relu.hpp"
 
 namespace attnlab {
 
@@ -19,15 +19,24 @@ class Gelu : public SequenceModule<T> {
   std::string_view type_name() const override { return "Gelu"; }
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override {
-    return gelu_forward(cache_, x, approximation_);
+  Buffer<T> forward_impl(const Buffer<T>& x) override {
+    x_ = x;
+    Buffer<T>& y = Buffer<T>::reuse(y_, this->ops(), x.shape());
+    this->ops().gelu_forward(y.data(), x.data(), x.size(), exact());
+    return y;
   }
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override { return gelu_backward(dy, cache_); }
+  Buffer<T> backward_impl(const Buffer<T>& dy) override {
+    Buffer<T>& dx = Buffer<T>::reuse(dx_, this->ops(), dy.shape());
+    this->ops().gelu_backward(dx.data(), dy.data(), x_.data(), dy.size(), exact());
+    return dx;
+  }
 
  private:
+  bool exact() const { return approximation_ == GeluApproximation::exact; }
+
   std::size_t dim_;
   GeluApproximation approximation_;
-  GeluCache<T, 3> cache_;
+  Buffer<T> x_, y_, dx_;
 };
 
 template <class T>
@@ -41,12 +50,21 @@ class Relu : public SequenceModule<T> {
   std::string_view type_name() const override { return "Relu"; }
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override { return relu_forward(cache_, x); }
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override { return relu_backward(dy, cache_); }
+  Buffer<T> forward_impl(const Buffer<T>& x) override {
+    x_ = x;
+    Buffer<T>& y = Buffer<T>::reuse(y_, this->ops(), x.shape());
+    this->ops().relu_forward(y.data(), x.data(), x.size());
+    return y;
+  }
+  Buffer<T> backward_impl(const Buffer<T>& dy) override {
+    Buffer<T>& dx = Buffer<T>::reuse(dx_, this->ops(), dy.shape());
+    this->ops().relu_backward(dx.data(), dy.data(), x_.data(), dy.size());
+    return dx;
+  }
 
  private:
   std::size_t dim_;
-  ReluCache<T, 3> cache_;
+  Buffer<T> x_, y_, dx_;
 };
 
 }  // namespace attnlab

@@ -23,8 +23,13 @@ class FeedForward : public SequenceModule<T> {
   Linear<T> fc2;
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
+  void for_each_child(const std::function<void(Module<T>&)>& visit) override {
+    visit(fc1);
+    visit(act);
+    visit(fc2);
+  }
 };
 
 }  // namespace attnlab

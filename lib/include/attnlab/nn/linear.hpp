@@ -4,7 +4,6 @@
 #pragma once
 
 #include "attnlab/nn/module.hpp"
-#include "attnlab/ops/linear.hpp"
 #include "attnlab/random.hpp"
 
 namespace attnlab {
@@ -26,14 +25,13 @@ class Linear : public SequenceModule<T> {
   Parameter<T> b;  // (out,); empty without bias
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
 
  private:
   std::size_t in_, out_;
   bool has_bias_;
-  LinearCache<T, 3> cache_;
-  Tensor2<T> w_used_;  // (in, out) the weights the last forward used
+  Buffer<T> x_, y_, dx_, dw_, db_;  // the cached input; reused output and gradient buffers
 };
 
 }  // namespace attnlab

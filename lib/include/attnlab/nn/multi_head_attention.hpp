@@ -2,13 +2,16 @@
 // Reference: Vaswani et al. 2017, §3.2.2; torch.nn.MultiheadAttention without biases.
 //
 //   Q = x W_q        (B,Tq,C)  x (C, H·D)   -> (B,Tq,H·D) -> heads (B,H,Tq,D)
-//   K = ctx W_k      (B,Tk,Cc) x (Cc, H·D)  -> (B,Tk,H·D) -> heads (B,H,Tk,D)
-//   V = ctx W_v      (B,Tk,Cc) x (Cc, H·Dv) -> (B,Tk,H·Dv) -> heads (B,H,Tk,Dv)
+//   K = ctx W_k      (B,Tk,Cc) x (Cc, Hkv·D)  -> (B,Tk,Hkv·D) -> heads (B,Hkv,Tk,D)
+//   V = ctx W_v      (B,Tk,Cc) x (Cc, Hkv·Dv) -> (B,Tk,Hkv·Dv) -> heads (B,Hkv,Tk,Dv)
 //   [optional QK-norm: Q, K <- LayerNorm over D per head, shared γ, β (ViT-22B, Dehghani et al.
 //    2023; Wortsman et al. 2023)]
 //   O = sdpa(Q, K, V) (B,H,Tq,Dv) -> merged (B,Tq,H·Dv)
 //   y = O W_o        (B,Tq,H·Dv) x (H·Dv, C) -> (B,Tq,C)
-// ctx = x for self-attention. d_model C, heads H, d_k D and d_v Dv are independent.
+// ctx = x for self-attention. d_model C, heads H, d_k D and d_v Dv are independent. kv_heads Hkv
+// (dividing H) shrinks W_K and W_V: query head h reads K/V head h / (H / Hkv) (grouped-query
+// attention, Ainslie et al. 2023; Hkv = 1 is multi-query attention). Hkv = H (the default) is
+// standard multi-head attention.
 //
 // Parameters: "w_q", "w_k", "w_v", "w_o" drawn from N(0, 1/fan_in) in that order (so q·k has
 // variance ≈ D at init for unit-RMS inputs); with qk_norm also "q_norm.gamma", "q_norm.beta",
@@ -22,20 +25,24 @@
 #include "attnlab/nn/module.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/layernorm.hpp"
-#include "attnlab/ops/linear.hpp"
 #include "attnlab/random.hpp"
 
 namespace attnlab {
 
 struct AttentionConfig {
   std::size_t d_model = 0;    // C, width of the queries' input and of the output
-  std::size_t heads = 1;      // H
+  std::size_t heads = 1;      // H, the query heads
+  std::size_t kv_heads = 0;   // Hkv, the key/value heads, dividing H (grouped-query attention;
+                              // 1: multi-query); 0: heads
   std::size_t d_k = 0;        // D; 0: d_model / heads (d_model must then divide evenly)
   std::size_t d_v = 0;        // Dv; 0: d_model / heads (same rule)
   std::size_t d_context = 0;  // Cc, width of the keys'/values' input (cross-attention); 0: d_model
   SdpaOptions sdpa;           // scaling mode, explicit scale, causal; head_scale must stay empty
   bool qk_norm = false;
   bool learnable_scale = false;
+  // ALiBi (Press et al. 2022) with the paper's slopes 2^(-8(h+1)/H): a linear penalty on the
+  // distance to each key, no position table needed (positions = none).
+  bool alibi = false;
 
   // Throws std::invalid_argument "<op>: <path><field> expected ..., got ...": zero sizes, a d_model
   // that heads do not divide when d_k or d_v is derived, a non-positive explicit scale, a
@@ -45,6 +52,7 @@ struct AttentionConfig {
   std::size_t head_dim_k() const { return d_k ? d_k : d_model / heads; }
   std::size_t head_dim_v() const { return d_v ? d_v : d_model / heads; }
   std::size_t context_dim() const { return d_context ? d_context : d_model; }
+  std::size_t key_value_heads() const { return kv_heads ? kv_heads : heads; }
 };
 
 template <class T>
@@ -58,18 +66,25 @@ class MultiHeadAttention : public SequenceModule<T> {
   // Self-attention. x: (B, T, C); key_mask: (B, T), true = may attend (PyTorch SDPA polarity), or
   // nullptr. Returns (B, T, C).
   Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
+  // The same on the backend; key_mask (B, T) bytes, nonzero = may attend, or nullptr.
+  Buffer<T> forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask);
   // Cross-attention: queries from x (B, Tq, C), keys and values from context (B, Tk, Cc);
   // key_mask: (B, Tk), true = may attend, or nullptr. Returns (B, Tq, C).
   Tensor3<T> forward_cross(const Tensor3<T>& x, const Tensor3<T>& context,
                            const KeyMask* key_mask = nullptr);
+  Buffer<T> forward_cross(const Buffer<T>& x, const Buffer<T>& context,
+                          const Buffer<unsigned char>* key_mask = nullptr);
 
   struct CrossGrads {
     Tensor3<T> dx;        // (B, Tq, C)
     Tensor3<T> dcontext;  // (B, Tk, Cc)
   };
   // Backward of forward_cross: returns dx and dcontext, ADDS into the parameter grads.
-  // (backward(dy) after a cross forward returns dx only.)
+  // (backward(dy) after a cross forward returns dx only; dcontext() then holds the other.)
   CrossGrads backward_cross(const Tensor3<T>& dy);
+  // (B, Tk, Cc) dL/dcontext of the last backward after a cross forward, on the backend.
+  // Empty after a self-attention forward.
+  Buffer<T> dcontext() const { return self_ ? Buffer<T>() : dcontext_; }
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   std::size_t in_features() const override { return config_.d_model; }
@@ -77,49 +92,61 @@ class MultiHeadAttention : public SequenceModule<T> {
   std::string_view type_name() const override { return "MultiHeadAttention"; }
   const AttentionConfig& config() const { return config_; }
 
-  // (B,H,Tq,Tk) attention weights P of the last forward (0 at hidden positions); empty before the
-  // first forward. After a fused-path forward (which keeps no P) they are recomputed from the
-  // cached q, k, scales and mask.
+  // Inspection, copied to the host. (B,H,Tq,Tk) attention weights P of the last forward (0 at
+  // hidden positions); empty before the first forward. After a fused-path forward (which keeps no
+  // P) they are recomputed from the cached q, k, scales and mask.
   Tensor4<T> attention_weights() const;
-  // (B,H,Tq,D) and (B,H,Tk,D): the queries and keys the core saw in the last forward (after
-  // QK-norm), for metrics such as the q·k variance.
-  const Tensor4<T>& queries() const { return q_; }
-  const Tensor4<T>& keys() const { return k_; }
+  // (B,H,Tq,D) and (B,Hkv,Tk,D): the queries and keys the core saw in the last forward (after
+  // QK-norm), for metrics such as the q·k variance; empty before the first forward.
+  Tensor4<T> queries() const;
+  Tensor4<T> keys() const;
   // (B,H,Tq,Tk) the scaled logits S = s · Q Kᵀ of the last forward, hidden positions at -inf
   // (recomputed from the cached q, k, scales and mask; for saturation metrics). Throws
   // std::logic_error before any forward.
   Tensor4<T> attention_scores() const;
   // (H,) the scale of each head for the next forward (exp(log_scale) with a learnable scale).
   std::vector<double> head_scales() const;
-  // The SdpaOptions the core receives (with head_scale filled for a learnable scale).
+  // The SdpaOptions of the next forward (with head_scale filled for a learnable scale), as the
+  // host op sdpa_forward would take them.
   SdpaOptions sdpa_options() const;
 
   Parameter<T> w_q;                                                   // (C, H·D)
-  Parameter<T> w_k;                                                   // (Cc, H·D)
-  Parameter<T> w_v;                                                   // (Cc, H·Dv)
+  Parameter<T> w_k;                                                   // (Cc, Hkv·D)
+  Parameter<T> w_v;                                                   // (Cc, Hkv·Dv)
   Parameter<T> w_o;                                                   // (H·Dv, C)
   Parameter<T> q_norm_gamma, q_norm_beta, k_norm_gamma, k_norm_beta;  // (D,) with qk_norm
   Parameter<T> log_scale;                                             // (H,) with learnable_scale
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
+  void reset_cache() override;
 
  private:
-  Tensor3<T> attend(const Tensor3<T>& x, const Tensor3<T>& context, const KeyMask* key_mask,
-                    bool self);
+  Buffer<T> attend(const Buffer<T>& x, const Buffer<T>& context,
+                   const Buffer<unsigned char>* key_mask, bool self);
+  AttentionParams<T> params() const;
+  SdpaOptions used_options() const;  // the options of the last forward, its scales included
+  // x: (B, T, C) checked; key_mask: (B, Tk) checked and copied to the backend as bytes.
+  Buffer<unsigned char> upload_mask(const KeyMask* key_mask, std::size_t B, std::size_t Tk);
 
   AttentionConfig config_;
-  std::size_t H_, D_, Dv_;
+  std::size_t H_, Hkv_, D_, Dv_;
   bool self_ = true;
-  // Cache of the last forward.
-  Tensor2<T> wq_used_, wk_used_, wv_used_, wo_used_;  // weights the forward used
-  LinearCache<T, 3> q_proj_, k_proj_, v_proj_, o_proj_;
-  LayerNormCache<T, 4> q_norm_, k_norm_;
-  Tensor1<T> q_gamma_used_, k_gamma_used_;
-  Tensor4<T> q_, k_, v_;  // (B,H,Tq,D), (B,H,Tk,D), (B,H,Tk,Dv) as fed to the core
-  SdpaCache<T> sdpa_cache_;
-  Tensor3<T> dcontext_;  // (B,Tk,Cc) of the last backward after a cross forward
+  // The last forward.
+  AttentionSpec spec_;
+  bool fused_ = false, has_forward_ = false;
+  Buffer<T> x_, context_;                             // inputs (queries, keys/values)
+  Buffer<unsigned char> mask_;                        // (B, Tk) or empty
+  Buffer<T> proj_, q_raw_, k_raw_, q_mean_, q_rstd_;  // projections; QK-norm inputs and stats
+  Buffer<T> k_mean_, k_rstd_;
+  Buffer<T> q_, k_, v_;                 // (B,H,T,·) as fed to the core
+  Buffer<T> scale_;                     // (H,) the scale of each head
+  Buffer<T> alibi_;                     // (H,) ALiBi's slopes, with alibi
+  Buffer<T> p_, lse_, o_, merged_, y_;  // P or LSE, O, merged heads, output
+  // Backward buffers.
+  Buffer<T> dmerged_, dout_, dq_, dk_, dv_, ds_, dq_raw_, dk_raw_, dw_, dnorm_, dlog_scale_;
+  Buffer<T> dx_, dcontext_, dcontext_v_;
 };
 
 // (B,T,H·D) -> (B,H,T,D): one contiguous D-row copy per (b, t, h).

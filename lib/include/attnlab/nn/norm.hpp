@@ -33,14 +33,13 @@ class LayerNorm : public SequenceModule<T> {
   Parameter<T> beta;   // (C,)
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
 
  private:
   std::size_t dim_;
   double eps_;
-  LayerNormCache<T, 3> cache_;
-  Tensor1<T> gamma_used_;
+  Buffer<T> x_, y_, mean_, rstd_, dx_, dgamma_, dbeta_;
 };
 
 template <class T>
@@ -56,14 +55,13 @@ class RMSNorm : public SequenceModule<T> {
   Parameter<T> gamma;  // (C,)
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
 
  private:
   std::size_t dim_;
   double eps_;
-  RmsNormCache<T, 3> cache_;
-  Tensor1<T> gamma_used_;
+  Buffer<T> x_, y_, rstd_, dx_, dgamma_;
 };
 
 // A LayerNorm or RMSNorm of width dim, or nullptr for Norm::none.

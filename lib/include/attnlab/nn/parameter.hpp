@@ -1,18 +1,40 @@
 // Parameters: a value and its gradient, addressed by a stable hierarchical name
 // ("blocks.0.attn.w_q"). Optimizers, checkpoints and metrics find parameters by name.
+//
+// Where they live follows the Module's backend (Module::to): on the CPU backend the xarrays below
+// are the storage itself; on a device backend the values and grads live in the model's device
+// arena (device_value / device_grad, views into it) and the xarrays are the host copy, brought up
+// to date by Module::copy_to_host and pushed back by Module::copy_to_device.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <xtensor/xarray.hpp>
+
+#include "attnlab/buffer.hpp"
 
 namespace attnlab {
 
 template <class T>
 struct Parameter {
+  Parameter() = default;
+  Parameter(xt::xarray<T> value_in, xt::xarray<T> grad_in)
+      : value(std::move(value_in)), grad(std::move(grad_in)) {}
+
   xt::xarray<T> value;  // contiguous, row-major
   xt::xarray<T> grad;   // same shape as value; backward ADDS into it, only zero_grad clears it
+  // Views into the device arena while the owning Module is on a device backend; empty otherwise.
+  Buffer<T> device_value, device_grad;
+
+  // The values and grads where the backend's kernels read and write them.
+  bool on_device() const { return device_value.data() != nullptr; }
+  T* value_data() { return on_device() ? device_value.data() : value.data(); }
+  const T* value_data() const { return on_device() ? device_value.data() : value.data(); }
+  T* grad_data() { return on_device() ? device_grad.data() : grad.data(); }
+  const T* grad_data() const { return on_device() ? device_grad.data() : grad.data(); }
+  std::size_t size() const { return value.size(); }
 };
 
 template <class T>

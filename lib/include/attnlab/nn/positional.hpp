@@ -39,12 +39,18 @@ class PositionalEncoding : public SequenceModule<T> {
 
  protected:
   // Throws std::invalid_argument when T > max_len.
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
+  void reset_cache() override {
+    SequenceModule<T>::reset_cache();
+    fixed_ = Buffer<T>();
+  }
 
  private:
   PositionEncoding kind_;
   std::size_t max_len_, dim_;
+  Buffer<T> fixed_;     // the sinusoidal table on the backend (not a parameter)
+  Buffer<T> y_, dpos_;  // reused output and gradient buffers
 };
 
 }  // namespace attnlab

@@ -67,9 +67,17 @@ class Transformer : public Module<T> {
   // key_mask: (B, T), true = may attend, or nullptr. Returns logits (B, T, out_vocab).
   // Throws std::invalid_argument on a wrong field count or T > max_len, ShapeError on mismatch.
   Tensor3<T> forward(const std::vector<TokenIds>& fields, const KeyMask* key_mask = nullptr);
+  // The same on the backend: ids[i] (B, T) already there (upload_fields checks and copies them),
+  // key_mask (B, T) bytes or nullptr. Returns the logits (B, T, out_vocab) there.
+  Buffer<T> forward(const std::vector<Buffer<int>>& ids,
+                    const Buffer<unsigned char>* key_mask = nullptr);
+  // Checks host fields as forward does (count, shapes, ids in range) and copies
+  // them to the backend.
+  std::vector<Buffer<int>> upload_fields(const std::vector<TokenIds>& fields) const;
   // dlogits: (B, T, out_vocab) of the last forward. ADDS into every parameter's grad.
   // Throws std::logic_error before forward, ShapeError on mismatch.
   void backward(const Tensor3<T>& dlogits);
+  void backward(const Buffer<T>& dlogits);
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   const TransformerConfig& config() const { return config_; }
@@ -84,8 +92,12 @@ class Transformer : public Module<T> {
   void set_nonfinite_check(bool enabled);
   std::optional<std::string> first_nonfinite() const { return first_nonfinite_; }
 
+ protected:
+  void for_each_child(const std::function<void(Module<T>&)>& visit) override;
+  void reset_cache() override { has_forward_ = false; }
+
  private:
-  void note(const Tensor3<T>& t, const std::string& where);
+  void note(const Buffer<T>& t, const std::string& where);
 
   TransformerConfig config_;
   MultiFieldEmbedding<T> embed_;
@@ -94,6 +106,7 @@ class Transformer : public Module<T> {
   std::unique_ptr<SequenceModule<T>> norm_f_;  // nullptr for Norm::none
   Linear<T> head_;
   bool has_forward_ = false;
+  std::size_t batch_ = 0, length_ = 0;
   bool check_nonfinite_ = false;
   std::optional<std::string> first_nonfinite_;
 };

@@ -34,6 +34,8 @@ class TransformerBlock : public SequenceModule<T> {
   using SequenceModule<T>::forward;
   // x: (B, T, C); key_mask: (B, T), true = may attend, or nullptr. Returns (B, T, C).
   Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
+  // The same on the backend; key_mask (B, T) bytes, nonzero = may attend, or nullptr.
+  Buffer<T> forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask);
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   std::size_t in_features() const override { return config_.attention.d_model; }
@@ -51,12 +53,18 @@ class TransformerBlock : public SequenceModule<T> {
   void clear_nonfinite() { first_nonfinite_.reset(); }
 
  protected:
-  Tensor3<T> forward_impl(const Tensor3<T>& x) override;
-  Tensor3<T> backward_impl(const Tensor3<T>& dy) override;
+  Buffer<T> forward_impl(const Buffer<T>& x) override;
+  Buffer<T> backward_impl(const Buffer<T>& dy) override;
+  void for_each_child(const std::function<void(Module<T>&)>& visit) override {
+    if (norm1_) visit(*norm1_);
+    visit(attn_);
+    if (norm2_) visit(*norm2_);
+    if (mlp_) visit(*mlp_);
+  }
 
  private:
-  Tensor3<T> run_forward(const Tensor3<T>& x, const KeyMask* key_mask);
-  void note(const Tensor3<T>& t, const char* where);
+  Buffer<T> run_forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask);
+  void note(const Buffer<T>& t, const char* where);
 
   BlockConfig config_;
   std::unique_ptr<SequenceModule<T>> norm1_, norm2_;  // nullptr for Norm::none

@@ -11,6 +11,11 @@
 // default (top-left aligned, as PyTorch's is_causal) and o = Tk − Tq for bottom-right alignment
 // (PyTorch's causal_lower_right: Tq new queries against Tk cached keys); the key mask (B, Tk) has
 // true = may attend. A query row that sees no key gets P = 0, O = 0 and zero gradients: never NaN.
+//
+// Grouped-query attention (Ainslie et al. 2023; multi-query attention: Hkv = 1, Shazeer 2019):
+// k and v have Hkv heads, Hkv dividing H, and query head h reads K/V head h / (H / Hkv), as
+// PyTorch's scaled_dot_product_attention(..., enable_gqa=True). The backward sums dK and dV over
+// the H / Hkv query heads of each group; dk and dv are (B,Hkv,Tk,·).
 // SdpaOptions is the convenient front: each entry point checks it once and resolves it into the
 // one parameter struct of every path, AttentionParams (attnlab/attention/params.hpp), whose score
 // rule is attnlab/attention/score_rule.hpp. The CUDA paths (attnlab/ops/attention_cuda.hpp) take
@@ -71,12 +76,24 @@ struct SdpaOptions {
   // Causal only: query i sees keys j ≤ i + query_offset (Tk − Tq aligns the queries with the last
   // keys). Must be ≥ 0, and 0 without causal; std::invalid_argument otherwise.
   std::ptrdiff_t query_offset = 0;
+  // Causal only: a sliding window of w keys, query i sees keys j with i + o - w < j <= i + o (its w
+  // latest, itself included; Beltagy et al. 2020, Mistral). 0 = no window. The fused paths skip
+  // the key tiles outside the band.
+  std::size_t window = 0;
+  // ALiBi (Press et al. 2022): one slope m_h per head, and the score of a visible key gets
+  // -m_h · (i + o - j) (i + o the query's absolute position), computed on the fly on every path.
+  // Empty: no ALiBi. alibi_slopes(H) gives the paper's slopes.
+  std::vector<double> alibi_slopes;
   SdpaPath path = SdpaPath::automatic;
   // Fused path tiles: query rows x keys per tile; 0 = the tuned default (128 x 512). Results agree
   // to rounding for any tile size; tests use small tiles to cross tile edges on small inputs.
   std::size_t tile_rows = 0;
   std::size_t tile_keys = 0;
 };
+
+// ALiBi's slopes for H heads, the geometric sequence of Press et al. 2022: m_h = 2^(-8(h+1)/H)
+// (1/2, 1/4, ..., 1/256 for H = 8). Throws std::invalid_argument for H = 0.
+std::vector<double> alibi_slopes(std::size_t heads);
 
 // The path that runs for Tk keys: `reference` or `fused`, never `automatic`.
 SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk, bool causal);
@@ -98,6 +115,7 @@ template <class T>
 struct SdpaCache {
   AttentionSpec spec;    // sizes, causal and query offset of the last forward
   std::vector<T> scale;  // (H,) the scale used by each head
+  std::vector<T> alibi;  // (H,) ALiBi's slopes, or empty
   bool has_key_mask = false;
   KeyMask key_mask;  // (B, Tk), true = may attend; empty when has_key_mask is false
   SdpaPath path = SdpaPath::reference;  // the path the last forward ran (never `automatic`)
@@ -120,12 +138,14 @@ struct SdpaCache {
     AttentionParams<T> a;
     static_cast<AttentionSpec&>(a) = spec;
     a.q = q, a.k = k, a.v = v, a.scale = scale.data();
+    a.alibi_slopes = alibi.empty() ? nullptr : alibi.data();
     a.key_mask = has_key_mask ? reinterpret_cast<const unsigned char*>(key_mask.data()) : nullptr;
     return a;
   }
 };
 
-// q: (B,H,Tq,D), k: (B,H,Tk,D), v: (B,H,Tk,Dv); key_mask: (B,Tk) or nullptr.
+// q: (B,H,Tq,D), k: (B,Hkv,Tk,D), v: (B,Hkv,Tk,Dv) with Hkv dividing H; key_mask: (B,Tk) or
+// nullptr.
 // Returns O (B,H,Tq,Dv) and fills `cache`. Throws ShapeError on any shape mismatch, naming both
 // shapes, and std::invalid_argument for a bad option (scale, head_scale, query_offset).
 template <class T>
@@ -140,13 +160,13 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const xt::xarray<T>& q, const xt::x
                         const KeyMask* key_mask = nullptr);
 
 // S = s · Q Kᵀ (B,H,Tq,Tk), the logits the softmax sees, with hidden positions set to -inf.
-// For metrics (max |scaled logit|) and the saturation study. q: (B,H,Tq,D), k: (B,H,Tk,D).
+// For metrics (max |scaled logit|) and the saturation study. q: (B,H,Tq,D), k: (B,Hkv,Tk,D).
 template <class T>
 Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options = {},
                        const KeyMask* key_mask = nullptr);
 
 // P = softmax(S) (B,H,Tq,Tk), recomputed as the reference path does (hidden positions and empty
-// rows are 0). For metrics after a fused forward. q: (B,H,Tq,D), k: (B,H,Tk,D).
+// rows are 0). For metrics after a fused forward. q: (B,H,Tq,D), k: (B,Hkv,Tk,D).
 template <class T>
 Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options = {},
                         const KeyMask* key_mask = nullptr);
@@ -154,8 +174,8 @@ Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOpti
 template <class T>
 struct SdpaGrads {
   Tensor4<T> dq;      // (B,H,Tq,D)
-  Tensor4<T> dk;      // (B,H,Tk,D)
-  Tensor4<T> dv;      // (B,H,Tk,Dv)
+  Tensor4<T> dk;      // (B,Hkv,Tk,D), summed over each group
+  Tensor4<T> dv;      // (B,Hkv,Tk,Dv), summed over each group
   Tensor1<T> dscale;  // (H,) dL/ds_h = Σ over batch, rows and keys of dS ⊙ (Q Kᵀ)
 };
 

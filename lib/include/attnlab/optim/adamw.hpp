@@ -34,7 +34,8 @@ class AdamW final : public Optimizer<T> {
   const AdamWOptions& options() const { return options_; }
 
  private:
-  void update(std::size_t i, Parameter<T>& p, std::size_t t) override;
+  void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
+              std::size_t t) override;
   AdamWOptions options_;
   std::size_t exp_avg_slot_ = 0;
   std::size_t exp_avg_sq_slot_ = 0;

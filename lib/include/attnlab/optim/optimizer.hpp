@@ -2,6 +2,11 @@
 // tensors ("slots" such as exp_avg) and the step count, and makes that state addressable by name
 // so that a checkpoint can save and restore it.
 //
+// An optimizer runs where its parameters live (the backend of the Module they belong to, see
+// Module::to): its state is kept there, one flat arena per slot, and it follows the parameters when
+// the Module moves. The update is one backend call per parameter, or one for all of them when the
+// parameters lie in order in one arena (a Module on a device: one kernel launch per step).
+//
 // Reference: torch.optim.Optimizer (state_dict / load_state_dict), flattened to named tensors.
 #pragma once
 
@@ -12,6 +17,7 @@
 
 #include <xtensor/xarray.hpp>
 
+#include "attnlab/device_ops.hpp"
 #include "attnlab/nn/parameter.hpp"
 
 namespace attnlab {
@@ -34,7 +40,7 @@ class Optimizer {
   // does not clear them. Throws ShapeError naming the parameter if a value or grad no longer has
   // the shape the parameter had at construction.
   void step();
-  // Assigns 0 to every grad.
+  // Assigns 0 to every grad (where the backend keeps it).
   void zero_grad();
 
   double lr() const { return lr_; }
@@ -62,18 +68,23 @@ class Optimizer {
   // Adds a zero-initialised state tensor per parameter, shaped like the parameter; returns its
   // slot.
   std::size_t add_slot(const std::string& slot);
-  // State tensor `slot` of parameter i.
-  xt::xarray<T>& state(std::size_t slot, std::size_t i) { return slots_[slot][i]; }
-
-  // Updates parameter i; t is the 1-based number of this step.
-  virtual void update(std::size_t i, Parameter<T>& p, std::size_t t) = 0;
+  // Updates the n values at `value` (backend memory) from `grad`; state[s] points at the same run
+  // of slot s. t is the 1-based number of this step.
+  virtual void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
+                      std::size_t t) = 0;
 
  private:
+  // The parameters' backend; moves the state there first if it is elsewhere.
+  DeviceOps<T>& backend();
+
   std::string name_;
   ParameterList<T> params_;
-  std::vector<std::vector<std::size_t>> shapes_;   // shape of each parameter at construction
-  std::vector<std::string> slot_names_;            // e.g. {"exp_avg", "exp_avg_sq"}
-  std::vector<std::vector<xt::xarray<T>>> slots_;  // slots_[slot][param]
+  std::vector<std::vector<std::size_t>> shapes_;  // shape of each parameter at construction
+  std::vector<std::size_t> offsets_;              // where parameter i starts in a slot's arena
+  std::size_t total_ = 0;                         // scalars over all parameters
+  std::vector<std::string> slot_names_;           // e.g. {"exp_avg", "exp_avg_sq"}
+  std::vector<Buffer<T>> slots_;                  // one arena per slot, on state_ops_
+  DeviceOps<T>* state_ops_ = nullptr;
   double lr_ = 0;
   std::size_t step_ = 0;
 };

@@ -29,7 +29,8 @@ class SGD final : public Optimizer<T> {
   const SgdOptions& options() const { return options_; }
 
  private:
-  void update(std::size_t i, Parameter<T>& p, std::size_t t) override;
+  void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
+              std::size_t t) override;
   SgdOptions options_;
   std::size_t buffer_slot_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/buffer.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/tensor.hpp"
@@ -16,6 +17,8 @@
 namespace attnlab {
 template <class T>
 class Transformer;
+template <class T>
+class DeviceOps;
 struct TransformerConfig;
 }  // namespace attnlab
 
@@ -33,8 +36,17 @@ class Model {
 
   // logits (B, T, V) for the batch's fields (each (B, T); kAbsent contributes nothing).
   Tensor3<float> forward(const Batch& batch);
+  // The same, the logits left on the model's backend.
+  Buffer<float> forward_on_backend(const Batch& batch);
   // dlogits (B, T, V): adds into the parameters' grads.
   void backward(const Tensor3<float>& dlogits);
+  void backward(const Buffer<float>& dlogits);
+  // Moves the network to `ops` (Module::to); the non-finite check stays on only where it costs no
+  // copy (a backend whose memory is the host's).
+  void to(DeviceOps<float>& ops);
+  DeviceOps<float>& ops() const;
+  // Brings the Parameter xarrays up to date from a device backend (a no-op on the CPU).
+  void copy_to_host();
   ParameterList<float> parameters();
   void zero_grad();
 
@@ -49,9 +61,12 @@ class Model {
   std::string w_q_name(std::size_t layer) const;
   std::string w_k_name(std::size_t layer) const;
   // After a forward that produced a non-finite logit: the first stage whose output was non-finite
-  // ("embedding", "blocks.0.attn", ..., "head"); "" if none.
+  // ("embedding", "blocks.0.attn", ..., "head"); "" if none (or when the check is off: a device
+  // backend).
   std::string first_nonfinite_stage() const;
-  // The underlying network (for a device-resident copy: nn/device_transformer.hpp).
+  // The same for `batch`, replayed with the check on when it was off.
+  std::string locate_nonfinite(const Batch& batch);
+  // The underlying network.
   Transformer<float>& transformer();
 
  private:

@@ -62,10 +62,10 @@ struct TrainResult {
 //    only (a ThreadScope), so runs on several threads at once (the study's jobs) are independent;
 //  - stop: once the flag is set (e.g. by the app's SIGINT handler) the run saves a checkpoint
 //    before its next step and returns with `interrupted`;
-//  - backend cuda: the training step and the eval forward run on the GPU in a DeviceTransformer
-//    (nn/device_transformer.hpp), on a CUDA backend the run makes and owns; the host model is the
-//    mirror that checkpoints read. `device_ops` (when not null) replaces that backend: the tests
-//    pass the emulated device.
+//  - backend cuda: the model (Module::to) and its optimizer move to a CUDA backend the run makes
+//    and owns, and the training step and the eval forward run there; checkpoints and weight norms
+//    read the host copy, brought up to date first. `device_ops` (when not null) replaces that
+//    backend: the tests pass the emulated device.
 //
 // Resume (config.resume = DIR): the run saved in DIR continues. Its saved config is the recipe:
 // every field of `config` but out, save_every, the one-off controls and steps must equal it

@@ -1,8 +1,10 @@
-// DeviceTransformer and DeviceOptimizer against the CPU Transformer and optimizers.
+// One model, two backends: the Transformer and the optimizers moved to a device (Module::to)
+// against the same Transformer and optimizers on the CPU. Only the backend differs; the model code
+// is one.
 //
 // On every machine they run on the emulated device (attnlab/backends/emulated.hpp: the CUDA kernel
-// sources on the CPU, BLAS for the GEMMs), which checks the device model's orchestration (buffers,
-// order of operations, gradient routing) and the kernels' arithmetic, and on the CPU backend
+// sources on the CPU, BLAS for the GEMMs), which checks the device path (buffers, the parameter
+// arena, gradient routing) and the kernels' arithmetic, and on a separate CPU backend instance
 // (attnlab/backends/cpu.hpp: the CPU ops), one body over both (device_backends.hpp); on a machine
 // with a GPU the same checks run once more on the CUDA backend, and are reported as skipped
 // elsewhere.
@@ -16,7 +18,8 @@
 
 #include "attnlab/backends/emulated.hpp"
 #include "attnlab/gradcheck.hpp"
-#include "attnlab/nn/device_transformer.hpp"
+#include "attnlab/nn/cross_entropy.hpp"
+#include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/clip.hpp"
@@ -73,6 +76,78 @@ Batch random_batch(const TransformerConfig& c, std::size_t B, std::size_t T, Rng
   return b;
 }
 
+// A Transformer with `source`'s weights, moved to `ops`, driven as a training loop drives it
+// (upload the ids, forward, CrossEntropyLoss, backward), with copies to and from host lists.
+template <class Real>
+class OnBackend {
+ public:
+  OnBackend(Transformer<Real>& source, DeviceOps<Real>& ops)
+      : rng_(0), net_(source.config(), rng_) {
+    copy_values(source.parameters(), net_.parameters());
+    net_.to(ops);
+  }
+  Transformer<Real>& net() { return net_; }
+  // Host values into the model (same names and shapes, std::invalid_argument otherwise).
+  void upload_parameters(const ParameterList<Real>& params) {
+    net_.copy_to_host(true);
+    copy_values(params, net_.parameters());
+    net_.copy_to_device();
+  }
+  void download_parameters(const ParameterList<Real>& params) {
+    net_.copy_to_host();
+    copy_values(net_.parameters(), params);
+  }
+  void download_gradients(const ParameterList<Real>& params) {
+    net_.copy_to_host(true);
+    const ParameterList<Real> mine = net_.parameters();
+    for (std::size_t i = 0; i < mine.size(); ++i) params[i].param->grad = mine[i].param->grad;
+  }
+  void forward(const std::vector<TokenIds>& fields, const KeyMask* key_mask = nullptr) {
+    Buffer<unsigned char> mask;
+    if (key_mask) {
+      check_shape("test", "key_mask", *key_mask,
+                  {std::ptrdiff_t(fields[0].shape()[0]), std::ptrdiff_t(fields[0].shape()[1])});
+      mask = to_byte_mask(net_.ops(), *key_mask);
+    }
+    logits_ = net_.forward(net_.upload_fields(fields), key_mask ? &mask : nullptr);
+  }
+  Tensor3<Real> logits() const { return to_tensor<Real, 3>(logits_); }
+  double loss(const TokenIds& targets) {
+    if (logits_.empty()) throw std::logic_error("loss before forward");
+    return loss_.forward(net_.ops(), logits_, targets);
+  }
+  void backward() {
+    const Buffer<Real>& dlogits = loss_.dlogits();  // std::logic_error before loss
+    net_.zero_grad();
+    net_.backward(dlogits);
+  }
+  double grad_norm() { return attnlab::grad_norm(net_.parameters()); }
+  double grad_norm(const std::string& name) {
+    for (const auto& p : net_.parameters())
+      if (p.name == name) return attnlab::grad_norm(ParameterList<Real>{p});
+    throw std::invalid_argument("grad_norm: no parameter '" + name + "'");
+  }
+  double clip_grad_norm(double max_norm) {
+    return attnlab::clip_grad_norm(net_.parameters(), max_norm);
+  }
+
+ private:
+  static void copy_values(const ParameterList<Real>& from, const ParameterList<Real>& to) {
+    check_arg(from.size() == to.size(), "upload_parameters", "params",
+              std::to_string(to.size()) + " parameters", std::to_string(from.size()));
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      check_arg(from[i].name == to[i].name, "upload_parameters", "parameter",
+                "'" + to[i].name + "'", "'" + from[i].name + "'");
+      to[i].param->value = from[i].param->value;
+    }
+  }
+
+  Rng rng_;
+  Transformer<Real> net_;
+  Buffer<Real> logits_;
+  CrossEntropyLoss<Real> loss_;
+};
+
 // One forward/loss/backward on the CPU model and on the device model built from it; compares the
 // logits, the loss and every gradient.
 template <class Real>
@@ -80,7 +155,7 @@ void check_step_matches(const TransformerConfig& config, DeviceOps<Real>& ops, b
                         double tolerance) {
   Rng rng(11);
   Transformer<Real> cpu(config, rng);
-  DeviceTransformer<Real> dev(cpu, ops);
+  OnBackend<Real> dev(cpu, ops);
   Rng data(5);
   const Batch b = random_batch(config, 3, 6, data, use_mask);
   const KeyMask* mask = use_mask ? &b.mask : nullptr;
@@ -153,6 +228,33 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.attention.sdpa.causal = true;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("multi-query attention (kv_heads 1), causal, key mask") {
+    auto c = small_config();
+    c.block.attention.kv_heads = 1;
+    c.block.attention.sdpa.causal = true;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
+  SUBCASE("grouped-query attention on the fused path") {
+    auto c = small_config();
+    c.block.attention.heads = 4;
+    c.block.attention.kv_heads = 2;
+    c.block.attention.sdpa.path = SdpaPath::fused;
+    check_step_matches<Real>(c, ops, false, tolerance);
+  }
+  SUBCASE("sliding window of 3, key mask, on the fused path") {
+    auto c = small_config();
+    c.block.attention.sdpa.causal = true;
+    c.block.attention.sdpa.window = 3;
+    c.block.attention.sdpa.path = SdpaPath::fused;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
+  SUBCASE("ALiBi without positions, causal, key mask") {
+    auto c = small_config();
+    c.block.attention.alibi = true;
+    c.block.attention.sdpa.causal = true;
+    c.positions = PositionEncoding::none;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("causal with a query offset, key mask") {
     auto c = small_config();
     c.block.attention.sdpa.causal = true;
@@ -177,19 +279,18 @@ void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss
   config.vocab_sizes = {6, 3};
   Rng rng(3);
   Transformer<Real> cpu(config, rng);
-  DeviceTransformer<Real> dev(cpu, ops);
+  OnBackend<Real> dev(cpu, ops);
   const ParameterList<Real> params = cpu.parameters();
-  std::unique_ptr<Optimizer<Real>> opt;
-  std::unique_ptr<DeviceOptimizer<Real>> dopt;
+  std::unique_ptr<Optimizer<Real>> opt, dopt;  // the same optimizer class on each backend
   const double base_lr = sgd ? 0.1 : 3e-3;
   if (sgd) {
     const SgdOptions o{base_lr, 0.9, 1e-3};
     opt = std::make_unique<SGD<Real>>(params, o);
-    dopt = std::make_unique<DeviceOptimizer<Real>>(dev, o);
+    dopt = std::make_unique<SGD<Real>>(dev.net().parameters(), o);
   } else {
     const AdamWOptions o{base_lr, 0.9, 0.95, 1e-8, 0.01};
     opt = std::make_unique<AdamW<Real>>(params, o);
-    dopt = std::make_unique<DeviceOptimizer<Real>>(dev, o);
+    dopt = std::make_unique<AdamW<Real>>(dev.net().parameters(), o);
   }
   Rng data(9);
   double max_loss_diff = 0, first = 0, last = 0;
@@ -247,21 +348,21 @@ void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("device transformer: one step matches the CPU model, double", Backend,
+TEST_CASE_TEMPLATE("one model on a device: one step matches the CPU model, double", Backend,
                    test::EmulatedBackend, test::CpuBackend) {
   const auto device = Backend::template make<double>();
   auto& ops = *device;
   check_variants<double>(ops, 1e-10);
 }
 
-TEST_CASE_TEMPLATE("device transformer: one step matches the CPU model, float", Backend,
+TEST_CASE_TEMPLATE("one model on a device: one step matches the CPU model, float", Backend,
                    test::EmulatedBackend, test::CpuBackend) {
   const auto device = Backend::template make<float>();
   auto& ops = *device;
   check_variants<float>(ops, 2e-5);
 }
 
-TEST_CASE_TEMPLATE("device transformer: central-difference gradient check of every parameter",
+TEST_CASE_TEMPLATE("one model on a device: central-difference gradient check of every parameter",
                    Backend, test::EmulatedBackend, test::CpuBackend) {
   // The device backward on its own terms, in double: every element of every parameter against
   // (L(θ + ε) − L(θ − ε)) / 2ε of the device's own forward and loss, with every feature on.
@@ -281,7 +382,7 @@ TEST_CASE_TEMPLATE("device transformer: central-difference gradient check of eve
   c.block.attention.sdpa.causal = true;
   Rng rng(21);
   Transformer<double> host(c, rng);
-  DeviceTransformer<double> dev(host, ops);
+  OnBackend<double> dev(host, ops);
   Rng data(4);
   const Batch b = random_batch(c, 2, 3, data, true);
   const ParameterList<double> params = host.parameters();
@@ -313,33 +414,33 @@ TEST_CASE_TEMPLATE("device transformer: central-difference gradient check of eve
   }
 }
 
-TEST_CASE_TEMPLATE("device transformer: 50 AdamW steps with clipping follow the CPU loss curve",
+TEST_CASE_TEMPLATE("one model on a device: 50 AdamW steps with clipping follow the CPU loss curve",
                    Backend, test::EmulatedBackend, test::CpuBackend) {
   const auto device = Backend::template make<float>();
   auto& ops = *device;
   check_training_curve<float>(ops, 50, false, 1e-4, 1e-4);
 }
 
-TEST_CASE_TEMPLATE("device transformer: SGD with momentum and weight decay, double", Backend,
+TEST_CASE_TEMPLATE("one model on a device: SGD with momentum and weight decay, double", Backend,
                    test::EmulatedBackend, test::CpuBackend) {
   const auto device = Backend::template make<double>();
   auto& ops = *device;
   check_training_curve<double>(ops, 20, true, 1e-10, 1e-10);
 }
 
-TEST_CASE("device transformer (CUDA): one step matches the CPU model") {
+TEST_CASE("one model on a device (CUDA): one step matches the CPU model") {
   if (!test::cuda_device_or_skip()) return;
   check_variants<double>(*make_cuda_device_ops<double>(), 1e-10);
   check_variants<float>(*make_cuda_device_ops<float>(), 2e-5);
 }
 
-TEST_CASE("device transformer (CUDA): 50 AdamW steps with clipping follow the CPU loss curve") {
+TEST_CASE("one model on a device (CUDA): 50 AdamW steps with clipping follow the CPU loss curve") {
   if (!test::cuda_device_or_skip()) return;
   check_training_curve<float>(*make_cuda_device_ops<float>(), 50, false, 1e-4, 1e-4);
   check_training_curve<double>(*make_cuda_device_ops<double>(), 20, true, 1e-10, 1e-10);
 }
 
-TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer state") {
+TEST_CASE("one model on a device: checkpoints interchange with the CPU optimizer state") {
   const auto device = emulated::make_device_ops<double>();
   auto& ops = *device;
   auto config = small_config();
@@ -354,8 +455,8 @@ TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer st
     for (const auto& p : params) p.param->grad.reshape(p.param->value.shape());
     opt.step();
   }
-  DeviceTransformer<double> dev(cpu, ops);
-  DeviceOptimizer<double> dopt(dev, AdamWOptions{});
+  OnBackend<double> dev(cpu, ops);
+  AdamW<double> dopt(dev.net().parameters(), AdamWOptions{});
   dopt.load_state(opt.state_tensors(), opt.step_count());
   CHECK(dopt.step_count() == 2);
   const auto back = dopt.state_tensors();
@@ -401,13 +502,13 @@ TEST_CASE("device transformer: checkpoints interchange with the CPU optimizer st
   }
 }
 
-TEST_CASE("device transformer: bad input is refused with the CPU model's errors") {
+TEST_CASE("one model on a device: bad input is refused with the CPU model's errors") {
   const auto device = emulated::make_device_ops<float>();
   auto& ops = *device;
   auto config = small_config();
   Rng rng(1);
   Transformer<float> cpu(config, rng);
-  DeviceTransformer<float> dev(cpu, ops);
+  OnBackend<float> dev(cpu, ops);
   CHECK_THROWS_AS(dev.loss(TokenIds::from_shape({2, 3})), std::logic_error);
   TokenIds ids = xt::zeros<int>({2, 3});
   dev.forward({ids});
@@ -428,15 +529,15 @@ TEST_CASE("device transformer: bad input is refused with the CPU model's errors"
   CHECK_THROWS_AS(dev.grad_norm("nope"), std::invalid_argument);
 }
 
-TEST_CASE("device transformer: device memory is released") {
+TEST_CASE("one model on a device: device memory is released") {
   const auto device = emulated::make_device_ops<float>();
   auto& ops = *device;
   {
     auto config = small_config();
     Rng rng(1);
     Transformer<float> cpu(config, rng);
-    DeviceTransformer<float> dev(cpu, ops);
-    DeviceOptimizer<float> opt(dev, AdamWOptions{});
+    OnBackend<float> dev(cpu, ops);
+    AdamW<float> opt(dev.net().parameters(), AdamWOptions{});
     Rng data(2);
     for (std::size_t B : {2, 5, 3}) {  // growing and shrinking batches
       const Batch b = random_batch(config, B, 4, data, false);
@@ -450,7 +551,7 @@ TEST_CASE("device transformer: device memory is released") {
   CHECK(emulated::live_allocations(ops) == 0);
 }
 
-TEST_CASE("device transformer: without a device, make_cuda_device_ops says why") {
+TEST_CASE("one model on a device: without a device, make_cuda_device_ops says why") {
   if (cuda_available()) return;  // covered by the CUDA cases above
   CHECK_THROWS_AS((void)make_cuda_device_ops<float>(), CudaError);
 }

@@ -1,0 +1,175 @@
+// Sliding-window attention (causal: query i sees keys j with i + o - w < j <= i + o) on all four
+// attention paths (tests/support/attention_paths.hpp): against the dense definition
+// (tests/support/dense_attention.hpp) with the query offset, a key mask and windows smaller and
+// larger than a tile; a window at least Tk wide is plain causal attention; double
+// central-difference gradient checks; PyTorch goldens (a boolean band mask); and the checks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+
+#include "attention_paths.hpp"
+#include "attnlab/gradcheck.hpp"
+#include "attnlab/nn/multi_head_attention.hpp"
+#include "attnlab/random.hpp"
+#include "dense_attention.hpp"
+#include "helpers.hpp"
+
+using namespace attnlab;
+using test::Path;
+
+namespace {
+
+struct Case {
+  std::size_t B, H, Tq, Tk, D, Dv, window, offset;
+  bool mask;
+};
+
+void check_against_dense(Path path, const Case& c) {
+  CAPTURE(test::name_of(path));
+  CAPTURE(c.window);
+  CAPTURE(c.offset);
+  CAPTURE(c.Tq);
+  Rng rng(83);
+  const auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
+  const auto k = randn<double, 4>({c.B, c.H, c.Tk, c.D}, rng);
+  const auto v = randn<double, 4>({c.B, c.H, c.Tk, c.Dv}, rng);
+  KeyMask mask = xt::ones<bool>({c.B, c.Tk});
+  for (std::size_t j = 1; j < c.Tk; j += 4) mask(c.B - 1, j) = false;
+  SdpaOptions options;
+  options.causal = true;
+  options.window = c.window;
+  options.query_offset = static_cast<std::ptrdiff_t>(c.offset);
+  const KeyMask* m = c.mask ? &mask : nullptr;
+  const test::Result r = test::run(path, q, k, v, nullptr, options, m);
+  REQUIRE(test::all_finite(r.out));
+  CHECK(test::rel_error(r.out, test::dense_attention(q, k, v, options, m)) < 1e-13);
+}
+
+}  // namespace
+
+TEST_CASE("window: every path equals the dense definition, with offset, mask and tile edges") {
+  for (Path path : test::kPaths) {
+    check_against_dense(path, {2, 2, 7, 7, 3, 2, 1, 0, false});  // each query sees itself only
+    check_against_dense(path, {2, 2, 7, 7, 3, 2, 3, 0, true});
+    check_against_dense(path, {1, 2, 4, 9, 3, 2, 2, 5, true});  // decoding: o = Tk - Tq
+    // 64-row GPU tiles: a window of 20 inside a tile and one of 70 across two, Tq not a multiple.
+    check_against_dense(path, {1, 1, 130, 130, 4, 3, 20, 0, true});
+    check_against_dense(path, {1, 1, 130, 130, 4, 3, 70, 0, false});
+  }
+}
+
+TEST_CASE("window: a window at least Tk + o wide is plain causal attention, on every path") {
+  Rng rng(89);
+  const auto q = randn<double, 4>({2, 2, 6, 3}, rng);
+  const auto k = randn<double, 4>({2, 2, 6, 3}, rng);
+  const auto v = randn<double, 4>({2, 2, 6, 2}, rng);
+  const auto dout = randn<double, 4>({2, 2, 6, 2}, rng);
+  SdpaOptions causal;
+  causal.causal = true;
+  SdpaOptions wide = causal;
+  wide.window = 6;
+  for (Path path : test::kPaths) {
+    CAPTURE(test::name_of(path));
+    const test::Result a = test::run(path, q, k, v, &dout, causal, nullptr);
+    const test::Result b = test::run(path, q, k, v, &dout, wide, nullptr);
+    CHECK(test::rel_error(a.out, b.out) == 0.0);
+    CHECK(test::rel_error(a.dq, b.dq) == 0.0);
+    CHECK(test::rel_error(a.dk, b.dk) == 0.0);
+    CHECK(test::rel_error(a.dv, b.dv) == 0.0);
+  }
+}
+
+TEST_CASE("window: central-difference gradient check on every path") {
+  const std::size_t B = 2, H = 2, Tq = 5, Tk = 6, D = 3, Dv = 2;
+  KeyMask mask = xt::ones<bool>({B, Tk});
+  mask(1, 3) = false;
+  for (Path path : test::kPaths) {
+    for (std::size_t window : {2, 3}) {
+      CAPTURE(test::name_of(path));
+      CAPTURE(window);
+      Rng rng(97);
+      auto q = randn<double, 4>({B, H, Tq, D}, rng);
+      auto k = randn<double, 4>({B, H, Tk, D}, rng);
+      auto v = randn<double, 4>({B, H, Tk, Dv}, rng);
+      const auto r = randn<double, 4>({B, H, Tq, Dv}, rng);
+      SdpaOptions options;
+      options.causal = true;
+      options.window = window;
+      options.query_offset = 1;
+      const auto loss = [&] {
+        const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, &mask).out;
+        double l = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
+        return l;
+      };
+      const test::Result g = test::run(path, q, k, v, &r, options, &mask);
+      const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {B, H, Tq, D}},
+                                           {"dk", k.data(), g.dk.data(), {B, H, Tk, D}},
+                                           {"dv", v.data(), g.dv.data(), {B, H, Tk, Dv}}},
+                                          loss);
+      INFO(report.table());
+      CHECK(report.max_rel_error() <= 1e-7);
+      for (const auto& res : report.results) CHECK(res.analytic_norm > 1e-3);
+    }
+  }
+}
+
+TEST_CASE("golden: sliding-window attention matches PyTorch on every path") {
+  // tests/golden/make_goldens.py window.json: masked attention with a boolean band mask and
+  // autograd, float64.
+  const auto& file = test::golden_file("window.json");
+  REQUIRE(file.at("cases").size() >= 3);
+  for (const auto& c : file.at("cases")) {
+    const std::string name = c.at("name");
+    CAPTURE(name);
+    const auto& config = c.at("config");
+    SdpaOptions options;
+    options.causal = true;
+    options.window = config.at("window").get<std::size_t>();
+    options.query_offset = config.at("offset").get<std::ptrdiff_t>();
+    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
+                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r");
+    KeyMask mask;
+    const bool has_mask = config.at("has_mask").get<bool>();
+    if (has_mask) mask = xt::cast<bool>(test::golden_tensor(c, "mask"));
+    for (Path path : test::kPaths) {
+      CAPTURE(test::name_of(path));
+      const test::Result g = test::run(path, q, k, v, &r, options, has_mask ? &mask : nullptr);
+      // A window of 1 makes dq and dk exactly zero (one visible key: P = 1 whatever the score):
+      // compare against zero absolutely, elsewhere relatively.
+      const auto close = [&](const Tensor4<double>& got, const char* key) {
+        const xt::xarray<double> want = test::golden_tensor(c, key);
+        if (xt::amax(xt::abs(want))() == 0.0) return xt::amax(xt::abs(got))() < 1e-12;
+        return test::rel_error(got, want) < 1e-12;
+      };
+      CHECK(close(g.out, "out"));
+      CHECK(close(g.dq, "dq"));
+      CHECK(close(g.dk, "dk"));
+      CHECK(close(g.dv, "dv"));
+    }
+  }
+}
+
+TEST_CASE("window: refused without causal, in the op and in the config, naming the field") {
+  Rng rng(101);
+  const auto x = randn<double, 4>({1, 1, 3, 2}, rng);
+  SdpaOptions options;
+  options.window = 2;
+  SdpaCache<double> cache;
+  CHECK_THROWS_WITH_AS(sdpa_forward(cache, x, x, x, options), doctest::Contains("window"),
+                       std::invalid_argument);
+  AttentionConfig c;
+  c.d_model = 4;
+  c.heads = 1;
+  c.sdpa.window = 2;
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("sdpa.window expected 0 without causal"),
+                       std::invalid_argument);
+  c.sdpa.causal = true;
+  CHECK_NOTHROW(c.validate());
+}

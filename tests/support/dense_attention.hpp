@@ -1,0 +1,58 @@
+// Attention written out element by element, with no library code: the definition the variant tests
+// compare every path against. softmax over the visible keys of s · q·k + ALiBi's term, times v:
+//   visible(b, i, j) = mask(b, j) && (!causal || (j <= i + o && (!w || j + w > i + o)))
+//   score(i, j) = s_h · q_i·k_j - m_h · (i + o - j)  (the second term with ALiBi slopes m)
+// Query head h reads K/V head h / (H / Hkv). A row with no visible key gives 0.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <xtensor/xbuilder.hpp>
+
+#include "attnlab/ops/attention.hpp"
+
+namespace attnlab::test {
+
+inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<double>& k,
+                                       const Tensor4<double>& v, const SdpaOptions& options,
+                                       const KeyMask* mask) {
+  const std::size_t B = q.shape()[0], H = q.shape()[1], Tq = q.shape()[2], D = q.shape()[3];
+  const std::size_t Hkv = k.shape()[1], Tk = k.shape()[2], Dv = v.shape()[3];
+  const auto o = static_cast<std::size_t>(options.query_offset);
+  const std::size_t w = options.window;
+  const double s = resolve_scale(options, D);
+  constexpr double hidden = -std::numeric_limits<double>::infinity();
+  Tensor4<double> out = xt::zeros<double>({B, H, Tq, Dv});
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < H; ++h) {
+      const std::size_t kv = h / (H / Hkv);
+      for (std::size_t i = 0; i < Tq; ++i) {
+        std::vector<double> score(Tk, hidden);
+        double top = hidden;
+        for (std::size_t j = 0; j < Tk; ++j) {
+          bool seen = !mask || (*mask)(b, j);
+          if (options.causal) seen = seen && j <= i + o && (w == 0 || j + w > i + o);
+          if (!seen) continue;
+          double dot = 0;
+          for (std::size_t c = 0; c < D; ++c) dot += q(b, h, i, c) * k(b, kv, j, c);
+          score[j] = s * dot;
+          if (!options.alibi_slopes.empty()) {
+            score[j] -= options.alibi_slopes[h] * (double(i + o) - double(j));
+          }
+          top = std::max(top, score[j]);
+        }
+        if (top == hidden) continue;
+        double sum = 0;
+        for (double& x : score) sum += (x = std::exp(x - top));
+        for (std::size_t j = 0; j < Tk; ++j) {
+          for (std::size_t c = 0; c < Dv; ++c) out(b, h, i, c) += score[j] / sum * v(b, kv, j, c);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace attnlab::test
