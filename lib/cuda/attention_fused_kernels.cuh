@@ -8,9 +8,10 @@
 //   row_dot    D = rowsum(dO ⊙ O) (= rowsum(dP ⊙ P)), one warp per row.
 //   dK/dV      one block per (key tile, b·h): loop over the query tiles that can see the keys,
 //              recompute P = exp(s·Q Kᵀ − LSE), dV += Pᵀ dO, dP = dO Vᵀ, dS = s·P ⊙ (dP − D),
-//              dK += dSᵀ Q.
+//              dK += dSᵀ Q; dS/s to AttentionParams::dscores when set (the bias gradient).
 //   dQ         one block per (query tile, b·h): loop over key tiles, dQ += dS K.
-// Every output element has exactly one writer: deterministic, no atomics, no zeroed memory needed.
+// Every output element has exactly one writer: deterministic, no atomics, no zeroed memory needed
+// (except dscores, whose tiles hidden from every query of a tile are skipped).
 //
 // Tiles: TILE query rows × TILE keys (TILE = 64, or 16 when the head dims need more shared memory
 // than the device has). 256 threads; thread (ty, tx) = (t / 16, t % 16) owns rows ty + 16·i and
@@ -283,11 +284,14 @@ __device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, in
   }
 }
 
-// dS = s·P ⊙ (dP − D) with dP = dO Vᵀ (dO and V in shared memory), written to ds at the thread's
-// own elements. D = rowsum(dO ⊙ O) equals rowsum(dP ⊙ P).
+// s·dS, dS = P ⊙ (dP − D) with dP = dO Vᵀ (dO and V in shared memory), written to ds at the
+// thread's own elements. D = rowsum(dO ⊙ O) equals rowsum(dP ⊙ P). dS itself goes to dscores (the
+// tile's first element in a (rows, Tk) matrix; `rows` x `cols` of the tile are in range) when it is
+// not null: the bias gradient.
 template <class T, int MI, int NS>
 __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* dos, const T* vs,
-                               int lddv, int dvp, const T* dot_s, T s, int ty, int tx) {
+                               int lddv, int dvp, const T* dot_s, T s, int ty, int tx, T* dscores,
+                               std::size_t Tk, std::size_t rows, std::size_t cols) {
   T dp_acc[MI][NS];
   fill(dp_acc, T(0));
   micro_gemm(dp_acc, dos, lddv, 1, vs, 1, lddv, dvp, ty, tx, 0);  // dO Vᵀ (TILE,dvp) x (dvp,TILE)
@@ -296,7 +300,12 @@ __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* do
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
       const int r = ty + kSide * i, c = tx + kSide * j;
-      ds[r * lds + c] = s * cm::softmax_backward_element(p[i][j], dp_acc[i][j], dot_s[r]);
+      const T element = cm::softmax_backward_element(p[i][j], dp_acc[i][j], dot_s[r]);
+      if (dscores != nullptr && static_cast<std::size_t>(r) < rows &&
+          static_cast<std::size_t>(c) < cols) {
+        dscores[r * Tk + c] = element;
+      }
+      ds[r * lds + c] = s * element;
     }
   }
 }
@@ -381,7 +390,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       __syncthreads();  // P is no longer read: overwrite it with dS
-      tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
+      // dS of the tile to a.dscores (the bias gradient) in this pass only: one writer per element
+      T* dscores = a.dscores == nullptr ? nullptr : a.dscores + (bh * a.Tq + i0) * a.Tk + j0;
+      tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, dscores, a.Tk,
+              std::min<std::size_t>(TILE, a.Tq - i0), std::min<std::size_t>(TILE, a.Tk - j0));
       __syncthreads();
       // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
       for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
@@ -463,7 +475,8 @@ __global__ void __launch_bounds__(kThreads)
     {
       T p[MI][MI];
       tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
-      tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx);
+      tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, static_cast<T*>(nullptr),
+              a.Tk, 0, 0);
     }
     __syncthreads();
     // dQ += dS K  (dS already carries s)               (TILE,TILE) x (TILE,dp) -> (TILE,dp)

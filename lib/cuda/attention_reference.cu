@@ -83,8 +83,9 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T*
     gemm_strided_batched<T>(false, true, m, n, dvw, T(1), dout + r * so, dvw, gl * so, a.v, dvw, sv,
                             T(0), ds + r * sp, n, gl * sp, batch);
   }
-  // dS = s_h · P ⊙ (dP − rowsum(dP ⊙ P)), in place
-  softmax_backward_rows<T><<<grid_of(rows), kRowThreads>>>(ds, p, a.scale, a.H, a.Tq, a.Tk);
+  // s_h · dS, dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores when set
+  softmax_backward_rows<T>
+      <<<grid_of(rows), kRowThreads>>>(ds, a.dscores, p, a.scale, a.H, a.Tq, a.Tk);
   ATTNLAB_CUDA_CHECK_LAUNCH();
   for (std::size_t r = 0; r < g; ++r) {
     const T beta = r == 0 ? T(0) : T(1);

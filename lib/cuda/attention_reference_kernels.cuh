@@ -40,11 +40,12 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// One block per row: dS = s_h · P ⊙ (dP − rowsum(dP ⊙ P)), in place over dP.
+// One block per row: s_h · dS, with dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place over dP; dS itself
+// (the bias gradient) to dscores (B,H,Tq,Tk) too when it is not null.
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    softmax_backward_rows(T* dp, const T* p, const T* scale, std::size_t H, std::size_t Tq,
-                          std::size_t Tk) {
+    softmax_backward_rows(T* dp, T* dscores, const T* p, const T* scale, std::size_t H,
+                          std::size_t Tq, std::size_t Tk) {
   ATTNLAB_STATIC_SHARED(T, scratch, 32);
   const std::size_t row = blockIdx.x;
   const T s = scale[cm::head_of(row / Tq, H)];
@@ -53,8 +54,11 @@ __global__ void __launch_bounds__(kRowThreads)
   T dot = 0;
   for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) dot += g[j] * w[j];
   dot = detail::block_sum(dot, scratch);
+  T* d = dscores == nullptr ? nullptr : dscores + row * Tk;
   for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
-    g[j] = s * cm::softmax_backward_element(w[j], g[j], dot);
+    const T ds = cm::softmax_backward_element(w[j], g[j], dot);
+    if (d != nullptr) d[j] = ds;
+    g[j] = s * ds;
   }
 }
 

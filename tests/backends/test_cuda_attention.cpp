@@ -276,6 +276,42 @@ TEST_CASE("cuda sdpa: the double path passes the central-difference gradient che
   }
 }
 
+TEST_CASE(
+    "cuda sdpa: the variants through the entry points (GQA, window, ALiBi, bias with dBias)") {
+  // The variants on device memory: slopes and bias uploaded, dBias downloaded and summed. Against
+  // the CPU op in double, both GPU paths.
+  if (!test::cuda_device_or_skip()) return;
+  const std::size_t B = 2, H = 4, Hkv = 2, Tq = 70, Tk = 90, D = 16, Dv = 8;
+  Rng rng(43);
+  const auto q = randn<double, 4>({B, H, Tq, D}, rng);
+  const auto k = randn<double, 4>({B, Hkv, Tk, D}, rng);
+  const auto v = randn<double, 4>({B, Hkv, Tk, Dv}, rng);
+  const auto r = randn<double, 4>({B, H, Tq, Dv}, rng);
+  const auto bias = randn<double, 4>({1, H, Tq, Tk}, rng);
+  const KeyMask mask = test_mask(B, Tk);
+  SdpaOptions options;
+  options.causal = true;
+  options.query_offset = 20;
+  options.window = 33;
+  options.alibi_slopes = alibi_slopes(H);
+  SdpaCache<double> cpu;
+  const auto expected_out = sdpa_forward(cpu, q, k, v, options, &mask, &bias);
+  const auto expected = sdpa_backward(r, cpu, q, k, v);
+  for (SdpaPath path : kPaths) {
+    CAPTURE(to_string(path));
+    options.path = path;
+    SdpaCache<double> cache;
+    const auto out = sdpa_forward_cuda(cache, q, k, v, options, &mask, &bias);
+    const auto g = sdpa_backward_cuda(r, cache, q, k, v);
+    CHECK(test::rel_error(out, expected_out) < 1e-12);
+    CHECK(test::rel_error(g.dq, expected.dq) < 1e-12);
+    CHECK(test::rel_error(g.dk, expected.dk) < 1e-12);
+    CHECK(test::rel_error(g.dv, expected.dv) < 1e-12);
+    REQUIRE(g.dbias.shape() == bias.shape());
+    CHECK(test::rel_error(g.dbias, expected.dbias) < 1e-12);
+  }
+}
+
 TEST_CASE("cuda sdpa: the fused backward is deterministic") {
   if (!test::cuda_device_or_skip()) return;
   Rng rng(41);

@@ -193,23 +193,28 @@ TEST_CASE("attention score rule: causal bounds agree with key_visible, for any q
 }
 
 TEST_CASE(
-    "attention score rule: score_row equals score element by element, with window and ALiBi") {
+    "attention score rule: score_row equals score element by element, with window, ALiBi and "
+    "bias") {
   Rng rng(5);
   const std::size_t Tq = 6, Tk = 23;
   std::vector<unsigned char> mask(2 * Tk);
   for (auto& m : mask) m = rng.uniform() < 0.7 ? 1 : 0;
   const double slope = 0.3;
+  std::vector<double> bias(2 * Tq * Tk);  // (B, 1, Tq, Tk): broadcast over the heads
+  for (auto& x : bias) x = rng.uniform() - 0.5;
   for (bool causal : {false, true}) {
     for (std::size_t offset : {0, 4, 30}) {
       for (bool masked : {false, true}) {
-        for (std::size_t variant = 0; variant < 3; ++variant) {  // plain, window 3, ALiBi
+        // plain, window 3, ALiBi, ALiBi and bias
+        for (std::size_t variant = 0; variant < 4; ++variant) {
           if (!causal && offset != 0) continue;
           if (!causal && variant == 1) continue;
           AttentionParams<double> p = rule_params(Tq, Tk, causal, offset);
           p.B = 2;
           p.key_mask = masked ? mask.data() : nullptr;
           if (variant == 1) p.window = 3;
-          if (variant == 2) p.alibi_slopes = &slope;
+          if (variant >= 2) p.alibi_slopes = &slope;
+          if (variant == 3) p.bias = bias.data(), p.bias_batch_stride = Tq * Tk;
           CAPTURE(variant);
           for (std::size_t b = 0; b < 2; ++b) {
             for (std::size_t i = 0; i < Tq; ++i) {
@@ -243,7 +248,8 @@ TEST_CASE(
   CHECK(attention::score(p, 0, 0, 0, 1, 0.5, nan) == -kInf);
 }
 
-TEST_CASE("attention params: kv_head_of, Hkv divides H, a window needs causal, a bias is refused") {
+TEST_CASE(
+    "attention params: kv_head_of, Hkv divides H, a window needs causal, dropout is refused") {
   AttentionParams<float> p;
   p.B = 1, p.H = 8, p.Hkv = 8, p.Tq = p.Tk = 4, p.D = p.Dv = 2;
   for (std::size_t h = 0; h < 8; ++h) CHECK(p.kv_head_of(h) == h);
@@ -269,9 +275,9 @@ TEST_CASE("attention params: kv_head_of, Hkv divides H, a window needs causal, a
   refused([](auto& a) { a.window = 3; }, "window expected causal attention");
   refused([](auto& a) { a.dropout_p = 0.1f; }, "not supported yet");
   const float bias = 0, slopes = 0;
-  refused([&](auto& a) { a.bias = &bias; }, "not supported yet");
-  AttentionParams<float> with_alibi = p;  // ALiBi runs on every path
+  AttentionParams<float> with_alibi = p;  // ALiBi and the bias run on every path
   with_alibi.alibi_slopes = &slopes;
+  with_alibi.bias = &bias;
   CHECK_NOTHROW(check_attention_params(with_alibi, "op"));
   refused([](auto& a) { a.query_offset = 1; }, "op: query_offset expected 0 without causal, got 1");
 }

@@ -9,6 +9,8 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/gqa.json            grouped-query attention (Hkv < H): out, P, dq, dk, dv
   tests/data/golden/window.json         sliding-window causal attention (a band mask): the same
   tests/data/golden/alibi.json          ALiBi (a float bias on the scaled scores): the same
+  tests/data/golden/bias.json           an additive bias (1|B, 1|H, Tq, Tk) and its gradient,
+                                        with GQA, causal with an offset and a key mask
   tests/data/golden/softmax.json        row softmax and its backward
   tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
   tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, embedding
@@ -23,7 +25,7 @@ How to run (from the repository root):
   python3 tests/golden/make_goldens.py mha.json   # only the named files
 Requires torch, numpy and safetensors (pip install torch numpy safetensors).
 The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
-safetensors 0.8.0, Python 3.11.7; gqa.json, window.json and alibi.json with Debian's python3-torch 1.13 (it needs neither
+safetensors 0.8.0, Python 3.11.7; gqa.json, window.json, alibi.json and bias.json with Debian's python3-torch 1.13 (it needs neither
 F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check when present).
 
 Conventions:
@@ -133,10 +135,12 @@ def visibility(b, h, tq, tk, causal, mask):
     return vis
 
 
-def masked_attention(q, k, v, scale, vis):
-    """softmax(scale * q k^T over visible keys) v; rows with no visible key
-    give P = 0 and out = 0, with zero (not NaN) gradients."""
+def masked_attention(q, k, v, scale, vis, bias=None):
+    """softmax(scale * q k^T [+ bias] over visible keys) v; rows with no visible
+    key give P = 0 and out = 0, with zero (not NaN) gradients."""
     s = scale * (q @ k.transpose(-2, -1))
+    if bias is not None:
+        s = s + bias
     row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     # masked entries are shifted to exactly 0 (exp = 1) and then dropped by
@@ -345,6 +349,53 @@ def alibi_cases():
         if mask is not None:
             tensors["mask"] = mask
         tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+BIAS_CASES = [
+    # name, B, H, Hkv, Tq, Tk, D, Dv, causal, query offset, mask-kind, bias batch, bias heads
+    ("bias_per_head",          2, 2, 2, 4, 5, 3, 2, False, 0, None,        1, 2),
+    ("bias_full_causal_mask",  2, 2, 2, 4, 4, 3, 3, True,  0, "first_key", 2, 2),
+    ("bias_per_batch_gqa_off", 2, 4, 2, 3, 5, 3, 2, True,  2, None,        2, 1),
+    ("bias_shared_mqa",        1, 2, 1, 3, 4, 2, 2, False, 0, None,        1, 1),
+]
+
+
+def bias_cases():
+    """An additive float bias on the scaled scores, shaped (1|B, 1|H, Tq, Tk)
+    and broadcast (PyTorch's float attn_mask), with its gradient from autograd
+    (summed over the broadcast axes); grouped-query attention by
+    repeat_interleave; causal with a query offset o: key j visible iff
+    j <= i + o."""
+    out_cases = []
+    for idx, (name, b, h, hkv, tq, tk, d, dv, causal, o, mkind, bb, bh) in enumerate(BIAS_CASES):
+        seed = 1800 + idx
+        g = gen(seed)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, hkv, tk, d), randn(g, b, hkv, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        bias = randn(g, bb, bh, tq, tk)
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        vis = torch.ones(b, h, tq, tk, dtype=torch.bool)
+        if causal:
+            i = torch.arange(tq)[:, None] + o
+            j = torch.arange(tk)[None, :]
+            vis &= (j <= i)[None, None]
+        if mask is not None:
+            vis &= mask[:, None, None, :]
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_(); bias.requires_grad_()
+        group = h // hkv
+        out, p = masked_attention(q, k.repeat_interleave(group, dim=1),
+                                  v.repeat_interleave(group, dim=1), 1.0 / math.sqrt(d), vis,
+                                  bias)
+        dq, dk, dv_, dbias = torch.autograd.grad((out * r).sum(), (q, k, v, bias))
+        assert dbias.shape == (bb, bh, tq, tk)
+        config = {"heads": h, "kv_heads": hkv, "causal": causal, "offset": o,
+                  "has_mask": mask is not None, "seed": seed}
+        tensors = {"q": q, "k": k, "v": v, "r": r, "bias": bias}
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_, "dbias": dbias})
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -779,6 +830,7 @@ def main():
         "gqa.json": gqa_cases,
         "window.json": window_cases,
         "alibi.json": alibi_cases,
+        "bias.json": bias_cases,
         "softmax.json": softmax_cases,
         "optim.json": optim_cases,
         "layers.json": layer_cases,

@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 
+#include <xtensor/xbuilder.hpp>
+
 #include "attnlab/backends/emulated.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "sdpa_paths.hpp"
@@ -35,6 +37,7 @@ inline std::string name_of(Path path) {
 
 struct Result {
   Tensor4<double> out, dq, dk, dv;
+  Tensor4<double> dbias;  // with a bias that requires a gradient
 };
 
 template <std::size_t N>
@@ -46,10 +49,11 @@ xt::xtensor<double, N> nan_filled(const std::array<std::size_t, N>& shape) {
 
 // One forward (and, when dout is given, backward) on `path`. The CPU paths use the fused path's
 // test tiles (2 x 3, tests/support/sdpa_paths.hpp) unless options set others; the emulated paths
-// run the CUDA kernels on the AttentionParams that the CPU op's cache resolves the options into.
+// run the CUDA kernels on the AttentionParams that the CPU op's cache resolves the options into,
+// and sum their dS (AttentionParams::dscores) to the bias's shape as the CPU op does.
 inline Result run(Path path, const Tensor4<double>& q, const Tensor4<double>& k,
                   const Tensor4<double>& v, const Tensor4<double>* dout, SdpaOptions options,
-                  const KeyMask* mask) {
+                  const KeyMask* mask, const Tensor4<double>* bias = nullptr) {
   Result r;
   SdpaCache<double> cache;
   if (path == Path::cpu_reference || path == Path::cpu_fused) {
@@ -57,16 +61,22 @@ inline Result run(Path path, const Tensor4<double>& q, const Tensor4<double>& k,
     const std::size_t rows = options.tile_rows, keys = options.tile_keys;
     options = test::with_path(options, fused ? SdpaPath::fused : SdpaPath::reference);
     if (rows != 0) options.tile_rows = rows, options.tile_keys = keys;
-    r.out = sdpa_forward(cache, q, k, v, options, mask);
+    r.out = sdpa_forward(cache, q, k, v, options, mask, bias);
     if (dout) {
       auto g = sdpa_backward(*dout, cache, q, k, v);
       r.dq = std::move(g.dq), r.dk = std::move(g.dk), r.dv = std::move(g.dv);
+      r.dbias = std::move(g.dbias);
     }
     return r;
   }
   options.path = SdpaPath::reference;
-  sdpa_forward(cache, q, k, v, options, mask);  // resolves and checks the options
-  const AttentionParams<double> p = cache.params(q.data(), k.data(), v.data());
+  sdpa_forward(cache, q, k, v, options, mask, bias);  // resolves and checks the options
+  AttentionParams<double> p = cache.params(q.data(), k.data(), v.data());
+  Tensor4<double> dscores;  // zeroed: the fused kernels skip hidden tiles
+  if (dout && cache.bias_grad) {
+    dscores = xt::zeros<double>({p.B, p.H, p.Tq, p.Tk});
+    p.dscores = dscores.data();
+  }
   const auto device = emulated::make_device_ops<double>();
   auto& ops = *device;
   const std::size_t B = p.B, H = p.H, Tq = p.Tq, Tk = p.Tk;
@@ -90,6 +100,10 @@ inline Result run(Path path, const Tensor4<double>& q, const Tensor4<double>& k,
       ops.sdpa_fused_backward(r.dq.data(), r.dk.data(), r.dv.data(), row_dot.data(), dout->data(),
                               r.out.data(), lse.data(), p);
     }
+  }
+  if (dscores.size() != 0) {
+    const auto& b = cache.bias.shape();
+    r.dbias = sum_to_bias_shape(dscores, {b[0], b[1], b[2], b[3]});
   }
   return r;
 }

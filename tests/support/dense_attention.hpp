@@ -1,7 +1,8 @@
 // Attention written out element by element, with no library code: the definition the variant tests
 // compare every path against. softmax over the visible keys of s · q·k + ALiBi's term, times v:
 //   visible(b, i, j) = mask(b, j) && (!causal || (j <= i + o && (!w || j + w > i + o)))
-//   score(i, j) = s_h · q_i·k_j - m_h · (i + o - j)  (the second term with ALiBi slopes m)
+//   score(i, j) = s_h · q_i·k_j - m_h · (i + o - j) + bias(b, h, i, j)
+// (the second term with ALiBi slopes m, the third with a bias of shape (1|B, 1|H, Tq, Tk)).
 // Query head h reads K/V head h / (H / Hkv). A row with no visible key gives 0.
 #pragma once
 
@@ -17,7 +18,7 @@ namespace attnlab::test {
 
 inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<double>& k,
                                        const Tensor4<double>& v, const SdpaOptions& options,
-                                       const KeyMask* mask) {
+                                       const KeyMask* mask, const Tensor4<double>* bias = nullptr) {
   const std::size_t B = q.shape()[0], H = q.shape()[1], Tq = q.shape()[2], D = q.shape()[3];
   const std::size_t Hkv = k.shape()[1], Tk = k.shape()[2], Dv = v.shape()[3];
   const auto o = static_cast<std::size_t>(options.query_offset);
@@ -40,6 +41,9 @@ inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<d
           score[j] = s * dot;
           if (!options.alibi_slopes.empty()) {
             score[j] -= options.alibi_slopes[h] * (double(i + o) - double(j));
+          }
+          if (bias) {
+            score[j] += (*bias)(bias->shape()[0] == 1 ? 0 : b, bias->shape()[1] == 1 ? 0 : h, i, j);
           }
           top = std::max(top, score[j]);
         }

@@ -9,8 +9,10 @@
 // (std::invalid_argument for a variant not supported yet), and applies its score rule
 // (attnlab/attention/score_rule.hpp). A row with no visible key gives P = 0, O = 0 and zero
 // gradients. Every output element is assigned (masked regions included), so outputs may start as
-// uninitialised memory. All pointers are device pointers to contiguous row-major tensors. Launches
-// are asynchronous on the default stream; T = float or double.
+// uninitialised memory; with AttentionParams::dscores set, the backward also writes dS there (the
+// bias gradient; zero it first: the fused path skips hidden tiles). All pointers are device
+// pointers to contiguous row-major tensors. Launches are asynchronous on the default stream; T =
+// float or double.
 #pragma once
 
 #include <cstddef>

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
 
 #include "attention_checks.hpp"
 #include "attention_kernels.hpp"
@@ -128,7 +129,7 @@ namespace detail {
 template <class T>
 AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
                                 const Tensor4<T>* v, const SdpaOptions& options,
-                                const KeyMask* key_mask) {
+                                const KeyMask* key_mask, const Tensor4<T>* bias) {
   constexpr auto any = kAnyExtent;
   const auto extent = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
   AttentionSpec s;
@@ -143,12 +144,19 @@ AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const 
   check_arg(s.D > 0 && s.Tq > 0 && s.Tk > 0, op, "q, k", "non-zero Tq, Tk and D",
             format_shape_of(q.shape()) + " and " + format_shape_of(k.shape()));
   if (key_mask) check_shape(op, "key_mask", *key_mask, {extent(s.B), extent(s.Tk)});
+  if (bias) {
+    const auto& b = bias->shape();
+    if ((b[0] != 1 && b[0] != s.B) || (b[1] != 1 && b[1] != s.H) || b[2] != s.Tq || b[3] != s.Tk) {
+      throw ShapeError(op, "bias", {extent(s.B), extent(s.H), extent(s.Tq), extent(s.Tk)},
+                       {b.begin(), b.end()}, "or extent 1 on the batch and head axes");
+    }
+  }
   return make_attention_spec(op, options, s);
 }
 
 template <class T>
 void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
-                     const KeyMask* key_mask) {
+                     const KeyMask* key_mask, const Tensor4<T>* bias) {
   cache.spec = spec;
   cache.scale.assign(spec.H, static_cast<T>(resolve_scale(options, spec.D)));
   for (std::size_t h = 0; h < options.head_scale.size(); ++h) {
@@ -157,6 +165,8 @@ void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaO
   cache.alibi.assign(options.alibi_slopes.begin(), options.alibi_slopes.end());
   cache.has_key_mask = key_mask != nullptr;
   cache.key_mask = key_mask ? *key_mask : KeyMask();
+  cache.bias = bias ? *bias : Tensor4<T>();
+  cache.bias_grad = bias != nullptr && options.bias_requires_grad;
   cache.tile_rows = options.tile_rows;
   cache.tile_keys = options.tile_keys;
 }
@@ -173,6 +183,12 @@ void check_sdpa_backward_inputs(std::string_view op, const Tensor4<T>& dout,
                            ": the cache is empty: call sdpa_forward or sdpa_forward_cuda first");
   }
   const auto extent = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
+  if (cache.has_bias()) {
+    const auto& b = cache.bias.shape();
+    check_arg(
+        (b[0] == 1 || b[0] == s.B) && (b[1] == 1 || b[1] == s.H) && b[2] == s.Tq && b[3] == s.Tk,
+        op, "cache.bias", "a bias that broadcasts to the cached call", format_shape_of(b));
+  }
   check_shape(op, "dout", dout, {extent(s.B), extent(s.H), extent(s.Tq), extent(s.Dv)});
   check_shape(op, "q", q, {extent(s.B), extent(s.H), extent(s.Tq), extent(s.D)});
   check_shape(op, "k", k, {extent(s.B), extent(s.Hkv), extent(s.Tk), extent(s.D)});
@@ -187,15 +203,51 @@ void sum_dscale(SdpaGrads<T>& g, const std::vector<T>& dscale_part, std::size_t 
   }
 }
 
+template <class T>
+Tensor4<T>& dscores_for(SdpaGrads<T>& g, Tensor4<T>& scratch, const SdpaCache<T>& cache) {
+  const AttentionSpec& s = cache.spec;
+  const std::array<std::size_t, 4> full{s.B, s.H, s.Tq, s.Tk};
+  const bool broadcast = cache.bias.shape()[0] != s.B || cache.bias.shape()[1] != s.H;
+  Tensor4<T>& ds = broadcast ? scratch : g.dbias;
+  ds = xt::zeros<T>(full);  // the fused paths skip hidden tiles
+  return ds;
+}
+
 }  // namespace detail
 
 template <class T>
+Tensor4<T> sum_to_bias_shape(const Tensor4<T>& dscores,
+                             const std::array<std::size_t, 4>& bias_shape) {
+  const auto& s = dscores.shape();
+  if ((bias_shape[0] != 1 && bias_shape[0] != s[0]) ||
+      (bias_shape[1] != 1 && bias_shape[1] != s[1]) || bias_shape[2] != s[2] ||
+      bias_shape[3] != s[3]) {
+    throw ShapeError("sum_to_bias_shape", "bias_shape",
+                     {static_cast<std::ptrdiff_t>(s[0]), static_cast<std::ptrdiff_t>(s[1]),
+                      static_cast<std::ptrdiff_t>(s[2]), static_cast<std::ptrdiff_t>(s[3])},
+                     {bias_shape.begin(), bias_shape.end()},
+                     "or extent 1 on the batch and head axes");
+  }
+  Tensor4<T> out = xt::zeros<T>(bias_shape);
+  const std::size_t slice = s[2] * s[3];
+  const bool batch = bias_shape[0] != 1, heads = bias_shape[1] != 1;
+  for (std::size_t b = 0; b < s[0]; ++b) {  // fixed order: deterministic
+    for (std::size_t h = 0; h < s[1]; ++h) {
+      const T* src = dscores.data() + (b * s[1] + h) * slice;
+      T* dst = out.data() + ((batch ? b : 0) * bias_shape[1] + (heads ? h : 0)) * slice;
+      for (std::size_t e = 0; e < slice; ++e) dst[e] += src[e];
+    }
+  }
+  return out;
+}
+
+template <class T>
 Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options,
-                       const KeyMask* key_mask) {
+                       const KeyMask* key_mask, const Tensor4<T>* bias) {
   SdpaCache<T> c;
   detail::fill_sdpa_cache(
-      c, detail::check_sdpa_inputs<T>("sdpa_scores", q, k, nullptr, options, key_mask), options,
-      key_mask);
+      c, detail::check_sdpa_inputs<T>("sdpa_scores", q, k, nullptr, options, key_mask, bias),
+      options, key_mask, bias);
   Tensor4<T> scores({c.spec.B, c.spec.H, c.spec.Tq, c.spec.Tk});
   detail::sdpa_reference_scores(scores.data(), c.params(q.data(), k.data(), nullptr));
   return scores;
@@ -203,10 +255,11 @@ Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptio
 
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
-                        const Tensor4<T>& v, const SdpaOptions& options, const KeyMask* key_mask) {
+                        const Tensor4<T>& v, const SdpaOptions& options, const KeyMask* key_mask,
+                        const Tensor4<T>* bias) {
   const AttentionSpec spec =
-      detail::check_sdpa_inputs<T>("sdpa_forward", q, k, &v, options, key_mask);
-  detail::fill_sdpa_cache(cache, spec, options, key_mask);
+      detail::check_sdpa_inputs<T>("sdpa_forward", q, k, &v, options, key_mask, bias);
+  detail::fill_sdpa_cache(cache, spec, options, key_mask, bias);
   cache.path = resolve_sdpa_path(options.path, spec.Tk, spec.causal);
   const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
@@ -227,8 +280,8 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
 
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const xt::xarray<T>& q, const xt::xarray<T>& k,
-                        const xt::xarray<T>& v, const SdpaOptions& options,
-                        const KeyMask* key_mask) {
+                        const xt::xarray<T>& v, const SdpaOptions& options, const KeyMask* key_mask,
+                        const Tensor4<T>* bias) {
   constexpr auto any = kAnyExtent;
   const auto shape_of = [](const xt::xarray<T>& t) {
     return std::vector<std::size_t>(t.shape().begin(), t.shape().end());
@@ -236,7 +289,8 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const xt::xarray<T>& q, const xt::x
   check_extents("sdpa_forward", "q", shape_of(q), {any, any, any, any});
   check_extents("sdpa_forward", "k", shape_of(k), {any, any, any, any});
   check_extents("sdpa_forward", "v", shape_of(v), {any, any, any, any});
-  return sdpa_forward<T>(cache, Tensor4<T>(q), Tensor4<T>(k), Tensor4<T>(v), options, key_mask);
+  return sdpa_forward<T>(cache, Tensor4<T>(q), Tensor4<T>(k), Tensor4<T>(v), options, key_mask,
+                         bias);
 }
 
 template <class T>
@@ -244,9 +298,14 @@ SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, co
                            const Tensor4<T>& k, const Tensor4<T>& v) {
   detail::check_sdpa_backward_inputs("sdpa_backward", dout, cache, q, k, v);
   const AttentionSpec& s = cache.spec;
-  const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
-  SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}), Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
-                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}), Tensor1<T>::from_shape({s.H})};
+  AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
+  SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}),
+                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
+                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}),
+                 Tensor1<T>::from_shape({s.H}),
+                 {}};
+  Tensor4<T> scratch;  // dS (B,H,Tq,Tk) when the bias broadcasts
+  if (cache.bias_grad) p.dscores = detail::dscores_for(g, scratch, cache).data();
   std::vector<T> dscale_part(s.B * s.H);
   if (cache.path == SdpaPath::fused) {
     detail::sdpa_fused_backward(g.dq.data(), g.dk.data(), g.dv.data(), dscale_part.data(),
@@ -257,13 +316,17 @@ SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, co
                                     dout.data(), cache.p.data(), p);
   }
   detail::sum_dscale(g, dscale_part, s.H);
+  if (scratch.size() != 0) {
+    const auto& b = cache.bias.shape();
+    g.dbias = sum_to_bias_shape(scratch, {b[0], b[1], b[2], b[3]});
+  }
   return g;
 }
 
 template <class T>
 Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options,
-                        const KeyMask* key_mask) {
-  Tensor4<T> p = sdpa_scores(q, k, options, key_mask);  // hidden positions at -inf
+                        const KeyMask* key_mask, const Tensor4<T>* bias) {
+  Tensor4<T> p = sdpa_scores(q, k, options, key_mask, bias);  // hidden positions at -inf
   const std::size_t Tk = p.shape()[3];
   softmax_rows_forward(p.data(), p.data(), p.size() / Tk, Tk);  // P = softmax(S), in place
   return p;
@@ -271,20 +334,24 @@ Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOpti
 
 #define ATTNLAB_INSTANTIATE_SDPA(T)                                                                \
   template Tensor4<T> sdpa_scores<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,     \
-                                     const KeyMask*);                                              \
+                                     const KeyMask*, const Tensor4<T>*);                           \
   template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,         \
-                                      const Tensor4<T>&, const SdpaOptions&, const KeyMask*);      \
+                                      const Tensor4<T>&, const SdpaOptions&, const KeyMask*,       \
+                                      const Tensor4<T>*);                                          \
   template Tensor4<T> sdpa_forward<T>(SdpaCache<T>&, const xt::xarray<T>&, const xt::xarray<T>&,   \
-                                      const xt::xarray<T>&, const SdpaOptions&, const KeyMask*);   \
+                                      const xt::xarray<T>&, const SdpaOptions&, const KeyMask*,    \
+                                      const Tensor4<T>*);                                          \
   template Tensor4<T> sdpa_weights<T>(const Tensor4<T>&, const Tensor4<T>&, const SdpaOptions&,    \
-                                      const KeyMask*);                                             \
+                                      const KeyMask*, const Tensor4<T>*);                          \
+  template Tensor4<T> sum_to_bias_shape<T>(const Tensor4<T>&, const std::array<std::size_t, 4>&);  \
+  template Tensor4<T>& detail::dscores_for<T>(SdpaGrads<T>&, Tensor4<T>&, const SdpaCache<T>&);    \
   template SdpaGrads<T> sdpa_backward<T>(const Tensor4<T>&, const SdpaCache<T>&,                   \
                                          const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>&); \
-  template AttentionSpec detail::check_sdpa_inputs<T>(std::string_view, const Tensor4<T>&,         \
-                                                      const Tensor4<T>&, const Tensor4<T>*,        \
-                                                      const SdpaOptions&, const KeyMask*);         \
+  template AttentionSpec detail::check_sdpa_inputs<T>(                                             \
+      std::string_view, const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>*,                   \
+      const SdpaOptions&, const KeyMask*, const Tensor4<T>*);                                      \
   template void detail::fill_sdpa_cache<T>(SdpaCache<T>&, const AttentionSpec&,                    \
-                                           const SdpaOptions&, const KeyMask*);                    \
+                                           const SdpaOptions&, const KeyMask*, const Tensor4<T>*); \
   template void detail::check_sdpa_backward_inputs<T>(std::string_view, const Tensor4<T>&,         \
                                                       const SdpaCache<T>&, const Tensor4<T>&,      \
                                                       const Tensor4<T>&, const Tensor4<T>&);       \

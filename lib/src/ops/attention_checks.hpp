@@ -10,19 +10,19 @@
 
 namespace attnlab::detail {
 
-// Checks q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv) when given, the key mask (B,Tk) and the
-// options, naming `op`; returns the call's spec (Dv = 0 without v). Throws ShapeError or
-// std::invalid_argument.
+// Checks q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv) when given, the key mask (B,Tk), the bias
+// (1|B, 1|H, Tq, Tk) and the options, naming `op`; returns the call's spec (Dv = 0 without v).
+// Throws ShapeError or std::invalid_argument.
 template <class T>
 AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
                                 const Tensor4<T>* v, const SdpaOptions& options,
-                                const KeyMask* key_mask);
+                                const KeyMask* key_mask, const Tensor4<T>* bias);
 
-// Fills `cache` with a checked call's spec, per-head scales, mask and tiles; the path and the saved
-// tensors (p, or out and lse) are the forward's to set.
+// Fills `cache` with a checked call's spec, per-head scales, mask, bias and tiles; the path and the
+// saved tensors (p, or out and lse) are the forward's to set.
 template <class T>
 void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
-                     const KeyMask* key_mask);
+                     const KeyMask* key_mask, const Tensor4<T>* bias);
 
 // Throws std::logic_error when the cache holds no forward of its path, ShapeError when dout, q, k
 // or v do not match it.
@@ -30,6 +30,12 @@ template <class T>
 void check_sdpa_backward_inputs(std::string_view op, const Tensor4<T>& dout,
                                 const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                                 const Tensor4<T>& v);
+
+// Where the backward of a cache with a bias that requires a gradient writes dS (B,H,Tq,Tk), zeroed:
+// g.dbias itself when the bias does not broadcast, else `scratch` (sum_to_bias_shape then gives
+// g.dbias).
+template <class T>
+Tensor4<T>& dscores_for(SdpaGrads<T>& g, Tensor4<T>& scratch, const SdpaCache<T>& cache);
 
 // g.dscale(h) = Σ_b dscale_part[b·H + h], in a fixed order.
 template <class T>

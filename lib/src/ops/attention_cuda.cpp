@@ -18,7 +18,7 @@ using cuda::DeviceArray;
 // The device copies of one call's inputs and the launch parameters pointing at them.
 template <class T>
 struct DeviceInputs {
-  DeviceArray<T> q, k, v, scale;
+  DeviceArray<T> q, k, v, scale, alibi, bias;
   DeviceArray<unsigned char> key_mask;
   AttentionParams<T> params;
 
@@ -30,6 +30,14 @@ struct DeviceInputs {
         scale(c.scale.data(), c.scale.size()) {
     params = c.params(q.data(), k.data(), v.data());
     params.scale = scale.data();
+    if (!c.alibi.empty()) {
+      alibi = DeviceArray<T>(c.alibi.data(), c.alibi.size());
+      params.alibi_slopes = alibi.data();
+    }
+    if (c.has_bias()) {
+      bias = DeviceArray<T>(c.bias.data(), c.bias.size());
+      params.bias = bias.data();
+    }
     params.key_mask = nullptr;
     if (c.has_key_mask) {
       const std::vector<unsigned char> mask(c.key_mask.begin(), c.key_mask.end());
@@ -64,12 +72,12 @@ SdpaPath resolve_cuda_path(SdpaPath path, std::size_t D, std::size_t Dv) {
 template <class T>
 Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                              const Tensor4<T>& v, const SdpaOptions& options,
-                             const KeyMask* key_mask) {
+                             const KeyMask* key_mask, const Tensor4<T>* bias) {
   const char* op = "sdpa_forward_cuda";
-  const AttentionSpec spec = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask);
+  const AttentionSpec spec = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
   cuda::require_device(op);
   SdpaCache<T> c;
-  detail::fill_sdpa_cache(c, spec, options, key_mask);
+  detail::fill_sdpa_cache(c, spec, options, key_mask, bias);
   c.path = resolve_cuda_path<T>(options.path, spec.D, spec.Dv);
 
   DeviceInputs<T> in(c, q, k, v);
@@ -104,8 +112,18 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
 
   DeviceInputs<T> in(cache, q, k, v);
   DeviceArray<T> dout_d(dout.data(), dout.size());
-  SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}), Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
-                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}), Tensor1<T>::from_shape({s.H})};
+  SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}),
+                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
+                 Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}),
+                 Tensor1<T>::from_shape({s.H}),
+                 {}};
+  Tensor4<T> scratch;  // dS (B,H,Tq,Tk) when the bias broadcasts
+  Tensor4<T>* dscores = cache.bias_grad ? &detail::dscores_for(g, scratch, cache) : nullptr;
+  DeviceArray<T> dscores_d;
+  if (dscores) {
+    dscores_d = DeviceArray<T>(dscores->data(), dscores->size());  // zeroed
+    in.params.dscores = dscores_d.data();
+  }
   auto dq_d = poisoned<T>(g.dq.size());
   auto dk_d = poisoned<T>(g.dk.size());
   auto dv_d = poisoned<T>(g.dv.size());
@@ -125,6 +143,13 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
   dq_d.download(g.dq.data());
   dk_d.download(g.dk.data());
   dv_d.download(g.dv.data());
+  if (dscores) {
+    dscores_d.download(dscores->data());
+    if (scratch.size() != 0) {
+      const auto& b = cache.bias.shape();
+      g.dbias = sum_to_bias_shape(scratch, {b[0], b[1], b[2], b[3]});
+    }
+  }
   // dL/ds_h = Σ dS ⊙ (Q Kᵀ) = ⟨dQ, Q⟩ / s_h, per (b, h) slice, then summed over the batch.
   std::vector<T> dscale_part(s.B * s.H);
   const std::size_t slice = s.Tq * s.D;
@@ -139,11 +164,12 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
   return g;
 }
 
-#define ATTNLAB_INSTANTIATE_SDPA_CUDA(T)                                                           \
-  template Tensor4<T> sdpa_forward_cuda<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,    \
-                                           const Tensor4<T>&, const SdpaOptions&, const KeyMask*); \
-  template SdpaGrads<T> sdpa_backward_cuda<T>(const Tensor4<T>&, const SdpaCache<T>&,              \
-                                              const Tensor4<T>&, const Tensor4<T>&,                \
+#define ATTNLAB_INSTANTIATE_SDPA_CUDA(T)                                                          \
+  template Tensor4<T> sdpa_forward_cuda<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,   \
+                                           const Tensor4<T>&, const SdpaOptions&, const KeyMask*, \
+                                           const Tensor4<T>*);                                    \
+  template SdpaGrads<T> sdpa_backward_cuda<T>(const Tensor4<T>&, const SdpaCache<T>&,             \
+                                              const Tensor4<T>&, const Tensor4<T>&,               \
                                               const Tensor4<T>&);
 ATTNLAB_INSTANTIATE_SDPA_CUDA(float)
 ATTNLAB_INSTANTIATE_SDPA_CUDA(double)

@@ -218,6 +218,11 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
             for (std::size_t r = 0; r < br; ++r) {
               subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);
             }
+            if (p.dscores != nullptr) {  // the bias gradient: this tile of dS
+              for (std::size_t r = 0; r < br; ++r) {
+                std::copy_n(dpb.data() + r * bc, bc, p.dscores + (bh * Tq + i0 + r) * Tk + j0);
+              }
+            }
             // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
             blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
                           dqp + i0 * D, d);

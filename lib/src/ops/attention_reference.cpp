@@ -2,7 +2,9 @@
 // one (b, h) slice per thread, whole (Tq, Tk) matrices through blas::gemm, P materialised.
 //   S = s · Q Kᵀ (the score rule, attnlab/attention/score_rule.hpp), P = softmax(S), O = P V;
 //   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = s · dS K, dK = s · dSᵀ Q;
-//   with grouped-query attention dK and dV sum over the query heads that share a K/V head.
+//   with grouped-query attention dK and dV sum over the query heads that share a K/V head; dS goes
+//   to p.dscores when set (the bias gradient).
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 
@@ -88,6 +90,7 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
         blas::gemm<T>(false, true, m, n, dvw, T(1), dop, dvw, vp, dvw, T(0), ds.get(), n);
         // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
         softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
+        if (p.dscores != nullptr) std::copy_n(ds.get(), Tq * Tk, p.dscores + bh * Tq * Tk);
         // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
         blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
         // dK (+)= s · dSᵀ Q                              (Tk,Tq) x (Tq,D) -> (Tk,D)

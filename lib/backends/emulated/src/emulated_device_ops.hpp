@@ -265,9 +265,9 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
       gemm_batched(false, true, m, n, dvw, dout + r * so, dvw, g * so, a.v, dvw, sv, ds + r * sp, n,
                    g * sp, batch);
     }
-    // dS = s_h · P ⊙ (dP − rowsum(dP ⊙ P)), in place
-    emu::launch(cuda::reference::softmax_backward_rows<T>, row_grid(rows), block(), 0, ds, p,
-                a.scale, a.H, a.Tq, a.Tk);
+    // s_h · dS, dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores when set
+    emu::launch(cuda::reference::softmax_backward_rows<T>, row_grid(rows), block(), 0, ds,
+                a.dscores, p, a.scale, a.H, a.Tq, a.Tk);
     for (std::size_t r = 0; r < g; ++r) {
       const T beta = r == 0 ? T(0) : T(1);
       // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)

@@ -58,11 +58,18 @@ struct AttentionParams : AttentionSpec {
   // on the fly (the fused paths keep O(T) memory); nullptr: no ALiBi.
   const T* alibi_slopes = nullptr;
 
-  // ---- variants not accepted yet: check_attention_params throws "not supported yet" if set ----
-  // Additive bias, rows of Tk contiguous; element (b,h,i,j) at b·bias_batch_stride +
-  // h·bias_head_stride + i·Tk + j (a stride of 0 broadcasts over that axis).
+  // Additive bias (relative-position or learned biases): a visible key's score gets
+  // bias(b,h,i,j), stored with rows of Tk contiguous at b·bias_batch_stride + h·bias_head_stride +
+  // i·Tk + j (a stride of 0 broadcasts over that axis); nullptr: no bias. A bias of -inf hides a
+  // key as the mask does.
   const T* bias = nullptr;
   std::size_t bias_batch_stride = 0, bias_head_stride = 0;
+
+  // Backward output, optional: when set, the backward writes dS = dL/dS (B,H,Tq,Tk), the gradient
+  // of the scores before the scale, which is the gradient of an additive bias before the sums
+  // over its broadcast axes. The fused paths write the tiles they visit and leave the rest (keys
+  // the rule hides from a whole tile): pass zeroed memory.
+  T* dscores = nullptr;
 };
 
 // Throws std::invalid_argument naming `op` unless the spec describes a call this version runs:
@@ -90,8 +97,6 @@ inline void check_attention_spec(const AttentionSpec& s, const char* op) {
 template <class T>
 void check_attention_params(const AttentionParams<T>& p, const char* op) {
   check_attention_spec(p, op);
-  if (p.bias != nullptr)
-    throw std::invalid_argument(std::string(op) + ": an attention bias is not supported yet");
 }
 
 }  // namespace attnlab

@@ -3,12 +3,12 @@
 // and fused in lib/cuda). __host__ __device__ under nvcc, plain inline C++ otherwise.
 //
 //   visible(b, i, j) = key_mask(b, j) && (!causal || j <= i + o) && (!w || j > i + o - w)
-//   S_ij = s_h · q_i·k_j [- m_h · (i + o - j) with ALiBi] when visible, -inf (excluded from the
-//          softmax) otherwise
+//   S_ij = s_h · q_i·k_j [- m_h · (i + o - j) with ALiBi] [+ bias(b,h,i,j)] when visible, -inf
+//          (excluded from the softmax) otherwise
 //
 // with o the query offset and w the sliding window (causal only: query i sees its w latest keys,
-// itself included). A variant changes these helpers only: ALiBi adds its term in
-// score_of_scaled() and score_row(), grouped-query attention maps heads with kv_head_of
+// itself included). A variant changes these helpers only: ALiBi and the additive bias add their
+// terms in score_of_scaled() and score_row(), grouped-query attention maps heads with kv_head_of
 // (params.hpp). The tile bounds (key_begin, key_end, query_begin, query_end) let the fused paths
 // skip whole tiles that the rule hides.
 #pragma once
@@ -63,9 +63,6 @@ ATTNLAB_HD inline std::size_t query_end(const AttentionSpec& s, std::size_t j) {
   return end < s.Tq ? end : s.Tq;
 }
 
-// The score the softmax sees for query i and key j of batch b, head h, from the scaled dot
-// scaled_dot = s_h · q_i·k_j: itself when key j is visible to query i, -inf when hidden. A NaN at
-// a visible key stays NaN.
 // ALiBi's term for query i, key j of head h: -m_h · (i + o - j) (0 without ALiBi).
 template <class T>
 ATTNLAB_HD inline T alibi_term(const AttentionParams<T>& p, std::size_t h, std::size_t i,
@@ -74,11 +71,24 @@ ATTNLAB_HD inline T alibi_term(const AttentionParams<T>& p, std::size_t h, std::
   return p.alibi_slopes[h] * (static_cast<T>(j) - static_cast<T>(i + p.query_offset));
 }
 
+// The additive bias of query i, key j of batch b, head h (0 without a bias).
+template <class T>
+ATTNLAB_HD inline T bias_term(const AttentionParams<T>& p, std::size_t b, std::size_t h,
+                              std::size_t i, std::size_t j) {
+  if (p.bias == nullptr) return T(0);
+  return p.bias[b * p.bias_batch_stride + h * p.bias_head_stride + i * p.Tk + j];
+}
+
+// The score the softmax sees for query i and key j of batch b, head h, from the scaled dot
+// scaled_dot = s_h · q_i·k_j: itself plus ALiBi's term and the bias when key j is visible to
+// query i, -inf when hidden. A NaN at a visible key stays NaN.
 template <class T>
 ATTNLAB_HD inline T score_of_scaled(const AttentionParams<T>& p, std::size_t b, std::size_t h,
                                     std::size_t i, std::size_t j, T scaled_dot) {
   if (!key_visible(p, b, i, j)) return cuda_math::negative_infinity<T>();
-  return p.alibi_slopes == nullptr ? scaled_dot : scaled_dot + alibi_term(p, h, i, j);
+  if (p.alibi_slopes != nullptr) scaled_dot += alibi_term(p, h, i, j);
+  if (p.bias != nullptr) scaled_dot += bias_term(p, b, h, i, j);
+  return scaled_dot;
 }
 
 // The same from dot = q_i·k_j and scale = s_h (p.scale[h], passed in so that a kernel loads it
@@ -103,6 +113,10 @@ inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h,
   constexpr T hidden = cuda_math::negative_infinity<T>();
   if (p.alibi_slopes != nullptr) {
     for (std::size_t c = first; c < shown; ++c) scaled_row[c] += alibi_term(p, h, i, j0 + c);
+  }
+  if (p.bias != nullptr) {
+    const T* bias = p.bias + b * p.bias_batch_stride + h * p.bias_head_stride + i * p.Tk + j0;
+    for (std::size_t c = first; c < shown; ++c) scaled_row[c] += bias[c];
   }
   for (std::size_t c = 0; c < first; ++c) scaled_row[c] = hidden;
   if (p.key_mask != nullptr) {

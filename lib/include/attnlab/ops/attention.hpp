@@ -16,6 +16,11 @@
 // k and v have Hkv heads, Hkv dividing H, and query head h reads K/V head h / (H / Hkv), as
 // PyTorch's scaled_dot_product_attention(..., enable_gqa=True). The backward sums dK and dV over
 // the H / Hkv query heads of each group; dk and dv are (B,Hkv,Tk,·).
+//
+// Additive bias (relative-position and learned biases; PyTorch's float attn_mask): the scores
+// become S = s · Q Kᵀ + bias, with the bias of shape (1|B, 1|H, Tq, Tk) broadcast over the axes of
+// extent 1. Its gradient dBias is dS = dL/dS summed over those axes, and every path gives it
+// (SdpaGrads::dbias). A bias entry of -inf hides that key, as the mask does.
 // SdpaOptions is the convenient front: each entry point checks it once and resolves it into the
 // one parameter struct of every path, AttentionParams (attnlab/attention/params.hpp), whose score
 // rule is attnlab/attention/score_rule.hpp. The CUDA paths (attnlab/ops/attention_cuda.hpp) take
@@ -32,6 +37,7 @@
 //    reference otherwise.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -84,6 +90,10 @@ struct SdpaOptions {
   // -m_h · (i + o - j) (i + o the query's absolute position), computed on the fly on every path.
   // Empty: no ALiBi. alibi_slopes(H) gives the paper's slopes.
   std::vector<double> alibi_slopes;
+  // With an additive bias: whether the backward computes dBias (SdpaGrads::dbias). false for a
+  // constant bias saves the (B,H,Tq,Tk) gradient of the scores that the sum over its broadcast
+  // axes needs.
+  bool bias_requires_grad = true;
   SdpaPath path = SdpaPath::automatic;
   // Fused path tiles: query rows x keys per tile; 0 = the tuned default (128 x 512). Results agree
   // to rounding for any tile size; tests use small tiles to cross tile edges on small inputs.
@@ -118,6 +128,9 @@ struct SdpaCache {
   std::vector<T> alibi;  // (H,) ALiBi's slopes, or empty
   bool has_key_mask = false;
   KeyMask key_mask;  // (B, Tk), true = may attend; empty when has_key_mask is false
+  // A copy of the additive bias (1|B, 1|H, Tq, Tk), or empty; bias_grad: the backward gives dBias.
+  Tensor4<T> bias;
+  bool bias_grad = false;
   SdpaPath path = SdpaPath::reference;  // the path the last forward ran (never `automatic`)
   // Reference path only: (B,H,Tq,Tk) attention weights of the last forward, 0 at hidden positions
   // and in rows that see no key. Readable by callers for inspection and metrics. Empty after a
@@ -130,6 +143,7 @@ struct SdpaCache {
   std::size_t tile_rows = 0, tile_keys = 0;
 
   bool has_weights() const { return p.size() != 0; }
+  bool has_bias() const { return bias.size() != 0; }
 
   // The parameters of this cache's call over q, k, v: the spec, and pointers into q, k, v and into
   // this cache's scales and mask (valid while the cache and the tensors are unchanged).
@@ -140,36 +154,43 @@ struct SdpaCache {
     a.q = q, a.k = k, a.v = v, a.scale = scale.data();
     a.alibi_slopes = alibi.empty() ? nullptr : alibi.data();
     a.key_mask = has_key_mask ? reinterpret_cast<const unsigned char*>(key_mask.data()) : nullptr;
+    if (has_bias()) {
+      const std::size_t heads = bias.shape()[1], slice = spec.Tq * spec.Tk;
+      a.bias = bias.data();
+      a.bias_batch_stride = bias.shape()[0] == 1 ? 0 : heads * slice;
+      a.bias_head_stride = heads == 1 ? 0 : slice;
+    }
     return a;
   }
 };
 
 // q: (B,H,Tq,D), k: (B,Hkv,Tk,D), v: (B,Hkv,Tk,Dv) with Hkv dividing H; key_mask: (B,Tk) or
-// nullptr.
-// Returns O (B,H,Tq,Dv) and fills `cache`. Throws ShapeError on any shape mismatch, naming both
-// shapes, and std::invalid_argument for a bad option (scale, head_scale, query_offset).
+// nullptr; bias: (1|B, 1|H, Tq, Tk) added to the scaled scores, or nullptr (the cache keeps a
+// copy). Returns O (B,H,Tq,Dv) and fills `cache`. Throws ShapeError on any shape mismatch, naming
+// both shapes, and std::invalid_argument for a bad option (scale, head_scale, query_offset).
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                         const Tensor4<T>& v, const SdpaOptions& options = {},
-                        const KeyMask* key_mask = nullptr);
+                        const KeyMask* key_mask = nullptr, const Tensor4<T>* bias = nullptr);
 
 // Dynamic-rank entry point: the same, for callers holding xt::xarray; wrong ranks throw ShapeError.
 template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const xt::xarray<T>& q, const xt::xarray<T>& k,
                         const xt::xarray<T>& v, const SdpaOptions& options = {},
-                        const KeyMask* key_mask = nullptr);
+                        const KeyMask* key_mask = nullptr, const Tensor4<T>* bias = nullptr);
 
-// S = s · Q Kᵀ (B,H,Tq,Tk), the logits the softmax sees, with hidden positions set to -inf.
-// For metrics (max |scaled logit|) and the saturation study. q: (B,H,Tq,D), k: (B,Hkv,Tk,D).
+// S = s · Q Kᵀ (B,H,Tq,Tk), the logits the softmax sees (ALiBi and the bias included), with hidden
+// positions set to -inf. For metrics (max |scaled logit|) and the saturation study.
+// q: (B,H,Tq,D), k: (B,Hkv,Tk,D).
 template <class T>
 Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options = {},
-                       const KeyMask* key_mask = nullptr);
+                       const KeyMask* key_mask = nullptr, const Tensor4<T>* bias = nullptr);
 
 // P = softmax(S) (B,H,Tq,Tk), recomputed as the reference path does (hidden positions and empty
 // rows are 0). For metrics after a fused forward. q: (B,H,Tq,D), k: (B,Hkv,Tk,D).
 template <class T>
 Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptions& options = {},
-                        const KeyMask* key_mask = nullptr);
+                        const KeyMask* key_mask = nullptr, const Tensor4<T>* bias = nullptr);
 
 template <class T>
 struct SdpaGrads {
@@ -177,10 +198,21 @@ struct SdpaGrads {
   Tensor4<T> dk;      // (B,Hkv,Tk,D), summed over each group
   Tensor4<T> dv;      // (B,Hkv,Tk,Dv), summed over each group
   Tensor1<T> dscale;  // (H,) dL/ds_h = Σ over batch, rows and keys of dS ⊙ (Q Kᵀ)
+  Tensor4<T> dbias;   // the bias's shape: dS summed over its broadcast axes; empty without a bias
+                      // or with SdpaOptions::bias_requires_grad false
 };
 
+// dBias from dS = dL/dS (B,H,Tq,Tk): the sum over the axes that a bias of shape `bias_shape`
+// (1|B, 1|H, Tq, Tk) broadcasts over, in a fixed order (deterministic). For callers of the raw
+// launchers (attnlab/cuda_attention.hpp) that set AttentionParams::dscores. Throws ShapeError when
+// bias_shape does not broadcast to dS.
+template <class T>
+Tensor4<T> sum_to_bias_shape(const Tensor4<T>& dscores,
+                             const std::array<std::size_t, 4>& bias_shape);
+
 // dout: (B,H,Tq,Dv), the gradient of the loss with respect to O. q, k, v: the forward's inputs.
-// Returns fresh gradients (assigns; nothing is accumulated). Throws ShapeError on mismatch and
+// Returns fresh gradients (assigns; nothing is accumulated), dbias too when the forward had a bias
+// that requires a gradient. Throws ShapeError on mismatch and
 // std::logic_error when the cache holds no forward. Runs the path the forward ran.
 //   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = s · dS K,  dK = s · dSᵀ Q.
 template <class T>

@@ -20,18 +20,19 @@
 
 namespace attnlab {
 
-// q: (B,H,Tq,D), k: (B,H,Tk,D), v: (B,H,Tk,Dv); key_mask: (B,Tk) or nullptr.
+// q: (B,H,Tq,D), k: (B,Hkv,Tk,D), v: (B,Hkv,Tk,Dv); key_mask: (B,Tk) or nullptr; bias:
+// (1|B, 1|H, Tq, Tk) or nullptr, as sdpa_forward.
 // Returns O (B,H,Tq,Dv) and fills `cache`. Throws ShapeError on any shape mismatch and
 // std::invalid_argument on a bad option (the CPU op's messages, naming sdpa_forward_cuda),
 // CudaError without a device.
 template <class T>
 Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                              const Tensor4<T>& v, const SdpaOptions& options = {},
-                             const KeyMask* key_mask = nullptr);
+                             const KeyMask* key_mask = nullptr, const Tensor4<T>* bias = nullptr);
 
 // dout: (B,H,Tq,Dv) = dL/dO; q, k, v: the forward's inputs. Returns fresh gradients (assigns),
-// dscale included (computed on the host as ⟨dQ, Q⟩ / s per head). Runs the path the forward ran.
-// Throws std::logic_error for an empty cache, ShapeError on mismatch.
+// dbias (as sdpa_backward) and dscale included (computed on the host as ⟨dQ, Q⟩ / s per head). Runs
+// the path the forward ran. Throws std::logic_error for an empty cache, ShapeError on mismatch.
 template <class T>
 SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cache,
                                 const Tensor4<T>& q, const Tensor4<T>& k, const Tensor4<T>& v);
