@@ -11,7 +11,9 @@
 //              dK += dSᵀ Q; dS/s to AttentionParams::dscores when set (the bias gradient).
 //   dQ         one block per (query tile, b·h): loop over key tiles, dQ += dS K.
 // Every output element has exactly one writer: deterministic, no atomics, no zeroed memory needed
-// (except dscores, whose tiles hidden from every query of a tile are skipped).
+// (except dscores, whose tiles hidden from every query of a tile are skipped). Dropout multiplies
+// the weights by M / (1 − p) after the row sums (forward) and P and dP alike in both backward
+// passes, the mask regenerated from its coordinates (attnlab/attention/dropout.hpp).
 //
 // Tiles: TILE query rows × TILE keys (TILE = 64, or 16 when the head dims need more shared memory
 // than the device has). 256 threads; thread (ty, tx) = (t / 16, t % 16) owns rows ty + 16·i and
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/cuda_math.hpp"
@@ -185,8 +188,10 @@ __global__ void __launch_bounds__(kThreads)
       T tile_sum = 0;
       for (int c = lane; c < TILE; c += detail::kWarpSize) {
         const T p = cm::exp_shifted(ss[r * g.lds + c], new_max);
-        ss[r * g.lds + c] = p;
-        tile_sum += p;
+        tile_sum += p;  // the row sum normalises the weights before dropout
+        ss[r * g.lds + c] = a.dropout_p == 0
+                                ? p
+                                : p * attention::attention_dropout_factor<T>(a, bh, i0 + r, j0 + c);
       }
       tile_sum = detail::warp_sum(tile_sum);
       if (lane == 0) {
@@ -290,8 +295,9 @@ __device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, in
 // not null: the bias gradient.
 template <class T, int MI, int NS>
 __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* dos, const T* vs,
-                               int lddv, int dvp, const T* dot_s, T s, int ty, int tx, T* dscores,
-                               std::size_t Tk, std::size_t rows, std::size_t cols) {
+                               int lddv, int dvp, const T* dot_s, T s, int ty, int tx,
+                               const AttentionParams<T>& a, std::size_t bh, std::size_t i0,
+                               std::size_t j0, T* dscores, std::size_t rows, std::size_t cols) {
   T dp_acc[MI][NS];
   fill(dp_acc, T(0));
   micro_gemm(dp_acc, dos, lddv, 1, vs, 1, lddv, dvp, ty, tx, 0);  // dO Vᵀ (TILE,dvp) x (dvp,TILE)
@@ -300,10 +306,14 @@ __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* do
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
       const int r = ty + kSide * i, c = tx + kSide * j;
-      const T element = cm::softmax_backward_element(p[i][j], dp_acc[i][j], dot_s[r]);
+      // With dropout, dP = (dO Vᵀ) ⊙ M / (1 − p)
+      const T dp = a.dropout_p == 0 ? dp_acc[i][j]
+                                    : dp_acc[i][j] * attention::attention_dropout_factor<T>(
+                                                         a, bh, i0 + r, j0 + c);
+      const T element = cm::softmax_backward_element(p[i][j], dp, dot_s[r]);
       if (dscores != nullptr && static_cast<std::size_t>(r) < rows &&
           static_cast<std::size_t>(c) < cols) {
-        dscores[r * Tk + c] = element;
+        dscores[r * a.Tk + c] = element;
       }
       ds[r * lds + c] = s * element;
     }
@@ -367,7 +377,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < MI; ++i) {
 #pragma unroll
-        for (int j = 0; j < NS; ++j) ps[(ty + kSide * i) * g.lds + tx + kSide * j] = p[i][j];
+        for (int j = 0; j < NS; ++j) {  // P ⊙ M / (1 − p) with dropout, for dV
+          const int r = ty + kSide * i, c = tx + kSide * j;
+          ps[r * g.lds + c] = a.dropout_p == 0 ? p[i][j]
+                                               : p[i][j] * attention::attention_dropout_factor<T>(
+                                                               a, bh, i0 + r, j0 + c);
+        }
       }
       __syncthreads();
       // dV += Pᵀ dO                                      (TILE,TILE)ᵀ x (TILE,dvp) -> (TILE,dvp)
@@ -392,7 +407,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();  // P is no longer read: overwrite it with dS
       // dS of the tile to a.dscores (the bias gradient) in this pass only: one writer per element
       T* dscores = a.dscores == nullptr ? nullptr : a.dscores + (bh * a.Tq + i0) * a.Tk + j0;
-      tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, dscores, a.Tk,
+      tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0, dscores,
               std::min<std::size_t>(TILE, a.Tq - i0), std::min<std::size_t>(TILE, a.Tk - j0));
       __syncthreads();
       // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
@@ -475,8 +490,8 @@ __global__ void __launch_bounds__(kThreads)
     {
       T p[MI][MI];
       tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
-      tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, static_cast<T*>(nullptr),
-              a.Tk, 0, 0);
+      tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0,
+              static_cast<T*>(nullptr), 0, 0);
     }
     __syncthreads();
     // dQ += dS K  (dS already carries s)               (TILE,TILE) x (TILE,dp) -> (TILE,dp)

@@ -56,10 +56,18 @@ void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) {
   }
   masked_softmax_rows<T><<<grid_of(rows), kRowThreads>>>(p, a);
   ATTNLAB_CUDA_CHECK_LAUNCH();
+  // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
+  DeviceArray<T> dropped;
+  if (a.dropout_p != 0) {
+    dropped = DeviceArray<T>(rows * a.Tk);
+    dropout_rows<T><<<grid_of(rows), kRowThreads>>>(dropped.data(), p, a);
+    ATTNLAB_CUDA_CHECK_LAUNCH();
+  }
+  const T* weights = a.dropout_p != 0 ? dropped.data() : p;
   for (std::size_t r = 0; r < g; ++r) {
     // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-    gemm_strided_batched<T>(false, false, m, dv, n, T(1), p + r * sp, n, gl * sp, a.v, dv, sv, T(0),
-                            out + r * so, dv, gl * so, batch);
+    gemm_strided_batched<T>(false, false, m, dv, n, T(1), weights + r * sp, n, gl * sp, a.v, dv, sv,
+                            T(0), out + r * so, dv, gl * so, batch);
   }
 }
 
@@ -74,14 +82,26 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T*
   const auto gl = static_cast<long long>(g);
   const long long sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
                   so = a.Tq * a.Dv;
+  // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
+  DeviceArray<T> dropped;
+  if (a.dropout_p != 0) {
+    dropped = DeviceArray<T>(rows * a.Tk);
+    dropout_rows<T><<<grid_of(rows), kRowThreads>>>(dropped.data(), p, a);
+    ATTNLAB_CUDA_CHECK_LAUNCH();
+  }
+  const T* weights = a.dropout_p != 0 ? dropped.data() : p;
   for (std::size_t r = 0; r < g; ++r) {
     const T beta = r == 0 ? T(0) : T(1);
     // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-    gemm_strided_batched<T>(true, false, n, dvw, m, T(1), p + r * sp, n, gl * sp, dout + r * so,
-                            dvw, gl * so, beta, dv, dvw, sv, batch);
+    gemm_strided_batched<T>(true, false, n, dvw, m, T(1), weights + r * sp, n, gl * sp,
+                            dout + r * so, dvw, gl * so, beta, dv, dvw, sv, batch);
     // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
     gemm_strided_batched<T>(false, true, m, n, dvw, T(1), dout + r * so, dvw, gl * so, a.v, dvw, sv,
                             T(0), ds + r * sp, n, gl * sp, batch);
+  }
+  if (a.dropout_p != 0) {
+    dropout_rows<T><<<grid_of(rows), kRowThreads>>>(ds, ds, a);
+    ATTNLAB_CUDA_CHECK_LAUNCH();
   }
   // s_h · dS, dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores when set
   softmax_backward_rows<T>

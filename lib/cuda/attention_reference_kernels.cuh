@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/cuda_math.hpp"
@@ -37,6 +38,17 @@ __global__ void __launch_bounds__(kRowThreads)
   for (std::size_t j = threadIdx.x; j < a.Tk; j += blockDim.x) {
     // exp_shifted gives 0 for a hidden score (-inf)
     x[j] = cm::exp_shifted(attention::score(a, b, h, i, j, s, x[j]), state.max) * inverse_sum;
+  }
+}
+
+// One block per row (bh, i) of x (B,H,Tq,Tk): y = x ⊙ M / (1 − p), the call's attention dropout
+// (attnlab/attention/dropout.hpp). y may be x.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    dropout_rows(T* y, const T* x, AttentionParams<T> a) {
+  const std::size_t row = blockIdx.x, bh = row / a.Tq, i = row % a.Tq;
+  for (std::size_t j = threadIdx.x; j < a.Tk; j += blockDim.x) {
+    y[row * a.Tk + j] = x[row * a.Tk + j] * attention::attention_dropout_factor<T>(a, bh, i, j);
   }
 }
 

@@ -248,8 +248,7 @@ TEST_CASE(
   CHECK(attention::score(p, 0, 0, 0, 1, 0.5, nan) == -kInf);
 }
 
-TEST_CASE(
-    "attention params: kv_head_of, Hkv divides H, a window needs causal, dropout is refused") {
+TEST_CASE("attention params: kv_head_of, Hkv divides H, a window needs causal, dropout p < 1") {
   AttentionParams<float> p;
   p.B = 1, p.H = 8, p.Hkv = 8, p.Tq = p.Tk = 4, p.D = p.Dv = 2;
   for (std::size_t h = 0; h < 8; ++h) CHECK(p.kv_head_of(h) == h);
@@ -273,7 +272,7 @@ TEST_CASE(
                          std::invalid_argument);
   };
   refused([](auto& a) { a.window = 3; }, "window expected causal attention");
-  refused([](auto& a) { a.dropout_p = 0.1f; }, "not supported yet");
+  refused([](auto& a) { a.dropout_p = 1.0; }, "op: dropout_p expected a probability in [0, 1)");
   const float bias = 0, slopes = 0;
   AttentionParams<float> with_alibi = p;  // ALiBi and the bias run on every path
   with_alibi.alibi_slopes = &slopes;

@@ -11,6 +11,8 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/alibi.json          ALiBi (a float bias on the scaled scores): the same
   tests/data/golden/bias.json           an additive bias (1|B, 1|H, Tq, Tk) and its gradient,
                                         with GQA, causal with an offset and a key mask
+  tests/data/golden/dropout.json        attention dropout replaying attnlab's mask (drawn here by
+                                        an independent Philox4x32-10), with GQA, a mask and a bias
   tests/data/golden/softmax.json        row softmax and its backward
   tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
   tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, embedding
@@ -25,7 +27,7 @@ How to run (from the repository root):
   python3 tests/golden/make_goldens.py mha.json   # only the named files
 Requires torch, numpy and safetensors (pip install torch numpy safetensors).
 The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
-safetensors 0.8.0, Python 3.11.7; gqa.json, window.json, alibi.json and bias.json with Debian's python3-torch 1.13 (it needs neither
+safetensors 0.8.0, Python 3.11.7; gqa.json, window.json, alibi.json, bias.json and dropout.json with Debian's python3-torch 1.13 (it needs neither
 F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check when present).
 
 Conventions:
@@ -396,6 +398,87 @@ def bias_cases():
         if mask is not None:
             tensors["mask"] = mask
         tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_, "dbias": dbias})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+def philox4x32_10(ctr, key):
+    """Philox4x32-10 (Salmon et al. 2011) in plain Python integers: the
+    generator of attnlab/attention/dropout.hpp, written again from the paper."""
+    m0, m1, w0, w1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+    x0, x1, x2, x3 = ctr
+    k0, k1 = key
+    for rnd in range(10):
+        if rnd > 0:
+            k0, k1 = (k0 + w0) & 0xFFFFFFFF, (k1 + w1) & 0xFFFFFFFF
+        p0, p1 = m0 * x0, m1 * x2
+        x0, x1, x2, x3 = (p1 >> 32) ^ x1 ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ x3 ^ k1, p0 & 0xFFFFFFFF
+    return (x0, x1, x2, x3)
+
+
+# Random123's known answers (kat_vectors), checked before any mask is drawn.
+assert philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+assert philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) \
+    == (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+
+ATTENTION_STREAM = 0xA77
+
+
+def attention_keep_mask(seed, p, b, h, tq, tk):
+    """Bool (B, H, Tq, Tk): weight (bh, i, j) is kept iff word j % 4 of
+    philox((j // 4, i, bh, 0xA77), seed) >= floor(p * 2^32)."""
+    threshold = int(p * 4294967296.0)
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    keep = torch.zeros(b, h, tq, tk, dtype=torch.bool)
+    for bh in range(b * h):
+        for i in range(tq):
+            for j in range(tk):
+                word = philox4x32_10((j // 4, i, bh, ATTENTION_STREAM), key)[j % 4]
+                keep[bh // h, bh % h, i, j] = word >= threshold
+    return keep
+
+
+DROPOUT_CASES = [
+    # name, B, H, Hkv, Tq, Tk, D, Dv, causal, mask-kind, p, seed, with a bias (1, H, Tq, Tk)
+    ("dropout_0.3",            2, 2, 2, 4, 5, 3, 2, False, None,        0.3, 12345, False),
+    ("dropout_0.5_causal_mask", 2, 2, 2, 4, 4, 3, 3, True, "first_key", 0.5, 0x9E3779B97F4A7C15, False),
+    ("dropout_0.2_gqa_bias",   2, 4, 2, 3, 5, 3, 2, True,  None,        0.2, 7, True),
+]
+
+
+def dropout_cases():
+    """Dropout on the attention weights, replaying attnlab's mask: the mask is
+    drawn here from the same counter-based rule (an independent Philox), the
+    weights are multiplied by keep / (1 - p) after the softmax, and autograd
+    gives the gradients with the mask held fixed."""
+    out_cases = []
+    for idx, (name, b, h, hkv, tq, tk, d, dv, causal, mkind, p, seed, with_bias) in \
+            enumerate(DROPOUT_CASES):
+        g = gen(1900 + idx)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, hkv, tk, d), randn(g, b, hkv, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        bias = randn(g, 1, h, tq, tk) if with_bias else None
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        vis = visibility(b, h, tq, tk, causal, mask)
+        keep = attention_keep_mask(seed, p, b, h, tq, tk)
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+        if bias is not None:
+            bias.requires_grad_()
+        group = h // hkv
+        kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        _, weights = masked_attention(q, kk, vv, 1.0 / math.sqrt(d), vis, bias)
+        out = (weights * keep.to(DT) / (1.0 - p)) @ vv
+        inputs = (q, k, v) + ((bias,) if bias is not None else ())
+        grads = torch.autograd.grad((out * r).sum(), inputs)
+        config = {"heads": h, "kv_heads": hkv, "causal": causal, "has_mask": mask is not None,
+                  "p": p, "seed": seed, "has_bias": bias is not None, "input_seed": 1900 + idx}
+        tensors = {"q": q, "k": k, "v": v, "r": r, "keep": keep}
+        if mask is not None:
+            tensors["mask"] = mask
+        if bias is not None:
+            tensors["bias"] = bias
+            tensors["dbias"] = grads[3]
+        tensors.update({"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2]})
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -831,6 +914,7 @@ def main():
         "window.json": window_cases,
         "alibi.json": alibi_cases,
         "bias.json": bias_cases,
+        "dropout.json": dropout_cases,
         "softmax.json": softmax_cases,
         "optim.json": optim_cases,
         "layers.json": layer_cases,

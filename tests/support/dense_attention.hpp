@@ -3,6 +3,8 @@
 //   visible(b, i, j) = mask(b, j) && (!causal || (j <= i + o && (!w || j + w > i + o)))
 //   score(i, j) = s_h · q_i·k_j - m_h · (i + o - j) + bias(b, h, i, j)
 // (the second term with ALiBi slopes m, the third with a bias of shape (1|B, 1|H, Tq, Tk)).
+// With options.dropout_p > 0 and a keep mask (B,H,Tq,Tk), each weight is multiplied by
+// keep / (1 − p) after the softmax.
 // Query head h reads K/V head h / (H / Hkv). A row with no visible key gives 0.
 #pragma once
 
@@ -18,7 +20,8 @@ namespace attnlab::test {
 
 inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<double>& k,
                                        const Tensor4<double>& v, const SdpaOptions& options,
-                                       const KeyMask* mask, const Tensor4<double>* bias = nullptr) {
+                                       const KeyMask* mask, const Tensor4<double>* bias = nullptr,
+                                       const xt::xtensor<bool, 4>* keep = nullptr) {
   const std::size_t B = q.shape()[0], H = q.shape()[1], Tq = q.shape()[2], D = q.shape()[3];
   const std::size_t Hkv = k.shape()[1], Tk = k.shape()[2], Dv = v.shape()[3];
   const auto o = static_cast<std::size_t>(options.query_offset);
@@ -51,7 +54,10 @@ inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<d
         double sum = 0;
         for (double& x : score) sum += (x = std::exp(x - top));
         for (std::size_t j = 0; j < Tk; ++j) {
-          for (std::size_t c = 0; c < Dv; ++c) out(b, h, i, c) += score[j] / sum * v(b, kv, j, c);
+          double weight = score[j] / sum;
+          if (options.dropout_p > 0)
+            weight *= (*keep)(b, h, i, j) ? 1 / (1 - options.dropout_p) : 0;
+          for (std::size_t c = 0; c < Dv; ++c) out(b, h, i, c) += weight * v(b, kv, j, c);
         }
       }
     }

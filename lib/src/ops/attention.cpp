@@ -12,6 +12,7 @@
 
 #include "attention_checks.hpp"
 #include "attention_kernels.hpp"
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/ops/softmax.hpp"
 
 namespace attnlab {
@@ -120,8 +121,29 @@ AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& option
   sizes.causal = options.causal;
   sizes.query_offset = static_cast<std::size_t>(options.query_offset);
   sizes.window = options.window;
+  check_arg(options.dropout_p >= 0.0 && options.dropout_p < 1.0, op, "dropout_p",
+            "a probability in [0, 1)", std::to_string(options.dropout_p));
+  sizes.dropout_p = options.dropout_p;
+  sizes.dropout_seed = options.dropout_seed;
   check_attention_spec(sizes, std::string(op).c_str());
   return sizes;
+}
+
+xt::xtensor<bool, 4> sdpa_dropout_mask(const SdpaOptions& options, std::size_t B, std::size_t H,
+                                       std::size_t Tq, std::size_t Tk) {
+  AttentionSpec sizes;
+  sizes.B = B, sizes.H = sizes.Hkv = H, sizes.Tq = Tq, sizes.Tk = Tk, sizes.D = sizes.Dv = 1;
+  const AttentionSpec s = make_attention_spec("sdpa_dropout_mask", options, sizes);
+  xt::xtensor<bool, 4> mask = xt::ones<bool>({B, H, Tq, Tk});
+  if (s.dropout_p == 0) return mask;
+  for (std::size_t bh = 0; bh < B * H; ++bh) {
+    for (std::size_t i = 0; i < Tq; ++i) {
+      for (std::size_t j = 0; j < Tk; ++j) {
+        mask.data()[(bh * Tq + i) * Tk + j] = attention::attention_kept(s, bh, i, j);
+      }
+    }
+  }
+  return mask;
 }
 
 namespace detail {

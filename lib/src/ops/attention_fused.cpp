@@ -16,7 +16,9 @@
 // (rowsum(dP ⊙ P) = rowsum(dO ⊙ P V) = rowsum(dO ⊙ O) = D_i: the reference's softmax-Jacobian
 // term without the full row of P.) The score rule (attnlab/attention/score_rule.hpp) scores and
 // hides each tile row; key tiles that no row of a row block can see (causal) are skipped.
-// Extra memory: two Br x Bc tiles and O(Tk) per thread, plus O and lse in the cache.
+// Dropout (P ⊙ M / (1 − p) before P V, after the row sums) regenerates its mask per tile in the
+// backward: dV_j += (P ⊙ M/(1−p))ᵀ dO_i, dP = (dO_i V_jᵀ) ⊙ M/(1−p); D_i = rowsum(dO ⊙ O) holds.
+// Extra memory: two Br x Bc tiles (three with dropout) and O(Tk) per thread, plus O and lse.
 #include "attention_kernels.hpp"
 #include "row_kernels.hpp"
 
@@ -27,6 +29,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/ops/softmax.hpp"
@@ -117,6 +120,8 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
               continue;
             }
             const T sum = exp_shifted_inplace(row, bc, m_new);  // P = exp(S − m'), hidden -> 0
+            // Dropout after the sum (l normalises the weights before dropout): P ⊙ M / (1 − p).
+            attention::attention_dropout_row(p, static_cast<std::size_t>(bh), i0 + r, j0, bc, row);
             if (j0 > 0) {
               const T correction = std::exp(m[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
               l[r] *= correction;
@@ -163,6 +168,9 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));   // (Br,Bc) S, then P
     std::vector<T> dpb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) dP, then dS
+    // (Br,Bc) P ⊙ M / (1 − p), with dropout only
+    const bool dropout = p.dropout_p != 0;
+    std::vector<T> pdb(dropout ? dpb.size() : 0);
     std::vector<T> delta(Tq);  // (Tq,) D_i = rowsum(dO ⊙ O)
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
@@ -208,12 +216,21 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                 exp_shifted_inplace(row, bc, row_lse);
               }
             }
-            // dV_j += Pᵀ dO_i                           (Bc,Br) x (Br,Dv) -> (Bc,Dv)
-            blas::gemm<T>(true, false, cols, dvw, rows, T(1), sb.data(), cols, dop + i0 * Dv, dvw,
-                          T(1), dvp + j0 * Dv, dvw);
-            // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
+            if (dropout) {  // the forward's dropped weights, regenerated
+              std::copy_n(sb.data(), br * bc, pdb.data());
+              for (std::size_t r = 0; r < br; ++r) {
+                attention::attention_dropout_row(p, bh, i0 + r, j0, bc, pdb.data() + r * bc);
+              }
+            }
+            // dV_j += Pᵀ dO_i (P ⊙ M/(1−p) w. dropout)   (Bc,Br) x (Br,Dv) -> (Bc,Dv)
+            blas::gemm<T>(true, false, cols, dvw, rows, T(1), dropout ? pdb.data() : sb.data(),
+                          cols, dop + i0 * Dv, dvw, T(1), dvp + j0 * Dv, dvw);
+            // dP = dO_i V_jᵀ (⊙ M / (1 − p) w. dropout)  (Br,Dv) x (Dv,Bc) -> (Br,Bc)
             blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
                           T(0), dpb.data(), cols);
+            for (std::size_t r = 0; dropout && r < br; ++r) {
+              attention::attention_dropout_row(p, bh, i0 + r, j0, bc, dpb.data() + r * bc);
+            }
             // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
             for (std::size_t r = 0; r < br; ++r) {
               subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);

@@ -3,12 +3,14 @@
 //   S = s · Q Kᵀ (the score rule, attnlab/attention/score_rule.hpp), P = softmax(S), O = P V;
 //   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = s · dS K, dK = s · dSᵀ Q;
 //   with grouped-query attention dK and dV sum over the query heads that share a K/V head; dS goes
-//   to p.dscores when set (the bias gradient).
+//   to p.dscores when set (the bias gradient). Dropout: O = Pd V with Pd = P ⊙ M / (1 − p), and
+//   dV = Pdᵀ dO, dP = (dO Vᵀ) ⊙ M / (1 − p), the mask regenerated (attnlab/attention/dropout.hpp).
 #include <algorithm>
 #include <cstddef>
 #include <memory>
 
 #include "attention_kernels.hpp"
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/ops/softmax.hpp"
@@ -40,20 +42,36 @@ void sdpa_reference_scores(T* scores, const AttentionParams<T>& p) {
   }
 }
 
+// Pd = P ⊙ M / (1 − p), the dropped weights of slice bh, into pd (Tq,Tk).
+template <class T>
+void dropped_slice(T* pd, const T* pp, const AttentionParams<T>& p, std::size_t bh) {
+  std::copy_n(pp, p.Tq * p.Tk, pd);
+  for (std::size_t i = 0; i < p.Tq; ++i) {
+    attention::attention_dropout_row(p, bh, i, 0, p.Tk, pd + i * p.Tk);
+  }
+}
+
 template <class T>
 void sdpa_reference_forward(T* out, T* probs, const AttentionParams<T>& p) {
   const std::size_t Tq = p.Tq, Tk = p.Tk, Dv = p.Dv;
   const int m = static_cast<int>(Tq), n = static_cast<int>(Tk), dv = static_cast<int>(Dv);
   const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
-  for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-    const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
-    T* pp = probs + bh * Tq * Tk;
-    scores_slice(pp, p, static_cast<std::size_t>(bh));  // S, hidden positions at -inf
-    softmax_rows_forward(pp, pp, Tq, Tk);               // P = softmax(S), in place
-    // O = P V                                           (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-    blas::gemm<T>(false, false, m, dv, n, T(1), pp, n, p.v + kv * Tk * Dv, dv, T(0),
-                  out + bh * Tq * Dv, dv);
+  const bool dropout = p.dropout_p != 0;
+#pragma omp parallel num_threads(num_threads())
+  {
+    // Per-thread scratch for the dropped weights (dropout only).
+    const std::unique_ptr<T[]> pd(dropout ? new T[Tq * Tk] : nullptr);
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
+      T* pp = probs + bh * Tq * Tk;
+      scores_slice(pp, p, static_cast<std::size_t>(bh));  // S, hidden positions at -inf
+      softmax_rows_forward(pp, pp, Tq, Tk);               // P = softmax(S), in place
+      if (dropout) dropped_slice(pd.get(), pp, p, static_cast<std::size_t>(bh));
+      // O = P V (P ⊙ M / (1 − p) with dropout)          (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
+      blas::gemm<T>(false, false, m, dv, n, T(1), dropout ? pd.get() : pp, n, p.v + kv * Tk * Dv,
+                    dv, T(0), out + bh * Tq * Dv, dv);
+    }
   }
 }
 
@@ -70,7 +88,10 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
 #pragma omp parallel num_threads(num_threads())
   {
     // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
+    // With dropout, the dropped weights Pd too.
+    const bool dropout = p.dropout_p != 0;
     const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
+    const std::unique_ptr<T[]> pd(dropout ? new T[Tq * Tk] : nullptr);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
       const auto kv = static_cast<std::size_t>(kv_index);
@@ -84,10 +105,15 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
         const T* dop = dout + bh * Tq * Dv;
         const T* qp = p.q + bh * Tq * D;
         T* dqp = dq + bh * Tq * D;
-        // dV (+)= Pᵀ dO                                 (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-        blas::gemm<T>(true, false, n, dvw, m, T(1), pp, n, dop, dvw, beta, dv + kv * Tk * Dv, dvw);
-        // dP = dO Vᵀ                                     (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+        if (dropout) dropped_slice(pd.get(), pp, p, bh);
+        // dV (+)= Pᵀ dO (Pd with dropout)               (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+        blas::gemm<T>(true, false, n, dvw, m, T(1), dropout ? pd.get() : pp, n, dop, dvw, beta,
+                      dv + kv * Tk * Dv, dvw);
+        // dP = dO Vᵀ (⊙ M / (1 − p) with dropout)       (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
         blas::gemm<T>(false, true, m, n, dvw, T(1), dop, dvw, vp, dvw, T(0), ds.get(), n);
+        for (std::size_t i = 0; dropout && i < Tq; ++i) {
+          attention::attention_dropout_row(p, bh, i, 0, Tk, ds.get() + i * Tk);
+        }
         // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
         softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
         if (p.dscores != nullptr) std::copy_n(ds.get(), Tq * Tk, p.dscores + bh * Tq * Tk);

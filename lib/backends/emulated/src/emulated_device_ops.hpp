@@ -19,6 +19,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda_train.hpp"
@@ -241,10 +242,17 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
                    batch);
     }
     emu::launch(cuda::reference::masked_softmax_rows<T>, row_grid(rows), block(), 0, p, a);
+    // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
+    std::vector<T> dropped(a.dropout_p != 0 ? rows * a.Tk : 0);
+    if (a.dropout_p != 0) {
+      emu::launch(cuda::reference::dropout_rows<T>, row_grid(rows), block(), 0, dropped.data(),
+                  static_cast<const T*>(p), a);
+    }
+    const T* weights = a.dropout_p != 0 ? dropped.data() : p;
     for (std::size_t r = 0; r < g; ++r) {
       // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-      gemm_batched(false, false, m, dv, n, static_cast<const T*>(p + r * sp), n, g * sp, a.v, dv,
-                   sv, out + r * so, dv, g * so, batch);
+      gemm_batched(false, false, m, dv, n, weights + r * sp, n, g * sp, a.v, dv, sv, out + r * so,
+                   dv, g * so, batch);
     }
   }
   void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
@@ -256,14 +264,25 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
               batch = as_int(a.B * a.Hkv);
     const std::size_t sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
                       so = a.Tq * a.Dv;
+    // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
+    std::vector<T> dropped(a.dropout_p != 0 ? rows * a.Tk : 0);
+    if (a.dropout_p != 0) {
+      emu::launch(cuda::reference::dropout_rows<T>, row_grid(rows), block(), 0, dropped.data(), p,
+                  a);
+    }
+    const T* weights = a.dropout_p != 0 ? dropped.data() : p;
     for (std::size_t r = 0; r < g; ++r) {
       const T beta = r == 0 ? T(0) : T(1);
       // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-      gemm_batched(true, false, n, dvw, m, p + r * sp, n, g * sp, dout + r * so, dvw, g * so, dv,
-                   dvw, sv, batch, beta);
+      gemm_batched(true, false, n, dvw, m, weights + r * sp, n, g * sp, dout + r * so, dvw, g * so,
+                   dv, dvw, sv, batch, beta);
       // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
       gemm_batched(false, true, m, n, dvw, dout + r * so, dvw, g * so, a.v, dvw, sv, ds + r * sp, n,
                    g * sp, batch);
+    }
+    if (a.dropout_p != 0) {
+      emu::launch(cuda::reference::dropout_rows<T>, row_grid(rows), block(), 0, ds,
+                  static_cast<const T*>(ds), a);
     }
     // s_h · dS, dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores when set
     emu::launch(cuda::reference::softmax_backward_rows<T>, row_grid(rows), block(), 0, ds,

@@ -31,8 +31,11 @@ struct AttentionSpec {
   // Sliding window w (causal only): query i sees keys j with i + o - w < j <= i + o, its w latest;
   // 0 = no window.
   std::size_t window = 0;
-  // ---- variants not accepted yet: check_attention_params throws "not supported yet" if set ----
-  float dropout_p = 0.0f;  // dropout on P in training, keyed by dropout_seed
+  // Dropout on the attention weights (after the softmax, before P V), in training: weight (b,h,i,j)
+  // is kept with probability 1 - p and scaled by 1 / (1 - p), its mask drawn from dropout_seed by
+  // attnlab/attention/dropout.hpp (regenerated in the backward, the same on every path). p in
+  // [0, 1); 0 = no dropout.
+  double dropout_p = 0.0;
   std::uint64_t dropout_seed = 0;
 
   // The query heads per K/V head (1 without grouped-query attention).
@@ -74,7 +77,7 @@ struct AttentionParams : AttentionSpec {
 
 // Throws std::invalid_argument naming `op` unless the spec describes a call this version runs:
 // Hkv >= 1 dividing H (grouped-query attention: H / Hkv query heads share one K/V head), no query
-// offset and no window without causal, and none of the variants not accepted yet. Host only; the
+// offset and no window without causal, a dropout probability in [0, 1). Host only; the
 // public entry points and the launchers call it (sizes are checked against the tensors there).
 inline void check_attention_spec(const AttentionSpec& s, const char* op) {
   const auto fail = [op](const std::string& what) {
@@ -91,7 +94,9 @@ inline void check_attention_spec(const AttentionSpec& s, const char* op) {
     fail("window expected causal attention (a sliding window bounds the causal keys), got " +
          std::to_string(s.window) + " without causal");
   }
-  if (s.dropout_p != 0.0f) fail("attention dropout is not supported yet");
+  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0)) {
+    fail("dropout_p expected a probability in [0, 1), got " + std::to_string(s.dropout_p));
+  }
 }
 
 template <class T>

@@ -1,0 +1,107 @@
+// Dropout masks from a counter-based generator, the same bits on every path and backend: the CPU
+// paths, the CUDA kernels and the emulated device compute a mask element from its coordinates
+// alone, so a backward regenerates the forward's mask without storing it, and a run that resumes
+// at step n draws the masks it would have drawn.
+//
+// The generator is Philox4x32-10 (Salmon, Moraes, Dror and Shaw 2011, "Parallel random numbers: as
+// easy as 1, 2, 3"; the generator of cuRAND and of PyTorch's CUDA dropout): a bijection of a
+// 128-bit counter under a 64-bit key, 10 rounds, four 32-bit words out.
+// tests/ops/test_attention_dropout.cpp checks it against Random123's known answers. Element n of a
+// stream (a, b, c) under key k is word n % 4 of philox({n / 4, a, b, c}, k); it is kept iff that
+// word is ≥ threshold = ⌊p · 2³²⌋, with probability 1 − p to within 2⁻³².
+//
+// Keys: dropout_key(seed, step, layer) folds a run's seed, the training step and the layer into one
+// 64-bit key per call. Streams: attention weights use (a, b, c) = (row i, slice b·H + h,
+// kAttentionStream) and element n = key j; other tensors pick their own c.
+//
+// __host__ __device__ under nvcc, plain inline C++ otherwise; no xtensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attnlab/attention/params.hpp"
+#include "attnlab/cuda_math.hpp"  // ATTNLAB_HD
+
+namespace attnlab::attention {
+
+struct Philox4 {
+  std::uint32_t x[4];
+};
+
+// Philox4x32-10 of `counter` under key (k0, k1).
+ATTNLAB_HD inline Philox4 philox4x32_10(Philox4 counter, std::uint32_t k0, std::uint32_t k1) {
+  constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
+  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // key bumps (golden ratio, √3)
+  for (int round = 0; round < 10; ++round) {
+    const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * counter.x[0];
+    const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * counter.x[2];
+    const auto hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
+    const auto hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
+    counter = Philox4{{hi1 ^ counter.x[1] ^ k0, lo1, hi0 ^ counter.x[3] ^ k1, lo0}};
+    k0 += kW0;
+    k1 += kW1;
+  }
+  return counter;
+}
+
+// Four consecutive words n0 .. n0 + 3 (n0 a multiple of 4) of stream (a, b, c) under `key`.
+ATTNLAB_HD inline Philox4 philox_block(std::uint64_t key, std::uint32_t a, std::uint32_t b,
+                                       std::uint32_t c, std::size_t n0) {
+  return philox4x32_10(Philox4{{static_cast<std::uint32_t>(n0 / 4), a, b, c}},
+                       static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32));
+}
+
+// One key per (run seed, training step, layer): a caller's dropout_seed for one call.
+ATTNLAB_HD inline std::uint64_t dropout_key(std::uint64_t seed, std::uint64_t step,
+                                            std::uint32_t layer) {
+  const Philox4 r =
+      philox4x32_10(Philox4{{static_cast<std::uint32_t>(step),
+                             static_cast<std::uint32_t>(step >> 32), layer, 0x0D20u}},
+                    static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+  return (static_cast<std::uint64_t>(r.x[1]) << 32) | r.x[0];
+}
+
+// The word threshold of drop probability p in [0, 1): an element is kept iff its word is ≥ it.
+ATTNLAB_HD inline std::uint32_t dropout_threshold(double p) {
+  return static_cast<std::uint32_t>(p * 4294967296.0);
+}
+
+inline constexpr std::uint32_t kAttentionStream = 0xA77u;
+
+// Whether attention weight (slice bh = b·H + h, query i, key j) is kept by the call's dropout.
+ATTNLAB_HD inline bool attention_kept(const AttentionSpec& s, std::size_t bh, std::size_t i,
+                                      std::size_t j) {
+  const Philox4 r = philox_block(s.dropout_seed, static_cast<std::uint32_t>(i),
+                                 static_cast<std::uint32_t>(bh), kAttentionStream, j);
+  return r.x[j % 4] >= dropout_threshold(s.dropout_p);
+}
+
+// The factor of attention weight (bh, i, j) in training: 1 / (1 - p) if kept, 0 if dropped; 1
+// without dropout.
+template <class T>
+ATTNLAB_HD inline T attention_dropout_factor(const AttentionSpec& s, std::size_t bh, std::size_t i,
+                                             std::size_t j) {
+  if (s.dropout_p == 0) return T(1);
+  return attention_kept(s, bh, i, j) ? static_cast<T>(1.0 / (1.0 - s.dropout_p)) : T(0);
+}
+
+// x[c] *= the factor of weight (bh, i, j0 + c), c < n: one Philox call per four keys.
+template <class T>
+inline void attention_dropout_row(const AttentionSpec& s, std::size_t bh, std::size_t i,
+                                  std::size_t j0, std::size_t n, T* x) {
+  if (s.dropout_p == 0) return;
+  const std::uint32_t threshold = dropout_threshold(s.dropout_p);
+  const T keep = static_cast<T>(1.0 / (1.0 - s.dropout_p));
+  std::size_t c = 0;
+  while (c < n) {
+    const std::size_t j = j0 + c, block = j / 4 * 4;
+    const Philox4 r = philox_block(s.dropout_seed, static_cast<std::uint32_t>(i),
+                                   static_cast<std::uint32_t>(bh), kAttentionStream, block);
+    for (std::size_t w = j - block; w < 4 && c < n; ++w, ++c) {
+      x[c] *= r.x[w] >= threshold ? keep : T(0);  // NaN stays NaN, as x · 0 does
+    }
+  }
+}
+
+}  // namespace attnlab::attention
