@@ -86,6 +86,19 @@ const CLI::Validator kFinite(
     },
     "FINITE");
 
+// A dropout probability: 0 <= p < 1.
+const CLI::Validator kDropProbability(
+    [](std::string& text) {
+      try {
+        std::size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used == text.size() && v >= 0.0 && v < 1.0) return std::string();
+      } catch (const std::exception&) {
+      }
+      return "value " + text + " is not a probability in [0, 1)";
+    },
+    "PROBABILITY");
+
 const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort"};
 const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
 
@@ -126,6 +139,12 @@ void add_model_flags(CLI::App& app, TransformerConfig& m) {
   app.add_option("--window", a.sdpa.window,
                  "sliding-window attention: each query sees its N latest keys (needs --causal)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--attn-dropout", a.dropout,
+                 "dropout on the attention weights in training (0 <= p < 1; none in eval)")
+      ->check(kDropProbability);
+  app.add_option("--dropout", m.block.dropout,
+                 "dropout on the residual branches in training (0 <= p < 1; none in eval)")
+      ->check(kDropProbability);
   app.add_option_function<std::string>(
          "--scaling", [&a](const std::string& s) { a.sdpa.scaling = parse_scaling(s); },
          "attention scale: 1, 1/sqrt(d_k) or 1/d_k")

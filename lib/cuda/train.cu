@@ -189,6 +189,13 @@ void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) {
 }
 
 template <class T>
+void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key, std::uint32_t stream) {
+  if (n == 0) return;
+  dropout_kernel<T><<<element_blocks(n), kElementThreads>>>(y, x, n, p, key, stream);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                     std::size_t out) {
   if (rows == 0 || out == 0) return;
@@ -289,6 +296,7 @@ void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) {
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                      \
   template void relu_forward<T>(T*, const T*, std::size_t);                                       \
   template void relu_backward<T>(T*, const T*, const T*, std::size_t);                            \
+  template void dropout<T>(T*, const T*, std::size_t, double, std::uint64_t, std::uint32_t);      \
   template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,     \
                                   std::size_t);                                                   \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,         \

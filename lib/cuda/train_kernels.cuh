@@ -9,6 +9,7 @@
 
 #include <cstddef>
 
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/cuda_math.hpp"
 #include "device_compat.cuh"
 #include "reduce.cuh"
@@ -166,6 +167,16 @@ __global__ void __launch_bounds__(kElementThreads)
     relu_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads())
     dx[i] = x[i] > T(0) ? dy[i] : T(0);
+}
+
+// y = x ⊙ M / (1 − p), M from (key, stream): attention::element_dropout_factor per element.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    dropout_kernel(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+                   std::uint32_t stream) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    y[i] = x[i] * attention::element_dropout_factor<T>(key, p, stream, i);
+  }
 }
 
 // y[r, c] += b[c] over rows × C values.

@@ -123,6 +123,10 @@ class CudaDeviceOps final : public DeviceOps<T> {
   void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
     cuda::relu_backward(dx, dy, x, n);
   }
+  void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+               std::uint32_t stream) override {
+    cuda::dropout(y, x, n, p, key, stream);
+  }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                       std::size_t out) override {
     cuda::linear_forward(y, x, w, b, rows, in, out);

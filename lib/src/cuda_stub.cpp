@@ -2,6 +2,7 @@
 // throws CudaError. With the backend (ATTNLAB_HAS_CUDA) lib/cuda defines these instead.
 #ifndef ATTNLAB_HAS_CUDA
 
+#include <cstdint>
 #include <string>
 
 #include "attnlab/cuda.hpp"
@@ -185,6 +186,10 @@ void relu_backward(T*, const T*, const T*, std::size_t) {
   not_built("cuda::relu_backward");
 }
 template <class T>
+void dropout(T*, const T*, std::size_t, double, std::uint64_t, std::uint32_t) {
+  not_built("cuda::dropout");
+}
+template <class T>
 void linear_forward(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t) {
   not_built("cuda::linear_forward");
 }
@@ -242,6 +247,7 @@ std::size_t sum_of_squares_scratch() {
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t, bool);                      \
   template void relu_forward<T>(T*, const T*, std::size_t);                                       \
   template void relu_backward<T>(T*, const T*, const T*, std::size_t);                            \
+  template void dropout<T>(T*, const T*, std::size_t, double, std::uint64_t, std::uint32_t);      \
   template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t,     \
                                   std::size_t);                                                   \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t,         \

@@ -205,6 +205,33 @@ TEST_CASE("cli: resume continues exactly (40 steps == 20 + save + resume + 20)")
   CHECK(full == slurp(dir / "split" / "metrics.csv"));
 }
 
+TEST_CASE("cli: with dropout, resume continues exactly, and dropout changes training") {
+  // The masks are keyed by (seed, step, layer): a resumed run draws the ones it would have drawn.
+  const auto dir = scratch("resume_dropout");
+  const std::string common = std::string("train ") + kTinyRecall +
+                             " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --dropout 0.2 "
+                             "--attn-dropout 0.1";
+  REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  const Run first = cli(common + " --stop-after 15 --out '" + (dir / "split").string() + "'", dir);
+  CHECK(first.status == 130);
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  const std::string full = slurp(dir / "full" / "metrics.csv");
+  CHECK(full.size() > 100);
+  CHECK(full == slurp(dir / "split" / "metrics.csv"));
+  // The same run without dropout logs other losses; the checkpoint's config keeps both fields.
+  const std::string plain_args = std::string("train ") + kTinyRecall +
+                                 " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --out '" +
+                                 (dir / "plain").string() + "'";
+  REQUIRE(cli(plain_args, dir).status == 0);
+  CHECK(slurp(dir / "plain" / "metrics.csv") != full);
+  const std::string config = slurp(dir / "full" / "config.json");
+  CHECK(config.find("\"dropout\": 0.2") != std::string::npos);
+  CHECK(config.find("\"dropout\": 0.1") != std::string::npos);
+  check_bad_input("train --dropout 1", dir, "--dropout");
+  check_bad_input("train --attn-dropout -0.1", dir, "--attn-dropout");
+}
+
 TEST_CASE("cli: make-data then train --data round trip") {
   const auto dir = scratch("data_round_trip");
   const Run m =

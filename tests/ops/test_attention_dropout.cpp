@@ -81,7 +81,8 @@ TEST_CASE("dropout: Philox4x32-10 matches Random123's known answers") {
              Philox4{{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}));
 }
 
-TEST_CASE("dropout: the kept fraction is within binomial bounds of 1 - p, and keys give fresh masks") {
+TEST_CASE(
+    "dropout: the kept fraction is within binomial bounds of 1 - p, and keys give fresh masks") {
   const std::size_t B = 2, H = 4, Tq = 64, Tk = 128;
   const double n = double(B * H * Tq * Tk);
   for (double p : {0.1, 0.5, 0.9}) {

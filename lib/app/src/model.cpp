@@ -18,6 +18,16 @@ struct Model::Impl {
 Model::Model(const TransformerConfig& config, Rng& rng)
     : impl_(std::make_unique<Impl>(config, rng)) {
   impl_->net.set_nonfinite_check(true);
+  impl_->net.eval();  // dropout only in the trainer's steps (train_mode)
+}
+
+void Model::train_mode(std::uint64_t seed, std::uint64_t step) {
+  impl_->net.train();
+  impl_->net.set_dropout_key(seed, step);
+}
+
+void Model::eval_mode() {
+  impl_->net.eval();
 }
 
 Model::~Model() = default;

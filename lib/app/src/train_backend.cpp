@@ -25,7 +25,13 @@ void TrainBackend::set_lr(double lr) {
   opt_.set_lr(lr);
 }
 
+void TrainBackend::set_step(std::uint64_t seed, std::uint64_t step) {
+  seed_ = seed;
+  step_ = step;
+}
+
 double TrainBackend::forward_loss(const Batch& batch) {
+  model_.train_mode(seed_, step_);
   return loss_.forward(model_.ops(), model_.forward_on_backend(batch), batch.targets);
 }
 
@@ -53,6 +59,7 @@ void TrainBackend::synchronize() {
 }
 
 Tensor3<float> TrainBackend::eval_logits(const Batch& batch) {
+  model_.eval_mode();
   return to_tensor<float, 3>(model_.forward_on_backend(batch), "eval");
 }
 
@@ -67,6 +74,7 @@ void TrainBackend::sync_host() {
 }
 
 std::string TrainBackend::locate_nonfinite(const Batch& batch) {
+  model_.train_mode(seed_, step_);  // the failed step's forward, its dropout masks included
   return model_.locate_nonfinite(batch);
 }
 

@@ -4,6 +4,7 @@
 // Internal to the app (lib/app/src).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "attnlab/app/model.hpp"
@@ -26,7 +27,9 @@ class TrainBackend {
 
   std::string name() const;  // the backend's name: "cpu", "cuda: ...", "emulated (CPU)"
   void set_lr(double lr);
-  // Training forward and mean loss of the batch (may be non-finite; NaN then).
+  // The run's seed and the step of the next forward_loss: they key its dropout masks.
+  void set_step(std::uint64_t seed, std::uint64_t step);
+  // Training forward (train mode) and mean loss of the batch (may be non-finite; NaN then).
   double forward_loss(const Batch& batch);
   // Gradients of the last forward_loss (previous grads replaced).
   void backward();
@@ -36,7 +39,7 @@ class TrainBackend {
   // Waits for the work queued so far (a device backend runs asynchronously): what the throughput
   // timing calls before reading the clock.
   void synchronize();
-  // Eval forward: (B, T, V) logits; attention(l) then describes it.
+  // Eval forward (eval mode: no dropout): (B, T, V) logits; attention(l) then describes it.
   Tensor3<float> eval_logits(const Batch& batch);
   LayerAttention attention(std::size_t layer);
   // Brings the Parameter xarrays up to date for host readers (weight norms, checkpoints); a no-op
@@ -50,6 +53,7 @@ class TrainBackend {
   Optimizer<float>& opt_;
   ParameterList<float> params_;
   CrossEntropyLoss<float> loss_;
+  std::uint64_t seed_ = 0, step_ = 0;
 };
 
 // √(Σ x²) accumulated in double: the weight and gradient norms of metrics.csv.

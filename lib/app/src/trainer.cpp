@@ -275,6 +275,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     backend.set_lr(lr);
     const Batch batch = data.next(static_cast<std::size_t>(c.batch), data_rng);
     auto step_start = Clock::now();
+    backend.set_step(static_cast<std::uint64_t>(c.seed), step);  // keys the dropout masks
     const double loss = backend.forward_loss(batch);
     if (!std::isfinite(loss)) {
       diverge(step + 1, backend.locate_nonfinite(batch), "loss");

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "attnlab/cuda_math.hpp"
 
@@ -95,6 +96,9 @@ template <class T>
 void relu_forward(T* y, const T* x, std::size_t n);
 template <class T>
 void relu_backward(T* dx, const T* dy, const T* x, std::size_t n);
+// y = x ⊙ M / (1 − p) over n values, M from (key, stream) (attnlab/attention/dropout.hpp).
+template <class T>
+void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key, std::uint32_t stream);
 
 // y (rows, Out) = x (rows, In) · w (In, Out) + b (Out,); b may be null.
 template <class T>

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -93,6 +94,11 @@ class DeviceOps : public DeviceMemory {
   // y = max(x, 0); dx = dy where x > 0, else 0.
   virtual void relu_forward(T* y, const T* x, std::size_t n) = 0;
   virtual void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) = 0;
+  // y = x ⊙ M / (1 − p) over n values (y may be x), M drawn from `key` and `stream` by
+  // attention::element_dropout_factor (attnlab/attention/dropout.hpp): the same bits on every
+  // backend. Dropout's backward is the same call on the gradient.
+  virtual void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+                       std::uint32_t stream) = 0;
   // y = x W (+ b); W stored (In, Out); b may be null.
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows,
                               std::size_t in, std::size_t out) = 0;

@@ -14,6 +14,7 @@
 #include "../ops/linear_kernels.hpp"
 #include "../ops/row_kernels.hpp"
 #include "../parallel_rows.hpp"
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "cpu_kernels.hpp"
 
@@ -141,6 +142,10 @@ class CpuDeviceOps final : public DeviceOps<T> {
     for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
       for (std::size_t i = i0; i < i1; ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
     });
+  }
+  void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+               std::uint32_t stream) override {
+    attention::dropout_elements(y, x, n, p, key, stream);
   }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                       std::size_t out) override {

@@ -1,5 +1,7 @@
 #include "attnlab/nn/module.hpp"
 
+#include "attnlab/attention/dropout.hpp"
+
 namespace attnlab {
 
 void throw_wrong_backend(std::string_view op, std::string_view arg, const DeviceMemory& expected,
@@ -23,6 +25,31 @@ void Module<T>::set_backend(DeviceOps<T>* backend) {
   arena_grads_ = Buffer<T>();
   reset_cache();
   for_each_child([backend](Module<T>& child) { child.set_backend(backend); });
+}
+
+template <class T>
+void Module<T>::train(bool on) {
+  training_ = on;
+  for_each_child([on](Module<T>& child) { child.train(on); });
+}
+
+template <class T>
+std::uint32_t Module<T>::key_tree(std::uint64_t seed, std::uint64_t step, std::uint32_t index) {
+  dropout_seed_ = seed;
+  dropout_step_ = step;
+  dropout_index_ = index++;
+  for_each_child([&](Module<T>& child) { index = child.key_tree(seed, step, index); });
+  return index;
+}
+
+template <class T>
+void Module<T>::set_dropout_key(std::uint64_t seed, std::uint64_t step) {
+  key_tree(seed, step, 0);
+}
+
+template <class T>
+std::uint64_t Module<T>::next_dropout_key() {
+  return attention::dropout_key(dropout_seed_, dropout_step_++, dropout_index_);
 }
 
 template <class T>

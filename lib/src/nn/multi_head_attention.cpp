@@ -37,6 +37,10 @@ void AttentionConfig::validate(std::string_view op, const std::string& path) con
   check_arg(sdpa.alibi_slopes.empty(), op, path + "sdpa.alibi_slopes",
             "empty (use alibi for the paper's slopes)",
             std::to_string(sdpa.alibi_slopes.size()) + " entries");
+  check_arg(dropout >= 0.0 && dropout < 1.0, op, path + "dropout", "a probability in [0, 1)",
+            std::to_string(dropout));
+  check_arg(sdpa.dropout_p == 0.0, op, path + "sdpa.dropout_p",
+            "0 (use dropout: it applies in training mode only)", std::to_string(sdpa.dropout_p));
   check_arg(sdpa.head_scale.empty(), op, path + "sdpa.head_scale",
             "empty (use learnable_scale for per-head scales)",
             std::to_string(sdpa.head_scale.size()) + " entries");
@@ -235,6 +239,10 @@ Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& con
   spec_ =
       make_attention_spec("sdpa_forward", config_.sdpa,
                           {.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_});
+  if (this->training() && config_.dropout > 0) {  // the backward regenerates the mask from spec_
+    spec_.dropout_p = config_.dropout;
+    spec_.dropout_seed = this->next_dropout_key();
+  }
   fused_ = resolve_sdpa_path(config_.sdpa.path, Tk, config_.sdpa.causal) == SdpaPath::fused;
   if (fused_ && config_.sdpa.path != SdpaPath::fused) {
     try {  // automatic: the fused path when the backend's kernels take these head dims

@@ -57,7 +57,9 @@ Transformer<T>::Transformer(const TransformerConfig& config, Rng& rng)
         return blocks;
       }()),
       norm_f_(make_norm<T>(config.block.norm, config.d_model())),
-      head_(config.d_model(), config.out_vocab, rng, false) {}
+      head_(config.d_model(), config.out_vocab, rng, false) {
+  this->set_dropout_key(0, 0);  // every layer its own dropout key
+}
 
 template <class T>
 void Transformer<T>::collect_parameters(const std::string& prefix, ParameterList<T>& out) {

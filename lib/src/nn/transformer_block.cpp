@@ -1,5 +1,7 @@
 #include "attnlab/nn/transformer_block.hpp"
 
+#include "attnlab/attention/dropout.hpp"
+
 #include <cmath>
 #include <string>
 
@@ -10,6 +12,8 @@ namespace attnlab {
 void BlockConfig::validate(std::string_view op, const std::string& path) const {
   if (!attn_only)
     check_arg(d_ff > 0, op, path + "d_ff", "> 0 (or attn_only)", std::to_string(d_ff));
+  check_arg(dropout >= 0.0 && dropout < 1.0, op, path + "dropout", "a probability in [0, 1)",
+            std::to_string(dropout));
   attention.validate(op, path + "attention.");
 }
 
@@ -22,6 +26,7 @@ TransformerBlock<T>::TransformerBlock(const BlockConfig& config, Rng& rng)
   if (!config_.attn_only) {
     mlp_ = std::make_unique<FeedForward<T>>(config_.attention.d_model, config_.d_ff, rng);
   }
+  this->set_dropout_key(0, 0);  // distinct keys for the attention and the residuals
 }
 
 template <class T>
@@ -43,7 +48,16 @@ Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
                                            const Buffer<unsigned char>* key_mask) {
   DeviceOps<T>& ops = this->ops();
   first_nonfinite_.reset();
-  // h = x + attn(norm1(x))
+  // Residual dropout: one key per forward, a stream per branch (attention, MLP).
+  residual_dropout_ = this->training() && config_.dropout > 0;
+  residual_key_ = residual_dropout_ ? this->next_dropout_key() : 0;
+  const auto drop = [&](Buffer<T>& branch, std::uint32_t stream) {
+    if (residual_dropout_) {
+      ops.dropout(branch.data(), branch.data(), branch.size(), config_.dropout, residual_key_,
+                  stream);
+    }
+  };
+  // h = x + dropout(attn(norm1(x)))
   Buffer<T> a = norm1_ ? norm1_->forward(x) : x;
   note(a, "ln1");
   a = attn_.forward(a, key_mask);
@@ -63,14 +77,16 @@ Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
     }
     first_nonfinite_ = where;
   }
+  drop(a, attention::kResidualStream);
   ops.add(a.data(), x.data(), a.data(), a.size());
   const Buffer<T> h = a;  // h = x + attn(norm1(x)), in the attention's output buffer
   if (!mlp_) return h;
-  // y = h + mlp(norm2(h))
+  // y = h + dropout(mlp(norm2(h)))
   Buffer<T> m = norm2_ ? norm2_->forward(h) : h;
   note(m, "ln2");
   m = mlp_->forward(m);
   note(m, "mlp");
+  drop(m, attention::kResidualStream + 1);
   ops.add(m.data(), h.data(), m.data(), m.size());
   return m;  // h + mlp(norm2(h))
 }
@@ -106,16 +122,26 @@ template <class T>
 Buffer<T> TransformerBlock<T>::backward_impl(const Buffer<T>& dy) {
   // Reverse of run_forward. Each residual adds both paths (written into the path's buffer).
   DeviceOps<T>& ops = this->ops();
+  // The gradient into a dropped branch: g ⊙ M / (1 − p) with the forward's mask, in a scratch (g
+  // itself also flows through the residual).
+  const auto into_branch = [&](const Buffer<T>& g, std::uint32_t stream) {
+    if (!residual_dropout_) return g;
+    Buffer<T>& d = Buffer<T>::reuse(branch_grad_, ops, g.shape());
+    ops.dropout(d.data(), g.data(), g.size(), config_.dropout, residual_key_, stream);
+    return d;
+  };
   Buffer<T> dh = dy;  // dL/dh; without an MLP, dh = dy
   if (mlp_) {
-    Buffer<T> dm = mlp_->backward(dy);  // y = h + mlp(norm2(h))
+    // y = h + dropout(mlp(norm2(h)))
+    Buffer<T> dm = mlp_->backward(into_branch(dy, attention::kResidualStream + 1));
     note(dm, "mlp (gradient)");
     if (norm2_) dm = norm2_->backward(dm);
     note(dm, "ln2 (gradient)");
     ops.add(dm.data(), dy.data(), dm.data(), dm.size());
     dh = dm;  // dy + dm
   }
-  Buffer<T> da = attn_.backward(dh);  // h = x + attn(norm1(x))
+  // h = x + dropout(attn(norm1(x)))
+  Buffer<T> da = attn_.backward(into_branch(dh, attention::kResidualStream));
   note(da, "attn (gradient)");
   if (norm1_) da = norm1_->backward(da);
   note(da, "ln1 (gradient)");

@@ -193,6 +193,13 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
       emu::launch(emu_train::relu_backward_kernel<T>, element_grid(n), block(), 0, dx, dy, x, n);
     }
   }
+  void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+               std::uint32_t stream) override {
+    if (n > 0) {
+      emu::launch(emu_train::dropout_kernel<T>, element_grid(n), block(), 0, y, x, n, p, key,
+                  stream);
+    }
+  }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                       std::size_t out) override {
     if (rows == 0 || out == 0) return;

@@ -104,4 +104,32 @@ inline void attention_dropout_row(const AttentionSpec& s, std::size_t bh, std::s
   }
 }
 
+// ---- Flat tensors (residual dropout) ----------------------------------------------------------
+
+// Stream c of a flat tensor's element e under `key`: (a, b, c) = (e / 2³⁴, 0, stream), n = e.
+inline constexpr std::uint32_t kResidualStream = 0x4E5u;
+
+// The factor of element e of a flat tensor dropped with probability p: 1 / (1 - p) if kept, else 0.
+template <class T>
+ATTNLAB_HD inline T element_dropout_factor(std::uint64_t key, double p, std::uint32_t stream,
+                                           std::size_t e) {
+  const Philox4 r = philox_block(key, static_cast<std::uint32_t>(e >> 34), 0, stream, e);
+  return r.x[e % 4] >= dropout_threshold(p) ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+}
+
+// y[e] = x[e] · element_dropout_factor(key, p, stream, e) for e < n (y may be x); one Philox call
+// per four elements. The backward of dropout is the same call on the gradient.
+template <class T>
+inline void dropout_elements(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+                             std::uint32_t stream) {
+  const std::uint32_t threshold = dropout_threshold(p);
+  const T keep = static_cast<T>(1.0 / (1.0 - p));
+  for (std::size_t e0 = 0; e0 < n; e0 += 4) {
+    const Philox4 r = philox_block(key, static_cast<std::uint32_t>(e0 >> 34), 0, stream, e0);
+    for (std::size_t w = 0; w < 4 && e0 + w < n; ++w) {
+      y[e0 + w] = x[e0 + w] * (r.x[w] >= threshold ? keep : T(0));
+    }
+  }
+}
+
 }  // namespace attnlab::attention

@@ -22,6 +22,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -83,6 +84,20 @@ class Module {
   // them (a checkpoint load). A no-op on the CPU backend.
   void copy_to_device();
 
+  // Training or evaluation mode, as torch's train()/eval(): dropout is active only in training.
+  // A module starts in training mode; these set the children too.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  // Keys the dropout masks of the following training forwards on a run's seed and a step: each
+  // module of the tree gets attention::dropout_key(seed, step, i), with i its index in a
+  // depth-first walk, so layers draw different masks. A module that draws a mask then advances
+  // its own step, so that successive forwards draw fresh masks. The trainer calls this at every
+  // step, so a resumed run draws the masks it would have drawn; a gradient check calls it before
+  // each forward to hold the masks fixed. Without a call the seed is 0.
+  void set_dropout_key(std::uint64_t seed, std::uint64_t step);
+
   // The device arenas (empty on the CPU backend): parameter i occupies a contiguous run, in
   // parameters() order.
   const Buffer<T>& value_arena() const { return arena_values_; }
@@ -93,12 +108,19 @@ class Module {
   virtual void for_each_child(const std::function<void(Module<T>&)>& /*visit*/) {}
   // Called after the backend changed: drop whatever the last forward cached.
   virtual void reset_cache() {}
+  // The key of this module's next dropout mask (a training forward with dropout calls it once per
+  // mask); advances the module's step.
+  std::uint64_t next_dropout_key();
 
  private:
   void set_backend(DeviceOps<T>* ops);
+  std::uint32_t key_tree(std::uint64_t seed, std::uint64_t step, std::uint32_t index);
 
   DeviceOps<T>* ops_ = nullptr;
   Buffer<T> arena_values_, arena_grads_;
+  bool training_ = true;
+  std::uint64_t dropout_seed_ = 0, dropout_step_ = 0;
+  std::uint32_t dropout_index_ = 0;
 };
 
 // ---- Buffers and host tensors -----------------------------------------------------------------

@@ -43,6 +43,9 @@ struct AttentionConfig {
   // ALiBi (Press et al. 2022) with the paper's slopes 2^(-8(h+1)/H): a linear penalty on the
   // distance to each key, no position table needed (positions = none).
   bool alibi = false;
+  // Dropout on the attention weights in training mode (Module::train()), p in [0, 1); none in
+  // eval mode. Masks are keyed by Module::set_dropout_key.
+  double dropout = 0.0;
 
   // Throws std::invalid_argument "<op>: <path><field> expected ..., got ...": zero sizes, a d_model
   // that heads do not divide when d_k or d_v is derived, a non-positive explicit scale, a

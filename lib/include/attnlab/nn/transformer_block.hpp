@@ -19,6 +19,9 @@ struct BlockConfig {
   std::size_t d_ff = 0;  // F, the MLP width (ignored when attn_only)
   bool attn_only = false;
   Norm norm = Norm::layernorm;
+  // Dropout on the two residual branches (the attention's and the MLP's outputs, before each
+  // residual add) in training mode, p in [0, 1); none in eval mode.
+  double dropout = 0.0;
 
   // Throws std::invalid_argument "<op>: <path><field> expected ..., got ..." (attention.validate()
   // included, its fields under <path>attention.); an owner passes its name and the path to here.
@@ -70,6 +73,11 @@ class TransformerBlock : public SequenceModule<T> {
   std::unique_ptr<SequenceModule<T>> norm1_, norm2_;  // nullptr for Norm::none
   MultiHeadAttention<T> attn_;
   std::unique_ptr<FeedForward<T>> mlp_;  // nullptr when attn_only
+  // The residual dropout of the last forward: its key (0 when it did not apply) and a scratch for
+  // the branch gradients.
+  std::uint64_t residual_key_ = 0;
+  bool residual_dropout_ = false;
+  Buffer<T> branch_grad_;
   bool check_nonfinite_ = false;
   std::optional<std::string> first_nonfinite_;
 };

@@ -4,6 +4,7 @@
 // This adapter lives in train/ so that the nn/ layer stays free of tasks; it owns the Transformer.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ class Model {
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
+
+  // Evaluation mode (no dropout) from construction on. train_mode: the trainer's steps, with the
+  // dropout masks keyed by the run's seed and the step (Module::set_dropout_key).
+  void train_mode(std::uint64_t seed, std::uint64_t step);
+  void eval_mode();
 
   // logits (B, T, V) for the batch's fields (each (B, T); kAbsent contributes nothing).
   Tensor3<float> forward(const Batch& batch);
