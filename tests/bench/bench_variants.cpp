@@ -7,7 +7,9 @@
 //    full causal attention; the work ratio is about T·w / (T²/2) = 2w/T;
 //  - ALiBi: the same GQA shape with Hkv = 8, each path, with and without ALiBi (its overhead);
 //  - an additive bias of shape (1, H, T, T), the same shape: with dBias (a learned per-head bias;
-//    the backward sums dS over the batch) and without (a constant bias).
+//    the backward sums dS over the batch) and without (a constant bias);
+//  - attention dropout p = 0.1, the same shape (the Philox mask drawn in the forward and twice
+//    regenerated in the backward).
 #include "bench_variants.hpp"
 
 #include <algorithm>
@@ -55,7 +57,10 @@ void bench_gqa(benchmark::State& state, SdpaPath path, int threads) {
   options.path = path;
   SdpaOptions alibi = options;
   alibi.alibi_slopes = alibi_slopes(kH);
-  SdpaCache<float> alibi_cache, bias_cache, const_bias_cache;
+  SdpaCache<float> alibi_cache, bias_cache, const_bias_cache, dropout_cache;
+  SdpaOptions dropout = options;
+  dropout.dropout_p = 0.1;
+  dropout.dropout_seed = 7;
   const Tensor4<float> bias = randn<float, 4>({1, kH, kT, kT}, rng);
   SdpaOptions const_bias = options;
   const_bias.bias_requires_grad = false;
@@ -71,13 +76,14 @@ void bench_gqa(benchmark::State& state, SdpaPath path, int threads) {
   };
   std::vector<double> best(std::size(kKvHeads), std::numeric_limits<double>::infinity());
   double best_alibi = std::numeric_limits<double>::infinity();
-  double best_bias = best_alibi, best_const_bias = best_alibi;
+  double best_bias = best_alibi, best_const_bias = best_alibi, best_dropout = best_alibi;
   for (auto _ : state) {
     for (std::size_t i = 0; i < std::size(kKvHeads); ++i)
       step(caches[i], k[i], v[i], options, best[i]);
     step(alibi_cache, k[0], v[0], alibi, best_alibi);
     step(bias_cache, k[0], v[0], options, best_bias, &bias);
     step(const_bias_cache, k[0], v[0], const_bias, best_const_bias, &bias);
+    step(dropout_cache, k[0], v[0], dropout, best_dropout);
   }
   for (std::size_t i = 0; i < std::size(kKvHeads); ++i) {
     state.counters[std::string("kv").append(std::to_string(kKvHeads[i]))] = best[i];
@@ -85,6 +91,7 @@ void bench_gqa(benchmark::State& state, SdpaPath path, int threads) {
   state.counters["alibi"] = best_alibi;
   state.counters["bias"] = best_bias;
   state.counters["bias_const"] = best_const_bias;
+  state.counters["dropout"] = best_dropout;
 }
 
 constexpr std::size_t kWindowT = 4096, kWindowBH = 8;
@@ -158,11 +165,12 @@ void print_variant_table(const std::map<std::string, std::map<std::string, doubl
       "forward+backward (min ms): B %zu, H "
       "%zu, "
       "T %zu, D %zu;\nHkv = 8 is plain attention, 1 multi-query (same attention FLOPs); ALiBi with "
-      "Hkv = 8, the bias with dBias (bias) and without (const)\n",
+      "Hkv = 8, the bias with dBias (bias) and without (const), dropout 0.1\n",
       kB, kH, kT, kD);
   std::printf("%-9s %3s | %9s %9s %9s | %9s %9s | %9s %11s\n", "path", "thr", "Hkv 8", "Hkv 2",
               "Hkv 1", "8 / 2", "8 / 1", "ALiBi", "ALiBi / 8");
-  std::printf("%-9s %3s | %9s %11s %9s %11s\n", "", "", "bias", "bias / 8", "const", "const / 8");
+  std::printf("%-9s %3s | %9s %11s %9s %11s %9s %11s\n", "", "", "bias", "bias / 8", "const",
+              "const / 8", "drop 0.1", "drop / 8");
   for (SdpaPath path : {SdpaPath::reference, SdpaPath::fused}) {
     for (int threads : {1, 2}) {
       const auto it = seconds.find(gqa_name(path, threads));
@@ -172,9 +180,10 @@ void print_variant_table(const std::map<std::string, std::map<std::string, doubl
       std::printf("%-9s %3d | %9.2f %9.2f %9.2f | %9.3f %9.3f | %9.2f %11.3f\n",
                   std::string(to_string(path)).c_str(), threads, a * 1e3, b * 1e3, c * 1e3, a / b,
                   a / c, al * 1e3, al / a);
-      const double bi = it->second.at("bias"), bc = it->second.at("bias_const");
-      std::printf("%-9s %3s | %9.2f %11.3f %9.2f %11.3f\n", "", "", bi * 1e3, bi / a, bc * 1e3,
-                  bc / a);
+      const double bi = it->second.at("bias"), bc = it->second.at("bias_const"),
+                   dr = it->second.at("dropout");
+      std::printf("%-9s %3s | %9.2f %11.3f %9.2f %11.3f %9.2f %11.3f\n", "", "", bi * 1e3, bi / a,
+                  bc * 1e3, bc / a, dr * 1e3, dr / a);
     }
   }
 }

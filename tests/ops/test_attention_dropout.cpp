@@ -242,3 +242,62 @@ TEST_CASE("dropout: p = 0 is no dropout whatever the seed, and p outside 0 <= p 
                        doctest::Contains("launcher: dropout_p expected a probability in [0, 1)"),
                        std::invalid_argument);
 }
+
+TEST_CASE(
+    "variants combined: GQA, causal, offset, mask, bias, window, ALiBi and dropout together") {
+  // Every variant at once on small shapes, on every path, against the dense definition; batch 1's
+  // mask hides every key, so its rows are empty and must give exact zeros (outputs and gradients).
+  const std::size_t B = 2, H = 4, Hkv = 2, Tq = 5, Tk = 8, D = 3, Dv = 2;
+  Rng rng(211);
+  auto q = randn<double, 4>({B, H, Tq, D}, rng);
+  auto k = randn<double, 4>({B, Hkv, Tk, D}, rng);
+  auto v = randn<double, 4>({B, Hkv, Tk, Dv}, rng);
+  auto bias = randn<double, 4>({B, 1, Tq, Tk}, rng);
+  const auto r = randn<double, 4>({B, H, Tq, Dv}, rng);
+  KeyMask mask = xt::ones<bool>({B, Tk});
+  mask(0, 4) = false;
+  for (std::size_t j = 0; j < Tk; ++j) mask(1, j) = false;
+  SdpaOptions options;
+  options.causal = true;
+  options.query_offset = 3;
+  options.window = 4;
+  options.alibi_slopes = alibi_slopes(H);
+  options.dropout_p = 0.25;
+  options.dropout_seed = attention::dropout_key(1, 2, 3);
+  const auto keep = sdpa_dropout_mask(options, B, H, Tq, Tk);
+  const Tensor4<double> expected = test::dense_attention(q, k, v, options, &mask, &bias, &keep);
+  for (Path path : test::kPaths) {
+    CAPTURE(test::name_of(path));
+    const test::Result g = test::run(path, q, k, v, &r, options, &mask, &bias);
+    REQUIRE(test::all_finite(g.out));
+    CHECK(test::rel_error(g.out, expected) < 1e-13);
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t i = 0; i < Tq; ++i) {
+        for (std::size_t c = 0; c < Dv; ++c) CHECK(g.out(1, h, i, c) == 0.0);
+        for (std::size_t c = 0; c < D; ++c) CHECK(g.dq(1, h, i, c) == 0.0);
+      }
+    }
+    for (std::size_t i = 0; i < Tq; ++i) {
+      for (std::size_t j = 0; j < Tk; ++j) CHECK(g.dbias(1, 0, i, j) == 0.0);
+    }
+    for (std::size_t h = 0; h < Hkv; ++h) {
+      for (std::size_t j = 0; j < Tk; ++j) {
+        for (std::size_t c = 0; c < D; ++c) CHECK(g.dk(1, h, j, c) == 0.0);
+        for (std::size_t c = 0; c < Dv; ++c) CHECK(g.dv(1, h, j, c) == 0.0);
+      }
+    }
+    const auto loss = [&] {
+      const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, &mask, &bias).out;
+      double l = 0;
+      for (std::size_t e = 0; e < out.size(); ++e) l += out.data()[e] * r.data()[e];
+      return l;
+    };
+    const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {B, H, Tq, D}},
+                                         {"dk", k.data(), g.dk.data(), {B, Hkv, Tk, D}},
+                                         {"dv", v.data(), g.dv.data(), {B, Hkv, Tk, Dv}},
+                                         {"dbias", bias.data(), g.dbias.data(), {B, 1, Tq, Tk}}},
+                                        loss);
+    INFO(report.table());
+    CHECK(report.max_rel_error() <= 1e-7);
+  }
+}
