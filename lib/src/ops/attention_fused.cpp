@@ -3,7 +3,9 @@
 // IO-Awareness", algorithms 1 (forward, online softmax) and 2 (backward, recomputing P); Dao 2023,
 // "FlashAttention-2" (D_i = rowsum(dO ⊙ O), saving the log-sum-exp rather than max and sum).
 //
-// Per (b, h) slice, one thread, OpenBLAS single-threaded inside; the slice is cut into row blocks
+// The forward runs one task per (K/V slice, row block), the group's query heads in turn on each key
+// block (so grouped-query attention reads a K/V tile once per group); the backward one task per
+// K/V slice. One thread per task, OpenBLAS single-threaded inside; a slice is cut into row blocks
 // of Br queries and key blocks of Bc keys (Br x Bc tiles, both gemm'd through blas.hpp):
 //   forward, per row block i, for each key block j:
 //     S = s · Q_i K_jᵀ                 (Br,D) x (D,Bc) -> (Br,Bc), hidden positions at -inf
@@ -79,73 +81,87 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
   tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
   tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
-  const auto bh_count = static_cast<std::ptrdiff_t>(p.B * H);
+  // One task per (K/V slice, row block): for each key block, the g = H / Hkv query heads of the
+  // group take their turn on it while it is hot in cache, so each K/V tile is read once per group
+  // (grouped-query attention), not once per query head. The rule's key bounds depend on the rows
+  // only, so the group shares them.
+  const std::size_t group = p.group(), row_blocks = (Tq + tile_rows - 1) / tile_rows;
+  const auto task_count = static_cast<std::ptrdiff_t>(p.B * p.Hkv * row_blocks);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) S, then P
-    std::vector<T> m(tile_rows), l(tile_rows);  // (Br,) running max and sum
+    // (g, Br) running max and sum of each head's rows
+    std::vector<T> m(group * tile_rows), l(group * tile_rows);
 #pragma omp for schedule(static)
-    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-      const std::size_t b = static_cast<std::size_t>(bh) / H, h = static_cast<std::size_t>(bh) % H;
-      const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
-      const T s = p.scale[h];
-      const T* qp = p.q + bh * Tq * D;
+    for (std::ptrdiff_t task = 0; task < task_count; ++task) {
+      const std::size_t kv = static_cast<std::size_t>(task) / row_blocks;
+      const std::size_t i0 = static_cast<std::size_t>(task) % row_blocks * tile_rows;
+      const std::size_t br = std::min(tile_rows, Tq - i0);
+      const int rows = static_cast<int>(br);
       const T* kp = p.k + kv * Tk * D;
       const T* vp = p.v + kv * Tk * Dv;
-      T* op = out + bh * Tq * Dv;
-      T* lsep = lse + bh * Tq;
-      for (std::size_t i0 = 0; i0 < Tq; i0 += tile_rows) {
-        const std::size_t br = std::min(tile_rows, Tq - i0);
-        // Keys before key_begin(first row) and from key_end(last row) on are hidden from the tile.
-        const std::size_t first = attention::key_begin(p, i0);
-        const std::size_t keys = attention::key_end(p, i0 + br - 1);
-        std::fill(m.begin(), m.end(), kHidden<T>);
-        std::fill(l.begin(), l.end(), T(0));
-        T* o_i = op + i0 * Dv;
-        for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
-          const std::size_t bc = std::min(tile_keys, keys - j0);
-          const int rows = static_cast<int>(br), cols = static_cast<int>(bc);
+      // Keys before key_begin(first row) and from key_end(last row) on are hidden from the tile.
+      const std::size_t first = attention::key_begin(p, i0);
+      const std::size_t keys = attention::key_end(p, i0 + br - 1);
+      std::fill(m.begin(), m.end(), kHidden<T>);
+      std::fill(l.begin(), l.end(), T(0));
+      for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
+        const std::size_t bc = std::min(tile_keys, keys - j0);
+        const int cols = static_cast<int>(bc);
+        for (std::size_t g = 0; g < group; ++g) {
+          const std::size_t bh = kv * group + g, b = bh / H, h = bh % H;
+          const T* qp = p.q + bh * Tq * D;
+          T* o_i = out + (bh * Tq + i0) * Dv;
+          T* mg = m.data() + g * tile_rows;
+          T* lg = l.data() + g * tile_rows;
           // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
-                        sb.data(), cols);
+          blas::gemm<T>(false, true, rows, cols, d, p.scale[h], qp + i0 * D, d, kp + j0 * D, d,
+                        T(0), sb.data(), cols);
           score_tile(sb.data(), p, b, h, i0, br, j0, bc);
           for (std::size_t r = 0; r < br; ++r) {
             T* row = sb.data() + r * bc;
-            const T m_new = std::max(m[r], row_max(row, bc));
+            const T m_new = std::max(mg[r], row_max(row, bc));
             if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
               // ... unless the row holds NaN (row_max ignores it): propagate, never hide it.
               const bool has_nan = std::any_of(row, row + bc, [](T x) { return std::isnan(x); });
               std::fill(row, row + bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
-              if (has_nan) m[r] = l[r] = std::numeric_limits<T>::quiet_NaN();
+              if (has_nan) mg[r] = lg[r] = std::numeric_limits<T>::quiet_NaN();
               continue;
             }
             const T sum = exp_shifted_inplace(row, bc, m_new);  // P = exp(S − m'), hidden -> 0
             // Dropout after the sum (l normalises the weights before dropout): P ⊙ M / (1 − p).
-            attention::attention_dropout_row(p, static_cast<std::size_t>(bh), i0 + r, j0, bc, row);
-            if (j0 > 0) {
-              const T correction = std::exp(m[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
-              l[r] *= correction;
+            attention::attention_dropout_row(p, bh, i0 + r, j0, bc, row);
+            if (j0 > first) {
+              const T correction = std::exp(mg[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
+              lg[r] *= correction;
               T* o_row = o_i + r * Dv;
               for (std::size_t c = 0; c < Dv; ++c) o_row[c] *= correction;
             }
-            l[r] += sum;
-            m[r] = m_new;
+            lg[r] += sum;
+            mg[r] = m_new;
           }
-          // O_i = correction · O_i + P V_j (the first tile assigns)   (Br,Bc) x (Bc,Dv) -> (Br,Dv)
+          // O_i = correction · O_i + P V_j (the first block assigns)  (Br,Bc) x (Bc,Dv) -> (Br,Dv)
           blas::gemm<T>(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
                         j0 > first ? T(1) : T(0), o_i, dv);
         }
+      }
+      for (std::size_t g = 0; g < group; ++g) {
+        const std::size_t bh = kv * group + g;
+        T* o_i = out + (bh * Tq + i0) * Dv;
+        T* lsep = lse + bh * Tq;
+        const T* mg = m.data() + g * tile_rows;
+        const T* lg = l.data() + g * tile_rows;
         if (first >= keys) std::fill(o_i, o_i + br * Dv, T(0));  // no key block ran
         for (std::size_t r = 0; r < br; ++r) {
           T* o_row = o_i + r * Dv;
-          if (l[r] == T(0)) {  // the row sees no key: O = 0, lse = -inf, never NaN
+          if (lg[r] == T(0)) {  // the row sees no key: O = 0, lse = -inf, never NaN
             std::fill(o_row, o_row + Dv, T(0));
             lsep[i0 + r] = kHidden<T>;
             continue;
           }
-          const T inv = T(1) / l[r];
+          const T inv = T(1) / lg[r];
           for (std::size_t c = 0; c < Dv; ++c) o_row[c] *= inv;
-          lsep[i0 + r] = m[r] + std::log(l[r]);
+          lsep[i0 + r] = mg[r] + std::log(lg[r]);
         }
       }
     }
