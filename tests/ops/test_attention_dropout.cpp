@@ -79,6 +79,16 @@ TEST_CASE("dropout: Philox4x32-10 matches Random123's known answers") {
   CHECK(same(attention::philox4x32_10(Philox4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
                                       0xa4093822u, 0x299f31d0u),
              Philox4{{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}));
+  // The CPU's batch form (AVX2 with x86-64-v3) gives the same words as one block at a time.
+  std::uint32_t words[4 * attention::kPhiloxLanes];
+  for (std::uint32_t first : {0u, 5u, 0xfffffff8u}) {
+    attention::philox_blocks(0x0123456789abcdefULL, 7, 11, 13, first, words);
+    for (std::size_t l = 0; l < attention::kPhiloxLanes; ++l) {
+      const Philox4 one = attention::philox_block(0x0123456789abcdefULL, 7, 11, 13,
+                                                  4 * std::size_t(std::uint32_t(first + l)));
+      for (std::size_t w = 0; w < 4; ++w) CHECK(words[4 * l + w] == one.x[w]);
+    }
+  }
 }
 
 TEST_CASE(

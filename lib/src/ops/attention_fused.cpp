@@ -232,21 +232,22 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                 exp_shifted_inplace(row, bc, row_lse);
               }
             }
-            if (dropout) {  // the forward's dropped weights, regenerated
-              std::copy_n(sb.data(), br * bc, pdb.data());
+            // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
+            blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
+                          T(0), dpb.data(), cols);
+            if (dropout) {  // the forward's mask, regenerated once for P and dP
+              std::fill_n(pdb.data(), br * bc, T(1));
               for (std::size_t r = 0; r < br; ++r) {
                 attention::attention_dropout_row(p, bh, i0 + r, j0, bc, pdb.data() + r * bc);
+              }
+              for (std::size_t e = 0; e < br * bc; ++e) {
+                dpb[e] *= pdb[e];        // dP ⊙ M / (1 − p)
+                pdb[e] *= sb.data()[e];  // P ⊙ M / (1 − p)
               }
             }
             // dV_j += Pᵀ dO_i (P ⊙ M/(1−p) w. dropout)   (Bc,Br) x (Br,Dv) -> (Bc,Dv)
             blas::gemm<T>(true, false, cols, dvw, rows, T(1), dropout ? pdb.data() : sb.data(),
                           cols, dop + i0 * Dv, dvw, T(1), dvp + j0 * Dv, dvw);
-            // dP = dO_i V_jᵀ (⊙ M / (1 − p) w. dropout)  (Br,Dv) x (Dv,Bc) -> (Br,Bc)
-            blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
-                          T(0), dpb.data(), cols);
-            for (std::size_t r = 0; dropout && r < br; ++r) {
-              attention::attention_dropout_row(p, bh, i0 + r, j0, bc, dpb.data() + r * bc);
-            }
             // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
             for (std::size_t r = 0; r < br; ++r) {
               subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);
