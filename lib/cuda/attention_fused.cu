@@ -53,7 +53,7 @@ void launch(Kernel kernel, dim3 grid, std::size_t smem, Args... args) {
 
 template <class T, int TILE>
 void forward_with(T* out, T* lse, const AttentionParams<T>& a) {
-  launch(fused_forward_kernel<T, TILE>, query_tile_grid(a, TILE),
+  launch(fused_forward_kernel<T, TILE>, packed_query_grid(a, TILE),
          forward_smem<T>(Geometry(a.D, a.Dv, TILE), TILE), out, lse, a);
 }
 

@@ -2,7 +2,9 @@
 // 2023, Algorithms 1 and 2), in plain FMA arithmetic for float and double. No (Tq, Tk) matrix is
 // ever stored.
 //
-//   forward    one block per (query tile, b·h): loop over key tiles, S = s·Q Kᵀ in shared memory,
+//   forward    one block per (packed query tile, K/V slice): the rows of the G = H / Hkv query
+//              heads that share the slice are interleaved (row i·G + m: query i of head m), so a
+//              K/V tile is read once per group; loop over key tiles, S = s·Q Kᵀ in shared memory,
 //              online softmax (running max and sum per row), O ← α·O + P V; saves O and the
 //              log-sum-exp (LSE) of each row.
 //   row_dot    D = rowsum(dO ⊙ O) (= rowsum(dP ⊙ P)), one warp per row.
@@ -139,13 +141,20 @@ __global__ void __launch_bounds__(kThreads)
   const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
   const int lane = t % detail::kWarpSize, warp = t / detail::kWarpSize;
   const int warps = kThreads / detail::kWarpSize;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
-  const std::size_t kv = a.kv_slice_of(bh);
-  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * TILE;
-  const T s = a.scale[h];
+  // Packed grouped-query attention: the block's K/V slice kv serves the group's G query heads,
+  // whose rows are interleaved, packed row ρ = i·G + m being query i of head slice kv·G + m. A K/V
+  // tile is read once for every head of the group (G = 1: plain attention, ρ = i).
+  const std::size_t kv = blockIdx.y, group = a.group(), packed = group * a.Tq;
+  const std::size_t rho0 = static_cast<std::size_t>(blockIdx.x) * TILE;
+  const auto query_of = [&](int r) { return (rho0 + r) / group; };  // ≥ Tq past the last row
+  const auto slice_of = [&](int r) { return kv * group + (rho0 + r) % group; };
   const int D = static_cast<int>(a.D), Dv = static_cast<int>(a.Dv);
 
-  load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
+  for (int e = t; e < TILE * g.dp; e += kThreads) {  // Q rows of the packed tile, zero-padded
+    const int r = e / g.dp, c = e % g.dp;
+    const std::size_t i = query_of(r);
+    qs[r * g.ldd + c] = (i < a.Tq && c < D) ? a.q[(slice_of(r) * a.Tq + i) * a.D + c] : T(0);
+  }
   zero_tile(os, TILE * g.dvp);
   for (int r = t; r < TILE; r += kThreads) {
     row_max[r] = cm::negative_infinity<T>();
@@ -153,9 +162,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   // The tile's queries see keys [key_begin(first), key_end(last)); the key tiles outside are
   // hidden from the whole tile.
-  const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
+  const std::size_t last_query = (std::min(rho0 + TILE, packed) - 1) / group;
   const std::size_t key_end = attention::key_end(a, last_query);
-  const std::size_t key_start = attention::key_begin(a, i0) / TILE * TILE;
+  const std::size_t key_start = attention::key_begin(a, rho0 / group) / TILE * TILE;
 
   for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {
     __syncthreads();  // the previous tile's O update has finished reading V and P
@@ -170,7 +179,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < NS; ++j) {
           const int r = ty + kSide * i, c = tx + kSide * j;
-          ss[r * g.lds + c] = tile_score(a, b, h, i0 + r, j0 + c, s, acc[i][j]);
+          const std::size_t bh = slice_of(r), h = cm::head_of(bh, a.H);
+          ss[r * g.lds + c] =
+              tile_score(a, cm::batch_of(bh, a.H), h, query_of(r), j0 + c, a.scale[h], acc[i][j]);
         }
       }
     }
@@ -189,9 +200,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = lane; c < TILE; c += detail::kWarpSize) {
         const T p = cm::exp_shifted(ss[r * g.lds + c], new_max);
         tile_sum += p;  // the row sum normalises the weights before dropout
-        ss[r * g.lds + c] = a.dropout_p == 0
-                                ? p
-                                : p * attention::attention_dropout_factor<T>(a, bh, i0 + r, j0 + c);
+        ss[r * g.lds + c] = a.dropout_p == 0 ? p
+                                             : p * attention::attention_dropout_factor<T>(
+                                                       a, slice_of(r), query_of(r), j0 + c);
       }
       tile_sum = detail::warp_sum(tile_sum);
       if (lane == 0) {
@@ -227,15 +238,16 @@ __global__ void __launch_bounds__(kThreads)
   // O = O / l (0 for a row with no visible key); LSE = m + log l (-inf for such a row).
   for (int e = t; e < TILE * Dv; e += kThreads) {
     const int r = e / Dv, c = e % Dv;
-    const std::size_t i = i0 + r;
+    const std::size_t i = query_of(r);
     if (i < a.Tq) {
       const cm::OnlineSoftmax<T> state{row_max[r], row_sum[r]};
-      out[cm::bhrc_offset(bh, i, c, a.Tq, a.Dv)] = os[r * g.dvp + c] * state.inverse_sum();
+      out[cm::bhrc_offset(slice_of(r), i, c, a.Tq, a.Dv)] = os[r * g.dvp + c] * state.inverse_sum();
     }
   }
   for (int r = t; r < TILE; r += kThreads) {
-    if (i0 + r < a.Tq) {
-      lse[bh * a.Tq + i0 + r] = cm::OnlineSoftmax<T>{row_max[r], row_sum[r]}.log_sum_exp();
+    const std::size_t i = query_of(r);
+    if (i < a.Tq) {
+      lse[slice_of(r) * a.Tq + i] = cm::OnlineSoftmax<T>{row_max[r], row_sum[r]}.log_sum_exp();
     }
   }
 }
@@ -525,6 +537,11 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 inline dim3 query_tile_grid(const AttentionParams<T>& a, int tile) {
   return dim3(static_cast<unsigned>(cm::tile_count(a.Tq, tile)), static_cast<unsigned>(a.B * a.H));
+}
+template <class T>
+inline dim3 packed_query_grid(const AttentionParams<T>& a, int tile) {  // the forward's grid
+  return dim3(static_cast<unsigned>(cm::tile_count(a.group() * a.Tq, tile)),
+              static_cast<unsigned>(a.B * a.Hkv));
 }
 template <class T>
 inline dim3 key_tile_grid(const AttentionParams<T>& a, int tile) {  // one block per K/V slice

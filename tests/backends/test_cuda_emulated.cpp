@@ -119,7 +119,7 @@ void check_fused(const Problem& pr, double tol) {
   auto dv = nan_filled<T, 4>({pr.B, pr.H, pr.Tk, pr.Dv});
   const fused::Geometry g(pr.D, pr.Dv, TILE);
   const dim3 block(fused::kThreads);
-  emu::launch(fused::fused_forward_kernel<T, TILE>, fused::query_tile_grid(a, TILE), block,
+  emu::launch(fused::fused_forward_kernel<T, TILE>, fused::packed_query_grid(a, TILE), block,
               fused::forward_smem<T>(g, TILE), out.data(), lse.data(), a);
   const std::size_t rows = pr.B * pr.H * pr.Tq;
   emu::launch(fused::row_dot_kernel<T>,

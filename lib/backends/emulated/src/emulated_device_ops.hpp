@@ -412,7 +412,7 @@ class EmulatedDeviceOps final : public DeviceOps<T> {
   template <int TILE>
   static void fused_forward(T* out, T* lse, const AttentionParams<T>& a) {
     const emu_fused::Geometry g(a.D, a.Dv, TILE);
-    emu::launch(emu_fused::fused_forward_kernel<T, TILE>, emu_fused::query_tile_grid(a, TILE),
+    emu::launch(emu_fused::fused_forward_kernel<T, TILE>, emu_fused::packed_query_grid(a, TILE),
                 dim3(emu_fused::kThreads), emu_fused::forward_smem<T>(g, TILE), out, lse, a);
   }
   template <int TILE>
