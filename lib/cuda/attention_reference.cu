@@ -34,6 +34,18 @@ unsigned grid_of(std::size_t rows) {
   return static_cast<unsigned>(rows);
 }
 
+// With dropout, P ⊙ M / (1 − p) in a new device array (dropout_rows over the rows of p); empty
+// without dropout.
+template <class T>
+DeviceArray<T> dropped_weights(const T* p, const AttentionParams<T>& a, std::size_t rows) {
+  DeviceArray<T> dropped;
+  if (a.dropout_p == 0) return dropped;
+  dropped = DeviceArray<T>(rows * a.Tk);
+  dropout_rows<T><<<grid_of(rows), kRowThreads>>>(dropped.data(), p, a);
+  ATTNLAB_CUDA_CHECK_LAUNCH();
+  return dropped;
+}
+
 }  // namespace
 
 // Grouped-query attention: query head h reads K/V head h / g (g = H / Hkv). The (b, h) slices of q
@@ -57,12 +69,7 @@ void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) {
   masked_softmax_rows<T><<<grid_of(rows), kRowThreads>>>(p, a);
   ATTNLAB_CUDA_CHECK_LAUNCH();
   // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
-  DeviceArray<T> dropped;
-  if (a.dropout_p != 0) {
-    dropped = DeviceArray<T>(rows * a.Tk);
-    dropout_rows<T><<<grid_of(rows), kRowThreads>>>(dropped.data(), p, a);
-    ATTNLAB_CUDA_CHECK_LAUNCH();
-  }
+  const DeviceArray<T> dropped = dropped_weights(p, a, rows);
   const T* weights = a.dropout_p != 0 ? dropped.data() : p;
   for (std::size_t r = 0; r < g; ++r) {
     // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
@@ -83,12 +90,7 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T*
   const long long sp = a.Tq * a.Tk, sq = a.Tq * a.D, sk = a.Tk * a.D, sv = a.Tk * a.Dv,
                   so = a.Tq * a.Dv;
   // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
-  DeviceArray<T> dropped;
-  if (a.dropout_p != 0) {
-    dropped = DeviceArray<T>(rows * a.Tk);
-    dropout_rows<T><<<grid_of(rows), kRowThreads>>>(dropped.data(), p, a);
-    ATTNLAB_CUDA_CHECK_LAUNCH();
-  }
+  const DeviceArray<T> dropped = dropped_weights(p, a, rows);
   const T* weights = a.dropout_p != 0 ? dropped.data() : p;
   for (std::size_t r = 0; r < g; ++r) {
     const T beta = r == 0 ? T(0) : T(1);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/nn/gradcheck_module.hpp"
@@ -38,11 +39,7 @@ void check_against_dense(Path path, const Case& c) {
   CAPTURE(c.window);
   CAPTURE(c.Tq);
   Rng rng(103);
-  const auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
-  const auto k = randn<double, 4>({c.B, c.Hkv, c.Tk, c.D}, rng);
-  const auto v = randn<double, 4>({c.B, c.Hkv, c.Tk, c.Dv}, rng);
-  KeyMask mask = xt::ones<bool>({c.B, c.Tk});
-  for (std::size_t j = 2; j < c.Tk; j += 5) mask(c.B - 1, j) = false;
+  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
   SdpaOptions options;
   options.causal = c.causal;
   options.query_offset = static_cast<std::ptrdiff_t>(c.offset);
@@ -81,7 +78,6 @@ TEST_CASE("alibi: central-difference gradient check on every path") {
   mask(0, 2) = false;
   for (Path path : test::kPaths) {
     for (bool causal : {false, true}) {
-      CAPTURE(test::name_of(path));
       CAPTURE(causal);
       Rng rng(107);
       auto q = randn<double, 4>({B, H, Tq, D}, rng);
@@ -93,20 +89,7 @@ TEST_CASE("alibi: central-difference gradient check on every path") {
       options.query_offset = causal ? 1 : 0;
       options.alibi_slopes = {0.7, 0.2};
       options.head_scale = {0.9, 0.4};
-      const auto loss = [&] {
-        const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, &mask).out;
-        double l = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-        return l;
-      };
-      const test::Result g = test::run(path, q, k, v, &r, options, &mask);
-      const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {B, H, Tq, D}},
-                                           {"dk", k.data(), g.dk.data(), {B, H, Tk, D}},
-                                           {"dv", v.data(), g.dv.data(), {B, H, Tk, Dv}}},
-                                          loss);
-      INFO(report.table());
-      CHECK(report.max_rel_error() <= 1e-7);
-      for (const auto& res : report.results) CHECK(res.analytic_norm > 1e-3);
+      test::check_path_gradients(path, q, k, v, r, options, &mask);
     }
   }
 }
@@ -117,26 +100,12 @@ TEST_CASE("golden: ALiBi matches PyTorch on every path") {
   const auto& file = test::golden_file("alibi.json");
   REQUIRE(file.at("cases").size() >= 3);
   for (const auto& c : file.at("cases")) {
-    const std::string name = c.at("name");
-    CAPTURE(name);
     const auto& config = c.at("config");
     SdpaOptions options;
     options.causal = config.at("causal").get<bool>();
     options.query_offset = config.at("offset").get<std::ptrdiff_t>();
     options.alibi_slopes = config.at("slopes").get<std::vector<double>>();
-    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
-                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r");
-    KeyMask mask;
-    const bool has_mask = config.at("has_mask").get<bool>();
-    if (has_mask) mask = xt::cast<bool>(test::golden_tensor(c, "mask"));
-    for (Path path : test::kPaths) {
-      CAPTURE(test::name_of(path));
-      const test::Result g = test::run(path, q, k, v, &r, options, has_mask ? &mask : nullptr);
-      CHECK(test::rel_error(g.out, test::golden_tensor(c, "out")) < 1e-12);
-      CHECK(test::rel_error(g.dq, test::golden_tensor(c, "dq")) < 1e-12);
-      CHECK(test::rel_error(g.dk, test::golden_tensor(c, "dk")) < 1e-12);
-      CHECK(test::rel_error(g.dv, test::golden_tensor(c, "dv")) < 1e-12);
-    }
+    test::check_golden_case(c, options);
   }
 }
 

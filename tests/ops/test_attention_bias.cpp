@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/random.hpp"
@@ -44,11 +45,7 @@ void check_against_dense(Path path, const Case& c) {
   CAPTURE(c.window);
   CAPTURE(c.Hkv);
   Rng rng(131);
-  const auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
-  const auto k = randn<double, 4>({c.B, c.Hkv, c.Tk, c.D}, rng);
-  const auto v = randn<double, 4>({c.B, c.Hkv, c.Tk, c.Dv}, rng);
-  KeyMask mask = xt::ones<bool>({c.B, c.Tk});
-  for (std::size_t j = 2; j < c.Tk; j += 5) mask(c.B - 1, j) = false;
+  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
   SdpaOptions options;
   options.causal = c.causal;
   options.query_offset = static_cast<std::ptrdiff_t>(c.offset);
@@ -72,7 +69,6 @@ void gradcheck_with_bias(Path path, const Case& c, double tolerance) {
     return m;
   }();
   for (const auto& shape : bias_shapes(c.B, c.H, c.Tq, c.Tk)) {
-    CAPTURE(test::name_of(path));
     CAPTURE(c.causal);
     CAPTURE(format_shape_of(shape));
     Rng rng(137);
@@ -87,24 +83,8 @@ void gradcheck_with_bias(Path path, const Case& c, double tolerance) {
     options.window = c.window;
     options.head_scale.assign(c.H, 0.6);
     if (c.alibi) options.alibi_slopes = alibi_slopes(c.H);
-    const KeyMask* m = c.mask ? &mask : nullptr;
-    const auto loss = [&] {
-      const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, m, &bias).out;
-      double l = 0;
-      for (std::size_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-      return l;
-    };
-    const test::Result g = test::run(path, q, k, v, &r, options, m, &bias);
-    REQUIRE(g.dbias.shape() == bias.shape());
-    const auto report =
-        check_gradients({{"dq", q.data(), g.dq.data(), {c.B, c.H, c.Tq, c.D}},
-                         {"dk", k.data(), g.dk.data(), {c.B, c.Hkv, c.Tk, c.D}},
-                         {"dv", v.data(), g.dv.data(), {c.B, c.Hkv, c.Tk, c.Dv}},
-                         {"dbias", bias.data(), g.dbias.data(), {shape[0], shape[1], c.Tq, c.Tk}}},
-                        loss);
-    INFO(report.table());
-    CHECK(report.max_rel_error() <= tolerance);
-    for (const auto& res : report.results) CHECK(res.analytic_norm > 1e-3);
+    test::check_path_gradients(path, q, k, v, r, options, c.mask ? &mask : nullptr, &bias,
+                               tolerance);
   }
 }
 
@@ -135,28 +115,11 @@ TEST_CASE("golden: an additive bias and its gradient match PyTorch on every path
   const auto& file = test::golden_file("bias.json");
   REQUIRE(file.at("cases").size() >= 4);
   for (const auto& c : file.at("cases")) {
-    const std::string name = c.at("name");
-    CAPTURE(name);
     const auto& config = c.at("config");
     SdpaOptions options;
     options.causal = config.at("causal").get<bool>();
     options.query_offset = config.at("offset").get<std::ptrdiff_t>();
-    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
-                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r"),
-                          bias = test::golden_tensor(c, "bias");
-    KeyMask mask;
-    const bool has_mask = config.at("has_mask").get<bool>();
-    if (has_mask) mask = xt::cast<bool>(test::golden_tensor(c, "mask"));
-    for (Path path : test::kPaths) {
-      CAPTURE(test::name_of(path));
-      const test::Result g =
-          test::run(path, q, k, v, &r, options, has_mask ? &mask : nullptr, &bias);
-      CHECK(test::rel_error(g.out, test::golden_tensor(c, "out")) < 1e-12);
-      CHECK(test::rel_error(g.dq, test::golden_tensor(c, "dq")) < 1e-12);
-      CHECK(test::rel_error(g.dk, test::golden_tensor(c, "dk")) < 1e-12);
-      CHECK(test::rel_error(g.dv, test::golden_tensor(c, "dv")) < 1e-12);
-      CHECK(test::rel_error(g.dbias, test::golden_tensor(c, "dbias")) < 1e-12);
-    }
+    test::check_golden_case(c, options);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/gradcheck.hpp"
@@ -49,12 +50,8 @@ void check_against_dense(Path path, const Case& c) {
   CAPTURE(c.window);
   CAPTURE(c.p);
   Rng rng(157);
-  const auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
-  const auto k = randn<double, 4>({c.B, c.Hkv, c.Tk, c.D}, rng);
-  const auto v = randn<double, 4>({c.B, c.Hkv, c.Tk, c.Dv}, rng);
+  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
   const auto bias = randn<double, 4>({1, c.H, c.Tq, c.Tk}, rng);
-  KeyMask mask = xt::ones<bool>({c.B, c.Tk});
-  for (std::size_t j = 2; j < c.Tk; j += 5) mask(c.B - 1, j) = false;
   const SdpaOptions options = dropout_options(c, 0xC0FFEE);
   const auto keep = sdpa_dropout_mask(options, c.B, c.H, c.Tq, c.Tk);
   const KeyMask* m = c.mask ? &mask : nullptr;
@@ -149,7 +146,6 @@ TEST_CASE("dropout: central-difference gradient check with the mask held fixed, 
   for (Path path : test::kPaths) {
     for (const Case& c : {Case{2, 2, 2, 4, 5, 3, 2, false, 0, true, false, 0.4},
                           Case{2, 4, 2, 4, 6, 3, 2, true, 0, false, true, 0.3}}) {
-      CAPTURE(test::name_of(path));
       CAPTURE(c.causal);
       Rng rng(163);
       auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
@@ -160,24 +156,8 @@ TEST_CASE("dropout: central-difference gradient check with the mask held fixed, 
       KeyMask mask = xt::ones<bool>({c.B, c.Tk});
       mask(0, 1) = false;
       const SdpaOptions options = dropout_options(c, 2024);
-      const KeyMask* m = c.mask ? &mask : nullptr;
-      const Tensor4<double>* b = c.bias ? &bias : nullptr;
-      const auto loss = [&] {
-        const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, m, b).out;
-        double l = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-        return l;
-      };
-      const test::Result g = test::run(path, q, k, v, &r, options, m, b);
-      std::vector<GradcheckTensor> inputs = {
-          {"dq", q.data(), g.dq.data(), {c.B, c.H, c.Tq, c.D}},
-          {"dk", k.data(), g.dk.data(), {c.B, c.Hkv, c.Tk, c.D}},
-          {"dv", v.data(), g.dv.data(), {c.B, c.Hkv, c.Tk, c.Dv}}};
-      if (b) inputs.push_back({"dbias", bias.data(), g.dbias.data(), {1, c.H, c.Tq, c.Tk}});
-      const auto report = check_gradients(inputs, loss);
-      INFO(report.table());
-      CHECK(report.max_rel_error() <= 1e-7);
-      for (const auto& res : report.results) CHECK(res.analytic_norm > 1e-3);
+      test::check_path_gradients(path, q, k, v, r, options, c.mask ? &mask : nullptr,
+                                 c.bias ? &bias : nullptr);
     }
   }
 }
@@ -188,35 +168,17 @@ TEST_CASE("golden: dropout replaying the committed mask matches PyTorch on every
   const auto& file = test::golden_file("dropout.json");
   REQUIRE(file.at("cases").size() >= 3);
   for (const auto& c : file.at("cases")) {
-    const std::string name = c.at("name");
-    CAPTURE(name);
     const auto& config = c.at("config");
     SdpaOptions options;
     options.causal = config.at("causal").get<bool>();
     options.dropout_p = config.at("p").get<double>();
     options.dropout_seed = config.at("seed").get<std::uint64_t>();
-    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
-                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r");
-    const Tensor4<double> keep = test::golden_tensor(c, "keep");
     // attnlab draws the mask that PyTorch replayed.
+    const auto& q = test::golden_tensor(c, "q");
     CHECK(xt::cast<double>(sdpa_dropout_mask(options, q.shape()[0], q.shape()[1], q.shape()[2],
-                                             k.shape()[2])) == keep);
-    KeyMask mask;
-    const bool has_mask = config.at("has_mask").get<bool>();
-    if (has_mask) mask = xt::cast<bool>(test::golden_tensor(c, "mask"));
-    const bool has_bias = config.at("has_bias").get<bool>();
-    Tensor4<double> bias;
-    if (has_bias) bias = test::golden_tensor(c, "bias");
-    for (Path path : test::kPaths) {
-      CAPTURE(test::name_of(path));
-      const test::Result g = test::run(path, q, k, v, &r, options, has_mask ? &mask : nullptr,
-                                       has_bias ? &bias : nullptr);
-      CHECK(test::rel_error(g.out, test::golden_tensor(c, "out")) < 1e-12);
-      CHECK(test::rel_error(g.dq, test::golden_tensor(c, "dq")) < 1e-12);
-      CHECK(test::rel_error(g.dk, test::golden_tensor(c, "dk")) < 1e-12);
-      CHECK(test::rel_error(g.dv, test::golden_tensor(c, "dv")) < 1e-12);
-      if (has_bias) CHECK(test::rel_error(g.dbias, test::golden_tensor(c, "dbias")) < 1e-12);
-    }
+                                             test::golden_tensor(c, "k").shape()[2])) ==
+          test::golden_tensor(c, "keep"));
+    test::check_golden_case(c, options);
   }
 }
 
@@ -296,18 +258,6 @@ TEST_CASE(
         for (std::size_t c = 0; c < Dv; ++c) CHECK(g.dv(1, h, j, c) == 0.0);
       }
     }
-    const auto loss = [&] {
-      const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, &mask, &bias).out;
-      double l = 0;
-      for (std::size_t e = 0; e < out.size(); ++e) l += out.data()[e] * r.data()[e];
-      return l;
-    };
-    const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {B, H, Tq, D}},
-                                         {"dk", k.data(), g.dk.data(), {B, Hkv, Tk, D}},
-                                         {"dv", v.data(), g.dv.data(), {B, Hkv, Tk, Dv}},
-                                         {"dbias", bias.data(), g.dbias.data(), {B, 1, Tq, Tk}}},
-                                        loss);
-    INFO(report.table());
-    CHECK(report.max_rel_error() <= 1e-7);
+    test::check_path_gradients(path, q, k, v, r, options, &mask, &bias);
   }
 }

@@ -12,6 +12,7 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 
+#include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/nn/gradcheck_module.hpp"
@@ -59,12 +60,9 @@ void check_equals_repeated(Path path, const Case& c) {
   CAPTURE(c.causal);
   CAPTURE(c.mask);
   Rng rng(61);
-  const auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
-  const auto k = randn<double, 4>({c.B, c.Hkv, c.Tk, c.D}, rng);
-  const auto v = randn<double, 4>({c.B, c.Hkv, c.Tk, c.Dv}, rng);
+  const auto [q, k, v, mask] =
+      test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv, 0, 3);
   const auto dout = randn<double, 4>({c.B, c.H, c.Tq, c.Dv}, rng);
-  KeyMask mask = xt::ones<bool>({c.B, c.Tk});
-  for (std::size_t j = 0; j < c.Tk; j += 3) mask(c.B - 1, j) = false;
   SdpaOptions options;
   options.causal = c.causal;
   options.head_scale.resize(c.H);
@@ -104,7 +102,6 @@ TEST_CASE("gqa: central-difference gradient check on every path") {
   mask(1, 1) = false;
   for (Path path : test::kPaths) {
     for (bool causal : {false, true}) {
-      CAPTURE(test::name_of(path));
       CAPTURE(causal);
       Rng rng(67);
       auto q = randn<double, 4>({B, H, Tq, D}, rng);
@@ -113,20 +110,7 @@ TEST_CASE("gqa: central-difference gradient check on every path") {
       const auto r = randn<double, 4>({B, H, Tq, Dv}, rng);
       SdpaOptions options;
       options.causal = causal;
-      const auto loss = [&] {
-        const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, &mask).out;
-        double l = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-        return l;
-      };
-      const test::Result g = test::run(path, q, k, v, &r, options, &mask);
-      const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {B, H, Tq, D}},
-                                           {"dk", k.data(), g.dk.data(), {B, Hkv, Tk, D}},
-                                           {"dv", v.data(), g.dv.data(), {B, Hkv, Tk, Dv}}},
-                                          loss);
-      INFO(report.table());
-      CHECK(report.max_rel_error() <= 1e-7);  // the suite's gradcheck tolerance
-      for (const auto& res : report.results) CHECK(res.analytic_norm > 1e-3);
+      test::check_path_gradients(path, q, k, v, r, options, &mask);
     }
   }
 }
@@ -137,25 +121,11 @@ TEST_CASE("golden: grouped-query attention matches PyTorch on every path") {
   const auto& file = test::golden_file("gqa.json");
   REQUIRE(file.at("cases").size() >= 4);
   for (const auto& c : file.at("cases")) {
-    const std::string name = c.at("name");
-    CAPTURE(name);
     const auto& config = c.at("config");
+    REQUIRE(test::golden_tensor(c, "k").shape()[1] == config.at("kv_heads").get<std::size_t>());
     SdpaOptions options;
     options.causal = config.at("causal").get<bool>();
-    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
-                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r");
-    REQUIRE(k.shape()[1] == config.at("kv_heads").get<std::size_t>());
-    KeyMask mask;
-    const bool has_mask = config.at("has_mask").get<bool>();
-    if (has_mask) mask = xt::cast<bool>(test::golden_tensor(c, "mask"));
-    for (Path path : test::kPaths) {
-      CAPTURE(test::name_of(path));
-      const test::Result g = test::run(path, q, k, v, &r, options, has_mask ? &mask : nullptr);
-      CHECK(test::rel_error(g.out, test::golden_tensor(c, "out")) < 1e-12);
-      CHECK(test::rel_error(g.dq, test::golden_tensor(c, "dq")) < 1e-12);
-      CHECK(test::rel_error(g.dk, test::golden_tensor(c, "dk")) < 1e-12);
-      CHECK(test::rel_error(g.dv, test::golden_tensor(c, "dv")) < 1e-12);
-    }
+    test::check_golden_case(c, options);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
 
+#include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/nn/multi_head_attention.hpp"
@@ -36,11 +37,7 @@ void check_against_dense(Path path, const Case& c) {
   CAPTURE(c.offset);
   CAPTURE(c.Tq);
   Rng rng(83);
-  const auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);
-  const auto k = randn<double, 4>({c.B, c.H, c.Tk, c.D}, rng);
-  const auto v = randn<double, 4>({c.B, c.H, c.Tk, c.Dv}, rng);
-  KeyMask mask = xt::ones<bool>({c.B, c.Tk});
-  for (std::size_t j = 1; j < c.Tk; j += 4) mask(c.B - 1, j) = false;
+  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.H, c.Tq, c.Tk, c.D, c.Dv, 1, 4);
   SdpaOptions options;
   options.causal = true;
   options.window = c.window;
@@ -91,7 +88,6 @@ TEST_CASE("window: central-difference gradient check on every path") {
   mask(1, 3) = false;
   for (Path path : test::kPaths) {
     for (std::size_t window : {2, 3}) {
-      CAPTURE(test::name_of(path));
       CAPTURE(window);
       Rng rng(97);
       auto q = randn<double, 4>({B, H, Tq, D}, rng);
@@ -102,57 +98,24 @@ TEST_CASE("window: central-difference gradient check on every path") {
       options.causal = true;
       options.window = window;
       options.query_offset = 1;
-      const auto loss = [&] {
-        const Tensor4<double> out = test::run(path, q, k, v, nullptr, options, &mask).out;
-        double l = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-        return l;
-      };
-      const test::Result g = test::run(path, q, k, v, &r, options, &mask);
-      const auto report = check_gradients({{"dq", q.data(), g.dq.data(), {B, H, Tq, D}},
-                                           {"dk", k.data(), g.dk.data(), {B, H, Tk, D}},
-                                           {"dv", v.data(), g.dv.data(), {B, H, Tk, Dv}}},
-                                          loss);
-      INFO(report.table());
-      CHECK(report.max_rel_error() <= 1e-7);
-      for (const auto& res : report.results) CHECK(res.analytic_norm > 1e-3);
+      test::check_path_gradients(path, q, k, v, r, options, &mask);
     }
   }
 }
 
 TEST_CASE("golden: sliding-window attention matches PyTorch on every path") {
   // tests/golden/make_goldens.py window.json: masked attention with a boolean band mask and
-  // autograd, float64.
+  // autograd, float64. A window of 1 makes dq and dk exactly zero (one visible key: P = 1 whatever
+  // the score): check_golden_case compares all-zero goldens absolutely.
   const auto& file = test::golden_file("window.json");
   REQUIRE(file.at("cases").size() >= 3);
   for (const auto& c : file.at("cases")) {
-    const std::string name = c.at("name");
-    CAPTURE(name);
     const auto& config = c.at("config");
     SdpaOptions options;
     options.causal = true;
     options.window = config.at("window").get<std::size_t>();
     options.query_offset = config.at("offset").get<std::ptrdiff_t>();
-    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
-                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r");
-    KeyMask mask;
-    const bool has_mask = config.at("has_mask").get<bool>();
-    if (has_mask) mask = xt::cast<bool>(test::golden_tensor(c, "mask"));
-    for (Path path : test::kPaths) {
-      CAPTURE(test::name_of(path));
-      const test::Result g = test::run(path, q, k, v, &r, options, has_mask ? &mask : nullptr);
-      // A window of 1 makes dq and dk exactly zero (one visible key: P = 1 whatever the score):
-      // compare against zero absolutely, elsewhere relatively.
-      const auto close = [&](const Tensor4<double>& got, const char* key) {
-        const xt::xarray<double> want = test::golden_tensor(c, key);
-        if (xt::amax(xt::abs(want))() == 0.0) return xt::amax(xt::abs(got))() < 1e-12;
-        return test::rel_error(got, want) < 1e-12;
-      };
-      CHECK(close(g.out, "out"));
-      CHECK(close(g.dq, "dq"));
-      CHECK(close(g.dk, "dk"));
-      CHECK(close(g.dv, "dv"));
-    }
+    test::check_golden_case(c, options);
   }
 }
 
