@@ -65,7 +65,7 @@ xt::xarray<T> checked_tensor(const SafetensorsFile& file, const std::string& pat
                              const std::string& what) {
   const StoredTensor* t = file.find(name);
   if (!t) throw CheckpointError(path, "missing tensor " + in_quotes(name) + " (" + what + ")");
-  if (t->dtype != dtype_of<T>()) {
+  if (!readable_as<T>(t->dtype)) {  // F16 and BF16 load into float and double models
     throw CheckpointError(path, "tensor " + in_quotes(name) + " has dtype " +
                                     std::string(to_string(t->dtype)) + ", but the model is " +
                                     std::string(to_string(dtype_of<T>())));

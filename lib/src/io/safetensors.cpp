@@ -148,7 +148,7 @@ Entry parse_entry(const std::string& name, const Json& v, std::uint64_t data_siz
   const auto parsed = parse_dtype(dtype.get<std::string>());
   if (!parsed) {
     fail(file, where + ": unknown dtype " + in_quotes(dtype.get<std::string>()) +
-                   " (attnlab reads F32, F64, I64, I32, U8, BOOL)");
+                   " (attnlab reads F32, F64, F16, BF16, I64, I32, U8, BOOL)");
   }
   e.dtype = *parsed;
 
@@ -229,12 +229,17 @@ std::string_view to_string(Dtype dtype) {
       return "U8";
     case Dtype::BOOL:
       return "BOOL";
+    case Dtype::F16:
+      return "F16";
+    case Dtype::BF16:
+      return "BF16";
   }
   return "?";
 }
 
 std::optional<Dtype> parse_dtype(std::string_view s) {
-  for (const auto d : {Dtype::F32, Dtype::F64, Dtype::I64, Dtype::I32, Dtype::U8, Dtype::BOOL}) {
+  for (const auto d : {Dtype::F32, Dtype::F64, Dtype::I64, Dtype::I32, Dtype::U8, Dtype::BOOL,
+                       Dtype::F16, Dtype::BF16}) {
     if (s == to_string(d)) return d;
   }
   return std::nullopt;
@@ -251,6 +256,9 @@ std::size_t dtype_size(Dtype dtype) {
     case Dtype::U8:
     case Dtype::BOOL:
       return 1;
+    case Dtype::F16:
+    case Dtype::BF16:
+      return 2;
   }
   return 0;
 }
@@ -274,8 +282,107 @@ StoredTensor make_stored_tensor(std::string name, const xt::xarray<T>& values) {
   return t;
 }
 
+namespace {
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+// binary16 after F. Giesen's float_to_half_fast3_rtne (public domain): normals by integer rounding
+// (add 0xfff plus the lowest kept bit), subnormals by adding a magic float whose exponent leaves
+// exactly the 10 bits of a subnormal half to the FPU's own round-to-nearest-even.
+std::uint16_t float_to_f16(float value) {
+  constexpr std::uint32_t kInfinity = 255u << 23, kHalfMax = (127u + 16) << 23;
+  constexpr std::uint32_t kDenormMagic = ((127u - 15) + (23 - 10) + 1) << 23;
+  std::uint32_t u = bits_of(value);
+  const std::uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  std::uint16_t out;
+  if (u >= kHalfMax) {  // overflow to inf (65536 and beyond), or inf / NaN
+    out = u > kInfinity ? 0x7e00 : 0x7c00;
+  } else if (u < (113u << 23)) {  // below 2^-14: a subnormal half or zero
+    out = static_cast<std::uint16_t>(bits_of(float_of(u) + float_of(kDenormMagic)) - kDenormMagic);
+  } else {
+    const std::uint32_t odd = (u >> 13) & 1u;
+    u += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu + odd;  // rebias and round
+    out = static_cast<std::uint16_t>(u >> 13);  // a carry into the exponent may give inf
+  }
+  return static_cast<std::uint16_t>(out | (sign >> 16));
+}
+
+float f16_to_float(std::uint16_t bits) {
+  const std::uint32_t exponent = bits & 0x7c00u, mantissa = bits & 0x3ffu;
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  if (exponent == 0x7c00u) return float_of(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent == 0) {  // zero or subnormal: mantissa · 2^-24, exact in float
+    const float magnitude = static_cast<float>(mantissa) * float_of(103u << 23);  // 2^-24
+    return float_of(sign | bits_of(magnitude));
+  }
+  return float_of(sign | ((exponent + ((127u - 15) << 10)) << 13) | (mantissa << 13));
+}
+
+std::uint16_t float_to_bf16(float value) {
+  const std::uint32_t u = bits_of(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a quiet NaN
+    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  }
+  const std::uint32_t odd = (u >> 16) & 1u;
+  return static_cast<std::uint16_t>((u + 0x7fffu + odd) >> 16);  // ties to even; may round to inf
+}
+
+float bf16_to_float(std::uint16_t bits) {
+  return float_of(static_cast<std::uint32_t>(bits) << 16);
+}
+
+StoredTensor make_stored_tensor_half(std::string name, const xt::xarray<float>& values,
+                                     Dtype dtype) {
+  if (dtype != Dtype::F16 && dtype != Dtype::BF16) {
+    throw std::invalid_argument("make_stored_tensor_half: dtype expected F16 or BF16, got " +
+                                std::string(to_string(dtype)));
+  }
+  StoredTensor t;
+  t.name = std::move(name);
+  t.dtype = dtype;
+  t.shape.assign(values.shape().begin(), values.shape().end());
+  t.data.resize(values.size() * 2);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const float v = values.data()[i];
+    const std::uint16_t h = dtype == Dtype::F16 ? float_to_f16(v) : float_to_bf16(v);
+    const unsigned char bytes[2] = {static_cast<unsigned char>(h & 0xff),
+                                    static_cast<unsigned char>(h >> 8)};  // little-endian
+    std::memcpy(t.data.data() + 2 * i, bytes, 2);
+  }
+  return t;
+}
+
 template <class T>
 xt::xarray<T> tensor_values(const StoredTensor& tensor, const std::string& file) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (tensor.dtype == Dtype::F16 || tensor.dtype == Dtype::BF16) {
+      const auto need = byte_count(tensor.shape, 2);
+      if (!need || *need != tensor.data.size()) {
+        fail(file, "tensor " + in_quotes(tensor.name) + " holds " +
+                       std::to_string(tensor.data.size()) +
+                       " bytes, which does not match its shape " + format_shape(tensor.shape));
+      }
+      xt::xarray<T> out = xt::xarray<T>::from_shape(tensor.shape);
+      const bool f16 = tensor.dtype == Dtype::F16;
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        unsigned char bytes[2];
+        std::memcpy(bytes, tensor.data.data() + 2 * i, 2);
+        const auto h = static_cast<std::uint16_t>(bytes[0] | (bytes[1] << 8));
+        out.data()[i] = static_cast<T>(f16 ? f16_to_float(h) : bf16_to_float(h));
+      }
+      return out;
+    }
+  }
   if (tensor.dtype != dtype_of<T>()) {
     fail(file, "tensor " + in_quotes(tensor.name) + " has dtype " +
                    std::string(to_string(tensor.dtype)) + ", expected " +

@@ -70,8 +70,9 @@ void save_checkpoint(const std::string& path, const ParameterList<T>& params,
 // Loads a checkpoint into the values params point to. Checks, before changing anything:
 //  - the file is a valid safetensors file (see load_safetensors);
 //  - format_version is "attnlab-1", and step and rng_state parse;
-//  - every parameter is present, with dtype F32 (float) or F64 (double) and the model's shape, and
-//    finite values;
+//  - every parameter is present, with dtype F32 (float) or F64 (double), or F16 or BF16 (converted
+//    exactly: half-precision weights exported from Python), and the model's shape, and finite
+//    values (after conversion);
 //  - optimizer_state (when not null): if it is not empty, it names the tensors expected (without
 //    the prefix) and their shapes, which must all be present (pass the optimizer's current state
 //    so that restoring it afterwards cannot fail: the restore is then all-or-nothing); if it is

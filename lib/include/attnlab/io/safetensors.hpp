@@ -40,7 +40,7 @@ class CheckpointError : public std::runtime_error {
 };
 
 // The element types attnlab reads and writes (BOOL is one byte, 0 or 1).
-enum class Dtype { F32, F64, I64, I32, U8, BOOL };
+enum class Dtype { F32, F64, I64, I32, U8, BOOL, F16, BF16 };
 
 std::string_view to_string(Dtype dtype);               // "F32", ...
 std::optional<Dtype> parse_dtype(std::string_view s);  // nullopt for an unknown name
@@ -76,10 +76,32 @@ struct StoredTensor {
 template <class T>
 StoredTensor make_stored_tensor(std::string name, const xt::xarray<T>& values);
 
+// Half precision: IEEE binary16 (F16) and bfloat16 (BF16) bits from a float, rounded to nearest,
+// ties to even (as PyTorch's .half() and .bfloat16()); overflow gives ±inf, a NaN stays a (quiet)
+// NaN. The conversions back to float are exact.
+std::uint16_t float_to_f16(float value);
+float f16_to_float(std::uint16_t bits);
+std::uint16_t float_to_bf16(float value);
+float bf16_to_float(std::uint16_t bits);
+
+// Copies an array into a StoredTensor of dtype F16 or BF16, each value rounded as above. Throws
+// std::invalid_argument for another dtype.
+StoredTensor make_stored_tensor_half(std::string name, const xt::xarray<float>& values,
+                                     Dtype dtype);
+
 // The values of a tensor as an array of T. Throws CheckpointError (file = `file`) if the dtype is
-// not dtype_of<T>().
+// not dtype_of<T>(); for T = float or double an F16 or BF16 tensor is accepted too and converted
+// (exactly), so that half-precision weights exported from Python load.
 template <class T>
 xt::xarray<T> tensor_values(const StoredTensor& tensor, const std::string& file = "<memory>");
+
+// Whether tensor_values<T> reads a tensor of dtype d.
+template <class T>
+bool readable_as(Dtype d) {
+  if (d == dtype_of<T>()) return true;
+  return (std::is_same_v<T, float> || std::is_same_v<T, double>)&&(d == Dtype::F16 ||
+                                                                   d == Dtype::BF16);
+}
 
 struct SafetensorsFile {
   std::vector<StoredTensor> tensors;  // in data-offset order
