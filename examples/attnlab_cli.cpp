@@ -22,6 +22,7 @@
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/context.hpp"
+#include "attnlab/cuda.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/memory.hpp"
 #include "attnlab/threads.hpp"
@@ -58,10 +59,20 @@ void print_blas_warning() {
   std::fprintf(stderr, "attnlab: warning: %s\n", warning.c_str());
 }
 
+// The build: version, git revision, backends (CUDA with its devices, MPI, OpenMP's threads), BLAS.
 std::string version_text() {
   print_blas_warning();
-  return std::string("attnlab ") + ATTNLAB_VERSION + "\nblas: " + blas_summary(blas_info()) +
-         "\ncpu features: " + to_string(blas_info().cpu);
+  std::string cuda = "not built";
+  if (cuda_built()) {
+    const int devices = cuda_device_count();
+    cuda = "built, " + (devices == 0 ? std::string("no device")
+                                     : std::to_string(devices) + " device" +
+                                           (devices == 1 ? "" : "s") + ": " + cuda_device_name());
+  }
+  return std::string("attnlab ") + ATTNLAB_VERSION + " (git " + ATTNLAB_GIT_REVISION + ")" +
+         "\nbackends: cpu (OpenMP, " + std::to_string(default_num_threads()) +
+         " threads by default); cuda: " + cuda + "; mpi: not built" +
+         "\nblas: " + blas_summary(blas_info()) + "\ncpu features: " + to_string(blas_info().cpu);
 }
 
 // Set by SIGINT/SIGTERM during `train`; the run reads it through its Context and stops with a
@@ -253,7 +264,7 @@ int main(int argc, char** argv) {
       "1/d_k) affects stability"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_text,
-                       "print the version and the BLAS kernels, then exit");
+                       "print the version, git revision, backends and BLAS kernels, then exit");
   app.set_help_all_flag("--help-all", "help for every subcommand");
 
   // ---- train ----

@@ -18,6 +18,7 @@
 
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/threads.hpp"
 
 namespace fs = std::filesystem;
 
@@ -114,12 +115,17 @@ TEST_CASE("cli: bad flag values print one error line and exit with status 2") {
   }
 }
 
-TEST_CASE("cli: --version names the version and the BLAS kernels") {
+TEST_CASE("cli: --version names the version, the git revision, the backends and the BLAS kernels") {
   const auto dir = scratch("version");
   const Run r = cli("--version", dir);
   CHECK(r.status == 0);
   CHECK(r.err.empty());
   CHECK(r.out.rfind("attnlab ", 0) == 0);
+  CHECK(r.out.find(" (git ") != std::string::npos);
+  const std::string cuda = attnlab::cuda_built() ? "cuda: built" : "cuda: not built";
+  CHECK(r.out.find("\nbackends: cpu (OpenMP, " + std::to_string(attnlab::default_num_threads()) +
+                   " threads by default); " + cuda) != std::string::npos);
+  CHECK(r.out.find("mpi: not built") != std::string::npos);
   const std::string blas_line = "\nblas: " + attnlab::blas_summary(attnlab::blas_info()) + "\n";
   CHECK(r.out.find(blas_line) != std::string::npos);
   CHECK(r.out.find("core " + attnlab::blas_info().core) != std::string::npos);
