@@ -1,6 +1,7 @@
 // attnlab: the command-line tool. A thin layer: CLI11 parses and validates the flags, lib/app
 // does the work. Exit status: 0 success, 1 a failed check or I/O failure, 2 bad input (one line
-// "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted (checkpoint saved).
+// "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted by SIGINT or
+// --stop-after and 143 by SIGTERM (checkpoint saved).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -78,9 +79,12 @@ std::string version_text() {
 // Set by SIGINT/SIGTERM during `train`; the run reads it through its Context and stops with a
 // checkpoint. The CLI's own: the library holds no such flag.
 std::atomic<bool> stop_requested{false};
-static_assert(std::atomic<bool>::is_always_lock_free, "a signal handler may only store lock-free");
+std::atomic<int> stop_signal{0};  // the signal that asked, for the exit status 128 + signal
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "a signal handler may only store lock-free");
 
-void on_signal(int) {
+void on_signal(int signal) {
+  stop_signal.store(signal);
   stop_requested.store(true);
 }
 
@@ -237,7 +241,9 @@ int run_train(TrainConfig config, Context context) {
     std::fprintf(stdout,
                  "interrupted at step %d: checkpoint saved in %s (continue with --resume %s)\n",
                  r.steps_done, config.out.c_str(), config.out.c_str());
-    return kExitInterrupted;
+    // As POSIX tools: 128 + the signal (SIGINT 130, SIGTERM 143); --stop-after counts as SIGINT.
+    const int signal = stop_signal.load();
+    return signal > 0 ? 128 + signal : kExitInterrupted;
   }
   std::fprintf(stdout,
                "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "

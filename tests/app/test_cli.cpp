@@ -357,23 +357,26 @@ TEST_CASE("cli: gradcheck prints a row per tensor and passes on the stack's laye
   CHECK(g.out.find("PASS") != std::string::npos);
 }
 
-TEST_CASE("cli: SIGINT saves a checkpoint and exits cleanly, and the run resumes from it") {
+TEST_CASE("cli: SIGINT and SIGTERM save a checkpoint, exit with 130 and 143, and the run resumes") {
   const auto dir = scratch("sigint");
-  const fs::path run = dir / "run";
-  // Start a long run, wait until it has written its first metrics row, then interrupt it.
-  const std::string cmd = "'" + std::string(ATTNLAB_CLI_PATH) + "' train " + kTinyRecall +
-                          " --steps 100000000 --eval-every 10 --out '" + run.string() +
-                          "' >/dev/null 2>'" + (dir / "stderr.txt").string() + "' & pid=$!; " +
-                          "for i in $(seq 1 600); do [ -s '" + (run / "metrics.csv").string() +
-                          "' ] && break; sleep 0.05; done; sleep 0.2; kill -INT $pid; wait $pid; " +
-                          "echo $? > '" + (dir / "status.txt").string() + "'";
-  std::ofstream(dir / "interrupt.sh") << cmd << '\n';
-  REQUIRE(std::system(("bash '" + (dir / "interrupt.sh").string() + "'").c_str()) == 0);
-  CHECK(std::stoi(slurp(dir / "status.txt")) == 130);
-  CHECK(slurp(dir / "stderr.txt").empty());
-  const auto summary = nlohmann::json::parse(slurp(run / "summary.json"));
-  CHECK(summary["status"] == "interrupted");
-  CHECK(fs::exists(run / "model.safetensors"));
+  for (const auto& [signal, status] : {std::pair{"INT", 130}, std::pair{"TERM", 143}}) {
+    CAPTURE(signal);
+    const fs::path run = dir / (std::string("run_") + signal);
+    // Start a long run, wait until it has written its first metrics row, then signal it.
+    const std::string cmd = "'" + std::string(ATTNLAB_CLI_PATH) + "' train " + kTinyRecall +
+                            " --steps 100000000 --eval-every 10 --out '" + run.string() +
+                            "' >/dev/null 2>'" + (dir / "stderr.txt").string() + "' & pid=$!; " +
+                            "for i in $(seq 1 600); do [ -s '" + (run / "metrics.csv").string() +
+                            "' ] && break; sleep 0.05; done; sleep 0.2; kill -" + signal +
+                            " $pid; wait $pid; echo $? > '" + (dir / "status.txt").string() + "'";
+    std::ofstream(dir / "interrupt.sh") << cmd << '\n';
+    REQUIRE(std::system(("bash '" + (dir / "interrupt.sh").string() + "'").c_str()) == 0);
+    CHECK(std::stoi(slurp(dir / "status.txt")) == status);
+    CHECK(slurp(dir / "stderr.txt").empty());
+    const auto summary = nlohmann::json::parse(slurp(run / "summary.json"));
+    CHECK(summary["status"] == "interrupted");
+    CHECK(fs::exists(run / "model.safetensors"));
+  }
   // --save-every also leaves a checkpoint; a resumed run continues to --steps.
   const Run r = cli(std::string("train ") + kTinyRecall +
                         " --steps 30 --save-every 10 --stop-after 25 --out '" +
