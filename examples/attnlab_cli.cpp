@@ -251,9 +251,11 @@ int run_train(TrainConfig config, Context context) {
                r.steps_done, r.seconds, r.device.c_str(), r.final_eval_loss, r.init_eval_loss,
                r.final_eval_acc);
   print_throughput(r, context);
+  const char* out = config.out.c_str();
   std::fprintf(stdout,
-               "outputs: %s/config.json, %s/metrics.csv, %s/summary.json, %s/model.safetensors\n",
-               config.out.c_str(), config.out.c_str(), config.out.c_str(), config.out.c_str());
+               "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "
+               "%s/model.safetensors\n",
+               out, out, out, out, out);
   return 0;
 }
 

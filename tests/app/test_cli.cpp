@@ -209,6 +209,36 @@ TEST_CASE("cli: resume continues exactly (40 steps == 20 + save + resume + 20)")
   const std::string full = slurp(dir / "full" / "metrics.csv");
   CHECK(full.size() > 100);
   CHECK(full == slurp(dir / "split" / "metrics.csv"));
+  CHECK(slurp(dir / "full" / "metrics.jsonl") == slurp(dir / "split" / "metrics.jsonl"));
+
+  // metrics.jsonl: one object per metrics.csv row, keys that do not depend on the model's size,
+  // the values of the CSV (to its 7 digits), null for the step-0 training loss (NaN).
+  std::istringstream csv(full), jsonl(slurp(dir / "full" / "metrics.jsonl"));
+  std::string header, csv_row, json_row;
+  std::getline(csv, header);
+  std::size_t rows = 0;
+  while (std::getline(csv, csv_row)) {
+    REQUIRE(std::getline(jsonl, json_row));
+    const auto j = nlohmann::json::parse(json_row);
+    for (const char* key :
+         {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean", "heads", "layers"}) {
+      CHECK(j.contains(key));
+    }
+    CHECK(j.size() == 8);
+    CHECK(std::to_string(j["step"].get<long>()) == csv_row.substr(0, csv_row.find(',')));
+    const std::string eval_loss = csv_row.substr(csv_row.find(',', csv_row.find(',') + 1) + 1);
+    CHECK(j["eval_loss"].get<double>() ==
+          doctest::Approx(std::stod(eval_loss.substr(0, eval_loss.find(',')))).epsilon(1e-6));
+    if (rows == 0) CHECK(j["loss"].is_null());
+    REQUIRE(j["heads"].size() == 1);  // one layer, one head
+    CHECK(j["heads"][0]["layer"] == 0);
+    CHECK(j["heads"][0].contains("recall_mass"));
+    REQUIRE(j["layers"].size() == 1);
+    CHECK(j["layers"][0].contains("wq_grad_norm"));
+    ++rows;
+  }
+  CHECK(rows == 9);  // steps 0, 5, ..., 40
+  CHECK_FALSE(std::getline(jsonl, json_row));
 }
 
 TEST_CASE("cli: with dropout, resume continues exactly, and dropout changes training") {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "attnlab/app/loss.hpp"
 
 namespace attnlab::app {
@@ -74,9 +76,39 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
   return st;
 }
 
+namespace {
+
+// The .jsonl twin of a metrics.csv path.
+std::string jsonl_path(const std::string& csv) {
+  const std::string stem =
+      csv.size() >= 4 && csv.ends_with(".csv") ? csv.substr(0, csv.size() - 4) : csv;
+  return stem + ".jsonl";
+}
+
+// A JSON number, or null when not finite (JSON has no NaN or infinity).
+nlohmann::json json_number(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
 MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
                        const std::string& resume_csv, std::size_t resumed_step)
-    : recall_(recall) {
+    : heads_(heads), recall_(recall) {
+  std::vector<std::string> kept_json;
+  if (!resume_csv.empty()) {  // the JSON rows of the resumed run, up to the resumed step
+    std::ifstream in(jsonl_path(resume_csv));
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto row = nlohmann::json::parse(line, nullptr, false);
+      if (row.is_discarded() || !row.contains("step")) continue;
+      if (row["step"].get<std::size_t>() <= resumed_step) kept_json.push_back(line);
+    }
+  }
+  jsonl_.open(jsonl_path(path), std::ios::trunc);
+  if (!jsonl_) throw std::runtime_error(jsonl_path(path) + ": cannot open for writing");
+  for (const auto& row : kept_json) jsonl_ << row << '\n';
+
   std::vector<std::string> kept;
   if (!resume_csv.empty()) {
     std::ifstream in(resume_csv);
@@ -119,9 +151,40 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
   for (std::size_t l = 0; l < norms.wq.size(); ++l)
     out_ << ',' << csv_number(norms.wq_grad[l]) << ',' << csv_number(norms.wk_grad[l]) << ','
          << csv_number(norms.wq[l]) << ',' << csv_number(norms.wk[l]);
-  out_ << ',' << csv_number(st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size()))
-       << '\n';
+  const double jacobian_mean =
+      st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size());
+  out_ << ',' << csv_number(jacobian_mean) << '\n';
   out_.flush();
+
+  nlohmann::json row = {{"step", step},
+                        {"loss", json_number(train_loss)},
+                        {"eval_loss", json_number(st.loss)},
+                        {"eval_acc", json_number(st.accuracy)},
+                        {"lr", json_number(lr)},
+                        {"jacobian_mean", json_number(jacobian_mean)}};
+  nlohmann::json heads = nlohmann::json::array(), layers = nlohmann::json::array();
+  for (std::size_t i = 0; i < st.health.size(); ++i) {
+    const auto& h = st.health[i];
+    nlohmann::json head = {{"layer", i / heads_},
+                           {"head", i % heads_},
+                           {"entropy", json_number(h.entropy)},
+                           {"max_logit", json_number(h.max_abs_logit)},
+                           {"saturated", json_number(h.saturated_fraction)},
+                           {"jacobian", json_number(h.jacobian_norm)}};
+    if (recall_) head["recall_mass"] = json_number(st.recall_mass.at(i));
+    heads.push_back(std::move(head));
+  }
+  for (std::size_t l = 0; l < norms.wq.size(); ++l) {
+    layers.push_back({{"layer", l},
+                      {"wq_grad_norm", json_number(norms.wq_grad[l])},
+                      {"wk_grad_norm", json_number(norms.wk_grad[l])},
+                      {"wq_norm", json_number(norms.wq[l])},
+                      {"wk_norm", json_number(norms.wk[l])}});
+  }
+  row["heads"] = std::move(heads);
+  row["layers"] = std::move(layers);
+  jsonl_ << row.dump() << '\n';
+  jsonl_.flush();
   if (st.accuracy >= kTargetAccuracy && steps_to_target_ < 0)
     steps_to_target_ = static_cast<int>(step);
 }

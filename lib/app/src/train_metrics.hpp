@@ -34,10 +34,17 @@ struct LayerNorms {
 // OUT/metrics.csv. Columns: step, loss, eval_loss, eval_acc, lr, per head l<L>h<H>_{entropy,
 // max_logit, saturated, jacobian[, recall_mass]}, per layer l<L>_{wq_grad_norm, wk_grad_norm,
 // wq_norm, wk_norm}, jacobian_mean. Values are %.7g; non-finite ones "nan", "inf", "-inf".
+// Beside it, OUT/metrics.jsonl: one JSON object per row with keys that do not depend on the model's
+// size, for pandas (read_json(lines=True)) and experiment trackers:
+//   {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean",
+//    "heads": [{"layer", "head", "entropy", "max_logit", "saturated", "jacobian"[,
+//    "recall_mass"]}], "layers": [{"layer", "wq_grad_norm", "wk_grad_norm", "wq_norm", "wk_norm"}]}
+// with full double precision and null for a non-finite value.
 class MetricsLog {
  public:
-  // Truncates `path` and writes the header. A resumed run first keeps the rows of `resume_csv`
-  // (read before truncating, so it may be the same file) up to `resumed_step`.
+  // Truncates `path` (and its .jsonl twin) and writes the header. A resumed run first keeps the
+  // rows of `resume_csv` and of its .jsonl twin (read before truncating, so they may be the same
+  // files) up to `resumed_step`.
   MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
              const std::string& resume_csv = "", std::size_t resumed_step = 0);
 
@@ -50,7 +57,8 @@ class MetricsLog {
   int steps_to_target() const { return steps_to_target_; }
 
  private:
-  std::ofstream out_;
+  std::ofstream out_, jsonl_;
+  std::size_t heads_;
   bool recall_;
   std::optional<double> kept_init_eval_loss_;
   int steps_to_target_ = -1;
