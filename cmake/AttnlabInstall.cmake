@@ -34,3 +34,24 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/attnlabConfigVersion.cma
 install(FILES "${PROJECT_BINARY_DIR}/attnlabConfig.cmake"
               "${PROJECT_BINARY_DIR}/attnlabConfigVersion.cmake"
         DESTINATION ${ATTNLAB_INSTALL_CMAKEDIR})
+
+# pkg-config (attnlab.pc, beside the CMake package): the same usage requirements as attnlab::attnlab
+# (C++20, OpenMP, xtensor with xsimd and its aligned allocator) in flags; a static attnlab also
+# lists OpenBLAS and, with the CUDA backend, attnlab_cuda, cuBLAS and the static CUDA runtime.
+file(RELATIVE_PATH ATTNLAB_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" ATTNLAB_PC_TO_PREFIX "${ATTNLAB_PC_TO_PREFIX}")
+set(ATTNLAB_PC_CFLAGS "-DXTENSOR_USE_XSIMD -DXTENSOR_DEFAULT_ALIGNMENT=32")
+string(APPEND ATTNLAB_PC_CFLAGS " -DXTENSOR_DEFAULT_ALLOCATOR(T)=xsimd::aligned_allocator<T,32>")
+set(ATTNLAB_PC_REQUIRES "")
+set(ATTNLAB_PC_LIBS "")
+if(TARGET attnlab_cuda)
+  string(APPEND ATTNLAB_PC_CFLAGS " -DATTNLAB_HAS_CUDA=1")
+endif()
+if(ATTNLAB_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
+  if(TARGET attnlab_cuda)
+    set(ATTNLAB_PC_LIBS "-lattnlab_cuda -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart_static -ldl -lrt -lpthread")
+  endif()
+  set(ATTNLAB_PC_REQUIRES "openblas")
+endif()
+configure_file("${PROJECT_SOURCE_DIR}/cmake/attnlab.pc.in" "${PROJECT_BINARY_DIR}/attnlab.pc" @ONLY)
+install(FILES "${PROJECT_BINARY_DIR}/attnlab.pc" DESTINATION "${CMAKE_INSTALL_LIBDIR}/pkgconfig")

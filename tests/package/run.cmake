@@ -1,5 +1,6 @@
 # Builds and runs the outside project in this folder against attnlab; run by ctest with cmake -P.
-#   -DMODE=package       installs the build tree at BUILD_DIR into WORK_DIR/prefix, then
+#   -DMODE=package       installs the build tree at BUILD_DIR into WORK_DIR/prefix, builds and
+#                        runs app.cpp with the flags of the installed attnlab.pc (pkg-config), then
 #                        configures the project with find_package(attnlab) from that prefix
 #   -DMODE=subdirectory  configures the project with add_subdirectory(SOURCE_DIR) and compiles
 #                        app.cpp against the attnlab target; with -DFULL=ON it also builds the
@@ -46,6 +47,21 @@ if(MODE STREQUAL "package")
     if(NOT step_output MATCHES "train")
       message(FATAL_ERROR "bin/attnlab --help printed no subcommands:\n${step_output}")
     endif()
+  endif()
+  # pkg-config: the installed attnlab.pc alone compiles, links and runs the same program.
+  if(NOT EXISTS "${prefix}/${LIBDIR}/pkgconfig/attnlab.pc")
+    message(FATAL_ERROR "cmake --install did not install ${LIBDIR}/pkgconfig/attnlab.pc")
+  endif()
+  find_program(PKG_CONFIG_EXECUTABLE NAMES pkg-config pkgconf REQUIRED)
+  set(ENV{PKG_CONFIG_PATH} "${prefix}/${LIBDIR}/pkgconfig")
+  run_step("pkg-config --cflags --libs attnlab" "${PKG_CONFIG_EXECUTABLE}" --cflags --libs attnlab)
+  separate_arguments(pc_flags UNIX_COMMAND "${step_output}")
+  file(MAKE_DIRECTORY "${consumer_build}")
+  run_step("c++ app.cpp with pkg-config's flags" "${CXX_COMPILER}" -O1
+           "${CMAKE_CURRENT_LIST_DIR}/app.cpp" -o "${consumer_build}/app-pkgconfig" ${pc_flags})
+  run_step("run app-pkgconfig" "${consumer_build}/app-pkgconfig")
+  if(NOT step_output MATCHES "attnlab consumer: .*: ok")
+    message(FATAL_ERROR "pkg-config build: unexpected output: ${step_output}")
   endif()
   set(how "-DCMAKE_PREFIX_PATH=${prefix}")
 elseif(MODE STREQUAL "subdirectory")
