@@ -332,6 +332,16 @@ TEST_CASE("checkpoint: a writer killed at random points never leaves a torn chec
   Rng rng(2024);
   std::uint64_t last = 0;
   int progressed = 0;
+  // A kill between creating the temporary file and renaming it leaves that file behind (the next
+  // writer of the same file removes it).
+  const auto temporaries = [&] {
+    std::size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+      n += entry.path().filename().string().find(".tmp-") != std::string::npos;
+    }
+    return n;
+  };
+  std::size_t mid_write = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < kKills; ++round) {
     const std::uint64_t first = last + 1;
@@ -354,6 +364,8 @@ TEST_CASE("checkpoint: a writer killed at random points never leaves a torn chec
     int status = 0;
     ::waitpid(pid, &status, 0);
     REQUIRE(WIFSIGNALED(status));  // the writer did not fail on its own
+    mid_write += temporaries() > 0;
+    CHECK(temporaries() <= 1);  // earlier ones were removed by the writers that followed
 
     TinyModel<float> probe(128, 1024);
     const auto loaded = load_checkpoint(path, probe.params());  // throws if torn
@@ -369,11 +381,10 @@ TEST_CASE("checkpoint: a writer killed at random points never leaves a torn chec
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // A kill between creating the temporary file and renaming it leaves that file behind.
-  std::size_t mid_write = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
-    mid_write += entry.path().filename().string().find(".tmp-") != std::string::npos;
-  }
+  // The next save removes whatever temporary the last kill left.
+  fill(last + 1);
+  save_checkpoint(path, model.params(), {}, sample_meta(last + 1));
+  CHECK(temporaries() == 0);
   MESSAGE("one save takes " << save_seconds * 1e3 << " ms; " << kKills << " kills: " << mid_write
                             << " in the middle of a write, " << progressed
                             << " after a newer save; last step " << last << "; " << seconds

@@ -472,3 +472,19 @@ TEST_CASE("safetensors: single-byte corruptions never crash, and what is accepte
   CHECK(refused > 0);
   CHECK(accepted > 0);  // flips inside tensor data (or padding) are legal files
 }
+
+TEST_CASE("write_file_atomic: a stale temporary of the same file is removed, others are kept") {
+  test::TempDir dir;
+  const std::string path = dir.file("notes.txt");
+  const auto touch = [&](const std::string& name) { std::ofstream(dir.file(name)) << "x"; };
+  touch(".notes.txt.tmp-abc123");   // what a writer killed mid-write leaves
+  touch(".other.txt.tmp-abc123");   // another file's: maybe a writer still at work
+  touch(".notes.txt.tmp-keep-me");  // not a temporary of ours (wrong shape)
+  write_file_atomic(path, std::string_view("hello\n"));
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "hello\n");
+  CHECK_FALSE(std::filesystem::exists(dir.file(".notes.txt.tmp-abc123")));
+  CHECK(std::filesystem::exists(dir.file(".other.txt.tmp-abc123")));
+  CHECK(std::filesystem::exists(dir.file(".notes.txt.tmp-keep-me")));
+}

@@ -1,5 +1,7 @@
 #include "attnlab/app/data_file.hpp"
 
+#include "attnlab/io/safetensors.hpp"
+
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -160,20 +162,16 @@ std::string format_example(const Batch& batch, std::size_t row) {
 }
 
 void write_data_file(const std::string& path, const Batch& batch, std::string_view task) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw DataFileError(path + ": cannot open for writing");
-    out << "# attnlab data file, task " << task << ": " << batch.size() << " examples, "
-        << batch.length() << " positions, " << batch.fields.size()
-        << " field(s) per position (format: data/README.md)\n";
-    for (std::size_t b = 0; b < batch.size(); ++b) out << format_example(batch, b) << '\n';
-    out.flush();
-    if (!out) throw DataFileError(path + ": write failed");
+  std::ostringstream out;
+  out << "# attnlab data file, task " << task << ": " << batch.size() << " examples, "
+      << batch.length() << " positions, " << batch.fields.size()
+      << " field(s) per position (format: data/README.md)\n";
+  for (std::size_t b = 0; b < batch.size(); ++b) out << format_example(batch, b) << '\n';
+  try {
+    write_file_atomic(path, std::string_view(out.str()));
+  } catch (const CheckpointError& e) {
+    throw DataFileError(e.what());
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw DataFileError(path + ": cannot rename temp file: " + ec.message());
 }
 
 }  // namespace attnlab::app

@@ -1,5 +1,7 @@
 #include "attnlab/app/plot.hpp"
 
+#include "attnlab/io/safetensors.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -26,11 +28,11 @@ const std::string& gnuplot_png_terminal() {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw PlotError(path + ": cannot open for writing");
-  out << text;
-  out.flush();
-  if (!out) throw PlotError(path + ": write failed");
+  try {
+    write_file_atomic(path, std::string_view(text));
+  } catch (const CheckpointError& e) {
+    throw PlotError(e.what());
+  }
 }
 
 void render_gnuplot(const std::string& script_path, const std::string& script) {

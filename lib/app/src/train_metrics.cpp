@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/app/loss.hpp"
+#include "attnlab/io/safetensors.hpp"
 
 namespace attnlab::app {
 
@@ -94,7 +95,7 @@ nlohmann::json json_number(double x) {
 
 MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
                        const std::string& resume_csv, std::size_t resumed_step)
-    : heads_(heads), recall_(recall) {
+    : path_(path), heads_(heads), recall_(recall) {
   std::vector<std::string> kept_json;
   if (!resume_csv.empty()) {  // the JSON rows of the resumed run, up to the resumed step
     std::ifstream in(jsonl_path(resume_csv));
@@ -105,9 +106,7 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
       if (row["step"].get<std::size_t>() <= resumed_step) kept_json.push_back(line);
     }
   }
-  jsonl_.open(jsonl_path(path), std::ios::trunc);
-  if (!jsonl_) throw std::runtime_error(jsonl_path(path) + ": cannot open for writing");
-  for (const auto& row : kept_json) jsonl_ << row << '\n';
+  for (const auto& row : kept_json) jsonl_ += row + '\n';
 
   std::vector<std::string> kept;
   if (!resume_csv.empty()) {
@@ -130,31 +129,36 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
         steps_to_target_ = static_cast<int>(step);
     }
   }
-  out_.open(path, std::ios::trunc);
-  if (!out_) throw std::runtime_error(path + ": cannot open for writing");
-  out_ << csv_header(layers, heads, recall) << '\n';
-  for (const auto& row : kept) out_ << row << '\n';
+  csv_ = csv_header(layers, heads, recall) + '\n';
+  for (const auto& row : kept) csv_ += row + '\n';
+  flush();
+}
+
+void MetricsLog::flush() {
+  write_file_atomic(path_, std::string_view(csv_));
+  write_file_atomic(jsonl_path(path_), std::string_view(jsonl_));
 }
 
 void MetricsLog::write(std::size_t step, double train_loss, double lr, const EvalStats& st,
                        const LayerNorms& norms) {
-  out_ << step << ',' << csv_number(train_loss) << ',' << csv_number(st.loss) << ','
-       << csv_number(st.accuracy) << ',' << csv_number(lr);
+  std::ostringstream row_csv;
+  row_csv << step << ',' << csv_number(train_loss) << ',' << csv_number(st.loss) << ','
+          << csv_number(st.accuracy) << ',' << csv_number(lr);
   double jac = 0;
   for (std::size_t i = 0; i < st.health.size(); ++i) {
     const auto& h = st.health[i];
-    out_ << ',' << csv_number(h.entropy) << ',' << csv_number(h.max_abs_logit) << ','
-         << csv_number(h.saturated_fraction) << ',' << csv_number(h.jacobian_norm);
-    if (recall_) out_ << ',' << csv_number(st.recall_mass.at(i));
+    row_csv << ',' << csv_number(h.entropy) << ',' << csv_number(h.max_abs_logit) << ','
+            << csv_number(h.saturated_fraction) << ',' << csv_number(h.jacobian_norm);
+    if (recall_) row_csv << ',' << csv_number(st.recall_mass.at(i));
     jac += h.jacobian_norm;
   }
   for (std::size_t l = 0; l < norms.wq.size(); ++l)
-    out_ << ',' << csv_number(norms.wq_grad[l]) << ',' << csv_number(norms.wk_grad[l]) << ','
-         << csv_number(norms.wq[l]) << ',' << csv_number(norms.wk[l]);
+    row_csv << ',' << csv_number(norms.wq_grad[l]) << ',' << csv_number(norms.wk_grad[l]) << ','
+            << csv_number(norms.wq[l]) << ',' << csv_number(norms.wk[l]);
   const double jacobian_mean =
       st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size());
-  out_ << ',' << csv_number(jacobian_mean) << '\n';
-  out_.flush();
+  row_csv << ',' << csv_number(jacobian_mean) << '\n';
+  csv_ += row_csv.str();
 
   nlohmann::json row = {{"step", step},
                         {"loss", json_number(train_loss)},
@@ -183,8 +187,8 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
   }
   row["heads"] = std::move(heads);
   row["layers"] = std::move(layers);
-  jsonl_ << row.dump() << '\n';
-  jsonl_.flush();
+  jsonl_ += row.dump() + '\n';
+  flush();
   if (st.accuracy >= kTargetAccuracy && steps_to_target_ < 0)
     steps_to_target_ = static_cast<int>(step);
 }

@@ -57,7 +57,11 @@ class MetricsLog {
   int steps_to_target() const { return steps_to_target_; }
 
  private:
-  std::ofstream out_, jsonl_;
+  // Both files are rewritten whole through write_file_atomic at every row: a crash leaves the
+  // previous complete file, never a torn row.
+  void flush();
+
+  std::string path_, csv_, jsonl_;
   std::size_t heads_;
   bool recall_;
   std::optional<double> kept_init_eval_loss_;

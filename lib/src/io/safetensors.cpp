@@ -565,13 +565,26 @@ void save_safetensors(const std::string& path, const std::vector<StoredTensor>& 
   write_file_atomic(path, serialize_safetensors(tensors, metadata, path));
 }
 
+void write_file_atomic(const std::string& path, std::string_view text) {
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
 void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
   const std::filesystem::path target(path);
   if (target.filename().empty()) fail(path, "cannot write: the path names a directory");
   const std::filesystem::path dir =
       target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
-  // A hidden temporary beside the target, so that rename() stays within one filesystem.
-  std::string temp = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  // A hidden temporary beside the target, so that rename() stays within one filesystem. Those a
+  // crashed writer of the same file left behind go first.
+  const std::string stale_prefix = "." + target.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() == stale_prefix.size() + 6 && name.starts_with(stale_prefix)) {
+      std::filesystem::remove(entry.path(), ec);  // best effort: a failure leaves only litter
+    }
+  }
+  std::string temp = (dir / (stale_prefix + "XXXXXX")).string();
   const int fd = ::mkstemp(temp.data());
   if (fd < 0) {
     fail(path,

@@ -131,8 +131,11 @@ void save_safetensors(const std::string& path, const std::vector<StoredTensor>& 
                       const std::map<std::string, std::string>& metadata = {});
 
 // The atomic write behind save_safetensors, for any file (same steps and guarantees; throws
-// CheckpointError naming the file).
+// CheckpointError naming the file): every file attnlab writes goes through it. The temporary is
+// ".<name>.tmp-XXXXXX" beside the target; those a crashed writer of the same name left behind are
+// removed first.
 void write_file_atomic(const std::string& path, std::span<const std::byte> bytes);
+void write_file_atomic(const std::string& path, std::string_view text);
 
 // Reads and validates a whole file (it must be a regular file). Throws CheckpointError.
 SafetensorsFile load_safetensors(const std::string& path);
