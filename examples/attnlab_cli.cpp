@@ -356,6 +356,9 @@ int main(int argc, char** argv) {
   train->add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
       ->check(CLI::Range(0, 100000000))
       ->capture_default_str();
+  train->add_flag("--weights-only", tc.weights_only,
+                  "checkpoints hold the weights and config only (no optimizer state): smaller "
+                  "files to evaluate or share, not to resume");
   train
       ->add_option("--stop-after", tc.stop_after,
                    "stop after step N with a checkpoint, as if interrupted (exit 130)")

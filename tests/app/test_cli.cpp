@@ -18,6 +18,7 @@
 
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/io/safetensors.hpp"
 #include "attnlab/threads.hpp"
 
 namespace fs = std::filesystem;
@@ -176,6 +177,37 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   char expected[64];
   std::snprintf(expected, sizeof expected, "loss %.4f", summary["final_eval_loss"].get<double>());
   CHECK(e.out.find(expected) != std::string::npos);
+}
+
+TEST_CASE("cli: --weights-only writes the weights without the optimizer state: eval, not resume") {
+  const auto dir = scratch("weights_only");
+  const std::string args = std::string("train ") + kTinyRecall + " --steps 20 --eval-every 10";
+  REQUIRE(cli(args + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  REQUIRE(cli(args + " --weights-only --out '" + (dir / "weights").string() + "'", dir).status ==
+          0);
+  const auto full = attnlab::load_safetensors((dir / "full" / "model.safetensors").string());
+  const auto weights = attnlab::load_safetensors((dir / "weights" / "model.safetensors").string());
+  CHECK(full.metadata.at("contents") == "training state");
+  CHECK(weights.metadata.at("contents") == "weights");
+  std::size_t optim = 0, params = 0;
+  for (const auto& t : full.tensors) (t.name.rfind("optim.", 0) == 0 ? optim : params) += 1;
+  CHECK(optim > 0);
+  CHECK(weights.tensors.size() == params);  // the same parameters, nothing else
+  for (const auto& t : weights.tensors) {
+    CAPTURE(t.name);
+    REQUIRE(full.find(t.name) != nullptr);
+    CHECK(full.find(t.name)->data == t.data);  // the same run: the same weights
+  }
+  CHECK(fs::file_size(dir / "weights" / "model.safetensors") <
+        fs::file_size(dir / "full" / "model.safetensors") / 2);
+  // eval reads it; resume refuses it in one line, naming the file.
+  const Run e = cli("eval --checkpoint '" + (dir / "weights").string() + "'", dir);
+  CHECK(e.status == 0);
+  const Run r = cli("train --quiet --resume '" + (dir / "weights").string() + "' --steps 30", dir);
+  CHECK(r.status != 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find("holds the weights only") != std::string::npos);
+  CHECK(r.err.find("model.safetensors") != std::string::npos);
 }
 
 TEST_CASE("cli: same seed and threads give an identical metrics.csv") {

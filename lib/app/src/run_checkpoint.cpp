@@ -31,6 +31,8 @@ RunMeta to_run_meta(const std::string& path, const CheckpointMeta& m) {
   const auto [ptr, ec] = std::from_chars(it->second.data(), end, r.optimizer_steps);
   if (ec != std::errc() || ptr != end)
     throw CheckpointError(path, "metadata 'optimizer_steps' is not a number: '" + it->second + "'");
+  const auto contents = m.extra.find("contents");  // absent before --weights-only existed
+  r.weights_only = contents != m.extra.end() && contents->second == "weights";
   return r;
 }
 
@@ -51,7 +53,7 @@ CheckpointMeta parse_meta(const std::string& path, const SafetensorsFile& file) 
     throw CheckpointError(path, "metadata 'step' is not a number: '" + step + "'");
   m.rng = parse_rng_state(get("rng_state"));
   for (const auto& [k, v] : file.metadata)
-    if (k == "kind" || k == "optimizer_steps") m.extra[k] = v;
+    if (k == "kind" || k == "optimizer_steps" || k == "contents") m.extra[k] = v;
   return m;
 }
 
@@ -67,6 +69,8 @@ void save_run_checkpoint(const std::string& path, const ParameterList<float>& pa
   m.rng = meta.data_rng;
   m.extra["kind"] = kRunKind;
   m.extra["optimizer_steps"] = std::to_string(meta.optimizer_steps);
+  m.extra["contents"] = meta.weights_only ? "weights" : "training state";
+  if (meta.weights_only) state.clear();
   save_checkpoint<float>(path, params, state, m);
 }
 
@@ -76,6 +80,11 @@ RunMeta read_run_meta(const std::string& path) {
 
 RunMeta load_run_checkpoint(const std::string& path, ParameterList<float>& params,
                             StateTensors* optimizer_state) {
+  if (optimizer_state && read_run_meta(path).weights_only) {
+    throw CheckpointError(path,
+                          "holds the weights only (written by train --weights-only): there is no "
+                          "optimizer state to resume from; evaluate it instead");
+  }
   TensorList<float> state;
   if (optimizer_state)
     for (const auto& [name, values] : *optimizer_state)

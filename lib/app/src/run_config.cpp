@@ -24,7 +24,7 @@ void from_json(const json& j, TaskKind& v) {
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length)
 ATTNLAB_JSON_FIELDS(TrainConfig, task, data_file, valid_file, model, optimizer, lr, beta1, beta2,
                     momentum, weight_decay, clip, schedule, warmup, steps, batch, seed, eval_every,
-                    eval_size, out, save_every)
+                    eval_size, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;

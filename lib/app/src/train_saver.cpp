@@ -4,8 +4,11 @@
 
 namespace attnlab::app {
 
-RunSaver::RunSaver(std::string path, std::string config_json, bool enabled)
-    : path_(std::move(path)), config_json_(std::move(config_json)), enabled_(enabled) {}
+RunSaver::RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only)
+    : path_(std::move(path)),
+      config_json_(std::move(config_json)),
+      enabled_(enabled),
+      weights_only_(weights_only) {}
 
 void RunSaver::save(std::size_t step, TrainBackend& backend, Optimizer<float>& optimizer,
                     const ParameterList<float>& params, const Rng& data_rng) const {
@@ -16,8 +19,11 @@ void RunSaver::save(std::size_t step, TrainBackend& backend, Optimizer<float>& o
   meta.step = step;
   meta.optimizer_steps = optimizer.step_count();
   meta.data_rng = data_rng.state();
+  meta.weights_only = weights_only_;
   StateTensors state;
-  for (auto& t : optimizer.state_tensors()) state.emplace_back(t.first, std::move(t.second));
+  if (!weights_only_) {
+    for (auto& t : optimizer.state_tensors()) state.emplace_back(t.first, std::move(t.second));
+  }
   save_run_checkpoint(path_, params, state, meta);
 }
 

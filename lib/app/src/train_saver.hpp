@@ -13,8 +13,9 @@ namespace attnlab::app {
 
 class RunSaver {
  public:
-  // config_json: the effective config (to_json_text). Disabled: save() does nothing.
-  RunSaver(std::string path, std::string config_json, bool enabled);
+  // config_json: the effective config (to_json_text). Disabled: save() does nothing. weights_only:
+  // no optimizer state in the file (train --weights-only).
+  RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only = false);
 
   // Brings the host mirror up to date from the backend, then writes atomically.
   void save(std::size_t step, TrainBackend& backend, Optimizer<float>& optimizer,
@@ -22,7 +23,7 @@ class RunSaver {
 
  private:
   std::string path_, config_json_;
-  bool enabled_;
+  bool enabled_, weights_only_;
 };
 
 }  // namespace attnlab::app

@@ -115,6 +115,11 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
 RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
   const std::string resume_path = c.resume + "/model.safetensors";
   const RunMeta resumed = read_run_meta(resume_path);
+  if (resumed.weights_only) {
+    throw CheckpointError(resume_path,
+                          "holds the weights only (written by train --weights-only): there is no "
+                          "optimizer state to resume from; evaluate it instead");
+  }
   TrainConfig saved;
   try {
     read_json_text(resumed.config_json, saved);
@@ -233,7 +238,8 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   write_config_file(c.out + "/config.json", c);
   MetricsLog log(c.out + "/metrics.csv", model.layers(), model.heads(),
                  c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
-  const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint);
+  const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint,
+                       c.weights_only);
   const ProgressFn progress = c.progress ? terminal_progress() : ProgressFn();
   const std::size_t d_k = c.model.block.attention.head_dim_k();
   LayerNorms norms;

@@ -26,9 +26,13 @@ struct RunMeta {
   std::size_t step = 0;     // training steps completed
   std::size_t optimizer_steps = 0;
   Rng::State data_rng{};
+  // The file holds the weights only (train --weights-only): metadata "contents" is "weights", else
+  // "training state". A weights-only file is evaluated, never resumed.
+  bool weights_only = false;
 };
 
-// optimizer_state: names as Optimizer::state_tensors() gives them ("optim.<param>.<slot>").
+// optimizer_state: names as Optimizer::state_tensors() gives them ("optim.<param>.<slot>"); empty
+// with meta.weights_only.
 void save_run_checkpoint(const std::string& path, const ParameterList<float>& params,
                          const StateTensors& optimizer_state, const RunMeta& meta);
 
@@ -37,7 +41,8 @@ RunMeta read_run_meta(const std::string& path);
 
 // Loads parameters (and, when optimizer_state is not null, the optimizer state: on input the
 // expected names and shapes as state_tensors() gives them; on output the values). Throws
-// CheckpointError naming the file and the problem; nothing is changed then.
+// CheckpointError naming the file and the problem; nothing is changed then. Asking a weights-only
+// file for an optimizer state (a resume) says so.
 RunMeta load_run_checkpoint(const std::string& path, ParameterList<float>& params,
                             StateTensors* optimizer_state);
 

@@ -45,6 +45,9 @@ struct TrainConfig {
   // device.
   std::string out = "runs/train";
   int save_every = 0;  // 0: only at the end
+  // Checkpoints hold the weights and the config only (no optimizer state): smaller files to share
+  // and evaluate, which cannot be resumed.
+  bool weights_only = false;
   // Not part of the config file (one-off controls of this invocation):
   std::string resume;    // a run directory to continue from
   int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
