@@ -10,9 +10,10 @@
 //     that took different paths) aborts with a message instead of hanging;
 //   - shared memory is one buffer per block, filled with 0xFF bytes (NaN for float and double) so
 //     that a kernel reading shared memory it never wrote produces NaN.
-// Under AddressSanitizer and ThreadSanitizer (which need to be told about stack switches) and off
-// x86-64, every CUDA thread is a std::thread instead and the barriers are std::barriers: the same
-// semantics, slower.
+// Under AddressSanitizer the fibers tell it about every switch (__sanitizer_start_switch_fiber /
+// __sanitizer_finish_switch_fiber, with a fake stack per fiber for detect_stack_use_after_return).
+// Under ThreadSanitizer and off x86-64, every CUDA thread is a std::thread instead and the barriers
+// are std::barriers: the same semantics, slower.
 // It checks the kernels' indexing, tiling, masking, synchronisation structure and arithmetic; not
 // their speed, and not nvcc's code generation. 1-D blocks only (all of attnlab's kernels).
 //
@@ -32,12 +33,24 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__x86_64__)
+#if defined(__SANITIZE_THREAD__) || !defined(__x86_64__)
 #define ATTNLAB_EMU_THREADS 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#if __has_feature(thread_sanitizer)
 #define ATTNLAB_EMU_THREADS 1
 #endif
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTNLAB_EMU_ASAN_FIBERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTNLAB_EMU_ASAN_FIBERS 1
+#endif
+#endif
+#if defined(ATTNLAB_EMU_ASAN_FIBERS)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 #define __global__
@@ -212,6 +225,9 @@ struct Fiber {
   const FiberBarrier* waiting = nullptr;  // null: runnable
   std::size_t waiting_phase = 0;
   bool done = false;
+  // AddressSanitizer's fake stack of this fiber (detect_stack_use_after_return), kept from one run
+  // to the next: a fresh one per run would cost an mmap and munmap each time.
+  void* fake_stack = nullptr;
 };
 
 // The fibers of one OS thread, reused by every launch of that thread: one per CUDA thread of the
@@ -228,6 +244,12 @@ struct Scheduler {
 
   // Starts fiber f afresh: its first switch_stack returns into fiber_start.
   void reset(Fiber& f) {
+#if defined(ATTNLAB_EMU_ASAN_FIBERS)
+    // The frames of the fiber's last run that never returned (fiber_main's final switch, at the
+    // top of the stack) left poisoned redzones behind.
+    constexpr std::size_t kTop = 16 * 1024;
+    ASAN_UNPOISON_MEMORY_REGION(f.stack.get() + Fiber::kStackBytes - kTop, kTop);
+#endif
     auto top = reinterpret_cast<std::uintptr_t>(f.stack.get() + Fiber::kStackBytes);
     top &= ~std::uintptr_t(15);  // 16-aligned at fiber_start, so its call aligns the callee's frame
     auto* frame = reinterpret_cast<std::uint64_t*>(top) - 9;
@@ -254,6 +276,46 @@ struct Scheduler {
 
   unsigned threads = 0;  // of the block being run
 
+#if defined(ATTNLAB_EMU_ASAN_FIBERS)
+  // AddressSanitizer: the bounds of the OS thread's own stack (the scheduler's), learnt at the
+  // first switch away from it, and whether the switch under way leaves it.
+  const void* os_stack_bottom = nullptr;
+  std::size_t os_stack_size = 0;
+  bool leaving_scheduler = false;
+
+  // Called first thing on a context that a switch has just entered (finish_switch_fiber).
+  void entered(void* fake_stack) {
+    const void* from_bottom = nullptr;
+    std::size_t from_size = 0;
+    __sanitizer_finish_switch_fiber(fake_stack, &from_bottom, &from_size);
+    if (leaving_scheduler) {
+      os_stack_bottom = from_bottom;
+      os_stack_size = from_size;
+      leaving_scheduler = false;
+    }
+  }
+#endif
+
+  // switch_stack(save, next->sp) (next null: back to the scheduler), telling AddressSanitizer.
+  // `finished`: the running fiber `self` ends here; its fake stack waits in self->fake_stack for
+  // its next run (fiber_main).
+  void switch_to(void** save, Fiber* next, [[maybe_unused]] Fiber* finished) {
+#if defined(ATTNLAB_EMU_ASAN_FIBERS)
+    void* fake_stack = nullptr;
+    void** keep = finished != nullptr ? &finished->fake_stack : &fake_stack;
+    leaving_scheduler = save == &scheduler_sp;
+    if (next != nullptr) {
+      __sanitizer_start_switch_fiber(keep, next->stack.get(), Fiber::kStackBytes);
+    } else {
+      __sanitizer_start_switch_fiber(keep, os_stack_bottom, os_stack_size);
+    }
+    switch_stack(save, next != nullptr ? next->sp : scheduler_sp);
+    entered(fake_stack);
+#else
+    switch_stack(save, next != nullptr ? next->sp : scheduler_sp);
+#endif
+  }
+
   bool runnable(const Fiber& f) const {
     return !f.done && (f.waiting == nullptr || f.waiting->phase != f.waiting_phase);
   }
@@ -261,7 +323,8 @@ struct Scheduler {
   // Leaves the running fiber (or the scheduler), saving its stack pointer in *save: switches to the
   // next runnable fiber after `from` in thread order, or back to the scheduler when none is left.
   // Fibers hand over to each other directly; the scheduler only starts and ends blocks.
-  void switch_from(void** save, unsigned from) {
+  void switch_from(void** save, unsigned from, bool finished = false) {
+    Fiber* self = finished ? current : nullptr;
     for (unsigned step = 1; step <= threads; ++step) {
       const unsigned t = (from + step) % threads;
       Fiber& f = *fibers[t];
@@ -269,11 +332,11 @@ struct Scheduler {
       f.waiting = nullptr;
       current = &f;
       threadIdx = dim3(t);
-      switch_stack(save, f.sp);
+      switch_to(save, &f, self);
       return;
     }
     current = nullptr;
-    switch_stack(save, scheduler_sp);
+    switch_to(save, nullptr, self);
   }
 
   // Runs one block: every fiber from the start of the kernel to its end.
@@ -310,9 +373,12 @@ struct Scheduler {
 inline thread_local Scheduler scheduler;
 
 inline void fiber_main(Fiber* fiber) {
+#if defined(ATTNLAB_EMU_ASAN_FIBERS)
+  scheduler.entered(fiber->fake_stack);  // the fake stack of its last run, if any
+#endif
   scheduler.body(scheduler.body_context);
   fiber->done = true;
-  scheduler.switch_from(&fiber->sp, fiber->thread);
+  scheduler.switch_from(&fiber->sp, fiber->thread, /*finished=*/true);
   fail("a finished fiber was resumed");
 }
 
