@@ -3,9 +3,9 @@
 // attention at T = 4096, and the training-step figures. Google Benchmark flags pass through
 // (e.g. --benchmark_filter=fwdbwd/.*/T:256, --benchmark_min_time=0.1).
 // Own flags: --quick (a small grid, for a smoke run), --cpu-time (time with the process CPU
-// clock), --no-memory, --no-train, --torch=FILE (PyTorch eager's step times from
-// tests/bench/torch_step.py, for the training table's ratio column), --malloc-default (leave
-// glibc's malloc settings alone instead of attnlab::keep_freed_memory()).
+// clock), --no-memory, --no-train, --no-variants, --no-generate, --torch=FILE (PyTorch eager's step
+// times from tests/bench/torch_step.py, for the training table's ratio column), --malloc-default
+// (leave glibc's malloc settings alone instead of attnlab::keep_freed_memory()).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +18,7 @@
 #include "attnlab/memory.hpp"
 #include "attnlab/threads.hpp"
 #include "bench_common.hpp"
+#include "bench_generate.hpp"
 #include "bench_train.hpp"
 #include "bench_variants.hpp"
 
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
   // As the CLI does: freed activations are reused, not page-faulted in again every step. Off with
   // --malloc-default, to measure what it saves.
   bool keep_memory = true;
-  bool quick = false, memory = true, train = true, variants = true;
+  bool quick = false, memory = true, train = true, variants = true, generation = true;
   std::string torch_file;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -171,6 +172,8 @@ int main(int argc, char** argv) {
       train = false;
     } else if (std::strcmp(argv[i], "--no-variants") == 0) {
       variants = false;
+    } else if (std::strcmp(argv[i], "--no-generate") == 0) {
+      generation = false;
     } else {
       args.push_back(argv[i]);
     }
@@ -189,6 +192,7 @@ int main(int argc, char** argv) {
   }
   if (train) register_train_benchmarks(quick);
   if (variants) register_variant_benchmarks();
+  if (generation) register_generate_benchmarks();
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
   const attnlab::BlasInfo& blas = attnlab::blas_info();
@@ -203,6 +207,7 @@ int main(int argc, char** argv) {
   print_table(reporter.seconds, points);
   if (train) print_train_table(reporter.seconds, torch_file);
   if (variants) print_variant_table(reporter.seconds);
+  if (generation) print_generate_table(reporter.seconds);
   if (memory) print_memory();
   std::printf("load average at end: %s\n", load_average().c_str());
   benchmark::Shutdown();

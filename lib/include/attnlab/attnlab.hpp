@@ -18,6 +18,7 @@
 #include "attnlab/nn/cross_entropy.hpp"
 #include "attnlab/nn/embedding.hpp"
 #include "attnlab/nn/feed_forward.hpp"
+#include "attnlab/nn/generate.hpp"
 #include "attnlab/nn/gradcheck_module.hpp"
 #include "attnlab/nn/linear.hpp"
 #include "attnlab/nn/module.hpp"

@@ -223,23 +223,31 @@ AttentionParams<T> MultiHeadAttention<T>::params() const {
 
 template <class T>
 Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& context,
-                                        const Buffer<unsigned char>* key_mask, bool self) {
+                                        const Buffer<unsigned char>* key_mask, bool self,
+                                        KVCache<T>* cache) {
   if (self) {
     check_arg(config_.context_dim() == config_.d_model, "MultiHeadAttention", "self-attention",
               "d_context = d_model (" + std::to_string(config_.d_model) + ")",
               std::to_string(config_.context_dim()));
   }
   DeviceOps<T>& ops = this->ops();
-  const std::size_t B = x.dim(0), Tq = x.dim(1), Tk = context.dim(1);
+  // With a cache: the Tq new tokens follow its `past` ones; their keys and values are appended.
+  const std::size_t past = cache ? cache->length : 0;
+  const std::size_t B = x.dim(0), Tq = x.dim(1), Tk = cache ? past + Tq : context.dim(1);
+  const std::size_t Tnew = cache ? Tq : Tk;  // the keys and values this call projects
   const std::size_t C = config_.d_model, Cc = config_.context_dim();
   if (key_mask) {
     check_buffer("sdpa_forward", "key_mask", *key_mask, ops,
                  {static_cast<std::ptrdiff_t>(B), static_cast<std::ptrdiff_t>(Tk)});
   }
+  SdpaOptions options = config_.sdpa;
+  if (cache) options.query_offset += static_cast<std::ptrdiff_t>(past);  // bottom-right causal
   spec_ =
-      make_attention_spec("sdpa_forward", config_.sdpa,
+      make_attention_spec("sdpa_forward", options,
                           {.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_});
-  if (this->training() && config_.dropout > 0) {  // the backward regenerates the mask from spec_
+  cached_ = cache != nullptr;
+  if (this->training() && config_.dropout > 0 &&
+      !cache) {  // the backward regenerates the mask from spec_
     spec_.dropout_p = config_.dropout;
     spec_.dropout_seed = this->next_dropout_key();
   }
@@ -257,12 +265,14 @@ Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& con
   x_ = x;
   context_ = context;
   mask_ = key_mask ? *key_mask : Buffer<unsigned char>();
-  const std::size_t HD = H_ * D_, HDv = H_ * Dv_, Nq = B * Tq, Nk = B * Tk;
-  // Projections, split into heads (B,H,T,·); QK-norm over D per head.
+  const std::size_t HD = H_ * D_, HDv = H_ * Dv_, Nq = B * Tq, Nk = B * Tnew;
+  // Projections, split into heads (B,H,T,·); QK-norm over D per head. With a cache, k and v hold
+  // the new tokens' keys and values until they are appended to it.
   Buffer<T>& proj = Buffer<T>::reuse(proj_, ops, {std::max(Nq, Nk) * std::max(HD, HDv)});
   Buffer<T>& q = Buffer<T>::reuse(q_, ops, {B, H_, Tq, D_});
-  Buffer<T>& k = Buffer<T>::reuse(k_, ops, {B, Hkv_, Tk, D_});
-  Buffer<T>& v = Buffer<T>::reuse(v_, ops, {B, Hkv_, Tk, Dv_});
+  if (cache) k_ = v_ = Buffer<T>();  // they were the cache's: never write there
+  Buffer<T>& k = Buffer<T>::reuse(k_, ops, {B, Hkv_, Tnew, D_});
+  Buffer<T>& v = Buffer<T>::reuse(v_, ops, {B, Hkv_, Tnew, Dv_});
   const bool norm = config_.qk_norm;
   // x W into heads (B,H,T,·); with one head the layouts agree and the projection writes there.
   const auto project = [&](T* heads, std::size_t n_heads, const T* in, const T* w, std::size_t rows,
@@ -274,17 +284,22 @@ Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& con
   project(norm ? Buffer<T>::reuse(q_raw_, ops, q.shape()).data() : q.data(), H_, x.data(),
           w_q.value_data(), Nq, Tq, C, D_);
   project(norm ? Buffer<T>::reuse(k_raw_, ops, k.shape()).data() : k.data(), Hkv_, context.data(),
-          w_k.value_data(), Nk, Tk, Cc, D_);
-  project(v.data(), Hkv_, context.data(), w_v.value_data(), Nk, Tk, Cc, Dv_);
+          w_k.value_data(), Nk, Tnew, Cc, D_);
+  project(v.data(), Hkv_, context.data(), w_v.value_data(), Nk, Tnew, Cc, Dv_);
   if (norm) {
     const T eps = static_cast<T>(kLayerNormEps);
-    const std::size_t rq = B * H_ * Tq, rk = B * Hkv_ * Tk;
+    const std::size_t rq = B * H_ * Tq, rk = B * Hkv_ * Tnew;
     ops.layernorm_forward(q.data(), Buffer<T>::reuse(q_mean_, ops, {rq}).data(),
                           Buffer<T>::reuse(q_rstd_, ops, {rq}).data(), q_raw_.data(),
                           q_norm_gamma.value_data(), q_norm_beta.value_data(), rq, D_, eps);
     ops.layernorm_forward(k.data(), Buffer<T>::reuse(k_mean_, ops, {rk}).data(),
                           Buffer<T>::reuse(k_rstd_, ops, {rk}).data(), k_raw_.data(),
                           k_norm_gamma.value_data(), k_norm_beta.value_data(), rk, D_, eps);
+  }
+  if (cache) {
+    cache->append(ops, k, v);
+    k_ = cache->k;
+    v_ = cache->v;
   }
   // The scale of each head: exp(log_scale), or the fixed one (uploaded once per backend).
   if (config_.learnable_scale) {
@@ -353,6 +368,55 @@ Tensor3<T> MultiHeadAttention<T>::forward(const Tensor3<T>& x, const KeyMask* ke
 }
 
 template <class T>
+Buffer<T> MultiHeadAttention<T>::forward_cached(const Buffer<T>& x, KVCache<T>& cache) {
+  this->check_input(x);
+  check_arg(config_.sdpa.causal, "MultiHeadAttention::forward_cached", "sdpa.causal",
+            "causal attention (with a KV cache, earlier tokens never see later ones)", "false");
+  if (cache.length > 0) {
+    check_arg(cache.k.dim(0) == x.dim(0), "MultiHeadAttention::forward_cached", "x (B, T, C)",
+              "the cache's batch B = " + std::to_string(cache.k.dim(0)),
+              "B = " + std::to_string(x.dim(0)));
+  }
+  return attend(x, x, nullptr, true, &cache);
+}
+
+template <class T>
+void KVCache<T>::append(DeviceOps<T>& ops, const Buffer<T>& k_new, const Buffer<T>& v_new) {
+  const std::size_t B = k_new.dim(0), Hkv = k_new.dim(1), n = k_new.dim(2), D = k_new.dim(3);
+  const std::size_t Dv = v_new.dim(3);
+  check_arg(v_new.dim(0) == B && v_new.dim(1) == Hkv && v_new.dim(2) == n, "KVCache::append",
+            "v_new", "(B, Hkv, n, Dv) with the keys' B, Hkv, n", format_shape(v_new.shape()));
+  if (length > 0) {
+    check_arg(k.dim(0) == B && k.dim(1) == Hkv && k.dim(3) == D && v.dim(3) == Dv,
+              "KVCache::append", "k_new (B, Hkv, n, D)",
+              "(" + std::to_string(k.dim(0)) + ", " + std::to_string(k.dim(1)) + ", n, " +
+                  std::to_string(k.dim(3)) + ") as cached, Dv " + std::to_string(v.dim(3)),
+              format_shape(k_new.shape()) + ", Dv " + std::to_string(Dv));
+  }
+  const std::size_t total = length + n;
+  if (total > capacity_) capacity_ = std::max(total, 2 * capacity_);
+  const int next = 1 - current_;
+  const auto grow = [&](Buffer<T>* slots, const Buffer<T>& old, const Buffer<T>& add,
+                        std::size_t d) {
+    Buffer<T>& slot = Buffer<T>::reuse(slots[next], ops, {B * Hkv * capacity_ * d});
+    Buffer<T> out = Buffer<T>::view(slot, 0, {B, Hkv, total, d});
+    for (std::size_t bh = 0; bh < B * Hkv; ++bh) {
+      if (length > 0) {
+        ops.copy(out.data() + bh * total * d, old.data() + bh * length * d, length * d * sizeof(T));
+      }
+      ops.copy(out.data() + (bh * total + length) * d, add.data() + bh * n * d, n * d * sizeof(T));
+    }
+    return out;
+  };
+  Buffer<T> k_out = grow(slots_k_, k, k_new, D);
+  Buffer<T> v_out = grow(slots_v_, v, v_new, Dv);
+  k = std::move(k_out);
+  v = std::move(v_out);
+  current_ = next;
+  length = total;
+}
+
+template <class T>
 Buffer<T> MultiHeadAttention<T>::forward_cross(const Buffer<T>& x, const Buffer<T>& context,
                                                const Buffer<unsigned char>* key_mask) {
   this->check_input(x);
@@ -381,6 +445,11 @@ Tensor3<T> MultiHeadAttention<T>::forward_cross(const Tensor3<T>& x, const Tenso
 template <class T>
 Buffer<T> MultiHeadAttention<T>::backward_impl(const Buffer<T>& dy) {
   // Exact reverse of attend().
+  if (cached_) {
+    throw std::logic_error(
+        "MultiHeadAttention::backward: the last forward was forward_cached (decoding), which has "
+        "no backward; run forward() first");
+  }
   DeviceOps<T>& ops = this->ops();
   const std::size_t B = spec_.B, Tq = spec_.Tq, Tk = spec_.Tk;
   const std::size_t C = config_.d_model, Cc = config_.context_dim();
@@ -479,6 +548,8 @@ template Tensor4<float> split_heads<float>(const Tensor3<float>&, std::size_t);
 template Tensor4<double> split_heads<double>(const Tensor3<double>&, std::size_t);
 template Tensor3<float> merge_heads<float>(const Tensor4<float>&);
 template Tensor3<double> merge_heads<double>(const Tensor4<double>&);
+template struct KVCache<float>;
+template struct KVCache<double>;
 template class MultiHeadAttention<float>;
 template class MultiHeadAttention<double>;
 

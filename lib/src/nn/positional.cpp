@@ -60,9 +60,20 @@ void PositionalEncoding<T>::collect_parameters(const std::string& prefix, Parame
 
 template <class T>
 Buffer<T> PositionalEncoding<T>::forward_impl(const Buffer<T>& x) {
+  return forward_at(x, 0);
+}
+
+template <class T>
+Buffer<T> PositionalEncoding<T>::forward_at(const Buffer<T>& x, std::size_t offset) {
   const std::size_t B = x.dim(0), Tn = x.dim(1), C = dim_;
-  check_arg(Tn <= max_len_, "PositionalEncoding", "x (B, T, C)",
-            "T <= max_len = " + std::to_string(max_len_), "T = " + std::to_string(Tn));
+  if (offset == 0) {
+    check_arg(Tn <= max_len_, "PositionalEncoding", "x (B, T, C)",
+              "T <= max_len = " + std::to_string(max_len_), "T = " + std::to_string(Tn));
+  } else {
+    check_arg(offset + Tn <= max_len_, "PositionalEncoding", "positions offset + T",
+              "<= max_len = " + std::to_string(max_len_),
+              std::to_string(offset) + " + " + std::to_string(Tn));
+  }
   if (kind_ == PositionEncoding::none) return x;
   DeviceOps<T>& ops = this->ops();
   const T* pos = table.value_data();
@@ -72,7 +83,8 @@ Buffer<T> PositionalEncoding<T>::forward_impl(const Buffer<T>& x) {
   }
   Buffer<T>& y = Buffer<T>::reuse(y_, ops, x.shape());
   ops.copy(y.data(), x.data(), x.size() * sizeof(T));
-  ops.add_bias(y.data(), pos, B, Tn * C);  // y[b] = x[b] + pos[0:T] as one (T·C,) row
+  pos += offset * C;
+  ops.add_bias(y.data(), pos, B, Tn * C);  // y[b] = x[b] + pos[offset:offset+T] as one row
   return y;
 }
 

@@ -157,6 +157,35 @@ Buffer<T> Transformer<T>::forward(const std::vector<Buffer<int>>& ids,
 }
 
 template <class T>
+Buffer<T> Transformer<T>::forward_cached(const std::vector<Buffer<int>>& ids,
+                                         TransformerCache<T>& cache) {
+  check_arg(ids.size() == config_.vocab_sizes.size(), "Transformer::forward_cached", "fields",
+            std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
+            std::to_string(ids.size()));
+  check_arg(config_.block.attention.sdpa.causal, "Transformer::forward_cached",
+            "block.attention.sdpa.causal",
+            "causal attention (with a KV cache, earlier tokens never see later ones)", "false");
+  const std::size_t past = cache.length(), Tn = ids.empty() ? 0 : ids[0].dim(1);
+  check_arg(past + Tn <= config_.max_len, "Transformer::forward_cached",
+            "cache length + new tokens", "<= max_len = " + std::to_string(config_.max_len),
+            std::to_string(past) + " + " + std::to_string(Tn));
+  if (cache.layers.size() != blocks_.size()) {
+    check_arg(cache.layers.empty(), "Transformer::forward_cached", "cache",
+              "an empty cache or one of " + std::to_string(blocks_.size()) + " layers",
+              std::to_string(cache.layers.size()) + " layers");
+    cache.layers.resize(blocks_.size());
+  }
+  has_forward_ = false;  // no backward through a decoding step
+  first_nonfinite_.reset();
+  Buffer<T> x = embed_.forward(ids);  // (B,Tn,C)
+  x = pos_.forward_at(x, past);
+  for (std::size_t l = 0; l < blocks_.size(); ++l)
+    x = blocks_[l]->forward_cached(x, cache.layers[l]);
+  if (norm_f_) x = norm_f_->forward(x);
+  return head_.forward(x);
+}
+
+template <class T>
 void Transformer<T>::backward(const Tensor3<T>& dlogits) {
   if (!has_forward_) throw std::logic_error("Transformer::backward: called before forward");
   check_shape("Linear", "dy", dlogits,

@@ -45,11 +45,12 @@ void TransformerBlock<T>::note(const Buffer<T>& t, const char* where) {
 
 template <class T>
 Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
-                                           const Buffer<unsigned char>* key_mask) {
+                                           const Buffer<unsigned char>* key_mask,
+                                           KVCache<T>* cache) {
   DeviceOps<T>& ops = this->ops();
   first_nonfinite_.reset();
   // Residual dropout: one key per forward, a stream per branch (attention, MLP).
-  residual_dropout_ = this->training() && config_.dropout > 0;
+  residual_dropout_ = this->training() && config_.dropout > 0 && cache == nullptr;
   residual_key_ = residual_dropout_ ? this->next_dropout_key() : 0;
   const auto drop = [&](Buffer<T>& branch, std::uint32_t stream) {
     if (residual_dropout_) {
@@ -60,7 +61,7 @@ Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
   // h = x + dropout(attn(norm1(x)))
   Buffer<T> a = norm1_ ? norm1_->forward(x) : x;
   note(a, "ln1");
-  a = attn_.forward(a, key_mask);
+  a = cache ? attn_.forward_cached(a, *cache) : attn_.forward(a, key_mask);
   if (check_nonfinite_ && !first_nonfinite_ && !all_finite(a)) {
     // Name the first head whose attention weights went non-finite, if any.
     const Tensor4<T> p = attn_.attention_weights();
@@ -94,6 +95,12 @@ Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
 template <class T>
 Buffer<T> TransformerBlock<T>::forward_impl(const Buffer<T>& x) {
   return run_forward(x, nullptr);
+}
+
+template <class T>
+Buffer<T> TransformerBlock<T>::forward_cached(const Buffer<T>& x, KVCache<T>& cache) {
+  this->check_input(x);
+  return run_forward(x, nullptr, &cache);
 }
 
 template <class T>

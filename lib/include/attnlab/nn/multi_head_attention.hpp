@@ -58,6 +58,27 @@ struct AttentionConfig {
   std::size_t key_value_heads() const { return kv_heads ? kv_heads : heads; }
 };
 
+// The keys and values of the tokens one attention layer has seen, for incremental decoding (a KV
+// cache): k (B, Hkv, length, D) after QK-norm and v (B, Hkv, length, Dv), on the layer's backend.
+// Appending copies the old rows and the new ones into the second of two buffers that take turns
+// (O(length · Hkv · D) per call, like the attention itself); capacity grows by doubling, so a
+// decode loop stops allocating once it has reached its longest context.
+template <class T>
+struct KVCache {
+  Buffer<T> k, v;
+  std::size_t length = 0;
+
+  // Appends k_new (B, Hkv, n, D) and v_new (B, Hkv, n, Dv). Throws std::invalid_argument when B,
+  // Hkv, D or Dv differ from the cached ones.
+  void append(DeviceOps<T>& ops, const Buffer<T>& k_new, const Buffer<T>& v_new);
+  void clear() { *this = KVCache(); }
+
+ private:
+  Buffer<T> slots_k_[2], slots_v_[2];
+  int current_ = 0;
+  std::size_t capacity_ = 0;  // tokens the slots hold
+};
+
 template <class T>
 class MultiHeadAttention : public SequenceModule<T> {
  public:
@@ -88,6 +109,15 @@ class MultiHeadAttention : public SequenceModule<T> {
   // (B, Tk, Cc) dL/dcontext of the last backward after a cross forward, on the backend.
   // Empty after a self-attention forward.
   Buffer<T> dcontext() const { return self_ ? Buffer<T>() : dcontext_; }
+
+  // Incremental decoding. x (B, Tn, C): Tn new tokens that follow the cache's `length` ones.
+  // Projects their queries, keys and values, appends the keys and values to the cache, and attends
+  // causally with the query offset `length`: the new queries are aligned with the last keys
+  // (bottom-right, PyTorch's causal_lower_right), the score rule every path shares. The result
+  // equals the last Tn rows of forward() over all length + Tn tokens, to rounding. Needs causal
+  // attention (std::invalid_argument otherwise: an earlier token would have to see later ones).
+  // Inference only: no dropout, and backward() after it throws std::logic_error.
+  Buffer<T> forward_cached(const Buffer<T>& x, KVCache<T>& cache);
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   std::size_t in_features() const override { return config_.d_model; }
@@ -127,7 +157,7 @@ class MultiHeadAttention : public SequenceModule<T> {
 
  private:
   Buffer<T> attend(const Buffer<T>& x, const Buffer<T>& context,
-                   const Buffer<unsigned char>* key_mask, bool self);
+                   const Buffer<unsigned char>* key_mask, bool self, KVCache<T>* cache = nullptr);
   AttentionParams<T> params() const;
   SdpaOptions used_options() const;  // the options of the last forward, its scales included
   // x: (B, T, C) checked; key_mask: (B, Tk) checked and copied to the backend as bytes.
@@ -139,8 +169,9 @@ class MultiHeadAttention : public SequenceModule<T> {
   // The last forward.
   AttentionSpec spec_;
   bool fused_ = false, has_forward_ = false;
-  Buffer<T> x_, context_;                             // inputs (queries, keys/values)
-  Buffer<unsigned char> mask_;                        // (B, Tk) or empty
+  bool cached_ = false;         // the last forward was forward_cached (no backward)
+  Buffer<T> x_, context_;       // inputs (queries, keys/values)
+  Buffer<unsigned char> mask_;  // (B, Tk) or empty
   Buffer<T> proj_, q_raw_, k_raw_, q_mean_, q_rstd_;  // projections; QK-norm inputs and stats
   Buffer<T> k_mean_, k_rstd_;
   Buffer<T> q_, k_, v_;                 // (B,H,T,·) as fed to the core

@@ -35,6 +35,10 @@ class PositionalEncoding : public SequenceModule<T> {
   PositionEncoding kind() const { return kind_; }
   std::size_t max_len() const { return max_len_; }
 
+  // x (B, T, C) at positions offset .. offset + T - 1 (incremental decoding; forward() is offset
+  // 0). Throws std::invalid_argument when offset + T > max_len. No backward.
+  Buffer<T> forward_at(const Buffer<T>& x, std::size_t offset);
+
   Parameter<T> table;  // (max_len, C): learned, or the fixed sinusoids (not listed as a parameter)
 
  protected:

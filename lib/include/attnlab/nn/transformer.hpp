@@ -57,6 +57,15 @@ struct TransformerConfig {
 // seq_len 0. MFU = flops_per_token · tokens/s / the machine's measured peak (blas.hpp).
 double transformer_flops_per_token(const TransformerConfig& config, std::size_t seq_len);
 
+// The decoding state of a Transformer: one KV cache per block; every block has seen length()
+// tokens, at positions 0 .. length() - 1.
+template <class T>
+struct TransformerCache {
+  std::vector<KVCache<T>> layers;
+  std::size_t length() const { return layers.empty() ? 0 : layers.front().length; }
+  void clear() { layers.clear(); }
+};
+
 template <class T>
 class Transformer : public Module<T> {
  public:
@@ -74,6 +83,14 @@ class Transformer : public Module<T> {
   // Checks host fields as forward does (count, shapes, ids in range) and copies
   // them to the backend.
   std::vector<Buffer<int>> upload_fields(const std::vector<TokenIds>& fields) const;
+  // Incremental decoding (generation with a KV cache): ids[i] (B, Tn) are Tn new tokens that
+  // follow the cache's length() tokens, at positions length() .. length() + Tn - 1. Returns their
+  // logits (B, Tn, out_vocab), equal to the last Tn rows of forward() over the whole sequence (to
+  // rounding), at O(length() + Tn) attention cost per new token instead of O((length() + Tn)^2)
+  // per step; appends their keys and values to the cache. Needs causal attention, and
+  // length() + Tn <= max_len (std::invalid_argument otherwise, naming both). Inference only: no
+  // dropout, and backward() after it throws std::logic_error (until the next forward()).
+  Buffer<T> forward_cached(const std::vector<Buffer<int>>& ids, TransformerCache<T>& cache);
   // dlogits: (B, T, out_vocab) of the last forward. ADDS into every parameter's grad.
   // Throws std::logic_error before forward, ShapeError on mismatch.
   void backward(const Tensor3<T>& dlogits);

@@ -39,6 +39,9 @@ class TransformerBlock : public SequenceModule<T> {
   Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
   // The same on the backend; key_mask (B, T) bytes, nonzero = may attend, or nullptr.
   Buffer<T> forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask);
+  // Incremental decoding: x (B, Tn, C) new tokens after the cache's; see
+  // MultiHeadAttention::forward_cached (inference only, no dropout, no backward).
+  Buffer<T> forward_cached(const Buffer<T>& x, KVCache<T>& cache);
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   std::size_t in_features() const override { return config_.attention.d_model; }
@@ -66,7 +69,8 @@ class TransformerBlock : public SequenceModule<T> {
   }
 
  private:
-  Buffer<T> run_forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask);
+  Buffer<T> run_forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask,
+                        KVCache<T>* cache = nullptr);
   void note(const Buffer<T>& t, const char* where);
 
   BlockConfig config_;
