@@ -114,7 +114,7 @@ const CLI::Validator kDropProbability(
     },
     "PROBABILITY");
 
-const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort"};
+const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort", "text"};
 const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
 
 // Flags shared by train and gradcheck, bound to the model config's own fields (a flag given on the
@@ -147,6 +147,12 @@ void add_model_flags(CLI::App& app, TransformerConfig& m) {
          "normalisation")
       ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
       ->default_str(std::string(to_string(m.block.norm)));
+  app.add_option_function<std::string>(
+         "--positions",
+         [&m](const std::string& s) { m.positions = attnlab::parse_position_encoding(s); },
+         "position encoding (none suits --alibi)")
+      ->check(CLI::IsMember({"learned", "sinusoidal", "none"}))
+      ->default_str(std::string(to_string(m.positions)));
   app.add_flag("--qk-norm", a.qk_norm, "LayerNorm on q and k per head");
   app.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
   app.add_flag("--alibi", a.alibi, "ALiBi: a linear distance penalty per head (Press et al. 2022)");
@@ -201,6 +207,14 @@ void add_task_flags(CLI::App& app, TaskConfig& t) {
       ->capture_default_str();
   app.add_option("--length", t.length, "reverse/sort: sequence length")
       ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--block", t.block, "text: tokens per example (the context length)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--vocab", t.vocab,
+                 "text: char (the characters of --data, stored in the checkpoint) or byte (the "
+                 "256 byte values, for any file)")
+      ->check(CLI::IsMember({"char", "byte"}))
       ->capture_default_str();
 }
 
@@ -300,7 +314,10 @@ int main(int argc, char** argv) {
           "--threads, --device, --save-every, --stop-after and --quiet may be given)")
       ->check(CLI::ExistingDirectory);
   add_task_flags(*train, tc.task);
-  train->add_option("--data", tc.data_file, "train on this data file (format: data/README.md)")
+  train
+      ->add_option("--data", tc.data_file,
+                   "train on this data file (format: data/README.md; with --task text, any text "
+                   "file)")
       ->check(CLI::ExistingFile);
   train->add_option("--valid", tc.valid_file, "evaluate on this data file")
       ->check(CLI::ExistingFile);
@@ -316,6 +333,14 @@ int main(int argc, char** argv) {
       ->add_option("--schedule", tc.schedule,
                    "LR schedule (cosine: linear warmup then cosine decay)")
       ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  train->add_option("--min-lr", tc.min_lr, "cosine: the LR at the end of the decay")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1e3))
+      ->capture_default_str();
+  train->add_option("--beta2", tc.beta2, "AdamW: the second moment's decay")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
   train->add_option("--warmup", tc.warmup, "warmup steps")
       ->check(CLI::Range(0, 100000000))
@@ -369,7 +394,7 @@ int main(int argc, char** argv) {
   // ---- eval ----
   auto* eval =
       app.add_subcommand("eval", "loss, accuracy and example predictions of a trained run");
-  std::string eval_dir, eval_valid;
+  std::string eval_dir, eval_valid, eval_logits;
   int eval_show = 4;
   eval->add_option("--checkpoint", eval_dir, "a run directory (holding model.safetensors)")
       ->required()
@@ -377,6 +402,8 @@ int main(int argc, char** argv) {
   eval->add_option("--valid", eval_valid,
                    "evaluate on this data file instead of the task's eval set")
       ->check(CLI::ExistingFile);
+  eval->add_option("--logits", eval_logits,
+                   "also write the eval set's logits (N, T, V) to this safetensors file");
   eval->add_option("--show", eval_show, "examples to print")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
@@ -454,6 +481,45 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   saturation->add_option("--out", sat_out, "output directory")->capture_default_str();
 
+  // ---- generate ----
+  auto* gen = app.add_subcommand(
+      "generate", "continue a prompt with a trained text model (task text), printing as it goes");
+  GenerateRequest gr;
+  Context gen_context;
+  std::string gen_device = backend_name(gen_context.backend);
+  bool no_cache = false;
+  gen->add_option("--checkpoint", gr.run_dir, "a run directory of task text")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  gen->add_option("--prompt", gr.prompt, "the text to continue")->capture_default_str();
+  gr.prompt = "\n";
+  gen->add_option("--tokens", gr.tokens, "tokens to generate")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  gen->add_option("--temperature", gr.sampler.temperature, "softmax temperature")
+      ->check(kFinite)
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  gen->add_option("--top-k", gr.sampler.top_k, "sample among the k most likely (0: all)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  gen->add_option("--top-p", gr.sampler.top_p,
+                  "sample within the smallest most-likely set of this mass (nucleus)")
+      ->check(CLI::Range(1e-9, 1.0))
+      ->capture_default_str();
+  gen->add_option("--seed", gr.sampler.seed, "seed of the sampler")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  gen->add_flag("--greedy", gr.sampler.greedy, "always the most likely token (deterministic)");
+  gen->add_flag("--no-cache", no_cache,
+                "recompute the whole context per token instead of using the KV cache");
+  gen->add_option("--threads", gen_context.threads, "worker threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  gen->add_option("--device", gen_device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+
   // ---- make-data ----
   auto* make_data =
       app.add_subcommand("make-data", "write DIR/<task>/{train,valid}.txt in the data-file format");
@@ -484,9 +550,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty())
-      return error_line(std::string("unknown subcommand '") + argv[1] +
-                            "' (expected train, eval, study, gradcheck, saturation or make-data)",
-                        kExitBadInput);
+      return error_line(
+          std::string("unknown subcommand '") + argv[1] +
+              "' (expected train, eval, generate, study, gradcheck, saturation or make-data)",
+          kExitBadInput);
     return error_line(e.what(), kExitBadInput);
   } catch (const std::exception& e) {  // --config or --resume could not be loaded
     return error_line(e.what(), kExitBadInput);
@@ -504,6 +571,7 @@ int main(int argc, char** argv) {
                            "(with --resume only --steps, --out, --threads, --device, "
                            "--save-every, --stop-after and --quiet may be given)");
       tc.progress = !quiet;
+      prepare_task(tc);  // a text task's vocabulary, from --data
       try {
         validate(tc);
       } catch (const std::invalid_argument& e) {
@@ -512,8 +580,24 @@ int main(int argc, char** argv) {
       train_context.backend = parse_backend(train_device, "train", "--device");
       return run_train(tc, train_context);
     }
+    if (*gen) {
+      gr.use_cache = !no_cache;
+      gen_context.backend = parse_backend(gen_device, "generate", "--device");
+      bool started = false;  // the prompt is echoed once the checkpoint and prompt checked out
+      const GenerateReport r = generate_from_run(gr, gen_context, [&](const std::string& piece) {
+        if (!started) std::fputs(gr.prompt.c_str(), stdout);
+        started = true;
+        std::fputs(piece.c_str(), stdout);
+        std::fflush(stdout);
+      });
+      std::fputs("\n", stdout);
+      std::fprintf(stderr, "generated %d tokens in %.2f s: %.0f tokens/s (%s)\n", r.tokens,
+                   r.seconds, r.seconds > 0 ? r.tokens / r.seconds : 0.0,
+                   gr.use_cache ? "KV cache" : "no cache: the whole context per token");
+      return 0;
+    }
     if (*eval) {
-      const EvalReport r = evaluate_run(eval_dir, eval_show, eval_valid);
+      const EvalReport r = evaluate_run(eval_dir, eval_show, eval_valid, eval_logits);
       std::fputs(r.text.c_str(), stdout);
       return 0;
     }

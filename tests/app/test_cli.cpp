@@ -177,6 +177,16 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   char expected[64];
   std::snprintf(expected, sizeof expected, "loss %.4f", summary["final_eval_loss"].get<double>());
   CHECK(e.out.find(expected) != std::string::npos);
+  // --logits writes the eval set's logits (N, T, V) as a PyTorch-layout safetensors file.
+  const auto logits_file = dir / "logits.safetensors";
+  const Run l = cli("eval --checkpoint '" + (dir / "run").string() + "' --show 0 --logits '" +
+                        logits_file.string() + "'",
+                    dir);
+  REQUIRE(l.status == 0);
+  const auto logits = attnlab::load_safetensors(logits_file.string());
+  CHECK(logits.metadata.at("format") == "pt");
+  REQUIRE(logits.find("logits") != nullptr);
+  CHECK(logits.find("logits")->shape == std::vector<std::size_t>{64, 5, 8});
 }
 
 TEST_CASE("cli: --weights-only writes the weights without the optimizer state: eval, not resume") {
@@ -208,6 +218,55 @@ TEST_CASE("cli: --weights-only writes the weights without the optimizer state: e
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(r.err.find("holds the weights only") != std::string::npos);
   CHECK(r.err.find("model.safetensors") != std::string::npos);
+}
+
+TEST_CASE(
+    "cli: a text run, then generate from its checkpoint alone, and bad text input is one line") {
+  const auto dir = scratch("text");
+  const std::string excerpt = std::string(ATTNLAB_TEST_DATA_DIR) + "/text/hamlet_excerpt.txt";
+  const std::string copy = (dir / "hamlet.txt").string();
+  fs::copy_file(excerpt, copy);
+  const Run t = cli("train --task text --data '" + copy +
+                        "' --causal --block 16 --d-model 16 --heads 2 --steps 20 --batch 8 "
+                        "--eval-every 10 --eval-size 16 --threads 1 --quiet --out '" +
+                        (dir / "run").string() + "'",
+                    dir);
+  REQUIRE(t.status == 0);
+  fs::remove(copy);  // generate and eval of the vocabulary need no data file
+  const std::string gen_base =
+      "generate --checkpoint '" + (dir / "run").string() + "' --tokens 24 --threads 1 ";
+  const std::string gen = gen_base + "--prompt 'Ham.' ";
+  const Run g1 = cli(gen + "--greedy", dir), g2 = cli(gen + "--greedy --seed 9", dir);
+  REQUIRE(g1.status == 0);
+  CHECK(g1.out.rfind("Ham.", 0) == 0);  // the prompt, then the continuation
+  CHECK(g1.out.size() >= 4 + 24 + 1);   // 24 characters (some may be multi-byte)
+  CHECK(g1.out == g2.out);              // greedy is deterministic
+  CHECK(g1.err.find("generated 24 tokens") != std::string::npos);
+  const Run s1 = cli(gen + "--seed 3 --top-k 5", dir), s2 = cli(gen + "--seed 3 --top-k 5", dir);
+  CHECK(s1.status == 0);
+  CHECK(s1.out == s2.out);  // a fixed seed reproduces a sample
+  CHECK(cli(gen + "--greedy --no-cache", dir).out == g1.out);
+  // Bad input: one line, status 2.
+  check_bad_input(gen_base + "--prompt 'Ham€'", dir, "U+20AC");
+  check_bad_input(gen + "--top-p 0", dir, "--top-p");
+  check_bad_input(gen + "--temperature 0", dir, "--temperature");
+  check_bad_input("train --task text --causal --quiet", dir, "data_file");
+  check_bad_input("train --task text --data '" + excerpt + "' --quiet", dir, "causal");
+  check_bad_input("train --task text --vocab word --data '" + excerpt + "'", dir, "--vocab");
+  check_bad_input("train --task text --block 0 --data '" + excerpt + "'", dir, "--block");
+  std::ofstream(dir / "empty.txt").close();
+  check_bad_input("train --task text --causal --data '" + (dir / "empty.txt").string() + "'", dir,
+                  "is empty");
+  std::ofstream(dir / "latin1.txt", std::ios::binary) << "caf\xe9 au lait\n";
+  check_bad_input("train --task text --causal --data '" + (dir / "latin1.txt").string() + "'", dir,
+                  "invalid UTF-8 at byte offset 3");
+  // A checkpoint of another task cannot generate.
+  REQUIRE(cli(std::string("train ") + kTinyRecall + " --steps 2 --out '" +
+                  (dir / "recall").string() + "'",
+              dir)
+              .status == 0);
+  check_bad_input("generate --checkpoint '" + (dir / "recall").string() + "'", dir,
+                  "a run of task recall");
 }
 
 TEST_CASE("cli: same seed and threads give an identical metrics.csv") {
@@ -464,6 +523,7 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --layers 0", "--layers"},
       {"train --d-ff 0", "--d-ff"},
       {"train --norm batchnorm", "--norm"},
+      {"train --positions rotary", "--positions"},
       {"train --scaling sqrt", "--scaling"},
       {"train --scale 0", "--scale"},
       {"train --scale inf", "--scale"},

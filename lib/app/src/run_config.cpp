@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/app/run_checkpoint.hpp"
+#include "attnlab/app/text.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/io/safetensors.hpp"
 
@@ -21,10 +22,11 @@ void from_json(const json& j, TaskKind& v) {
   v = parse_task(j.get<std::string>());
 }
 
-ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length)
+ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
+                    chars)
 ATTNLAB_JSON_FIELDS(TrainConfig, task, data_file, valid_file, model, optimizer, lr, beta1, beta2,
-                    momentum, weight_decay, clip, schedule, warmup, steps, batch, seed, eval_every,
-                    eval_size, out, save_every, weights_only)
+                    momentum, weight_decay, clip, schedule, min_lr, warmup, steps, batch, seed,
+                    eval_every, eval_size, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -62,8 +64,22 @@ TransformerConfig resolve_model(const TransformerConfig& model, const TaskShape&
   return m;
 }
 
+void prepare_task(TrainConfig& c) {
+  if (c.task.kind != TaskKind::text || c.task.vocab != "char" || !c.task.chars.empty()) return;
+  if (c.data_file.empty()) return;  // validate() names the missing --data
+  c.task.chars = char_vocabulary(read_text_file(c.data_file), c.data_file);
+}
+
 void validate(const TrainConfig& c) {
   const char* op = "train";
+  if (c.task.kind == TaskKind::text) {
+    // A language model predicts each token from the ones before it; without causal attention
+    // position i would see its own target.
+    check_arg(!c.data_file.empty(), op, "data_file", "a text file for task text (--data FILE)",
+              "none");
+    check_arg(c.model.block.attention.sdpa.causal, op, "model.block.attention.sdpa.causal",
+              "true for task text (give --causal)", "false");
+  }
   resolve_model(c.model, task_shape(c.task));
   check_arg(c.optimizer == "adamw" || c.optimizer == "sgd", op, "optimizer", "adamw|sgd",
             c.optimizer);
@@ -88,6 +104,8 @@ void validate(const TrainConfig& c) {
     throw std::invalid_argument("train: task " + std::string(to_string(c.task.kind)) +
                                 " cannot be learned with --causal (model.block.attention.sdpa."
                                 "causal): its target at position i depends on later tokens");
+  check_arg(std::isfinite(c.min_lr) && c.min_lr >= 0 && c.min_lr <= c.lr, op, "min_lr",
+            "in [0, lr]", std::to_string(c.min_lr));
 }
 
 namespace {

@@ -1,5 +1,7 @@
 #include "attnlab/app/tasks.hpp"
 
+#include "attnlab/app/text.hpp"
+
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
@@ -17,15 +19,18 @@ std::string_view to_string(TaskKind kind) {
       return "reverse";
     case TaskKind::sort:
       return "sort";
+    case TaskKind::text:
+      return "text";
   }
   return "?";
 }
 
 TaskKind parse_task(std::string_view text) {
-  for (TaskKind k : {TaskKind::recall, TaskKind::mqar, TaskKind::reverse, TaskKind::sort})
+  for (TaskKind k :
+       {TaskKind::recall, TaskKind::mqar, TaskKind::reverse, TaskKind::sort, TaskKind::text})
     if (text == to_string(k)) return k;
-  throw std::invalid_argument("task: expected recall|mqar|reverse|sort, got '" + std::string(text) +
-                              "'");
+  throw std::invalid_argument("task: expected recall|mqar|reverse|sort|text, got '" +
+                              std::string(text) + "'");
 }
 
 namespace {
@@ -74,11 +79,21 @@ TaskShape task_shape(const TaskConfig& c) {
       s.output_vocab = c.symbols;
       s.seq_len = c.length;
       break;
+    case TaskKind::text: {
+      require(c.block >= 1, "block", ">= 1", c.block);
+      const int V = static_cast<int>(TextVocab(c).size());
+      s.field_vocab = {V};
+      s.output_vocab = V;
+      s.seq_len = c.block;
+      break;
+    }
   }
   return s;
 }
 
 Batch generate_batch(const TaskConfig& c, std::size_t batch, Rng& rng) {
+  check_arg(c.kind != TaskKind::text, "generate_batch", "task", "a generated task",
+            "text (its batches come from the text: text_batch)");
   const TaskShape shape = task_shape(c);
   const auto T = static_cast<std::size_t>(shape.seq_len);
   Batch out;
@@ -133,6 +148,8 @@ Batch generate_batch(const TaskConfig& c, std::size_t batch, Rng& rng) {
         }
         break;
       }
+      case TaskKind::text:
+        break;  // refused above
     }
   }
   return out;

@@ -20,6 +20,7 @@
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
+#include "attnlab/app/text.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
@@ -149,10 +150,34 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
   return resumed;
 }
 
+// A text task's eval set: eval_size fixed blocks of the validation tokens, which are the last 10%
+// of data_file, or the whole of valid_file when given.
+Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
+                    std::vector<int>* train_tokens = nullptr) {
+  const TextVocab vocab(c.task);
+  const auto block = static_cast<std::size_t>(c.task.block);
+  std::vector<int> valid;
+  if (train_tokens || valid_file.empty()) {
+    TextData split =
+        split_text(vocab.encode(read_text_file(c.data_file), c.data_file), block, c.data_file);
+    if (train_tokens) *train_tokens = std::move(split.train);
+    valid = std::move(split.valid);
+  }
+  if (!valid_file.empty()) valid = vocab.encode(read_text_file(valid_file), valid_file);
+  check_arg(valid.size() > block, "train", "valid_file",
+            "a text of at least block + 1 = " + std::to_string(block + 1) + " tokens",
+            std::to_string(valid.size()) + " tokens");
+  return text_eval_batch(valid, block, static_cast<std::size_t>(c.eval_size));
+}
+
 // The training data: batches generated from the data Rng, or drawn (by the same Rng) from a file;
 // the eval set fixed by the task, or read from a file.
 struct TrainData {
   TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task) {
+    if (c.task.kind == TaskKind::text) {
+      eval = text_eval_set(c, c.valid_file, &text);
+      return;
+    }
     if (!c.data_file.empty()) file = read_data_file(c.data_file, &shape);
     std::string valid = c.valid_file;
     if (valid.empty() && !c.data_file.empty()) {
@@ -164,6 +189,8 @@ struct TrainData {
                          : read_data_file(valid, &shape);
   }
   Batch next(std::size_t batch, Rng& rng) const {
+    if (task.kind == TaskKind::text)
+      return text_batch(text, static_cast<std::size_t>(task.block), batch, rng);
     if (!file) return generate_batch(task, batch, rng);
     std::vector<std::size_t> rows(batch);
     for (auto& r : rows) r = rng.below(file->size());
@@ -171,6 +198,7 @@ struct TrainData {
   }
   TaskConfig task;
   std::optional<Batch> file;
+  std::vector<int> text;  // task text: the training part's tokens
   Batch eval;
 };
 
@@ -186,6 +214,7 @@ std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
 TrainResult train_model(const TrainConfig& config_in, const Context& context,
                         DeviceOps<float>* device_ops) {
   TrainConfig c = config_in;
+  prepare_task(c);
   const bool resuming = !c.resume.empty();
   const RunMeta resumed = resuming ? check_resume(config_in, c) : RunMeta{};
   validate(c);
@@ -221,7 +250,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   const auto steps = static_cast<std::size_t>(c.steps);
   const LrSchedule schedule =
       c.schedule == "cosine"
-          ? LrSchedule::warmup_cosine(c.lr, 0.0, static_cast<std::size_t>(c.warmup), steps)
+          ? LrSchedule::warmup_cosine(c.lr, c.min_lr, static_cast<std::size_t>(c.warmup), steps)
           : LrSchedule::constant(c.lr);
   const std::size_t start = resuming ? resumed.step : 0;
   if (resuming) {
@@ -346,24 +375,87 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   return result;
 }
 
-EvalReport evaluate_run(const std::string& run_dir, int show, const std::string& valid_file) {
+namespace {
+// A saved run's config and trained model (on the CPU).
+struct LoadedRun {
+  RunMeta meta;
+  TrainConfig config;
+  std::unique_ptr<Model> model;
+};
+LoadedRun load_run(const std::string& run_dir) {
   const std::string path = run_dir + "/model.safetensors";
-  const RunMeta meta = read_run_meta(path);
-  TrainConfig c;
+  LoadedRun r;
+  r.meta = read_run_meta(path);
   try {
-    read_json_text(meta.config_json, c);
+    read_json_text(r.meta.config_json, r.config);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(path + ": model_config: " + e.what());
   }
-  const TaskShape shape = task_shape(c.task);
-  Rng rng(c.seed);
-  Model model(resolve_model(c.model, shape), rng);
-  ParameterList<float> params = model.parameters();
+  Rng rng(r.config.seed);
+  r.model = std::make_unique<Model>(resolve_model(r.config.model, task_shape(r.config.task)), rng);
+  ParameterList<float> params = r.model->parameters();
   load_run_checkpoint(path, params, nullptr);
+  return r;
+}
+}  // namespace
+
+GenerateReport generate_from_run(const GenerateRequest& request, const Context& context,
+                                 const std::function<void(const std::string&)>& on_text) {
+  validate(context, "generate");
+  check_arg(request.tokens >= 1, "generate", "tokens", ">= 1", std::to_string(request.tokens));
+  const ThreadScope threads(context.threads);
+  std::unique_ptr<DeviceOps<float>> own_ops;  // outlives the model on it
+  if (context.backend == Backend::cuda) {
+    if (!cuda_available()) {
+      check_arg(
+          false, "generate", "device", "a usable CUDA device for 'cuda'",
+          cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
+    }
+    own_ops = make_cuda_device_ops<float>();
+  }
+  LoadedRun run = load_run(request.run_dir);
+  const TrainConfig& c = run.config;
+  check_arg(c.task.kind == TaskKind::text, "generate", "checkpoint",
+            "a run of task text (a language model)",
+            "a run of task " + std::string(to_string(c.task.kind)) + " (" + request.run_dir + ")");
+  const TextVocab vocab(c.task);
+  check_arg(!request.prompt.empty(), "generate", "--prompt", "at least one character", "''");
+  const std::vector<int> prompt = vocab.encode(request.prompt, "--prompt");
+  if (own_ops) run.model->to(*own_ops);
+  Sampler sampler(request.sampler);
+  GenerateReport report;
+  const auto t0 = Clock::now();
+  const std::vector<int> ids =
+      generate(run.model->transformer(), prompt, static_cast<std::size_t>(request.tokens), sampler,
+               [&](int id) {
+                 const std::string piece = vocab.decode(id);
+                 report.text += piece;
+                 if (on_text) on_text(piece);
+                 return true;
+               },
+               {.use_cache = request.use_cache});
+  report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  report.tokens = static_cast<int>(ids.size());
+  return report;
+}
+
+EvalReport evaluate_run(const std::string& run_dir, int show, const std::string& valid_file,
+                        const std::string& logits_file) {
+  LoadedRun run = load_run(run_dir);
+  const RunMeta& meta = run.meta;
+  const TrainConfig& c = run.config;
+  const TaskShape shape = task_shape(c.task);
+  Model& model = *run.model;
   const std::string valid = !valid_file.empty() ? valid_file : c.valid_file;
-  const Batch eval = valid.empty() ? eval_batch(c.task, static_cast<std::size_t>(c.eval_size))
-                                   : read_data_file(valid, &shape);
+  const bool text = c.task.kind == TaskKind::text;
+  const Batch eval = text            ? text_eval_set(c, valid)
+                     : valid.empty() ? eval_batch(c.task, static_cast<std::size_t>(c.eval_size))
+                                     : read_data_file(valid, &shape);
   const Tensor3<float> logits = model.forward(eval);
+  if (!logits_file.empty()) {
+    save_safetensors(logits_file, {make_stored_tensor<float>("logits", logits)},
+                     {{"format", "pt"}});
+  }
   const LossResult loss = masked_cross_entropy(logits, eval.targets, false);
   const TokenIds pred = predictions(logits);
   EvalReport r;
@@ -374,7 +466,10 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   os << "run " << run_dir << ": task " << to_string(c.task.kind) << ", step " << meta.step
      << ", scaling " << to_string(c.model.block.attention.sdpa.scaling) << ", d_k "
      << c.model.block.attention.head_dim_k() << "\n";
-  os << "eval set (" << (valid.empty() ? "the task's fixed eval set" : valid)
+  os << "eval set ("
+     << (!valid.empty() ? valid
+         : text         ? "the last 10% of " + c.data_file
+                        : std::string("the task's fixed eval set"))
      << "): " << eval.size() << " examples, " << loss.labelled << " labelled positions\n";
   char buf[160];
   std::snprintf(buf, sizeof buf, "loss %.4f  accuracy %.4f\n", r.loss, r.accuracy);
@@ -384,7 +479,19 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   for (std::size_t b = 0;
        b < std::min<std::size_t>(static_cast<std::size_t>(std::max(show, 0)), eval.size()); ++b) {
     os << "\nexample " << b << ":\n";
-    if (c.task.kind == TaskKind::recall) {
+    if (text) {
+      const TextVocab vocab(c.task);
+      std::string input, predicted;
+      for (std::size_t t = 0; t < T; ++t) {
+        input += vocab.decode(eval.fields[0](b, t));
+        predicted += vocab.decode(pred(b, t));
+      }
+      os << "  text:       "
+         << nlohmann::json(input).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << "\n  next chars: "
+         << nlohmann::json(predicted).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << "  (the model's most likely next character at each position)\n";
+    } else if (c.task.kind == TaskKind::recall) {
       os << "  pairs (key:value):";
       for (std::size_t t = 0; t + 1 < T; ++t)
         os << ' ' << eval.fields[0](b, t) << ':' << eval.fields[1](b, t);

@@ -33,6 +33,7 @@ struct TrainConfig {
   double weight_decay = 0;
   double clip = 0;                  // 0: no clipping
   std::string schedule = "cosine";  // constant | cosine
+  double min_lr = 0;                // cosine: the LR it decays to (nanoGPT: lr / 10)
   int warmup = 0;
   int steps = 1000;
   int batch = 32;
@@ -61,7 +62,13 @@ struct TrainConfig {
 TransformerConfig resolve_model(const TransformerConfig& model, const TaskShape& shape);
 
 // Throws std::invalid_argument naming the field (the model's rules are TransformerConfig's).
+// Call prepare_task first.
 void validate(const TrainConfig& config);
+
+// What a task learns from its data before it can be validated: for a character-level text task
+// without a vocabulary yet, reads data_file and sets task.chars to its characters (DataFileError
+// for an unreadable, empty or non-UTF-8 file). Does nothing otherwise.
+void prepare_task(TrainConfig& config);
 
 // nlohmann-json (de)serialisers (reading overlays; see io/config_json.hpp).
 void to_json(nlohmann::json& j, TaskKind v);

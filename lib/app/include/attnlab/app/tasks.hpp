@@ -15,6 +15,9 @@
 //            [K, K+V)). Needs two layers (an induction head).
 //   reverse  x1 ... xL; the target at position i is x_{L-1-i}.
 //   sort     x1 ... xL; the target at position i is the i-th smallest x.
+//   text     causal language modelling on a text file (attnlab/app/text.hpp): blocks of `block`
+//            tokens, each position's target the next token. Its batches come from the text, not
+//            from generate_batch.
 #pragma once
 
 #include <cstdint>
@@ -32,19 +35,22 @@ namespace attnlab::app {
 inline constexpr int kAbsent = kNoToken;  // -1: a field not present at a position
 // kIgnoreIndex (-100, ops/cross_entropy.hpp): an unlabelled position (PyTorch's ignore_index)
 
-enum class TaskKind { recall, mqar, reverse, sort };
+enum class TaskKind { recall, mqar, reverse, sort, text };
 std::string_view to_string(TaskKind kind);
 // Throws std::invalid_argument naming the text for an unknown task.
 TaskKind parse_task(std::string_view text);
 
 struct TaskConfig {
   TaskKind kind = TaskKind::recall;
-  int keys = 64;     // recall, mqar: key symbols
-  int values = 64;   // recall, mqar: value symbols
-  int pairs = 32;    // recall, mqar: N key-value pairs
-  int queries = 8;   // mqar: queries per sequence
-  int symbols = 16;  // reverse, sort: alphabet
-  int length = 12;   // reverse, sort: sequence length
+  int keys = 64;               // recall, mqar: key symbols
+  int values = 64;             // recall, mqar: value symbols
+  int pairs = 32;              // recall, mqar: N key-value pairs
+  int queries = 8;             // mqar: queries per sequence
+  int symbols = 16;            // reverse, sort: alphabet
+  int length = 12;             // reverse, sort: sequence length
+  int block = 64;              // text: tokens per example (the context length)
+  std::string vocab = "char";  // text: "char" (the text's characters) or "byte" (256 bytes)
+  std::string chars;           // text, char vocabulary: its characters in code point order (UTF-8)
 };
 
 // What a model needs to know about a task's data.
@@ -65,7 +71,7 @@ struct Batch {
   std::size_t length() const { return targets.shape()[1]; }
 };
 
-// B fresh examples drawn from rng.
+// B fresh examples drawn from rng (not for text: std::invalid_argument).
 Batch generate_batch(const TaskConfig& config, std::size_t batch, Rng& rng);
 
 // The task's fixed eval set: n examples from a seed that does not depend on the training seed.

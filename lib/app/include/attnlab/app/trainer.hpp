@@ -24,6 +24,7 @@
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/context.hpp"
+#include "attnlab/nn/generate.hpp"
 
 namespace attnlab {
 template <class T>
@@ -84,7 +85,33 @@ struct EvalReport {
   int examples = 0;
   std::string text;  // human-readable: examples with predictions, query attention for recall
 };
+// Evaluates the run saved in run_dir on its task's fixed eval set, or on valid_file. With
+// logits_file, also writes the eval set's logits there atomically: a safetensors file with one F32
+// tensor "logits" (N, T, V) in PyTorch's row-major layout (metadata {"format": "pt"}), for
+// comparisons with other implementations (python/attnlab_torch.py's tests).
+
+// Text generation from a trained `text` run (`attnlab generate`): its vocabulary comes from the
+// checkpoint, so no data file is needed.
+struct GenerateRequest {
+  std::string run_dir;
+  std::string prompt;
+  int tokens = 200;
+  SamplerOptions sampler;
+  bool use_cache = true;  // false: recompute the whole context per token (for comparisons)
+};
+struct GenerateReport {
+  int tokens = 0;
+  double seconds = 0;  // generation only (loading excluded)
+  std::string text;    // the continuation, without the prompt
+};
+// Calls on_text with each new token's text as soon as it is chosen. Runs on context.backend with
+// context.threads. Throws std::invalid_argument for a run whose task is not text, DataFileError
+// naming "--prompt" for a prompt that is empty, not UTF-8 or has a character outside the
+// checkpoint's vocabulary, CheckpointError for an unreadable checkpoint.
+GenerateReport generate_from_run(const GenerateRequest& request, const Context& context,
+                                 const std::function<void(const std::string&)>& on_text = {});
+
 EvalReport evaluate_run(const std::string& run_dir, int show = 4,
-                        const std::string& valid_file = "");
+                        const std::string& valid_file = "", const std::string& logits_file = "");
 
 }  // namespace attnlab::app

@@ -1,0 +1,72 @@
+// The `text` task: causal language modelling on a UTF-8 (or any) file, as nanoGPT's
+// character-level Shakespeare run does it.
+//
+//  - Vocabulary. Character level (TaskConfig::vocab "char"): the distinct Unicode code points of
+//  the
+//    training file, sorted, stored in the run config (TaskConfig::chars, UTF-8) and so in the
+//    checkpoint: eval and generate need no data file. Byte level ("byte"): the 256 byte values,
+//    nothing stored, for any file.
+//  - Split by position: the first 90% of the tokens train, the last 10% validate.
+//  - Training batches: B random contiguous blocks of `block` tokens from the training part, the
+//    targets the next tokens (every position labelled).
+//  - The eval set: `n` blocks at fixed, evenly spaced offsets of the validation part, the same in
+//    every run of the same file and block size, so validation losses compare across runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnlab/app/tasks.hpp"
+
+namespace attnlab::app {
+
+// A text file's tokens under a vocabulary. Errors are DataFileError ("FILE: what").
+class TextVocab {
+ public:
+  // The vocabulary of a text task's config: bytes, or the code points of task.chars. Throws
+  // std::invalid_argument naming the field for an unknown vocab kind, or for chars that are empty,
+  // not valid UTF-8, unsorted or repeated.
+  explicit TextVocab(const TaskConfig& task);
+  bool bytes() const { return bytes_; }
+  std::size_t size() const { return bytes_ ? 256 : chars_.size(); }
+  // The ids of `text`. `source` names it in errors: invalid UTF-8 (with the byte offset and a hint
+  // to use the byte vocabulary) and characters outside the vocabulary (with the character, its code
+  // point and offset).
+  std::vector<int> encode(std::string_view text, const std::string& source) const;
+  // The UTF-8 text of one token (one byte in byte mode).
+  std::string decode(int id) const;
+
+ private:
+  bool bytes_ = false;
+  std::vector<char32_t> chars_;  // sorted
+};
+
+// The code points of `text`, validated as UTF-8 (DataFileError naming `source` and the byte offset
+// of the first invalid sequence otherwise).
+std::vector<char32_t> decode_utf8(std::string_view text, const std::string& source);
+std::string encode_utf8(char32_t c);
+
+// The sorted distinct characters of a UTF-8 text, as UTF-8: TaskConfig::chars for it.
+std::string char_vocabulary(std::string_view text, const std::string& source);
+
+// A text file read and split: train = the first 90% of its tokens, valid = the last 10%.
+struct TextData {
+  std::vector<int> train, valid;
+};
+
+// Reads `path` whole (DataFileError if it cannot be read or is empty) and encodes it.
+std::string read_text_file(const std::string& path);
+// Encodes and splits; each part must hold at least block + 1 tokens (DataFileError naming the
+// file, its token count and the block otherwise).
+TextData split_text(const std::vector<int>& tokens, std::size_t block, const std::string& source);
+
+// B random blocks of the tokens (offsets drawn from rng): fields[0] = x[o .. o+block),
+// targets = x[o+1 .. o+block].
+Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng);
+// n blocks at evenly spaced offsets o_i = i · (len - block - 1) / max(n - 1, 1) (the whole
+// range, deterministic). n is capped at the number of distinct offsets.
+Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n);
+
+}  // namespace attnlab::app

@@ -1,0 +1,198 @@
+#include "attnlab/app/text.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "attnlab/app/data_file.hpp"
+
+namespace attnlab::app {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw DataFileError(source + ": " + what);
+}
+
+std::string hex_code_point(char32_t c) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(c));
+  return buf;
+}
+
+}  // namespace
+
+std::vector<char32_t> decode_utf8(std::string_view text, const std::string& source) {
+  std::vector<char32_t> out;
+  out.reserve(text.size());
+  std::size_t i = 0;
+  const auto invalid = [&](std::size_t at) {
+    fail(source, "invalid UTF-8 at byte offset " + std::to_string(at) +
+                     " (for arbitrary files use the byte vocabulary: --vocab byte)");
+  };
+  while (i < text.size()) {
+    const auto b0 = static_cast<unsigned char>(text[i]);
+    std::size_t n = 0;
+    char32_t c = 0, min = 0;
+    if (b0 < 0x80) {
+      out.push_back(b0);
+      ++i;
+      continue;
+    } else if ((b0 & 0xE0) == 0xC0) {
+      n = 2, c = b0 & 0x1F, min = 0x80;
+    } else if ((b0 & 0xF0) == 0xE0) {
+      n = 3, c = b0 & 0x0F, min = 0x800;
+    } else if ((b0 & 0xF8) == 0xF0) {
+      n = 4, c = b0 & 0x07, min = 0x10000;
+    } else {
+      invalid(i);
+    }
+    if (i + n > text.size()) invalid(i);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if ((b & 0xC0) != 0x80) invalid(i);
+      c = (c << 6) | (b & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
+    if (c < min || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) invalid(i);
+    out.push_back(c);
+    i += n;
+  }
+  return out;
+}
+
+std::string encode_utf8(char32_t c) {
+  std::string s;
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (c >> 18));
+    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+std::string char_vocabulary(std::string_view text, const std::string& source) {
+  std::vector<char32_t> chars = decode_utf8(text, source);
+  std::sort(chars.begin(), chars.end());
+  chars.erase(std::unique(chars.begin(), chars.end()), chars.end());
+  std::string out;
+  for (char32_t c : chars) out += encode_utf8(c);
+  return out;
+}
+
+TextVocab::TextVocab(const TaskConfig& task) {
+  if (task.vocab == "byte") {
+    bytes_ = true;
+    return;
+  }
+  check_arg(task.vocab == "char", "task", "vocab", "char|byte", "'" + task.vocab + "'");
+  try {
+    chars_ = decode_utf8(task.chars, "task.chars");
+  } catch (const DataFileError& e) {
+    check_arg(false, "task", "chars", "the vocabulary as UTF-8 text", e.what());
+  }
+  check_arg(!chars_.empty(), "task", "chars",
+            "the characters of the text (built from --data when a run starts)", "none");
+  check_arg(std::adjacent_find(chars_.begin(), chars_.end(),
+                               [](char32_t a, char32_t b) { return a >= b; }) == chars_.end(),
+            "task", "chars", "distinct characters in code point order", "'" + task.chars + "'");
+}
+
+std::vector<int> TextVocab::encode(std::string_view text, const std::string& source) const {
+  std::vector<int> ids;
+  if (bytes_) {
+    ids.reserve(text.size());
+    for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+    return ids;
+  }
+  const std::vector<char32_t> chars = decode_utf8(text, source);
+  ids.reserve(chars.size());
+  for (std::size_t i = 0; i < chars.size(); ++i) {
+    const auto it = std::lower_bound(chars_.begin(), chars_.end(), chars[i]);
+    if (it == chars_.end() || *it != chars[i]) {
+      fail(source, "character '" + encode_utf8(chars[i]) + "' (" + hex_code_point(chars[i]) +
+                       ") at character " + std::to_string(i) + " is not in the vocabulary of " +
+                       std::to_string(chars_.size()) + " characters");
+    }
+    ids.push_back(static_cast<int>(it - chars_.begin()));
+  }
+  return ids;
+}
+
+std::string TextVocab::decode(int id) const {
+  check_arg(id >= 0 && static_cast<std::size_t>(id) < size(), "TextVocab::decode", "id",
+            "in [0, " + std::to_string(size()) + ")", std::to_string(id));
+  if (bytes_) return std::string(1, static_cast<char>(id));
+  return encode_utf8(chars_[static_cast<std::size_t>(id)]);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) fail(path, "is empty (a text task needs text to learn from)");
+  return text;
+}
+
+TextData split_text(const std::vector<int>& tokens, std::size_t block, const std::string& source) {
+  const std::size_t n = tokens.size(), n_train = n - n / 10;
+  TextData d;
+  d.train.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n_train));
+  d.valid.assign(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end());
+  if (d.valid.size() < block + 1) {
+    fail(source,
+         std::to_string(n) + " tokens is too short for blocks of " + std::to_string(block) +
+             ": its last 10% (validation) must hold block + 1 = " + std::to_string(block + 1) +
+             " tokens, so at least " + std::to_string(10 * (block + 1)) +
+             " tokens in all (or use a smaller --block)");
+  }
+  return d;
+}
+
+namespace {
+Batch blocks_at(const std::vector<int>& tokens, std::size_t block,
+                const std::vector<std::size_t>& offsets) {
+  Batch out;
+  out.fields.push_back(TokenIds::from_shape({offsets.size(), block}));
+  out.targets = TokenIds::from_shape({offsets.size(), block});
+  for (std::size_t b = 0; b < offsets.size(); ++b) {
+    const int* x = tokens.data() + offsets[b];
+    std::copy(x, x + block, &out.fields[0](b, 0));
+    std::copy(x + 1, x + block + 1, &out.targets(b, 0));
+  }
+  return out;
+}
+}  // namespace
+
+Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng) {
+  check_arg(tokens.size() > block, "text_batch", "tokens",
+            "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
+  std::vector<std::size_t> offsets(batch);
+  for (auto& o : offsets) o = static_cast<std::size_t>(rng.below(tokens.size() - block));
+  return blocks_at(tokens, block, offsets);
+}
+
+Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n) {
+  check_arg(tokens.size() > block, "text_eval_batch", "tokens",
+            "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
+  const std::size_t last = tokens.size() - block - 1;  // the largest offset
+  n = std::min(n, last + 1);
+  std::vector<std::size_t> offsets(n);
+  for (std::size_t i = 0; i < n; ++i) offsets[i] = n == 1 ? 0 : i * last / (n - 1);
+  return blocks_at(tokens, block, offsets);
+}
+
+}  // namespace attnlab::app
