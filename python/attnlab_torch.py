@@ -107,14 +107,23 @@ def write_safetensors(path, tensors, metadata=None):
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * ((8 - len(text) % 8) % 8)  # align the data to 8 bytes, as safetensors does
+
+    def write(f):
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in blobs:
+            f.write(raw)
+
+    _write_atomic(path, "wb", write)
+
+
+def _write_atomic(path, mode, write):
+    """write(f) into a temporary file beside path, fsync, rename over path (all or nothing)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".tmp-", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for raw in blobs:
-                f.write(raw)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -125,18 +134,7 @@ def write_safetensors(path, tensors, metadata=None):
 
 
 def _write_text_atomic(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _write_atomic(path, "w", lambda f: f.write(text))
 
 
 # ---------------------------------------------------------------------------------------------
