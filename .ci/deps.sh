@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages attnlab needs (build, tests, CLI, plots, benchmarks; clang-format
-# for the format check and LLVM's libomp for the tsan preset).
+# for the format check, LLVM's libomp for the tsan preset, Open MPI for data-parallel training).
 # Idempotent: packages already present are skipped, so a ready machine pays nothing.
 set -euo pipefail
 packages=(
@@ -8,6 +8,7 @@ packages=(
   libxtensor-dev libxtensor-blas-dev libxsimd-dev xtl-dev libopenblas-dev
   doctest-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev gnuplot-nox
   clang-format libomp-14-dev
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,7 @@
 #include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
+#include "attnlab/distributed.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/io/safetensors.hpp"

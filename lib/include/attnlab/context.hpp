@@ -9,6 +9,8 @@
 //            promised to be). The library only reads it, between steps. Null: never stops.
 //   backend  where a run's training step runs. The CUDA backend object is made by
 //            make_cuda_device_ops (device_ops.hpp) and owned by the run that made it.
+//   comm     the processes a run is split across (distributed.hpp; made once per process by
+//            init_distributed and owned by main). Null: this process trains alone.
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,8 @@
 #include "attnlab/threads.hpp"
 
 namespace attnlab {
+
+class Communicator;
 
 enum class Backend { cpu, cuda };
 
@@ -30,6 +34,7 @@ struct Context {
   int threads = default_num_threads();
   const std::atomic<bool>* stop = nullptr;
   Backend backend = Backend::cpu;
+  Communicator* comm = nullptr;
 
   // True once the application has set its stop flag.
   bool stop_requested() const noexcept {
