@@ -2,6 +2,11 @@
 // does the work. Exit status: 0 success, 1 a failed check or I/O failure, 2 bad input (one line
 // "attnlab: error: ..." on stderr), 3 a diverged training run, 130 interrupted by SIGINT or
 // --stop-after and 143 by SIGTERM (checkpoint saved).
+//
+// Under an MPI launcher (mpirun -np N attnlab train ...), `train` splits each batch across the N
+// processes (attnlab/distributed.hpp); rank 0 alone prints and writes files. Bad input is found by
+// every rank and reported once, by rank 0. A rank that fails mid-run prints its error and ends the
+// job with MPI_Abort, so no rank waits forever in a collective.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -24,6 +29,7 @@
 #include "attnlab/blas.hpp"
 #include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/distributed.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/memory.hpp"
 #include "attnlab/threads.hpp"
@@ -43,11 +49,20 @@ struct BadInput : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-int error_line(const std::string& message, int status) {
+// This process's place in an MPI job (rank 0 of 1 when not launched by MPI).
+int g_rank = 0, g_world = 1;
+
+// Prints on rank 0 only, unless `this_rank_only` (an error of this rank's alone: then the line
+// names the rank).
+int error_line(const std::string& message, int status, bool this_rank_only = false) {
+  if (g_rank != 0 && !this_rank_only) return status;
   std::string one = message;
   for (char& c : one)
     if (c == '\n' || c == '\r') c = ' ';
-  std::fprintf(stderr, "attnlab: error: %s\n", one.c_str());
+  if (g_world > 1 && g_rank != 0)
+    std::fprintf(stderr, "attnlab: error: rank %d: %s\n", g_rank, one.c_str());
+  else
+    std::fprintf(stderr, "attnlab: error: %s\n", one.c_str());
   return status;
 }
 
@@ -70,9 +85,13 @@ std::string version_text() {
                                      : std::to_string(devices) + " device" +
                                            (devices == 1 ? "" : "s") + ": " + cuda_device_name());
   }
+  const std::string mpi = !mpi_built()
+                              ? "not built"
+                              : (g_world > 1 ? "built, " + std::to_string(g_world) + " processes"
+                                             : "built (launch with mpirun -np N)");
   return std::string("attnlab ") + ATTNLAB_VERSION + " (git " + ATTNLAB_GIT_REVISION + ")" +
          "\nbackends: cpu (OpenMP, " + std::to_string(default_num_threads()) +
-         " threads by default); cuda: " + cuda + "; mpi: not built" +
+         " threads by default); cuda: " + cuda + "; mpi: " + mpi +
          "\nblas: " + blas_summary(blas_info()) + "\ncpu features: " + to_string(blas_info().cpu);
 }
 
@@ -241,11 +260,21 @@ void print_throughput(const TrainResult& r, const Context& context) {
                context.threads, context.threads == 1 ? "" : "s", blas_info().core.c_str());
 }
 
+// True once train_model was entered: a non-zero rank then prints its own setup error (the ranks
+// agreed on who reports; see PeerFailure), where before it every rank failed alike.
+bool g_in_train = false;
+
 int run_train(TrainConfig config, Context context) {
   context.stop = &stop_requested;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  g_in_train = true;
   const TrainResult r = train_model(config, context);
+  if (g_rank != 0) {  // the same outcome on every rank; rank 0 tells it
+    if (r.diverged) return kExitDiverged;
+    if (r.interrupted) return stop_signal.load() > 0 ? 128 + stop_signal.load() : kExitInterrupted;
+    return 0;
+  }
   if (r.diverged) {
     std::fprintf(stdout, "diverged at step %d (%s); outputs in %s\n", r.diverged_step,
                  r.diverged_where.c_str(), config.out.c_str());
@@ -259,12 +288,21 @@ int run_train(TrainConfig config, Context context) {
     const int signal = stop_signal.load();
     return signal > 0 ? 128 + signal : kExitInterrupted;
   }
+  std::string where = r.device;
+  if (r.world_size > 1)
+    where += " x " + r.distributed;  // "cpu x MPI (Open MPI v4.1.4), 2 processes"
   std::fprintf(stdout,
                "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "
                "%.3f\n",
-               r.steps_done, r.seconds, r.device.c_str(), r.final_eval_loss, r.init_eval_loss,
+               r.steps_done, r.seconds, where.c_str(), r.final_eval_loss, r.init_eval_loss,
                r.final_eval_acc);
-  print_throughput(r, context);
+  if (r.world_size > 1 && r.tokens_per_second > 0)  // MFU needs the peak of N processes: not shown
+    std::fprintf(stdout,
+                 "throughput: %.0f tokens/s over %d processes; gradient allreduce %.2f ms per step "
+                 "on rank 0\n",
+                 r.tokens_per_second, r.world_size, 1e3 * r.allreduce_seconds_per_step);
+  else
+    print_throughput(r, context);
   const char* out = config.out.c_str();
   std::fprintf(stdout,
                "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "
@@ -281,6 +319,15 @@ int main(int argc, char** argv) {
   if (!std::getenv("MALLOC_MMAP_THRESHOLD_") && !std::getenv("MALLOC_TRIM_THRESHOLD_") &&
       !std::getenv("GLIBC_TUNABLES"))
     attnlab::keep_freed_memory();
+  // Under mpirun: MPI's world (finalised when main returns); otherwise a single process.
+  std::unique_ptr<Communicator> comm;
+  try {
+    comm = init_distributed(&argc, &argv);
+  } catch (const std::exception& e) {
+    return error_line(e.what(), kExitFailure);
+  }
+  g_rank = comm->rank();
+  g_world = comm->size();
   CLI::App app{
       "attnlab: train toy transformers and measure how attention scaling (none, 1/sqrt(d_k), "
       "1/d_k) affects stability"};
@@ -543,11 +590,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return g_rank == 0 ? app.exit(e) : 0;
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return g_rank == 0 ? app.exit(e) : 0;
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return g_rank == 0 ? app.exit(e) : 0;
   } catch (const CLI::ParseError& e) {
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty())
       return error_line(
@@ -560,7 +607,11 @@ int main(int argc, char** argv) {
   }
 
   try {
-    print_blas_warning();
+    if (g_rank == 0) print_blas_warning();
+    if (g_world > 1 && !*train)
+      throw BadInput(std::string(app.get_subcommands().front()->get_name()) +
+                     ": runs in one process; under mpirun only train splits its work across the " +
+                     std::to_string(g_world) + " processes");
     if (*train) {
       if (!tc.resume.empty())
         for (const CLI::Option* opt : train->get_options())
@@ -578,6 +629,7 @@ int main(int argc, char** argv) {
         throw BadInput(with_heads_hint(e.what(), tc.model));
       }
       train_context.backend = parse_backend(train_device, "train", "--device");
+      train_context.comm = comm.get();
       return run_train(tc, train_context);
     }
     if (*gen) {
@@ -664,16 +716,23 @@ int main(int argc, char** argv) {
                   md_train, dir.c_str(), md_valid);
       return 0;
     }
+  } catch (const RankFailure& e) {  // the other ranks may wait in a collective: end the job
+    error_line(e.what(), kExitFailure, true);
+    std::fflush(stderr);
+    comm->abort(kExitFailure);
+  } catch (const PeerFailure& e) {
+    return error_line(e.what(), e.bad_input() ? kExitBadInput : kExitFailure, !e.quiet());
   } catch (const BadInput& e) {
-    return error_line(e.what(), kExitBadInput);
+    return error_line(e.what(), kExitBadInput, g_in_train);
   } catch (const DataFileError& e) {
-    return error_line(e.what(), kExitBadInput);
+    return error_line(e.what(), kExitBadInput, g_in_train);
   } catch (const CheckpointError& e) {
-    return error_line(e.what(), kExitBadInput);
+    return error_line(e.what(), kExitBadInput, g_in_train);
   } catch (const std::invalid_argument& e) {
-    return error_line(e.what(), kExitBadInput);
-  } catch (const std::exception& e) {
-    return error_line(e.what(), kExitFailure);
+    return error_line(e.what(), kExitBadInput, g_in_train);
+  } catch (const std::exception& e) {  // a ReplicaMismatch comes to every rank: rank 0 tells it
+    return error_line(e.what(), kExitFailure,
+                      g_in_train && dynamic_cast<const ReplicaMismatch*>(&e) == nullptr);
   }
   return 0;
 }

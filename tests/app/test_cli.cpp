@@ -18,6 +18,7 @@
 
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/distributed.hpp"
 #include "attnlab/io/safetensors.hpp"
 #include "attnlab/threads.hpp"
 
@@ -126,7 +127,8 @@ TEST_CASE("cli: --version names the version, the git revision, the backends and 
   const std::string cuda = attnlab::cuda_built() ? "cuda: built" : "cuda: not built";
   CHECK(r.out.find("\nbackends: cpu (OpenMP, " + std::to_string(attnlab::default_num_threads()) +
                    " threads by default); " + cuda) != std::string::npos);
-  CHECK(r.out.find("mpi: not built") != std::string::npos);
+  CHECK(r.out.find(attnlab::mpi_built() ? "mpi: built (launch with mpirun -np N)"
+                                        : "mpi: not built") != std::string::npos);
   const std::string blas_line = "\nblas: " + attnlab::blas_summary(attnlab::blas_info()) + "\n";
   CHECK(r.out.find(blas_line) != std::string::npos);
   CHECK(r.out.find("core " + attnlab::blas_info().core) != std::string::npos);

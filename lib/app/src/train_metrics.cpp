@@ -55,6 +55,8 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
   const LossResult lr = masked_cross_entropy(backend.eval_logits(eval), eval.targets, false);
   st.loss = lr.loss;
   st.accuracy = lr.accuracy;
+  st.rows = eval.size();
+  st.labelled = lr.labelled;
   const std::vector<int> key_pos =
       task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
   Tensor4<float> dots;  // layer 0's unscaled q·k
@@ -74,7 +76,58 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
   for (float x : dots) sq += (x - mean) * (x - mean);
   st.qk_var_ratio = sq / static_cast<double>(std::max<std::size_t>(dots.size() - 1, 1)) /
                     static_cast<double>(d_k);
+  st.qk_mean = mean;
+  st.qk_count = dots.size();
   return st;
+}
+
+void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k) {
+  if (comm.size() == 1) return;
+  // Sums: [rows, labelled, loss·labelled, acc·labelled, qk count, qk sum, qk squares about 0,
+  // then per head rows·(entropy, max weight, saturated, jacobian[, recall mass])].
+  const std::size_t heads = st.health.size();
+  const bool recall = !st.recall_mass.empty();
+  const std::size_t per_head = recall ? 5 : 4;
+  std::vector<double> sums(7 + heads * per_head, 0.0);
+  const auto rows = static_cast<double>(st.rows), lab = static_cast<double>(st.labelled);
+  const auto n = static_cast<double>(st.qk_count);
+  const double var = st.qk_var_ratio * static_cast<double>(d_k);
+  sums[0] = rows;
+  sums[1] = lab;
+  sums[2] = st.loss * lab;
+  sums[3] = st.accuracy * lab;
+  sums[4] = n;
+  sums[5] = st.qk_mean * n;
+  sums[6] = var * std::max(n - 1, 1.0) + n * st.qk_mean * st.qk_mean;  // Σ x² = (n−1)s² + n·m²
+  std::vector<double> maxima(heads);
+  for (std::size_t i = 0; i < heads; ++i) {
+    double* h = sums.data() + 7 + i * per_head;
+    h[0] = rows * st.health[i].entropy;
+    h[1] = rows * st.health[i].max_weight;
+    h[2] = rows * st.health[i].saturated_fraction;
+    h[3] = rows * st.health[i].jacobian_norm;
+    if (recall) h[4] = rows * st.recall_mass[i];
+    maxima[i] = st.health[i].max_abs_logit;
+  }
+  comm.allreduce_sum(sums.data(), sums.size());
+  comm.allreduce_max(maxima.data(), maxima.size());
+  st.rows = static_cast<std::size_t>(sums[0]);
+  st.labelled = static_cast<std::size_t>(sums[1]);
+  st.loss = sums[1] > 0 ? sums[2] / sums[1] : 0.0;
+  st.accuracy = sums[1] > 0 ? sums[3] / sums[1] : 0.0;
+  st.qk_count = static_cast<std::size_t>(sums[4]);
+  st.qk_mean = sums[4] > 0 ? sums[5] / sums[4] : 0.0;
+  const double ss = sums[6] - sums[4] * st.qk_mean * st.qk_mean;
+  st.qk_var_ratio = ss / std::max(sums[4] - 1, 1.0) / static_cast<double>(d_k);
+  for (std::size_t i = 0; i < heads; ++i) {
+    const double* h = sums.data() + 7 + i * per_head;
+    st.health[i].entropy = h[0] / sums[0];
+    st.health[i].max_weight = h[1] / sums[0];
+    st.health[i].saturated_fraction = h[2] / sums[0];
+    st.health[i].jacobian_norm = h[3] / sums[0];
+    if (recall) st.recall_mass[i] = h[4] / sums[0];
+    st.health[i].max_abs_logit = maxima[i];
+  }
 }
 
 namespace {

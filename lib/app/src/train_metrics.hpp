@@ -9,6 +9,7 @@
 
 #include "attnlab/app/metrics.hpp"
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/distributed.hpp"
 #include "train_backend.hpp"
 
 namespace attnlab::app {
@@ -19,12 +20,22 @@ struct EvalStats {
   std::vector<HeadHealth> health;   // layers × heads, row-major
   std::vector<double> recall_mass;  // layers × heads (recall only)
   double qk_var_ratio = 0;          // layer 0, all heads: Var(q·k) / d_k
+  // What the shards' figures are combined by (reduce_eval).
+  std::size_t rows = 0, labelled = 0;  // examples; labelled positions
+  double qk_mean = 0;                  // layer 0's mean q·k over qk_count values
+  std::size_t qk_count = 0;
 };
 
 // Loss and accuracy of the eval forward, the attention health of every head, the recall mass on
 // the correct key (recall), and the premise check Var(q·k)/d_k of layer 0.
 EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
                    const TaskConfig& task, std::size_t d_k);
+
+// Combines the EvalStats of the ranks' shards of one eval set into the figures of the whole set, on
+// every rank: loss and accuracy from their sums over the labelled positions (equal to a single
+// process's to rounding); the head means weighted by rows, max |logit| as the maximum, Var(q·k)
+// pooled. A no-op for one process.
+void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k);
 
 // Per-layer weight statistics of a logged step.
 struct LayerNorms {

@@ -24,6 +24,7 @@
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
+#include "attnlab/distributed.hpp"
 #include "attnlab/io/safetensors.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/schedule.hpp"
@@ -107,6 +108,9 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["flops_per_token"] = r.flops_per_token;
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
+  j["world_size"] = r.world_size;
+  j["distributed"] = r.distributed;
+  if (r.world_size > 1) j["allreduce_seconds_per_step"] = r.allreduce_seconds_per_step;
   const std::string text = j.dump(2) + '\n';
   write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }
@@ -209,10 +213,50 @@ std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
   return std::make_unique<SGD<float>>(params, sgd);
 }
 
-}  // namespace
+// The labelled positions (targets != kIgnoreIndex) of rows [begin, end) of `targets`.
+std::size_t labelled_rows(const TokenIds& targets, std::size_t begin, std::size_t end) {
+  const std::size_t T = targets.shape()[1];
+  std::size_t n = 0;
+  for (std::size_t i = begin * T; i < end * T; ++i) n += targets.data()[i] != kIgnoreIndex;
+  return n;
+}
 
-TrainResult train_model(const TrainConfig& config_in, const Context& context,
-                        DeviceOps<float>* device_ops) {
+// Rows [begin, end) of a batch.
+Batch shard_of(const Batch& batch, const Shard& shard) {
+  if (shard.begin == 0 && shard.end == batch.size()) return batch;
+  std::vector<std::size_t> rows(shard.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = shard.begin + i;
+  return gather_batch(batch, rows);
+}
+
+bool is_bad_input(const std::exception& e) {
+  return dynamic_cast<const std::invalid_argument*>(&e) != nullptr ||
+         dynamic_cast<const DataFileError*>(&e) != nullptr ||
+         dynamic_cast<const CheckpointError*>(&e) != nullptr;
+}
+
+// The ranks' agreement that each one set up (see PeerFailure). `failed`: this rank's setup threw
+// (the caller rethrows its own error when this returns).
+void agree_on_setup(Communicator& comm, bool failed, bool bad_input) {
+  const int n = comm.size(), r = comm.rank();
+  // [the first failed rank, as n − rank (0: none); any bad input; rank 0 failed]
+  std::vector<double> v = {failed ? static_cast<double>(n - r) : 0.0, bad_input ? 1.0 : 0.0,
+                           failed && r == 0 ? 1.0 : 0.0};
+  comm.allreduce_max(v.data(), v.size());
+  if (v[0] == 0) return;
+  const bool rank0_failed = v[2] > 0;
+  if (failed && (r == 0 || !rank0_failed)) return;  // this rank reports its own error
+  const int first = n - static_cast<int>(v[0]);
+  throw PeerFailure("train: rank " + std::to_string(first) + " of " + std::to_string(n) +
+                        " failed before training started (its error is above)",
+                    r != 0 || rank0_failed, v[1] > 0);
+}
+
+TrainResult train_impl(const TrainConfig& config_in, const Context& context,
+                       DeviceOps<float>* device_ops, Communicator& comm,
+                       const std::function<void()>& setup_done) {
+  const int world = comm.size(), rank = comm.rank();
+  const bool lead = rank == 0;  // writes the files, shows progress
   TrainConfig c = config_in;
   prepare_task(c);
   const bool resuming = !c.resume.empty();
@@ -223,6 +267,9 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   const TaskShape shape = task_shape(c.task);
   c.model = resolve_model(c.model, shape);  // the effective config records what the task decided
   const TrainData data(c, shape);
+  const Shard shard = shard_rows(static_cast<std::size_t>(c.batch), rank, world, "train: batch");
+  const Shard eval_shard = shard_rows(data.eval.size(), rank, world, "train: eval_size");
+  const Batch eval = shard_of(data.eval, eval_shard);
 
   // The backend, chosen once: the model moves there (its optimizer follows), and the loop below
   // runs the same code whatever it is. Made before the model, whose buffers it must outlive.
@@ -263,13 +310,16 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   model.to(*ops);  // after the resume load (into the host copy); the optimizer follows
   TrainBackend backend(model, *opt);
 
-  std::filesystem::create_directories(c.out);
-  write_config_file(c.out + "/config.json", c);
-  MetricsLog log(c.out + "/metrics.csv", model.layers(), model.heads(),
-                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
-  const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint,
+  std::optional<MetricsLog> log;
+  if (lead) {
+    std::filesystem::create_directories(c.out);
+    write_config_file(c.out + "/config.json", c);
+    log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
+                c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
+  }
+  const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint && lead,
                        c.weights_only);
-  const ProgressFn progress = c.progress ? terminal_progress() : ProgressFn();
+  const ProgressFn progress = c.progress && lead ? terminal_progress() : ProgressFn();
   const std::size_t d_k = c.model.block.attention.head_dim_k();
   LayerNorms norms;
   for (auto* v : {&norms.wq_grad, &norms.wk_grad, &norms.wq, &norms.wk})
@@ -279,15 +329,22 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
       norms.wq[l] = tensor_norm(find_param(params, model.w_q_name(l))->value);
       norms.wk[l] = tensor_norm(find_param(params, model.w_k_name(l))->value);
     }
-    log.write(step, train_loss, lr, st, norms);
+    if (log) log->write(step, train_loss, lr, st, norms);
   };
+  const auto eval_all = [&] {
+    EvalStats s = evaluate(backend, model.layers(), eval, c.task, d_k);
+    reduce_eval(comm, s, d_k);
+    return s;
+  };
+  std::vector<float> staging;  // the gradient allreduce's host buffer, kept across steps
+  setup_done();                // from here on every rank is in the run: an error is a RankFailure
 
   TrainResult result;
   const auto t0 = Clock::now();
-  EvalStats st = evaluate(backend, model.layers(), data.eval, c.task, d_k);
+  EvalStats st = eval_all();
   result.init_qk_var_ratio = st.qk_var_ratio;
   // A resumed run's loss at initialisation comes from its saved rows.
-  result.init_eval_loss = resuming ? log.kept_init_eval_loss().value_or(st.loss) : st.loss;
+  result.init_eval_loss = resuming && log ? log->kept_init_eval_loss().value_or(st.loss) : st.loss;
   if (!resuming) log_row(0, std::numeric_limits<double>::quiet_NaN(), schedule.lr_at(0), st);
   result.final_eval_loss = st.loss;
   result.final_eval_acc = st.accuracy;
@@ -300,18 +357,39 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
   std::size_t step = start;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   double step_seconds = 0;  // the training steps' wall time (no evals, metrics, checkpoints)
+  double allreduce_seconds = 0;
   for (; step < steps; ++step) {
-    if (context.stop_requested() ||
+    // With several ranks a stop request is agreed on below (a signal may reach them apart).
+    if ((world == 1 && context.stop_requested()) ||
         (c.stop_after > 0 && step == static_cast<std::size_t>(c.stop_after))) {
       result.interrupted = true;
       break;
     }
     const double lr = schedule.lr_at(step);
     backend.set_lr(lr);
-    const Batch batch = data.next(static_cast<std::size_t>(c.batch), data_rng);
+    const Batch global = data.next(static_cast<std::size_t>(c.batch), data_rng);
+    const Batch sharded = world > 1 ? shard_of(global, shard) : Batch{};
+    const Batch& batch = world > 1 ? sharded : global;
+    // This rank's share of the global loss's normaliser: its labelled positions (rows when none).
+    const std::size_t labelled = labelled_rows(global.targets, 0, global.size());
+    const double weight =
+        world == 1 ? 1.0
+        : labelled > 0
+            ? static_cast<double>(labelled_rows(global.targets, shard.begin, shard.end)) /
+                  static_cast<double>(labelled)
+            : static_cast<double>(shard.size()) / static_cast<double>(global.size());
     auto step_start = Clock::now();
     backend.set_step(static_cast<std::uint64_t>(c.seed), step);  // keys the dropout masks
-    const double loss = backend.forward_loss(batch);
+    double loss = backend.forward_loss(batch);
+    if (world > 1) {  // the global loss (NaN if any rank's is), and whether any rank must stop
+      double agreed[2] = {loss * weight, context.stop_requested() ? 1.0 : 0.0};
+      comm.allreduce_sum(agreed, 2);
+      loss = agreed[0];
+      if (agreed[1] > 0) {
+        result.interrupted = true;
+        break;
+      }
+    }
     if (!std::isfinite(loss)) {
       diverge(step + 1, backend.locate_nonfinite(batch), "loss");
       last_loss = std::numeric_limits<double>::quiet_NaN();
@@ -320,6 +398,11 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     last_loss = loss;
     backend.backward();
     backend.synchronize();
+    if (world > 1) {
+      const auto t = Clock::now();
+      allreduce_gradients(comm, params, weight, staging);
+      allreduce_seconds += std::chrono::duration<double>(Clock::now() - t).count();
+    }
     step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     const bool log_now =
         (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 || step + 1 == steps;
@@ -334,13 +417,14 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     backend.synchronize();
     step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     if (log_now) {
-      backend.sync_host();  // the weight norms of the row read the host copy
-      st = evaluate(backend, model.layers(), data.eval, c.task, d_k);
+      backend.sync_host();  // the weight norms of the row and the checksum read the host copy
+      check_replicas(comm, params, step + 1);
+      st = eval_all();
       log_row(step + 1, loss, lr, st);
       result.final_eval_loss = st.loss;
       result.final_eval_acc = st.accuracy;
       if (!std::isfinite(st.loss)) {
-        diverge(step + 1, model.locate_nonfinite(data.eval), "eval loss");
+        diverge(step + 1, model.locate_nonfinite(eval), "eval loss");
         ++step;
         break;
       }
@@ -356,7 +440,7 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
     }
   }
   result.steps_done = static_cast<int>(step);
-  result.steps_to_target = log.steps_to_target();
+  result.steps_to_target = log ? log->steps_to_target() : -1;
   result.final_train_loss = last_loss;
   if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -369,10 +453,43 @@ TrainResult train_model(const TrainConfig& config_in, const Context& context,
                                step_seconds;
   result.flops_per_token =
       transformer_flops_per_token(c.model, static_cast<std::size_t>(shape.seq_len));
+  result.world_size = world;
+  result.distributed = comm.name();
+  if (steps_run > 0)
+    result.allreduce_seconds_per_step = allreduce_seconds / static_cast<double>(steps_run);
+  if (world > 1 && !result.diverged) {
+    backend.sync_host();
+    check_replicas(comm, params, step);
+  }
   // A diverged model is never saved: its weights may hold non-finite values.
   if (!result.diverged) saver.save(step, backend, *opt, params, data_rng);
-  write_summary(c.out + "/summary.json", c, result);
+  if (lead) write_summary(c.out + "/summary.json", c, result);
   return result;
+}
+
+}  // namespace
+
+TrainResult train_model(const TrainConfig& config, const Context& context,
+                        DeviceOps<float>* device_ops) {
+  Communicator& comm = context.comm ? *context.comm : single_process();
+  if (comm.size() == 1) return train_impl(config, context, device_ops, comm, [] {});
+  bool started = false;
+  try {
+    return train_impl(config, context, device_ops, comm, [&] {
+      agree_on_setup(comm, false, false);
+      started = true;
+    });
+  } catch (const PeerFailure&) {
+    throw;
+  } catch (const ReplicaMismatch&) {
+    throw;  // every rank throws it
+  } catch (const std::exception& e) {
+    if (started)
+      throw RankFailure("rank " + std::to_string(comm.rank()) + " of " +
+                        std::to_string(comm.size()) + ": " + e.what());
+    agree_on_setup(comm, true, is_bad_input(e));
+    throw;
+  }
 }
 
 namespace {

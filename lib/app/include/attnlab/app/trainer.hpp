@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,37 @@ struct TrainResult {
   double step_seconds = 0;
   double tokens_per_second = 0;  // 0 when no step ran
   double flops_per_token = 0;    // transformer_flops_per_token of the model (nn/transformer.hpp)
+  int world_size = 1;            // processes the batch was split across (context.comm)
+  std::string distributed;       // the communicator's name
+  double allreduce_seconds_per_step = 0;  // this rank's mean time in the gradient allreduce
+};
+
+// Data-parallel runs (context.comm of size N > 1; see attnlab/distributed.hpp). Every rank holds
+// the whole model and draws the same global batch of config.batch rows from the same data stream;
+// rank r trains on the rows shard_rows gives it, so the data order does not depend on N and a run
+// saved under N processes resumes under M. The gradients are summed with each rank's weighted by
+// its share of the labelled positions, so every rank takes the step of the whole batch; the eval
+// set is sharded and its sums reduced. Only rank 0 writes files and shows progress. The ranks
+// compare a checksum of their parameters at every logged step and at the end (ReplicaMismatch).
+//
+// Failures. Before the first collective of the run, the ranks agree on whether each one set up
+// (validation, data, checkpoint): if any failed, every rank throws. The failed ranks throw their
+// own error, except that when rank 0 failed too the others throw a quiet PeerFailure (rank 0
+// reports). After that, an error on one rank is rethrown as RankFailure: the others may be waiting
+// in a collective, so the application must end the job (Communicator::abort).
+class PeerFailure : public std::runtime_error {
+ public:
+  PeerFailure(const std::string& what, bool quiet, bool bad_input)
+      : std::runtime_error(what), quiet_(quiet), bad_input_(bad_input) {}
+  bool quiet() const { return quiet_; }          // another rank reports the error
+  bool bad_input() const { return bad_input_; }  // the failed rank's error was bad input
+
+ private:
+  bool quiet_, bad_input_;
+};
+class RankFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // Validates the config and the context (std::invalid_argument naming the field; DataFileError for
