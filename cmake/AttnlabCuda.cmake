@@ -8,10 +8,6 @@
 #     have no driver, and report "no device" at run time instead of failing to load;
 #   - cuBLAS (shared when the toolkit ships it, else static) does the GEMMs;
 #   - attnlab and its users see ATTNLAB_HAS_CUDA=1.
-string(TOUPPER "${ATTNLAB_CUDA}" ATTNLAB_CUDA)
-if(NOT ATTNLAB_CUDA MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "ATTNLAB_CUDA: expected AUTO, ON or OFF, got '${ATTNLAB_CUDA}'")
-endif()
 set(ATTNLAB_WITH_CUDA OFF)
 if(NOT ATTNLAB_CUDA STREQUAL "OFF")
   if(NOT DEFINED ENV{CUDACXX} AND NOT CMAKE_CUDA_COMPILER)

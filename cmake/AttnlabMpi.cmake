@@ -1,12 +1,6 @@
 # The ATTNLAB_MPI switch: data-parallel training across processes (attnlab/distributed.hpp).
 # AUTO builds MPI support when find_package(MPI) finds a C++-capable MPI (Debian: libopenmpi-dev),
 # ON requires it, OFF leaves it out. Sets ATTNLAB_WITH_MPI; attnlab_add_mpi(target) links it.
-set(ATTNLAB_MPI "AUTO" CACHE STRING "Build MPI data-parallel training: AUTO, ON or OFF")
-set_property(CACHE ATTNLAB_MPI PROPERTY STRINGS AUTO ON OFF)
-string(TOUPPER "${ATTNLAB_MPI}" ATTNLAB_MPI)
-if(NOT ATTNLAB_MPI MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "ATTNLAB_MPI: expected AUTO, ON or OFF, got '${ATTNLAB_MPI}'")
-endif()
 set(ATTNLAB_WITH_MPI OFF)
 if(NOT ATTNLAB_MPI STREQUAL "OFF")
   find_package(MPI COMPONENTS CXX QUIET)
@@ -18,8 +12,7 @@ if(NOT ATTNLAB_MPI STREQUAL "OFF")
                         "-DATTNLAB_MPI=OFF")
   endif()
 endif()
-message(STATUS "attnlab: ATTNLAB_MPI=${ATTNLAB_MPI}, MPI support built: ${ATTNLAB_WITH_MPI}"
-               "${MPI_CXX_LIBRARY_VERSION_STRING}")
+message(STATUS "attnlab: ATTNLAB_MPI=${ATTNLAB_MPI}, MPI support built: ${ATTNLAB_WITH_MPI}")
 
 function(attnlab_add_mpi target source)
   if(ATTNLAB_WITH_MPI)

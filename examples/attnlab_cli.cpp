@@ -59,7 +59,7 @@ int error_line(const std::string& message, int status, bool this_rank_only = fal
   std::string one = message;
   for (char& c : one)
     if (c == '\n' || c == '\r') c = ' ';
-  if (g_world > 1 && g_rank != 0)
+  if (g_world > 1 && g_rank != 0 && !one.starts_with("rank "))  // RankFailure names it already
     std::fprintf(stderr, "attnlab: error: rank %d: %s\n", g_rank, one.c_str());
   else
     std::fprintf(stderr, "attnlab: error: %s\n", one.c_str());
