@@ -32,12 +32,16 @@ void Sampler::candidates(const T* logits, std::size_t V, std::vector<int>& ids,
     z.emplace_back(l / options_.temperature, static_cast<int>(i));
   }
   check_arg(!z.empty(), "Sampler::sample", "logits", "at least one finite logit", "all -inf");
-  // Most likely first; equal logits in id order (the greedy choice is the lowest id).
-  std::stable_sort(z.begin(), z.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  // Most likely first; equal logits in id order (the greedy choice is the lowest id). Only the
+  // prefix that greedy or top-k can keep is ordered (a total order: the same prefix as a full
+  // sort).
   std::size_t kept = z.size();
   if (options_.greedy) kept = 1;
   if (options_.top_k > 0) kept = std::min(kept, options_.top_k);
+  std::partial_sort(z.begin(), z.begin() + static_cast<std::ptrdiff_t>(kept), z.end(),
+                    [](const auto& a, const auto& b) {
+                      return a.first > b.first || (a.first == b.first && a.second < b.second);
+                    });
   probs.resize(kept);
   for (std::size_t i = 0; i < kept; ++i) probs[i] = std::exp(z[i].first - z[0].first);
   double total = std::accumulate(probs.begin(), probs.end(), 0.0);

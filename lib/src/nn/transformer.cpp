@@ -130,19 +130,47 @@ Tensor3<T> Transformer<T>::forward(const std::vector<TokenIds>& fields, const Ke
 template <class T>
 Buffer<T> Transformer<T>::forward(const std::vector<Buffer<int>>& ids,
                                   const Buffer<unsigned char>* key_mask) {
-  check_arg(ids.size() == config_.vocab_sizes.size(), "Transformer::forward", "fields",
+  return run("Transformer::forward", ids, key_mask, nullptr);
+}
+
+template <class T>
+Buffer<T> Transformer<T>::forward_cached(const std::vector<Buffer<int>>& ids,
+                                         TransformerCache<T>& cache) {
+  const char* op = "Transformer::forward_cached";
+  check_arg(config_.block.attention.sdpa.causal, op, "block.attention.sdpa.causal",
+            "causal attention (with a KV cache, earlier tokens never see later ones)", "false");
+  const std::size_t past = cache.length(), Tn = ids.empty() ? 0 : ids[0].dim(1);
+  check_arg(past + Tn <= config_.max_len, op, "cache length + new tokens",
+            "<= max_len = " + std::to_string(config_.max_len),
+            std::to_string(past) + " + " + std::to_string(Tn));
+  if (cache.layers.size() != blocks_.size()) {
+    check_arg(cache.layers.empty(), op, "cache",
+              "an empty cache or one of " + std::to_string(blocks_.size()) + " layers",
+              std::to_string(cache.layers.size()) + " layers");
+    cache.layers.resize(blocks_.size());
+  }
+  return run(op, ids, nullptr, &cache);
+}
+
+template <class T>
+Buffer<T> Transformer<T>::run(const char* op, const std::vector<Buffer<int>>& ids,
+                              const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache) {
+  check_arg(ids.size() == config_.vocab_sizes.size(), op, "fields",
             std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
             std::to_string(ids.size()));
   first_nonfinite_.reset();
-  has_forward_ = false;
+  has_forward_ = false;               // a decoding step (cache) keeps no backward context
   Buffer<T> x = embed_.forward(ids);  // (B,T,C)
   note(x, "embed");
-  x = pos_.forward(x);
+  x = cache ? pos_.forward_at(x, cache->length()) : pos_.forward(x);  // positions go on from it
   note(x, "pos");
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
-    x = blocks_[l]->forward(x, key_mask);
-    if (check_nonfinite_ && !first_nonfinite_ && blocks_[l]->first_nonfinite()) {
-      first_nonfinite_ = "blocks." + std::to_string(l) + "." + *blocks_[l]->first_nonfinite();
+    if (cache) {
+      x = blocks_[l]->forward_cached(x, cache->layers[l]);
+    } else {
+      x = blocks_[l]->forward(x, key_mask);
+      if (check_nonfinite_ && !first_nonfinite_ && blocks_[l]->first_nonfinite())
+        first_nonfinite_ = "blocks." + std::to_string(l) + "." + *blocks_[l]->first_nonfinite();
     }
     note(x, "blocks." + std::to_string(l));
   }
@@ -150,39 +178,12 @@ Buffer<T> Transformer<T>::forward(const std::vector<Buffer<int>>& ids,
   note(x, "ln_f");
   Buffer<T> logits = head_.forward(x);  // (B,T,C) x (C,V) -> (B,T,V)
   note(logits, "head");
-  has_forward_ = true;
-  batch_ = logits.dim(0);
-  length_ = logits.dim(1);
-  return logits;
-}
-
-template <class T>
-Buffer<T> Transformer<T>::forward_cached(const std::vector<Buffer<int>>& ids,
-                                         TransformerCache<T>& cache) {
-  check_arg(ids.size() == config_.vocab_sizes.size(), "Transformer::forward_cached", "fields",
-            std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
-            std::to_string(ids.size()));
-  check_arg(config_.block.attention.sdpa.causal, "Transformer::forward_cached",
-            "block.attention.sdpa.causal",
-            "causal attention (with a KV cache, earlier tokens never see later ones)", "false");
-  const std::size_t past = cache.length(), Tn = ids.empty() ? 0 : ids[0].dim(1);
-  check_arg(past + Tn <= config_.max_len, "Transformer::forward_cached",
-            "cache length + new tokens", "<= max_len = " + std::to_string(config_.max_len),
-            std::to_string(past) + " + " + std::to_string(Tn));
-  if (cache.layers.size() != blocks_.size()) {
-    check_arg(cache.layers.empty(), "Transformer::forward_cached", "cache",
-              "an empty cache or one of " + std::to_string(blocks_.size()) + " layers",
-              std::to_string(cache.layers.size()) + " layers");
-    cache.layers.resize(blocks_.size());
+  if (!cache) {
+    has_forward_ = true;
+    batch_ = logits.dim(0);
+    length_ = logits.dim(1);
   }
-  has_forward_ = false;  // no backward through a decoding step
-  first_nonfinite_.reset();
-  Buffer<T> x = embed_.forward(ids);  // (B,Tn,C)
-  x = pos_.forward_at(x, past);
-  for (std::size_t l = 0; l < blocks_.size(); ++l)
-    x = blocks_[l]->forward_cached(x, cache.layers[l]);
-  if (norm_f_) x = norm_f_->forward(x);
-  return head_.forward(x);
+  return logits;
 }
 
 template <class T>

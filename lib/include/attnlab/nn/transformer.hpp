@@ -114,6 +114,11 @@ class Transformer : public Module<T> {
   void reset_cache() override { has_forward_ = false; }
 
  private:
+  // forward (cache null: training context kept, key_mask applies) and forward_cached (positions
+  // and attention go on from the cache): one pipeline, embed -> positions -> blocks -> ln_f ->
+  // head.
+  Buffer<T> run(const char* op, const std::vector<Buffer<int>>& ids,
+                const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache);
   void note(const Buffer<T>& t, const std::string& where);
 
   TransformerConfig config_;
