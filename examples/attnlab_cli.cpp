@@ -270,23 +270,22 @@ int run_train(TrainConfig config, Context context) {
   std::signal(SIGTERM, on_signal);
   g_in_train = true;
   const TrainResult r = train_model(config, context);
-  if (g_rank != 0) {  // the same outcome on every rank; rank 0 tells it
-    if (r.diverged) return kExitDiverged;
-    if (r.interrupted) return stop_signal.load() > 0 ? 128 + stop_signal.load() : kExitInterrupted;
-    return 0;
-  }
+  // As POSIX tools: 128 + the signal (SIGINT 130, SIGTERM 143); --stop-after counts as SIGINT.
+  const int signal = stop_signal.load();
+  const int status = r.diverged      ? kExitDiverged
+                     : r.interrupted ? (signal > 0 ? 128 + signal : kExitInterrupted)
+                                     : 0;
+  if (g_rank != 0) return status;  // the same outcome on every rank; rank 0 tells it
   if (r.diverged) {
     std::fprintf(stdout, "diverged at step %d (%s); outputs in %s\n", r.diverged_step,
                  r.diverged_where.c_str(), config.out.c_str());
-    return kExitDiverged;
+    return status;
   }
   if (r.interrupted) {
     std::fprintf(stdout,
                  "interrupted at step %d: checkpoint saved in %s (continue with --resume %s)\n",
                  r.steps_done, config.out.c_str(), config.out.c_str());
-    // As POSIX tools: 128 + the signal (SIGINT 130, SIGTERM 143); --stop-after counts as SIGINT.
-    const int signal = stop_signal.load();
-    return signal > 0 ? 128 + signal : kExitInterrupted;
+    return status;
   }
   std::string where = r.device;
   if (r.world_size > 1)

@@ -15,24 +15,12 @@ namespace attnlab {
 
 namespace {
 
+// Stateless: single_process() and init_distributed's own instance behave alike.
 class SingleProcess final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "single process"; }
-  void allreduce_sum(float*, std::size_t) override {}
-  void allreduce_sum(double*, std::size_t) override {}
-  void allreduce_max(double*, std::size_t) override {}
-  std::vector<std::uint64_t> allgather(std::uint64_t value) override { return {value}; }
-  [[noreturn]] void abort(int code) override { std::_Exit(code); }
-};
-
-// A non-owning handle to single_process(), for init_distributed's unique_ptr.
-class SingleProcessHandle final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string name() const override { return single_process().name(); }
   void allreduce_sum(float*, std::size_t) override {}
   void allreduce_sum(double*, std::size_t) override {}
   void allreduce_max(double*, std::size_t) override {}
@@ -137,7 +125,7 @@ std::unique_ptr<Communicator> init_distributed([[maybe_unused]] int* argc,
 #ifdef ATTNLAB_WITH_MPI
   if (launched_by_mpi()) return std::make_unique<MpiWorld>(argc, argv);
 #endif
-  return std::make_unique<SingleProcessHandle>();
+  return std::make_unique<SingleProcess>();
 }
 
 Shard shard_rows(std::size_t batch, int rank, int size, const std::string& what) {
@@ -161,42 +149,47 @@ void allreduce_gradients(Communicator& comm, const ParameterList<T>& params, dou
   const std::size_t bucket = std::min(total, std::max<std::size_t>(bucket_bytes / sizeof(T), 1));
   if (staging.size() < bucket) staging.resize(bucket);
   const T w = static_cast<T>(weight);
-  // The gradients as one flat sequence in the parameter order, taken a bucket at a time.
-  std::size_t param = 0, offset = 0;  // where the next bucket starts
-  while (param < params.size()) {
-    struct Piece {
-      Parameter<T>* p;
-      std::size_t from, count, at;
-    };
-    std::vector<Piece> pieces;
-    std::size_t filled = 0;
-    while (filled < bucket && param < params.size()) {
-      Parameter<T>* p = params[param].param;
-      const std::size_t count = std::min(p->size() - offset, bucket - filled);
-      if (count > 0) pieces.push_back({p, offset, count, filled});
-      T* dst = staging.data() + filled;
-      if (p->on_device())
-        p->device_grad.memory()->download(dst, p->device_grad.data() + offset, count * sizeof(T));
-      else
-        std::memcpy(dst, p->grad.data() + offset, count * sizeof(T));
-      if (w != T(1))
-        for (std::size_t i = 0; i < count; ++i) dst[i] *= w;
-      filled += count;
-      offset += count;
-      if (offset == p->size()) {
-        ++param;
-        offset = 0;
+  // The gradients as one flat sequence in the parameter order: `count` values from (param, offset)
+  // on, handed to fn(parameter, first value, values, staging slot); returns where it stopped.
+  struct Cursor {
+    std::size_t param = 0, offset = 0;
+  };
+  const auto walk = [&](Cursor at, std::size_t count, auto&& fn) {
+    for (std::size_t done = 0; done < count;) {  // an empty parameter is stepped over
+      Parameter<T>& p = *params[at.param].param;
+      const std::size_t n = std::min(p.size() - at.offset, count - done);
+      if (n > 0) fn(p, at.offset, n, staging.data() + done);
+      done += n;
+      at.offset += n;
+      if (at.offset == p.size()) {
+        ++at.param;
+        at.offset = 0;
       }
     }
-    comm.allreduce_sum(staging.data(), filled);
-    for (const Piece& c : pieces) {
-      const T* src = staging.data() + c.at;
-      if (c.p->on_device())
-        c.p->device_grad.memory()->upload(c.p->device_grad.data() + c.from, src,
-                                          c.count * sizeof(T));
-      else
-        std::memcpy(c.p->grad.data() + c.from, src, c.count * sizeof(T));
-    }
+    return at;
+  };
+  const auto copy_in = [&](Parameter<T>& p, std::size_t from, std::size_t n, T* dst) {
+    if (p.on_device())
+      p.device_grad.memory()->download(dst, p.device_grad.data() + from, n * sizeof(T));
+    else
+      std::memcpy(dst, p.grad.data() + from, n * sizeof(T));
+    if (w != T(1))
+      for (std::size_t i = 0; i < n; ++i) dst[i] *= w;
+  };
+  const auto copy_out = [](Parameter<T>& p, std::size_t from, std::size_t n, const T* src) {
+    if (p.on_device())
+      p.device_grad.memory()->upload(p.device_grad.data() + from, src, n * sizeof(T));
+    else
+      std::memcpy(p.grad.data() + from, src, n * sizeof(T));
+  };
+  Cursor at;
+  for (std::size_t done = 0; done < total;) {  // a bucket at a time
+    const std::size_t count = std::min(bucket, total - done);
+    const Cursor next = walk(at, count, copy_in);
+    comm.allreduce_sum(staging.data(), count);
+    walk(at, count, copy_out);
+    at = next;
+    done += count;
   }
 }
 

@@ -221,6 +221,15 @@ std::size_t labelled_rows(const TokenIds& targets, std::size_t begin, std::size_
   return n;
 }
 
+// This rank's share of the global batch's loss normaliser: its labelled positions over all of them
+// (its rows over all rows when none is labelled). The weight of allreduce_gradients.
+double loss_share(const Batch& global, const Shard& shard) {
+  const std::size_t labelled = labelled_rows(global.targets, 0, global.size());
+  if (labelled == 0) return static_cast<double>(shard.size()) / static_cast<double>(global.size());
+  return static_cast<double>(labelled_rows(global.targets, shard.begin, shard.end)) /
+         static_cast<double>(labelled);
+}
+
 // Rows [begin, end) of a batch.
 Batch shard_of(const Batch& batch, const Shard& shard) {
   if (shard.begin == 0 && shard.end == batch.size()) return batch;
@@ -370,14 +379,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
     const Batch global = data.next(static_cast<std::size_t>(c.batch), data_rng);
     const Batch sharded = world > 1 ? shard_of(global, shard) : Batch{};
     const Batch& batch = world > 1 ? sharded : global;
-    // This rank's share of the global loss's normaliser: its labelled positions (rows when none).
-    const std::size_t labelled = labelled_rows(global.targets, 0, global.size());
-    const double weight =
-        world == 1 ? 1.0
-        : labelled > 0
-            ? static_cast<double>(labelled_rows(global.targets, shard.begin, shard.end)) /
-                  static_cast<double>(labelled)
-            : static_cast<double>(shard.size()) / static_cast<double>(global.size());
+    const double weight = world > 1 ? loss_share(global, shard) : 1.0;
     auto step_start = Clock::now();
     backend.set_step(static_cast<std::uint64_t>(c.seed), step);  // keys the dropout masks
     double loss = backend.forward_loss(batch);
