@@ -88,10 +88,16 @@ Tensor4<float> Model::attention_logits(std::size_t layer) const {
 
 Tensor4<float> Model::attention_dots(std::size_t layer) const {
   const auto& attn = impl_->net.block(layer).attention();
+  // Every query-key pair's plain q·k: no scale, and no mask or bias (a causal mask's -inf would
+  // make the premise check's variance NaN; the premise is about the dot products themselves).
   SdpaOptions raw = attn.sdpa_options();
   raw.scaling = Scaling::none;
   raw.scale.reset();
   raw.head_scale.clear();
+  raw.causal = false;
+  raw.query_offset = 0;
+  raw.window = 0;
+  raw.alibi_slopes.clear();
   return sdpa_scores(attn.queries(), attn.keys(), raw);
 }
 

@@ -68,7 +68,16 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
       const auto m = correct_key_mass(a.weights, eval.length() - 1, key_pos);
       st.recall_mass.insert(st.recall_mass.end(), m.begin(), m.end());
     }
-    if (l == 0) dots = std::move(a.dots);
+    if (l == 0) {
+      dots = std::move(a.dots);
+      const std::size_t tq = a.weights.shape()[2], tk = a.weights.shape()[3];
+      if (a.weights.shape()[0] > 0 && a.weights.shape()[1] > 0) {
+        st.example_tq = tq;
+        st.example_tk = tk;
+        st.example_attention.assign(a.weights.data(), a.weights.data() + tq * tk);
+        st.example_key = key_pos.empty() ? -1 : key_pos[0];
+      }
+    }
   }
   double mean = 0, sq = 0;
   for (float x : dots) mean += x;
@@ -79,6 +88,28 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
   st.qk_mean = mean;
   st.qk_count = dots.size();
   return st;
+}
+
+void write_attention_file(const std::string& path, const EvalStats& init, std::size_t init_step,
+                          const EvalStats& final_stats, std::size_t final_step) {
+  const auto rows = [](const EvalStats& st) {
+    nlohmann::json w = nlohmann::json::array();
+    for (std::size_t i = 0; i < st.example_tq; ++i)
+      w.push_back(std::vector<double>(
+          st.example_attention.begin() + static_cast<std::ptrdiff_t>(i * st.example_tk),
+          st.example_attention.begin() + static_cast<std::ptrdiff_t>((i + 1) * st.example_tk)));
+    return w;
+  };
+  nlohmann::json j = {{"layer", 0},
+                      {"head", 0},
+                      {"example", 0},
+                      {"query_position", static_cast<long>(final_stats.example_tq) - 1},
+                      {"key_position", final_stats.example_key},
+                      {"tq", final_stats.example_tq},
+                      {"tk", final_stats.example_tk},
+                      {"init", {{"step", init_step}, {"weights", rows(init)}}},
+                      {"final", {{"step", final_step}, {"weights", rows(final_stats)}}}};
+  write_file_atomic(path, std::string_view(j.dump() + "\n"));
 }
 
 void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k) {

@@ -24,12 +24,23 @@ struct EvalStats {
   std::size_t rows = 0, labelled = 0;  // examples; labelled positions
   double qk_mean = 0;                  // layer 0's mean q·k over qk_count values
   std::size_t qk_count = 0;
+  // Layer 0, head 0's weights on the first eval example (row-major Tq x Tk; only on the rank that
+  // holds example 0, i.e. rank 0), and for recall the position of the key the query must find.
+  std::vector<double> example_attention;
+  std::size_t example_tq = 0, example_tk = 0;
+  int example_key = -1;
 };
 
 // Loss and accuracy of the eval forward, the attention health of every head, the recall mass on
 // the correct key (recall), and the premise check Var(q·k)/d_k of layer 0.
 EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
                    const TaskConfig& task, std::size_t d_k);
+
+// OUT/attention.json: the example attention at initialisation and at the end of a run, for the
+// study report's heatmaps: {"layer": 0, "head": 0, "example": 0, "query_position", "key_position"
+// (-1 when the task has none), "tq", "tk", "init": {"step", "weights": [[...]]}, "final": {...}}.
+void write_attention_file(const std::string& path, const EvalStats& init, std::size_t init_step,
+                          const EvalStats& final_stats, std::size_t final_step);
 
 // Combines the EvalStats of the ranks' shards of one eval set into the figures of the whole set, on
 // every rank: loss and accuracy from their sums over the labelled positions (equal to a single

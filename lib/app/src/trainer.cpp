@@ -351,6 +351,12 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   TrainResult result;
   const auto t0 = Clock::now();
   EvalStats st = eval_all();
+  EvalStats first_st;  // its example attention goes into OUT/attention.json
+  first_st.example_attention = st.example_attention;
+  first_st.example_tq = st.example_tq;
+  first_st.example_tk = st.example_tk;
+  first_st.example_key = st.example_key;
+  std::size_t eval_step = start;  // the step of the eval in `st`
   result.init_qk_var_ratio = st.qk_var_ratio;
   // A resumed run's loss at initialisation comes from its saved rows.
   result.init_eval_loss = resuming && log ? log->kept_init_eval_loss().value_or(st.loss) : st.loss;
@@ -422,6 +428,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
       backend.sync_host();  // the weight norms of the row and the checksum read the host copy
       check_replicas(comm, params, step + 1);
       st = eval_all();
+      eval_step = step + 1;
       log_row(step + 1, loss, lr, st);
       result.final_eval_loss = st.loss;
       result.final_eval_acc = st.accuracy;
@@ -465,6 +472,8 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   }
   // A diverged model is never saved: its weights may hold non-finite values.
   if (!result.diverged) saver.save(step, backend, *opt, params, data_rng);
+  if (lead && st.example_tq > 0)  // "init" is this invocation's first eval (the resumed step)
+    write_attention_file(c.out + "/attention.json", first_st, start, st, eval_step);
   if (lead) write_summary(c.out + "/summary.json", c, result);
   return result;
 }

@@ -61,7 +61,8 @@ class Model {
   // Layer l of the last forward: attention weights P (B,H,T,T) and the scaled logits S (B,H,T,T).
   Tensor4<float> attention_weights(std::size_t layer) const;
   Tensor4<float> attention_logits(std::size_t layer) const;
-  // The unscaled dot products q·k of layer l (B,H,T,T), for the Var(q·k)/d_k premise check.
+  // The unscaled dot products q·k of layer l (B,H,T,T), every pair (no mask, bias or scale), for
+  // the Var(q·k)/d_k premise check.
   Tensor4<float> attention_dots(std::size_t layer) const;
   // Names of W_Q and W_K of layer l in parameters().
   std::string w_q_name(std::size_t layer) const;

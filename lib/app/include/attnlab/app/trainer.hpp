@@ -1,7 +1,9 @@
 // Trains one model on one task: the engine behind `attnlab train` and every run of a study.
 //
 // Per logged step it appends a row to OUT/metrics.csv (columns: metrics_header()); at the end it
-// writes OUT/summary.json and OUT/model.safetensors (model config and step in the metadata). A
+// writes OUT/summary.json, OUT/model.safetensors (model config and step in the metadata) and
+// OUT/attention.json (layer 0, head 0's weights on the first eval example at the first and the last
+// eval of the run: train_metrics.hpp, write_attention_file). A
 // non-finite loss stops the run cleanly: the summary records "diverged at step N" and the first
 // layer whose output was non-finite.
 //
