@@ -481,6 +481,10 @@ int main(int argc, char** argv) {
   study->add_option("--out", so.out, "output directory")->capture_default_str();
   study->add_option("--steps", so.steps, "override the preset's training steps")
       ->check(CLI::Range(1, 100000000));
+  bool report_only = false;
+  study->add_flag("--report-only", report_only,
+                  "write summary.md, the figures and report.html again from the finished study "
+                  "in --out (its summary.csv and runs/; no training)");
   bool study_quiet = false;
   study->add_flag("--quiet", study_quiet, "no progress output");
 
@@ -663,9 +667,15 @@ int main(int argc, char** argv) {
         std::printf("%s\n", to_json_text(plan).c_str());
         return 0;
       }
-      const StudyOutcome r = run_study(plan, so, Context{});  // each job makes its own
-      std::printf("\nstudy '%s': %zu runs in %.0f s\n", plan.preset.c_str(), r.runs.size(),
-                  r.seconds);
+      const StudyOutcome r = report_only ? report_study(plan, so)
+                                         : run_study(plan, so, Context{});  // each job: its own
+      if (report_only)
+        std::printf("study '%s': the outputs of %zu runs written again in %.1f s\n",
+                    plan.preset.c_str(), r.runs.size(), r.seconds);
+      else
+        std::printf("\nstudy '%s': %zu runs in %.0f s\n", plan.preset.c_str(), r.runs.size(),
+                    r.seconds);
+      std::printf("report: %s\n", r.report_html.c_str());
       std::printf("table:  %s\n", r.summary_md.c_str());
       std::printf("csv:    %s\n", r.summary_csv.c_str());
       for (const auto& p : r.plots) std::printf("plot:   %s\n", p.c_str());

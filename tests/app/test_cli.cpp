@@ -390,11 +390,14 @@ TEST_CASE("cli: the micro study writes every output file") {
       cli("study --preset micro --jobs 2 --quiet --out '" + (dir / "study").string() + "'", dir);
   REQUIRE(r.status == 0);
   CHECK(r.err.empty());
-  for (const char* f : {"summary.csv", "summary.md", "recall_adamw_loss_vs_lr.png",
-                        "recall_adamw_loss_vs_lr.dat", "recall_adamw_loss_vs_lr.gp",
-                        "recall_adamw_curves_dk16.png", "recall_adamw_curves_dk16.dat",
-                        "recall_adamw_curves_dk16.gp", "recall_adamw_attention_dk16.png",
-                        "recall_adamw_attention_dk16.dat", "recall_adamw_attention_dk16.gp"}) {
+  for (const char* f :
+       {"summary.csv", "summary.md", "report.html", "recall_adamw_lr_window.svg",
+        "recall_adamw_lr_window.dat", "recall_adamw_lr_window.gp",
+        "recall_adamw_n20_loss_vs_lr.svg", "recall_adamw_n20_loss_vs_lr.dat",
+        "recall_adamw_n20_loss_vs_lr.gp", "recall_adamw_n20_curves_dk16.svg",
+        "recall_adamw_n20_curves_dk16.dat", "recall_adamw_n20_curves_dk16.gp",
+        "recall_adamw_n20_attention_dk16.svg", "recall_adamw_n20_attention_dk16.dat",
+        "recall_adamw_n20_attention_dk16.gp", "recall_adamw_jacobian_init.svg"}) {
     CAPTURE(f);
     CHECK(fs::exists(dir / "study" / f));
   }
@@ -404,6 +407,7 @@ TEST_CASE("cli: the micro study writes every output file") {
   CHECK(md.find("LR sensitivity") != std::string::npos);
   CHECK(md.find("fails at every LR") != std::string::npos);
   CHECK(r.out.find("summary.md") != std::string::npos);
+  CHECK(r.out.find("report.html") != std::string::npos);
 }
 
 TEST_CASE(

@@ -24,7 +24,9 @@ TEST_CASE(
   CHECK(g.base.model.block.attention.d_model == 64);
   CHECK(g.base.model.block.attention.d_v == 64);  // only the q/k width varies with d_k
   CHECK(g.d_k == std::vector<int>{16, 64, 256});
-  CHECK(g.lrs == std::vector<double>{1e-3, 3e-3, 1e-2, 3e-2, 1e-1});
+  // Half-decades from 1e-4 to 0.316: wide enough that every mode's window shows both edges.
+  CHECK(g.lrs == std::vector<double>{1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1, 3.16e-1});
+  CHECK(g.seeds.size() >= 5);
   CHECK(g.base.optimizer == "adamw");
   CHECK(g.base.beta1 == 0.9);
   CHECK(g.base.beta2 == 0.95);
@@ -40,10 +42,14 @@ TEST_CASE(
   std::set<std::string> groups, full_arms;
   for (const auto& fg : full.groups) {
     groups.insert(fg.name);
-    CHECK(fg.seeds.size() >= 3);
+    CHECK(fg.seeds.size() >= 2);
     for (const auto& a : fg.arms) full_arms.insert(a.name);
   }
-  CHECK(groups == std::set<std::string>{"recall/adamw", "recall/sgd", "mqar/adamw"});
+  CHECK(groups == std::set<std::string>{"recall/adamw", "recall/adamw-stabilisers", "recall/sgd",
+                                        "mqar/adamw", "text/adamw"});
+  // The budget axis: the scaling modes' grid at 400 and 1600 steps.
+  CHECK(full.groups[0].budgets == std::vector<int>{400, 1600});
+  CHECK(full.groups[0].seeds.size() >= 5);
   CHECK(full_arms.count("qk_norm") == 1);
   CHECK(full_arms.count("learnable") == 1);
   CHECK_THROWS_AS(study_preset("huge"), std::invalid_argument);

@@ -15,8 +15,13 @@
 #include <sstream>
 #include <thread>
 
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
 #include "attnlab/app/plot.hpp"
 #include "attnlab/app/progress.hpp"
+#include "attnlab/app/report.hpp"
 
 namespace attnlab::app {
 
@@ -77,6 +82,7 @@ struct Job {
   int d_k;
   double lr;
   std::uint64_t seed;
+  int steps;
   std::string dir;  // relative to the study folder
 };
 
@@ -110,33 +116,83 @@ Table read_csv(const std::string& path) {
   return t;
 }
 
-std::string gp_header(const std::string& png, int width, int height, const std::string& title,
+std::string gp_header(const std::string& svg, int width, int height, const std::string& title,
                       const std::string& layout) {
   std::ostringstream gp;
-  gp << "# attnlab study plot: re-render with `gnuplot " << png.substr(0, png.size() - 4)
+  gp << "# attnlab study plot: re-render with `gnuplot " << svg.substr(0, svg.size() - 4)
      << ".gp` in this folder\n"
-     << "set terminal " << gnuplot_png_terminal() << " size " << width << ',' << height
-     << " font ',10'\nset termoption noenhanced\nset output '" << png
+     << "set terminal svg size " << width << ',' << height
+     << " font 'sans,11' background '#ffffff'\nset termoption noenhanced\nset output '" << svg
      << "'\nset grid\nset key top right\n"
      << "set multiplot layout " << layout << " title '" << title << "'\n";
   return gp.str();
 }
 
-// The three plots of one group. Returns the PNG paths (written even if gnuplot then fails).
-std::vector<std::string> plot_group(const std::string& out, const StudyGroup& g,
-                                    const std::vector<RunRecord>& runs, std::string& error) {
-  std::vector<std::string> pngs;
+// Ends a data block of a gnuplot .dat file. A block with no data line gets one of NaNs: gnuplot
+// skips comment lines without counting blank ones, so an empty block would merge two separators
+// and shift every later `index`.
+void end_block(std::ostringstream& dat, std::streampos data_start, int columns) {
+  if (dat.tellp() == data_start) {
+    for (int c = 0; c < columns; ++c) dat << (c ? " nan" : "nan");
+    dat << '\n';
+  }
+  dat << "\n\n";
+}
+
+// Reads one run's OUT/attention.json into the heatmaps at initialisation and at the end.
+std::vector<Heatmap> run_heatmaps(const std::string& path, const std::string& label) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::vector<Heatmap> out;
+  try {  // a malformed file draws no heatmap (the figure then has fewer), never stops the study
+    nlohmann::json j;
+    in >> j;
+    for (const char* when : {"init", "final"}) {
+      Heatmap h;
+      h.tq = j.at("tq").get<std::size_t>();
+      h.tk = j.at("tk").get<std::size_t>();
+      bool finite = true;
+      for (const auto& row : j.at(when).at("weights"))
+        for (const auto& v : row) {
+          finite = finite && v.is_number();
+          h.weights.push_back(v.is_number() ? v.get<double>() : std::nan(""));
+        }
+      if (!finite || h.weights.size() != h.tq * h.tk) continue;
+      h.mark_col = j.at("key_position").get<int>();
+      h.mark_row = h.mark_col >= 0 ? j.at("query_position").get<int>() : -1;
+      h.caption = label + ", step " + std::to_string(j.at(when).at("step").get<long>());
+      out.push_back(std::move(h));
+    }
+  } catch (const nlohmann::json::exception&) {
+    return {};
+  }
+  return out;
+}
+
+struct GroupPlots {
+  std::vector<ReportFigure> headline;
+  std::vector<ReportFigure> figures;
+  std::vector<std::string> files;
+};
+
+// The figures of one group: the LR window vs d_k (headline), and per budget the loss vs LR, the
+// curves and attention health at the largest d_k, the heatmaps, and the Jacobian at init.
+GroupPlots plot_group(const std::string& out, const StudyGroup& g,
+                      const std::vector<RunRecord>& runs, std::string& error) {
+  GroupPlots plots;
   const std::string prefix = sanitize(g.name);
-  std::vector<std::string> arms;
-  for (const auto& a : g.arms) arms.push_back(a.name);
-  const int max_dk = *std::max_element(g.d_k.begin(), g.d_k.end());
-  auto rec = [&](const std::string& arm, int d, double lr, std::uint64_t seed) -> const RunRecord* {
-    for (const auto& r : runs)
-      if (r.group == g.name && r.mode == arm && r.d_k == d && r.lr == lr &&
-          r.seed == static_cast<int>(seed))
-        return &r;
-    return nullptr;
-  };
+  const std::vector<std::string> arms = ordered_modes(runs, g.name);
+  const std::vector<double> lrs = sweep_lrs(runs, g.name);
+  std::vector<int> budgets;
+  for (const auto& r : runs)
+    if (r.group == g.name && std::find(budgets.begin(), budgets.end(), r.steps) == budgets.end())
+      budgets.push_back(r.steps);
+  std::sort(budgets.begin(), budgets.end());
+  std::vector<int> dks = g.d_k;
+  std::sort(dks.begin(), dks.end());
+  if (arms.empty() || lrs.empty() || dks.empty()) return plots;
+  const int max_dk = dks.back();
+  const bool recall = g.base.task.kind == TaskKind::recall;
   double loss_init = 0;
   int n_init = 0;
   for (const auto& r : runs)
@@ -144,142 +200,304 @@ std::vector<std::string> plot_group(const std::string& out, const StudyGroup& g,
       loss_init += r.init_eval_loss;
       ++n_init;
     }
-  loss_init = n_init ? loss_init / n_init : 0;
+  loss_init = n_init ? loss_init / n_init : 1;
+  const double ymax = std::ceil(loss_init * 1.15);
 
   auto render = [&](const std::string& name, const std::string& dat, const std::string& gp) {
     write_text_file(out + "/" + name + ".dat", dat);
-    pngs.push_back(out + "/" + name + ".png");
+    plots.files.push_back(out + "/" + name + ".svg");
+    std::filesystem::remove(out + "/" + name + ".svg");  // a stale figure is never embedded
     try {
       render_gnuplot(out + "/" + name + ".gp", gp);
     } catch (const PlotError& e) {
       if (error.empty()) error = e.what();
     }
+    return out + "/" + name + ".svg";
+  };
+  const auto first_run = [&](const CellKey& key, double lr) -> const RunRecord* {
+    const auto rs = cell_runs(runs, key, lr);
+    const RunRecord* best = nullptr;
+    for (const auto* r : rs)
+      if (!best || r->seed < best->seed) best = r;
+    return best;
+  };
+  const auto best_lr_of = [&](const CellKey& key) {
+    double best = lrs.front(), best_loss = std::numeric_limits<double>::infinity();
+    for (double lr : lrs) {
+      const auto rs = cell_runs(runs, key, lr);
+      if (rs.empty()) continue;
+      const double l = loss_stat(rs).mean;
+      if (l < best_loss) {
+        best_loss = l;
+        best = lr;
+      }
+    }
+    return best;
   };
 
-  {  // 1. final eval loss vs LR: one panel per d_k, one curve per arm (seed mean).
+  {  // The headline: LR window width vs d_k, one panel per budget, one curve per arm.
     std::ostringstream dat, gp;
-    const std::string name = prefix + "_loss_vs_lr";
+    const std::string name = prefix + "_lr_window";
     int block = 0;
-    std::map<std::pair<int, std::string>, int> index;
-    for (int d : g.d_k)
+    for (int steps : budgets)
       for (const auto& arm : arms) {
-        dat << "# d_k " << d << " mode " << arm
-            << "\n# lr final_eval_loss(seed mean; diverged counts as loss_init) diverged_runs\n";
-        for (double lr : g.lrs) {
-          double sum = 0;
-          int n = 0, div = 0;
-          for (auto seed : g.seeds)
-            if (const RunRecord* r = rec(arm, d, lr, seed)) {
-              sum += r->diverged ? r->init_eval_loss : r->final_eval_loss;
-              div += r->diverged ? 1 : 0;
-              ++n;
-            }
-          if (n) dat << lr << ' ' << sum / n << ' ' << div << '\n';
+        dat << "# steps " << steps << " mode " << arm
+            << "\n# d_k window_decades(mean over seeds) ci_lo ci_hi lower_edge upper_edge\n";
+        const auto data_start = dat.tellp();
+        for (int d : dks) {
+          const WindowStat w = window_stat(runs, {g.name, steps, arm, d});
+          dat << d << ' ' << w.mean << ' ' << w.ci.lo << ' ' << w.ci.hi << ' '
+              << (w.edges.lower ? 1 : 0) << ' ' << (w.edges.upper ? 1 : 0) << '\n';
         }
-        dat << "\n\n";
-        index[{d, arm}] = block++;
+        end_block(dat, data_start, 6);
+        ++block;
       }
-    gp << gp_header(name + ".png", 450 * static_cast<int>(g.d_k.size()), 450,
-                    g.name + ": final eval loss vs peak LR (dashed: loss at init)",
-                    "1," + std::to_string(g.d_k.size()))
-       << "set logscale x\nset xrange [" << g.lrs.front() / 1.5 << ':' << g.lrs.back() * 1.5
-       << "]\nset xlabel 'peak learning rate'\nset ylabel 'final eval loss'\n"
-       << "set yrange [0:" << std::ceil(loss_init * 1.15) << "]\n";
-    for (int d : g.d_k) {
-      gp << "set title 'd_k = " << d << "'\nplot ";
-      for (std::size_t a = 0; a < arms.size(); ++a)
-        gp << "'" << name << ".dat' index " << index[{d, arms[a]}]
-           << " using 1:2 with linespoints lw 2 pt 7 title '" << arms[a] << "', ";
-      gp << loss_init << " with lines dt 2 lc rgb 'gray' notitle\n";
+    const double spacing =
+        std::log10(lrs.back() / lrs.front()) / std::max<double>(1, lrs.size() - 1);
+    gp << gp_header(name + ".svg", std::max(640, 480 * static_cast<int>(budgets.size())), 420,
+                    g.name + ": working LR window (mean over seeds, 95% bootstrap)",
+                    "1," + std::to_string(budgets.size()))
+       << "set logscale x 2\nset xrange [" << dks.front() / 1.5 << ':' << max_dk * 1.5
+       << "]\nset xlabel 'd_k'\nset ylabel 'decades of LR that work'\nset yrange [-0.1:"
+       << spacing * static_cast<double>(lrs.size()) + 0.2 << "]\n";
+    block = 0;
+    for (int steps : budgets) {
+      gp << "set title '" << steps << " steps'\nplot ";
+      for (std::size_t a = 0; a < arms.size(); ++a, ++block)
+        gp << (a ? ", " : "") << "'" << name << ".dat' index " << block << " using ($1*"
+           << (1 + 0.04 * static_cast<double>(a)) << "):2:3:4 with yerrorlines lw 2 pt 7 title '"
+           << arms[a] << "'";
+      gp << '\n';
     }
     gp << "unset multiplot\n";
-    render(name, dat.str(), gp.str());
+    plots.headline.push_back(
+        {g.name + ": the working LR window",
+         "How many decades of peak LR work (see the LR window table), against d_k. A mode whose "
+         "window shrinks with d_k needs its LR retuned as the model widens.",
+         render(name, dat.str(), gp.str()),
+         {}});
   }
 
-  const std::uint64_t seed0 = g.seeds.front();
-  {  // 2. training curves at the largest d_k: one panel per LR, one curve per arm (first seed).
-    std::ostringstream dat, gp;
-    const std::string name = prefix + "_curves_dk" + std::to_string(max_dk);
-    int block = 0;
-    std::map<std::pair<double, std::string>, int> index;
-    for (double lr : g.lrs)
+  for (int steps : budgets) {
+    const std::string bp = prefix + "_n" + std::to_string(steps);
+    const std::string at = g.name + ", " + std::to_string(steps) + " steps";
+    {  // Final eval loss vs LR: one panel per d_k, one curve per arm, with intervals.
+      std::ostringstream dat, gp;
+      const std::string name = bp + "_loss_vs_lr";
+      int block = 0;
+      for (int d : dks)
+        for (const auto& arm : arms) {
+          dat << "# d_k " << d << " mode " << arm
+              << "\n# lr final_eval_loss(seed mean; diverged counts as loss_init) ci_lo ci_hi "
+                 "diverged_runs\n";
+          const auto data_start = dat.tellp();
+          for (double lr : lrs) {
+            const auto rs = cell_runs(runs, {g.name, steps, arm, d}, lr);
+            if (rs.empty()) continue;
+            const LossStat ls = loss_stat(rs);
+            dat << lr << ' ' << ls.mean << ' ' << ls.ci.lo << ' ' << ls.ci.hi << ' ' << ls.diverged
+                << '\n';
+          }
+          end_block(dat, data_start, 5);
+        }
+      gp << gp_header(name + ".svg", 420 * static_cast<int>(dks.size()), 420,
+                      at + ": final eval loss vs peak LR (mean, 95% bootstrap; dashed: at init)",
+                      "1," + std::to_string(dks.size()))
+         << "set logscale x\nset xrange [" << lrs.front() / 1.5 << ':' << lrs.back() * 1.5
+         << "]\nset xlabel 'peak learning rate'\nset ylabel 'final eval loss'\nset yrange [0:"
+         << ymax << "]\n";
+      for (int d : dks) {
+        gp << "set title 'd_k = " << d << "'\nplot ";
+        for (std::size_t a = 0; a < arms.size(); ++a, ++block)
+          gp << "'" << name << ".dat' index " << block
+             << " using 1:2:3:4 with yerrorlines lw 2 pt 7 title '" << arms[a] << "', ";
+        gp << loss_init << " with lines dt 2 lc rgb 'gray' notitle\n";
+      }
+      gp << "unset multiplot\n";
+      plots.figures.push_back({"Final eval loss vs LR, " + std::to_string(steps) + " steps",
+                               "One panel per d_k; error bars: 95% bootstrap over seeds.",
+                               render(name, dat.str(), gp.str()),
+                               {}});
+    }
+
+    // The telling LRs at the largest d_k: each arm's lowest-loss LR.
+    std::vector<double> telling;
+    for (const auto& arm : arms) {
+      const double lr = best_lr_of({g.name, steps, arm, max_dk});
+      if (std::find(telling.begin(), telling.end(), lr) == telling.end()) telling.push_back(lr);
+    }
+    std::sort(telling.begin(), telling.end());
+    {  // Curves: one panel per telling LR, one curve per arm (first seed).
+      std::ostringstream dat, gp;
+      const std::string name = bp + "_curves_dk" + std::to_string(max_dk);
+      int block = 0;
+      for (double lr : telling)
+        for (const auto& arm : arms) {
+          const RunRecord* r = first_run({g.name, steps, arm, max_dk}, lr);
+          dat << "# lr " << lr << " mode " << arm << "\n# step eval_loss eval_acc\n";
+          const auto data_start = dat.tellp();
+          if (r) {
+            const Table t = read_csv(out + "/" + r->dir + "/metrics.csv");
+            const int cs = t.col("step"), cl = t.col("eval_loss"), ca = t.col("eval_acc");
+            for (const auto& row : t.rows)
+              if (cs >= 0 && cl >= 0 && ca >= 0 && std::isfinite(row[cl]))
+                dat << row[cs] << ' ' << row[cl] << ' ' << row[ca] << '\n';
+          }
+          end_block(dat, data_start, 3);
+        }
+      const int cols = static_cast<int>(telling.size());
+      gp << gp_header(name + ".svg", 420 * cols, 380,
+                      at + ": eval loss during training at d_k = " + std::to_string(max_dk),
+                      "1," + std::to_string(cols))
+         << "set xlabel 'step'\nset ylabel 'eval loss'\nset yrange [0:" << ymax << "]\n";
+      for (double lr : telling) {
+        gp << "set title 'peak lr = " << lr_label(lr) << "'\nplot ";
+        for (std::size_t a = 0; a < arms.size(); ++a, ++block)
+          gp << (a ? ", " : "") << "'" << name << ".dat' index " << block
+             << " using 1:2 with lines lw 2 title '" << arms[a] << "'";
+        gp << '\n';
+      }
+      gp << "unset multiplot\n";
+      plots.figures.push_back({"Training curves at d_k = " + std::to_string(max_dk) + ", " +
+                                   std::to_string(steps) + " steps",
+                               "At each arm's lowest-loss LR (seed mean; one panel per such LR), "
+                               "every arm, first seed.",
+                               render(name, dat.str(), gp.str()),
+                               {}});
+    }
+
+    // Attention health and heatmaps at one LR for every arm: the reference arm's best LR
+    // (sqrt_dk's when present), so the arms are compared like for like.
+    const std::string ref =
+        std::find(arms.begin(), arms.end(), "sqrt_dk") != arms.end() ? "sqrt_dk" : arms.front();
+    const double lr = best_lr_of({g.name, steps, ref, max_dk});
+    {
+      std::ostringstream dat, gp;
+      const std::string name = bp + "_attention_dk" + std::to_string(max_dk);
       for (const auto& arm : arms) {
-        const RunRecord* r = rec(arm, max_dk, lr, seed0);
-        dat << "# lr " << lr << " mode " << arm << "\n# step eval_loss eval_acc\n";
+        const RunRecord* r = first_run({g.name, steps, arm, max_dk}, lr);
+        dat << "# mode " << arm << " lr " << lr
+            << "\n# step entropy max_abs_logit saturated_fraction jacobian_norm recall_mass\n";
+        const auto data_start = dat.tellp();
         if (r) {
           const Table t = read_csv(out + "/" + r->dir + "/metrics.csv");
-          const int cs = t.col("step"), cl = t.col("eval_loss"), ca = t.col("eval_acc");
-          for (const auto& row : t.rows)
-            if (cs >= 0 && cl >= 0 && ca >= 0 && std::isfinite(row[cl]))
-              dat << row[cs] << ' ' << row[cl] << ' ' << row[ca] << '\n';
+          const int cs = t.col("step"), ce = t.col("l0h0_entropy"), cm = t.col("l0h0_max_logit"),
+                    cf = t.col("l0h0_saturated"), cj = t.col("l0h0_jacobian"),
+                    cr = t.col("l0h0_recall_mass");
+          for (const auto& row : t.rows) {
+            if (cs < 0 || ce < 0 || cm < 0 || cf < 0 || cj < 0) break;
+            dat << row[cs] << ' ' << row[ce] << ' ' << row[cm] << ' ' << row[cf] << ' ' << row[cj]
+                << ' ' << (cr >= 0 ? row[cr] : std::nan("")) << '\n';
+          }
         }
-        dat << "\n\n";
-        index[{lr, arm}] = block++;
+        end_block(dat, data_start, 6);
       }
-    const int cols = std::min<int>(3, static_cast<int>(g.lrs.size()));
-    const int rows = (static_cast<int>(g.lrs.size()) + cols - 1) / cols;
-    gp << gp_header(name + ".png", 450 * cols, 380 * rows,
-                    g.name + ": eval loss during training at d_k = " + std::to_string(max_dk),
-                    std::to_string(rows) + "," + std::to_string(cols))
-       << "set xlabel 'step'\nset ylabel 'eval loss'\nset yrange [0:" << std::ceil(loss_init * 1.15)
-       << "]\n";
-    for (double lr : g.lrs) {
-      gp << "set title 'peak lr = " << lr_label(lr) << "'\nplot ";
-      for (std::size_t a = 0; a < arms.size(); ++a)
-        gp << (a ? ", " : "") << "'" << name << ".dat' index " << index[{lr, arms[a]}]
-           << " using 1:2 with lines lw 2 title '" << arms[a] << "'";
-      gp << '\n';
+      gp << gp_header(name + ".svg", 1000, 760,
+                      at + ": layer 0 head 0 during training, d_k = " + std::to_string(max_dk) +
+                          ", peak lr = " + lr_label(lr),
+                      "2,2")
+         << "set xlabel 'step'\n";
+      const char* titles[4] = {
+          "attention entropy (nats)", "max |scaled logit| (log scale)",
+          "fraction of rows with max weight > 0.99",
+          recall ? "attention mass on the correct key" : "softmax Jacobian norm"};
+      const int cols[4] = {2, 3, 4, recall ? 6 : 5};
+      for (int p = 0; p < 4; ++p) {
+        gp << "set title '" << titles[p] << "'\n"
+           << (p == 1 ? "set logscale y\n" : "unset logscale y\n")
+           << (p == 2 || (p == 3 && recall) ? "set yrange [0:1.05]\n" : "set autoscale y\n")
+           << "plot ";
+        for (std::size_t a = 0; a < arms.size(); ++a)
+          gp << (a ? ", " : "") << "'" << name << ".dat' index " << a << " using 1:" << cols[p]
+             << " with lines lw 2 title '" << arms[a] << "'";
+        gp << '\n';
+      }
+      gp << "unset multiplot\n";
+      plots.figures.push_back({"Attention during training at d_k = " + std::to_string(max_dk) +
+                                   ", " + std::to_string(steps) + " steps",
+                               "Layer 0 head 0 on the eval set, every arm at peak lr " +
+                                   lr_label(lr) + " (" + ref + "'s lowest-loss LR), first seed.",
+                               render(name, dat.str(), gp.str()),
+                               {}});
     }
-    gp << "unset multiplot\n";
-    render(name, dat.str(), gp.str());
+    ReportFigure maps{"Attention heatmaps at d_k = " + std::to_string(max_dk) + ", " +
+                          std::to_string(steps) + " steps",
+                      "Layer 0 head 0's weights on the first eval example (rows: queries, "
+                      "columns: keys; white 0, dark blue 1), at initialisation and at the end, "
+                      "every arm at peak lr " +
+                          lr_label(lr) + ", first seed." +
+                          (recall ? " The red box is the correct key for the final query." : ""),
+                      "",
+                      {}};
+    for (const auto& arm : arms)
+      if (const RunRecord* r = first_run({g.name, steps, arm, max_dk}, lr))
+        for (auto& h : run_heatmaps(out + "/" + r->dir + "/attention.json", arm))
+          maps.heatmaps.push_back(std::move(h));
+    plots.figures.push_back(std::move(maps));
   }
 
-  {  // 3. attention health over training at the largest d_k, for every arm at every LR.
+  {  // The softmax Jacobian at initialisation vs d_k (the first budget's runs).
     std::ostringstream dat, gp;
-    const std::string name = prefix + "_attention_dk" + std::to_string(max_dk);
-    // The middle LR of the sweep: one LR for every arm, so the arms are compared like for like.
-    const double lr = g.lrs[g.lrs.size() / 2];
-    int block = 0;
+    const std::string name = prefix + "_jacobian_init";
     for (const auto& arm : arms) {
-      const RunRecord* r = rec(arm, max_dk, lr, seed0);
-      dat << "# mode " << arm << " lr " << lr
-          << "\n# step entropy max_abs_logit saturated_fraction jacobian_norm recall_mass\n";
-      if (r) {
-        const Table t = read_csv(out + "/" + r->dir + "/metrics.csv");
-        const int cs = t.col("step"), ce = t.col("l0h0_entropy"), cm = t.col("l0h0_max_logit"),
-                  cf = t.col("l0h0_saturated"), cj = t.col("l0h0_jacobian"),
-                  cr = t.col("l0h0_recall_mass");
-        for (const auto& row : t.rows) {
-          if (cs < 0 || ce < 0 || cm < 0 || cf < 0 || cj < 0) break;
-          dat << row[cs] << ' ' << row[ce] << ' ' << row[cm] << ' ' << row[cf] << ' ' << row[cj]
-              << ' ' << (cr >= 0 ? row[cr] : std::nan("")) << '\n';
-        }
+      dat << "# mode " << arm << "\n# d_k jacobian_norm_at_step_0(mean over runs) ci_lo ci_hi\n";
+      const auto data_start = dat.tellp();
+      for (int d : dks) {
+        std::vector<double> j;
+        for (const auto* r : cell_runs(runs, {g.name, budgets.front(), arm, d}, -1))
+          j.push_back(r->init_jacobian);
+        const Interval ci = bootstrap_mean_interval(j);
+        if (!j.empty()) dat << d << ' ' << mean(j) << ' ' << ci.lo << ' ' << ci.hi << '\n';
       }
-      dat << "\n\n";
-      ++block;
+      end_block(dat, data_start, 4);
     }
-    gp << gp_header(name + ".png", 1100, 800,
-                    g.name + ": attention during training, d_k = " + std::to_string(max_dk) +
-                        ", peak lr = " + lr_label(lr),
-                    "2,2")
-       << "set xlabel 'step'\n";
-    const char* titles[4] = {"attention entropy (nats)", "max |scaled logit| (log scale)",
-                             "fraction of rows with max weight > 0.99",
-                             "attention mass on the correct key"};
-    const int cols[4] = {2, 3, 4, 6};
-    for (int p = 0; p < 4; ++p) {
-      gp << "set title '" << titles[p] << "'\n"
-         << (p == 1 ? "set logscale y\n" : "unset logscale y\n")
-         << (p >= 2 ? "set yrange [0:1.05]\n" : "set autoscale y\n") << "plot ";
-      for (int a = 0; a < block; ++a)
-        gp << (a ? ", " : "") << "'" << name << ".dat' index " << a << " using 1:" << cols[p]
-           << " with lines lw 2 title '" << arms[static_cast<std::size_t>(a)] << "'";
-      gp << '\n';
-    }
-    gp << "unset multiplot\n";
-    render(name, dat.str(), gp.str());
+    gp << gp_header(name + ".svg", 640, 440, g.name + ": softmax Jacobian norm at initialisation",
+                    "1,1")
+       << "set logscale x 2\nset logscale y\nset xlabel 'd_k'\nset ylabel "
+          "'mean ||diag(p) - p p^T||_F at step 0'\nset key bottom left\nplot ";
+    for (std::size_t a = 0; a < arms.size(); ++a)
+      gp << (a ? ", " : "") << "'" << name << ".dat' index " << a
+         << " using 1:2:3:4 with yerrorlines lw 2 pt 7 title '" << arms[a] << "'";
+    gp << "\nunset multiplot\n";
+    plots.figures.push_back(
+        {"The softmax Jacobian at initialisation vs d_k",
+         "Layer 0 head 0, mean over the eval queries, then over runs (95% bootstrap). A "
+         "saturated softmax passes almost no gradient: this is the seed note's argument, "
+         "measured.",
+         render(name, dat.str(), gp.str()),
+         {}});
   }
-  return pngs;
+  return plots;
+}
+
+// n peak LRs from `from` up in half-decades (1e-4, 3.16e-4, 1e-3, ...), rounded to 3 digits.
+std::vector<double> half_decades(double from, int n) {
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i) {
+    const double x = from * std::pow(10.0, 0.5 * i);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", x);
+    v.push_back(std::strtod(buf, nullptr));
+  }
+  return v;
+}
+
+// The quick preset's grid: the three modes × d_k {16, 64, 256} × 8 peak LRs from 1e-4 to 0.316 in
+// half-decades (wide enough that every mode's window shows both edges) × 5 seeds, 400 steps.
+StudyGroup quick_group() {
+  StudyGroup g;
+  g.name = "recall/adamw";
+  g.base = study_base(kQuickSteps, kQuickBatch);
+  // 16 pairs over 32 keys and 32 values: learnable by one head within the quick budget; the task
+  // defaults (32 pairs over 64 symbols) take 3-4x longer per step.
+  g.base.task.keys = 32;
+  g.base.task.values = 32;
+  g.base.task.pairs = 16;
+  g.arms = {kNone, kSqrt, kDk};
+  g.d_k = {16, 64, 256};
+  g.lrs = half_decades(1e-4, 8);
+  g.seeds = {0, 1, 2, 3, 4};
+  return g;
 }
 
 }  // namespace
@@ -304,46 +522,60 @@ StudyPlan study_preset(const std::string& preset) {
     g.seeds = {0};
     plan.groups.push_back(g);
   } else if (preset == "quick") {
-    StudyGroup g;
-    g.name = "recall/adamw";
-    g.base = study_base(kQuickSteps, kQuickBatch);
-    // 16 pairs over 32 keys and 32 values (T = 17): learnable by one head within the quick
-    // budget; the task defaults (32 pairs over 64 symbols) are the full preset's.
-    g.base.task.keys = 32;
-    g.base.task.values = 32;
-    g.base.task.pairs = 16;
-    g.arms = {kNone, kSqrt, kDk};
-    g.d_k = {16, 64, 256};
-    g.lrs = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1};
-    g.seeds = {0, 1};
-    plan.groups.push_back(g);
+    plan.groups.push_back(quick_group());
   } else if (preset == "full") {
-    StudyGroup a;
-    a.name = "recall/adamw";
-    a.base = study_base(2000, 32);
-    a.arms = {kNone, kSqrt, kDk, kQkNorm, kLearnable};
-    a.d_k = {4, 16, 64, 256, 1024};
-    a.lrs = {3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1};
-    a.seeds = {0, 1, 2};
+    // Sized to finish within 60 minutes on 2 cores with --jobs 2 (data/results/full/report.html
+    // gives its wall time). The cuts that make it fit: the recall task is the quick preset's (16
+    // pairs) at d_k <= 256, and only the three scaling modes on recall get the 1600-step budget
+    // and 5 seeds at every budget; the stabilisers have 5 seeds at 400 steps; SGD and mqar have 3
+    // seeds at 400 steps (mqar: 6 LRs up to 0.0316); the text arm 2 seeds of 150 steps at 5 LRs.
+    StudyGroup a = quick_group();
+    a.budgets = {kQuickSteps, 4 * kQuickSteps};
     plan.groups.push_back(a);
-    StudyGroup s = a;
+    StudyGroup st = quick_group();
+    st.name = "recall/adamw-stabilisers";
+    st.arms = {kQkNorm, kLearnable};
+    plan.groups.push_back(st);
+    StudyGroup s = quick_group();
     s.name = "recall/sgd";
     s.base.optimizer = "sgd";
     s.base.momentum = 0.9;
-    s.arms = {kNone, kSqrt, kDk};
-    s.lrs = {1e-2, 3e-2, 1e-1, 3e-1, 1, 3, 10};
+    s.lrs = half_decades(1e-2, 8);
+    s.seeds = {0, 1, 2};
     plan.groups.push_back(s);
-    StudyGroup m = a;
+    StudyGroup m = quick_group();
     m.name = "mqar/adamw";
     m.base.task.kind = TaskKind::mqar;
-    m.base.task.pairs = 16;
-    m.base.task.queries = 8;
+    m.base.task.keys = 32;
+    m.base.task.values = 32;
+    m.base.task.pairs = 8;
+    m.base.task.queries = 4;
     m.base.model.layers = 2;
     m.base.model.positions = PositionEncoding::learned;
     m.base.model.block.attention.sdpa.causal = true;
-    m.arms = {kNone, kSqrt, kDk};
-    m.d_k = {16, 64, 256};
+    m.lrs = half_decades(1e-4, 6);
+    m.seeds = {0, 1, 2};
     plan.groups.push_back(m);
+    StudyGroup t = quick_group();
+    t.name = "text/adamw";
+    t.base.task.kind = TaskKind::text;
+    t.base.task.block = 64;
+    t.base.data_file = "data/shakespeare/plays.txt";
+    t.base.model.layers = 2;
+    t.base.model.block.attention.heads = 2;
+    t.base.model.block.attention.d_model = 64;
+    t.base.model.block.attention.d_v = 32;
+    t.base.model.block.attn_only = false;
+    t.base.model.block.attention.sdpa.causal = true;
+    t.base.model.positions = PositionEncoding::learned;
+    t.base.steps = 150;
+    t.base.warmup = 15;
+    t.base.eval_every = 15;
+    t.base.batch = 16;
+    t.base.eval_size = 64;
+    t.lrs = half_decades(1e-3, 5);
+    t.seeds = {0, 1};
+    plan.groups.push_back(t);
   } else {
     throw std::invalid_argument("study: preset expected micro|quick|full, got '" + preset + "'");
   }
@@ -353,10 +585,10 @@ StudyPlan study_preset(const std::string& preset) {
 namespace {
 TrainConfig job_config(const Job& job, const StudyOptions& options) {
   TrainConfig c = job.group->base;
-  if (options.steps > 0) {
-    c.steps = options.steps;
-    c.warmup = options.steps / 10;
-    c.eval_every = std::max(1, options.steps / 20);
+  if (job.steps != c.steps) {  // a budget of the grid, or --steps: warmup and evals scale with it
+    c.steps = job.steps;
+    c.warmup = job.steps / 10;
+    c.eval_every = std::max(1, job.steps / 20);
   }
   c.model.block.attention.sdpa.scaling = job.arm.scaling;
   c.model.block.attention.qk_norm = job.arm.qk_norm;
@@ -370,23 +602,87 @@ TrainConfig job_config(const Job& job, const StudyOptions& options) {
 }
 }  // namespace
 
+namespace {
+// summary.csv, summary.md, the figures and report.html of a finished study's records.
+StudyOutcome write_outputs(const StudyPlan& plan, const std::vector<StudyGroup>& groups,
+                           std::vector<RunRecord> records, const StudyOptions& options,
+                           double wall) {
+  mark_working(records);
+  StudyOutcome outcome;
+  outcome.runs = records;
+  double var = 0;
+  for (const auto& r : records) var += r.init_qk_var_ratio;
+  if (options.progress && !records.empty())
+    std::printf(
+        "premise check: Var(q.k)/d_k at step 0 = %.3f (mean over %zu runs; ~1 means q.k "
+        "has variance ~d_k)\n",
+        var / static_cast<double>(records.size()), records.size());
+  outcome.summary_csv = options.out + "/summary.csv";
+  outcome.summary_md = options.out + "/summary.md";
+  outcome.report_html = options.out + "/report.html";
+  const std::string title =
+      "attnlab study, preset '" + plan.preset + "': attention scaling vs training stability";
+  write_text_file(outcome.summary_csv, summary_csv(records));
+  write_text_file(outcome.summary_md, summary_markdown(records, title));
+  ReportPage page;
+  page.title = title;
+  page.sections = summary_sections(records);
+  for (const auto& g : groups) {
+    GroupPlots p = plot_group(options.out, g, records, outcome.plot_error);
+    outcome.plots.insert(outcome.plots.end(), p.files.begin(), p.files.end());
+    page.headline.insert(page.headline.end(), p.headline.begin(), p.headline.end());
+    page.figure_groups.emplace_back(g.name, std::move(p.figures));
+  }
+  double cpu = 0;
+  for (const auto& r : records) cpu += r.seconds;
+  std::ostringstream intro;
+  intro << "<p>" << records.size() << " training runs";
+  if (wall > 0)
+    intro << " in " << static_cast<long>(wall) << " s of wall time with " << options.jobs
+          << " job(s)";
+  intro << "; the runs' own times add up to " << static_cast<long>(cpu)
+        << " s. Each run trains one model from scratch; "
+           "within a seed every arm starts from the same weights and sees the same batches. The "
+           "data behind every figure is in the <code>.dat</code> file beside it, every run's "
+           "numbers in <code>summary.csv</code>, and its curves in <code>runs/</code>. 1/d_k is "
+           "the µP choice, made on purpose: it is an arm of the study, not a mistake.</p>";
+  page.intro_html = intro.str();
+  write_text_file(outcome.report_html, report_html(page));
+  return outcome;
+}
+}  // namespace
+
 StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const Context& context) {
   check_arg(options.jobs >= 1, "study", "jobs", ">= 1", std::to_string(options.jobs));
   const auto t0 = Clock::now();
   std::filesystem::create_directories(options.out);
   std::vector<Job> jobs;
-  // Largest d_k first: the slowest runs start early, so the parallel tail is short.
-  for (const auto& g : plan.groups) {
+  // The groups with their tasks prepared once (a text task reads its characters here).
+  std::vector<StudyGroup> groups = plan.groups;
+  for (auto& g : groups) {
+    try {
+      prepare_task(g.base);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("study: group '" + g.name + "': " + e.what());
+    }
+  }
+  // Largest budget and d_k first: the slowest runs start early, so the parallel tail is short.
+  for (const auto& g : groups) {
     std::vector<int> dks = g.d_k;
     std::sort(dks.rbegin(), dks.rend());
-    for (int d : dks)
-      for (const auto& arm : g.arms)
-        for (double lr : g.lrs)
-          for (auto seed : g.seeds)
-            jobs.push_back({&g, arm, d, lr, seed,
-                            "runs/" + sanitize(g.name) + "/" + arm.name + "_dk" +
-                                std::to_string(d) + "_lr" + lr_label(lr) + "_s" +
-                                std::to_string(seed)});
+    std::vector<int> budgets = g.budgets.empty() ? std::vector<int>{g.base.steps} : g.budgets;
+    if (options.steps > 0) budgets = {options.steps};
+    std::sort(budgets.rbegin(), budgets.rend());
+    for (int steps : budgets)
+      for (int d : dks)
+        for (const auto& arm : g.arms)
+          for (double lr : g.lrs)
+            for (auto seed : g.seeds)
+              jobs.push_back({&g, arm, d, lr, seed, steps,
+                              "runs/" + sanitize(g.name) + "/" + arm.name + "_dk" +
+                                  std::to_string(d) + "_lr" + lr_label(lr) + "_s" +
+                                  std::to_string(seed) +
+                                  (budgets.size() > 1 ? "_n" + std::to_string(steps) : "")});
   }
   for (const Job& job : jobs) {  // a bad grid fails before any run starts
     try {
@@ -416,6 +712,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
       r.lr = job.lr;
       r.seed = static_cast<int>(job.seed);
       r.steps = c.steps;
+      r.has_target = c.task.kind != TaskKind::text;
       r.dir = job.dir;
       try {
         Context job_context;  // its own; the stop flag it points to is an atomic, only read
@@ -431,6 +728,10 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
         r.diverged_step = t.diverged_step;
         r.init_qk_var_ratio = t.init_qk_var_ratio;
         r.seconds = t.seconds;
+        const Table m = read_csv(c.out + "/metrics.csv");
+        const int cj = m.col("l0h0_jacobian");
+        r.init_jacobian = cj >= 0 && !m.rows.empty() ? m.rows.front()[static_cast<std::size_t>(cj)]
+                                                     : std::nan("");
       } catch (...) {
         std::lock_guard lock(print_mutex);
         if (!failure) failure = std::current_exception();
@@ -461,25 +762,47 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
   progress = nullptr;  // ends the bar's line
   if (failure) std::rethrow_exception(failure);
 
-  StudyOutcome outcome;
-  outcome.runs = records;
-  double var = 0;
-  for (const auto& r : records) var += r.init_qk_var_ratio;
-  if (options.progress && !records.empty())
-    std::printf(
-        "premise check: Var(q.k)/d_k at step 0 = %.3f (mean over %zu runs; ~1 means q.k "
-        "has variance ~d_k)\n",
-        var / static_cast<double>(records.size()), records.size());
-  outcome.summary_csv = options.out + "/summary.csv";
-  outcome.summary_md = options.out + "/summary.md";
-  write_text_file(outcome.summary_csv, summary_csv(records));
-  write_text_file(outcome.summary_md,
-                  summary_markdown(records, "attnlab study, preset '" + plan.preset +
-                                                "': attention scaling vs training stability"));
-  for (const auto& g : plan.groups) {
-    const auto pngs = plot_group(options.out, g, records, outcome.plot_error);
-    outcome.plots.insert(outcome.plots.end(), pngs.begin(), pngs.end());
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  write_text_file(options.out + "/study.json", nlohmann::json{{"preset", plan.preset},
+                                                              {"runs", records.size()},
+                                                              {"jobs", options.jobs},
+                                                              {"wall_seconds", wall}}
+                                                       .dump(2) +
+                                                   "\n");
+  // As summary.csv holds them, so that report_study writes the same page again.
+  for (auto& r : records) r.seconds = std::round(r.seconds * 100) / 100;
+  StudyOutcome outcome = write_outputs(plan, groups, std::move(records), options, wall);
+  outcome.seconds = wall;
+  return outcome;
+}
+
+StudyOutcome report_study(const StudyPlan& plan, const StudyOptions& options) {
+  const auto t0 = Clock::now();
+  std::vector<RunRecord> records = read_summary_csv(options.out + "/summary.csv");
+  double wall = 0;
+  int jobs = options.jobs;
+  if (std::ifstream in(options.out + "/study.json"); in) {
+    try {
+      const auto j = nlohmann::json::parse(in);
+      wall = j.value("wall_seconds", 0.0);
+      jobs = j.value("jobs", jobs);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument(options.out + "/study.json: " + e.what());
+    }
   }
+  std::vector<StudyGroup> groups = plan.groups;
+  for (auto& r : records) {
+    const auto g = std::find_if(groups.begin(), groups.end(),
+                                [&](const StudyGroup& x) { return x.name == r.group; });
+    if (g == groups.end())
+      throw std::invalid_argument("study --report-only: " + options.out +
+                                  "/summary.csv has group '" + r.group + "', which the plan '" +
+                                  plan.preset + "' does not have");
+    r.has_target = g->base.task.kind != TaskKind::text;
+  }
+  StudyOptions o = options;
+  o.jobs = jobs;
+  StudyOutcome outcome = write_outputs(plan, groups, std::move(records), o, wall);
   outcome.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return outcome;
 }

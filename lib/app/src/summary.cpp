@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 
 namespace attnlab::app {
@@ -18,24 +21,80 @@ std::string fmt(const char* f, double x) {
   return buf;
 }
 
-// Modes in a fixed, readable order; unknown arms after them alphabetically.
 int mode_rank(const std::string& m) {
   static const std::vector<std::string> order = {"none", "sqrt_dk", "dk", "qk_norm", "learnable"};
   const auto it = std::find(order.begin(), order.end(), m);
   return it == order.end() ? 100 : static_cast<int>(it - order.begin());
 }
 
-std::vector<std::string> sorted_modes(const std::set<std::string>& modes) {
-  std::vector<std::string> v(modes.begin(), modes.end());
-  std::stable_sort(v.begin(), v.end(), [](const std::string& a, const std::string& b) {
-    return std::make_tuple(mode_rank(a), a) < std::make_tuple(mode_rank(b), b);
-  });
-  return v;
+// A number in format f, or in %.3g when it is too large for f's fixed point to read well (an SGD
+// run whose loss blew up to 1e24 without becoming non-finite).
+std::string num(const char* f, double x) {
+  return std::fabs(x) >= 1e5 ? fmt("%.3g", x) : fmt(f, x);
 }
 
-// The loss a run contributes to means: a diverged run counts as its loss at initialisation.
-double effective_loss(const RunRecord& r) {
-  return r.diverged || !std::isfinite(r.final_eval_loss) ? r.init_eval_loss : r.final_eval_loss;
+std::string with_ci(const char* f, double m, const Interval& ci) {
+  if (!std::isfinite(ci.lo)) return num(f, m);
+  return num(f, m) + " [" + num(f, ci.lo) + ", " + num(f, ci.hi) + "]";
+}
+
+std::string proportion(int k, int n) {
+  const Interval w = wilson_interval(k, n);
+  return std::to_string(k) + "/" + std::to_string(n) + " [" + fmt("%.2f", w.lo) + ", " +
+         fmt("%.2f", w.hi) + "]";
+}
+
+// A group's budgets and d_k values, sorted.
+template <class F>
+std::vector<int> distinct(const std::vector<RunRecord>& runs, const std::string& group, F field) {
+  std::set<int> s;
+  for (const auto& r : runs)
+    if (r.group == group) s.insert(field(r));
+  return {s.begin(), s.end()};
+}
+
+bool group_has_target(const std::vector<RunRecord>& runs, const std::string& group) {
+  for (const auto& r : runs)
+    if (r.group == group) return r.has_target;
+  return true;
+}
+
+int count_works(const std::vector<const RunRecord*>& rs) {
+  int k = 0;
+  for (const auto* r : rs) k += r->works ? 1 : 0;
+  return k;
+}
+
+// At one budget, the best LR's success: "solves" when its Wilson interval lies above 1/2, "fails"
+// when below.
+struct BestCell {
+  double lr = 0;
+  int k = 0, n = 0;
+  int verdict = 0;  // 1 solves, -1 fails, 0 undecided
+};
+BestCell best_cell(const std::vector<RunRecord>& runs, const CellKey& key,
+                   const std::vector<double>& lrs) {
+  BestCell b;
+  double best_rate = -1, best_loss = std::numeric_limits<double>::infinity();
+  for (double lr : lrs) {
+    const auto rs = cell_runs(runs, key, lr);
+    if (rs.empty()) continue;
+    const int k = count_works(rs);
+    const double rate = static_cast<double>(k) / static_cast<double>(rs.size());
+    const double loss = loss_stat(rs).mean;
+    if (rate > best_rate || (rate == best_rate && loss < best_loss)) {
+      best_rate = rate;
+      best_loss = loss;
+      b.lr = lr;
+      b.k = k;
+      b.n = static_cast<int>(rs.size());
+    }
+  }
+  if (b.n > 0) {
+    const Interval w = wilson_interval(b.k, b.n);
+    b.verdict = w.lo > 0.5 ? 1 : (w.hi < 0.5 ? -1 : 0);
+  }
+  return b;
 }
 
 }  // namespace
@@ -43,6 +102,29 @@ double effective_loss(const RunRecord& r) {
 bool run_failed(const RunRecord& r) {
   return r.diverged || !std::isfinite(r.final_eval_loss) ||
          r.final_eval_loss >= kFailedFraction * r.init_eval_loss;
+}
+
+double effective_loss(const RunRecord& r) {
+  return r.diverged || !std::isfinite(r.final_eval_loss) ? r.init_eval_loss : r.final_eval_loss;
+}
+
+void mark_working(std::vector<RunRecord>& runs) {
+  std::map<std::tuple<std::string, int, int>, double> best;  // (group, steps, d_k) -> best loss
+  for (const auto& r : runs) {
+    if (r.has_target || r.diverged || !std::isfinite(r.final_eval_loss)) continue;
+    const auto key = std::make_tuple(r.group, r.steps, r.d_k);
+    const auto it = best.find(key);
+    if (it == best.end() || r.final_eval_loss < it->second) best[key] = r.final_eval_loss;
+  }
+  for (auto& r : runs) {
+    if (r.has_target) {
+      r.works = !r.diverged && r.steps_to_target >= 0;
+    } else {
+      const auto it = best.find(std::make_tuple(r.group, r.steps, r.d_k));
+      r.works =
+          !run_failed(r) && it != best.end() && r.final_eval_loss <= kTextWorkMargin * it->second;
+    }
+  }
 }
 
 double lr_sensitivity(const std::vector<double>& loss_per_lr, double loss_init) {
@@ -54,172 +136,379 @@ double lr_sensitivity(const std::vector<double>& loss_per_lr, double loss_init) 
   return sum / static_cast<double>(loss_per_lr.size());
 }
 
+std::vector<const RunRecord*> cell_runs(const std::vector<RunRecord>& runs, const CellKey& key,
+                                        double lr) {
+  std::vector<const RunRecord*> out;
+  for (const auto& r : runs)
+    if (r.group == key.group && r.steps == key.steps && r.mode == key.mode && r.d_k == key.d_k &&
+        (lr < 0 || r.lr == lr))
+      out.push_back(&r);
+  return out;
+}
+
+LossStat loss_stat(const std::vector<const RunRecord*>& runs) {
+  LossStat s;
+  std::vector<double> x;
+  for (const auto* r : runs) {
+    x.push_back(effective_loss(*r));
+    s.diverged += r->diverged ? 1 : 0;
+  }
+  s.n = static_cast<int>(x.size());
+  s.mean = mean(x);
+  s.ci = bootstrap_mean_interval(x);
+  return s;
+}
+
+std::vector<double> sweep_lrs(const std::vector<RunRecord>& runs, const std::string& group,
+                              int steps) {
+  std::set<double> s;
+  for (const auto& r : runs)
+    if (r.group == group && (steps <= 0 || r.steps == steps)) s.insert(r.lr);
+  return {s.begin(), s.end()};
+}
+
+std::vector<std::string> ordered_modes(const std::vector<RunRecord>& runs,
+                                       const std::string& group) {
+  std::set<std::string> set;
+  for (const auto& r : runs)
+    if (r.group == group) set.insert(r.mode);
+  std::vector<std::string> v(set.begin(), set.end());
+  std::stable_sort(v.begin(), v.end(), [](const std::string& a, const std::string& b) {
+    return std::make_tuple(mode_rank(a), a) < std::make_tuple(mode_rank(b), b);
+  });
+  return v;
+}
+
+WindowStat window_stat(const std::vector<RunRecord>& runs, const CellKey& key) {
+  WindowStat w;
+  const std::vector<double> lrs = sweep_lrs(runs, key.group, key.steps);
+  std::map<int, std::vector<bool>> per_seed;  // seed -> works per LR
+  for (std::size_t i = 0; i < lrs.size(); ++i)
+    for (const auto* r : cell_runs(runs, key, lrs[i])) {
+      auto& v = per_seed[r->seed];
+      v.resize(lrs.size(), false);
+      v[i] = r->works;
+      if (r->works) {
+        w.lo_lr = w.lo_lr == 0 ? lrs[i] : std::min(w.lo_lr, lrs[i]);
+        w.hi_lr = std::max(w.hi_lr, lrs[i]);
+      }
+    }
+  if (lrs.size() < 2 || per_seed.empty()) return w;
+  std::vector<double> widths;
+  std::vector<std::vector<bool>> works;
+  for (const auto& [seed, v] : per_seed) {
+    widths.push_back(window_decades(lrs, v));
+    works.push_back(v);
+  }
+  w.seeds = static_cast<int>(widths.size());
+  w.mean = mean(widths);
+  w.ci = bootstrap_mean_interval(widths);
+  w.edges = window_edges(works);
+  return w;
+}
+
 std::string summary_csv(const std::vector<RunRecord>& runs) {
   std::ostringstream os;
   os << "group,mode,d_k,lr,seed,steps,init_eval_loss,final_eval_loss,final_eval_acc,"
-        "steps_to_95,failed,diverged,diverged_step,init_qk_var_ratio,seconds,dir\n";
+        "steps_to_95,failed,diverged,diverged_step,works,init_qk_var_ratio,init_jacobian,"
+        "seconds,dir\n";
   for (const auto& r : runs) {
     os << r.group << ',' << r.mode << ',' << r.d_k << ',' << fmt("%g", r.lr) << ',' << r.seed << ','
        << r.steps << ',' << fmt("%.6g", r.init_eval_loss) << ','
        << (std::isfinite(r.final_eval_loss) ? fmt("%.6g", r.final_eval_loss) : "nan") << ','
        << fmt("%.4f", r.final_eval_acc) << ',' << r.steps_to_target << ','
        << (run_failed(r) ? 1 : 0) << ',' << (r.diverged ? 1 : 0) << ',' << r.diverged_step << ','
-       << fmt("%.4f", r.init_qk_var_ratio) << ',' << fmt("%.2f", r.seconds) << ',' << r.dir << '\n';
+       << (r.works ? 1 : 0) << ',' << fmt("%.4f", r.init_qk_var_ratio) << ','
+       << fmt("%.6g", r.init_jacobian) << ',' << fmt("%.2f", r.seconds) << ',' << r.dir << '\n';
   }
   return os.str();
+}
+
+std::vector<RunRecord> read_summary_csv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(path + ": cannot open the study's summary");
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::string> header;
+  {
+    std::stringstream hs(line);
+    for (std::string c; std::getline(hs, c, ',');) header.push_back(c);
+  }
+  const auto col = [&](const char* name) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    if (it == header.end())
+      throw std::invalid_argument(path + ": expected a column '" + name + "', the header is '" +
+                                  line + "'");
+    return static_cast<std::size_t>(it - header.begin());
+  };
+  const std::size_t c_group = col("group"), c_mode = col("mode"), c_dk = col("d_k"),
+                    c_lr = col("lr"), c_seed = col("seed"), c_steps = col("steps"),
+                    c_init = col("init_eval_loss"), c_final = col("final_eval_loss"),
+                    c_acc = col("final_eval_acc"), c_target = col("steps_to_95"),
+                    c_div = col("diverged"), c_div_step = col("diverged_step"),
+                    c_var = col("init_qk_var_ratio"), c_jac = col("init_jacobian"),
+                    c_sec = col("seconds"), c_dir = col("dir");
+  std::vector<RunRecord> runs;
+  for (int n = 2; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    if (cells.size() != header.size())
+      throw std::invalid_argument(path + ": line " + std::to_string(n) + ": expected " +
+                                  std::to_string(header.size()) + " cells, got " +
+                                  std::to_string(cells.size()));
+    try {
+      RunRecord r;
+      r.group = cells[c_group];
+      r.mode = cells[c_mode];
+      r.d_k = std::stoi(cells[c_dk]);
+      r.lr = std::stod(cells[c_lr]);
+      r.seed = std::stoi(cells[c_seed]);
+      r.steps = std::stoi(cells[c_steps]);
+      r.init_eval_loss = std::stod(cells[c_init]);
+      r.final_eval_loss = std::stod(cells[c_final]);  // "nan" reads as NaN
+      r.final_eval_acc = std::stod(cells[c_acc]);
+      r.steps_to_target = std::stoi(cells[c_target]);
+      r.diverged = cells[c_div] == "1";
+      r.diverged_step = std::stoi(cells[c_div_step]);
+      r.init_qk_var_ratio = std::stod(cells[c_var]);
+      r.init_jacobian = std::stod(cells[c_jac]);
+      r.seconds = std::stod(cells[c_sec]);
+      r.dir = cells[c_dir];
+      runs.push_back(std::move(r));
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument(path + ": line " + std::to_string(n) +
+                                  ": expected numbers, got '" + line + "'");
+    }
+  }
+  return runs;
+}
+
+std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) {
+  std::vector<ReportSection> sections;
+  std::vector<std::string> groups;
+  for (const auto& r : runs)
+    if (std::find(groups.begin(), groups.end(), r.group) == groups.end()) groups.push_back(r.group);
+  for (const auto& g : groups) {
+    const auto modes = ordered_modes(runs, g);
+    const auto dks = distinct(runs, g, [](const RunRecord& r) { return r.d_k; });
+    const auto budgets = distinct(runs, g, [](const RunRecord& r) { return r.steps; });
+    const auto seeds = distinct(runs, g, [](const RunRecord& r) { return r.seed; });
+    const auto lrs = sweep_lrs(runs, g);
+    const bool target = group_has_target(runs, g);
+    const std::string works_def =
+        target ? "reached " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy"
+               : "ended within " + fmt("%.0f", 100 * (kTextWorkMargin - 1)) +
+                     "% of the best final eval loss at its d_k and budget";
+    std::vector<std::string> lr_header = {"mode", "d_k"};
+    for (double lr : lrs) lr_header.push_back("lr " + fmt("%g", lr));
+
+    for (int steps : budgets) {
+      ReportSection s;
+      s.heading = g + ", " + std::to_string(steps) + " steps";
+      double var = 0;
+      int n = 0;
+      for (const auto& r : runs)
+        if (r.group == g && r.steps == steps) {
+          var += r.init_qk_var_ratio;
+          ++n;
+        }
+      s.intro = std::to_string(seeds.size()) + " seed(s) per cell, " + std::to_string(lrs.size()) +
+                " peak LRs, " + std::to_string(steps) + " steps per run, " + std::to_string(n) +
+                " runs. Var(q·k)/d_k at step 0, mean over runs: " + fmt("%.3f", n ? var / n : 0) +
+                " (the premise: q·k has variance ≈ d_k at initialisation). A run works when it " +
+                works_def + ". Intervals: 95% bootstrap over seeds for means, 95% Wilson for k/n.";
+
+      ReportTable loss{"Final eval loss",
+                       "Mean over seeds [95% bootstrap interval]; a diverged seed counts as its "
+                       "loss at initialisation and is marked (k div); `div`: every seed diverged.",
+                       lr_header,
+                       {}};
+      ReportTable reach{"Steps to " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy",
+                        "Mean [95% bootstrap interval] over the seeds that reached it, with k/n "
+                        "seeds; `—`: no seed reached it.",
+                        lr_header,
+                        {}};
+      ReportTable success{"Success, failure and divergence over all LRs and seeds",
+                          "works: " + works_def + "; failed: final eval loss ≥ " +
+                              fmt("%.1f", kFailedFraction) +
+                              " × the loss at initialisation, or diverged (a run that learned "
+                              "nothing at all); best LR: the LR with the most working seeds "
+                              "(ties: the lower mean loss). `works (all LRs)` pools LRs whose "
+                              "success rates differ: it describes the sweep and has no interval.",
+                          {"mode", "d_k", "works (all LRs)", "best LR", "works at best LR [Wilson]",
+                           "failed", "diverged"},
+                          {}};
+      ReportTable window{
+          "LR window",
+          "Width: the working LRs of each seed × the grid spacing, in decades; mean "
+          "over seeds [95% bootstrap]. An edge is seen when the grid's end LR fails "
+          "for every seed: without both, the true window may be wider.",
+          {"mode", "d_k", "width (decades)", "working LRs", "lower edge seen", "upper edge seen"},
+          {}};
+      ReportTable sens{"LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322)",
+                       "E over the LR sweep of [min(loss(lr), loss_init) − min over LRs of loss], "
+                       "from seed-mean losses, a diverged run counted as loss_init. Lower means "
+                       "less sensitive, **but** a mode that fails at every LR also reads near zero "
+                       "(all its losses sit at loss_init): read it with `best loss` and the "
+                       "failures.",
+                       {"mode", "d_k", "LR sensitivity", "best loss", "loss_init"},
+                       {}};
+      ReportTable jac{"Softmax Jacobian at initialisation",
+                      "Layer 0 head 0's mean ‖diag(p) − p pᵀ‖_F over the eval queries at step 0, "
+                      "mean over runs [95% bootstrap]: the seed note's vanishing gradient, "
+                      "measured. Saturated rows have a Jacobian near 0.",
+                      {"mode", "d_k", "Jacobian norm at step 0", "Var(q·k)/d_k at step 0"},
+                      {}};
+      for (const auto& m : modes)
+        for (int d : dks) {
+          const CellKey key{g, steps, m, d};
+          const auto all = cell_runs(runs, key, -1);
+          if (all.empty()) continue;
+          std::vector<std::string> lrow = {m, std::to_string(d)}, rrow = lrow;
+          std::vector<double> per_lr;
+          double init = 0;
+          for (const auto* r : all) init += r->init_eval_loss;
+          init /= static_cast<double>(all.size());
+          for (double lr : lrs) {
+            const auto rs = cell_runs(runs, key, lr);
+            if (rs.empty()) {
+              lrow.push_back("");
+              rrow.push_back("");
+              continue;
+            }
+            const LossStat ls = loss_stat(rs);
+            per_lr.push_back(ls.mean);
+            lrow.push_back(
+                ls.diverged == ls.n
+                    ? "div"
+                    : with_ci("%.3f", ls.mean, ls.ci) +
+                          (ls.diverged ? " (" + std::to_string(ls.diverged) + " div)" : ""));
+            std::vector<double> reached;
+            for (const auto* r : rs)
+              if (r->steps_to_target >= 0 && !r->diverged) reached.push_back(r->steps_to_target);
+            rrow.push_back(reached.empty()
+                               ? "—"
+                               : with_ci("%.0f", mean(reached), bootstrap_mean_interval(reached)) +
+                                     " (" + std::to_string(reached.size()) + "/" +
+                                     std::to_string(rs.size()) + ")");
+          }
+          loss.rows.push_back(lrow);
+          reach.rows.push_back(rrow);
+
+          int failed = 0, diverged = 0;
+          std::vector<double> jacs, vars;
+          for (const auto* r : all) {
+            failed += run_failed(*r) ? 1 : 0;
+            diverged += r->diverged ? 1 : 0;
+            jacs.push_back(r->init_jacobian);
+            vars.push_back(r->init_qk_var_ratio);
+          }
+          const BestCell b = best_cell(runs, key, lrs);
+          success.rows.push_back(
+              {m, std::to_string(d),
+               std::to_string(count_works(all)) + "/" + std::to_string(all.size()), fmt("%g", b.lr),
+               proportion(b.k, b.n), std::to_string(failed) + "/" + std::to_string(all.size()),
+               std::to_string(diverged) + "/" + std::to_string(all.size())});
+
+          const WindowStat w = window_stat(runs, key);
+          window.rows.push_back(
+              {m, std::to_string(d), with_ci("%.2f", w.mean, w.ci),
+               w.hi_lr > 0 ? fmt("%g", w.lo_lr) + " … " + fmt("%g", w.hi_lr) : "none",
+               w.edges.lower ? "yes" : "no", w.edges.upper ? "yes" : "no"});
+
+          const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
+          sens.rows.push_back({m, std::to_string(d), fmt("%.3f", lr_sensitivity(per_lr, init)),
+                               fmt("%.3f", best), fmt("%.3f", init)});
+          jac.rows.push_back({m, std::to_string(d),
+                              with_ci("%.4f", mean(jacs), bootstrap_mean_interval(jacs)),
+                              fmt("%.3f", mean(vars))});
+        }
+      s.tables.push_back(loss);
+      if (target) s.tables.push_back(reach);
+      s.tables.push_back(success);
+      s.tables.push_back(window);
+      s.tables.push_back(sens);
+      s.tables.push_back(jac);
+      sections.push_back(std::move(s));
+    }
+
+    if (budgets.size() > 1) {
+      const int shortest = budgets.front(), longest = budgets.back();
+      ReportSection s;
+      s.heading = g + ": does a longer budget rescue a mode?";
+      s.intro =
+          "For each mode and d_k, the best LR at " + std::to_string(shortest) + " and at " +
+          std::to_string(longest) +
+          " steps (the LR with the most working seeds), and the window widths. A budget solves "
+          "the cell when the best LR's Wilson interval lies above 1/2 and fails it when the "
+          "interval lies below; otherwise the seeds leave it undecided, and the verdict says so. "
+          "With 5 seeds only 5/5 (interval [0.57, 1]) solves and only 0/5 ([0, 0.43]) fails. "
+          "The best of several LRs is an optimistic pick: read 'solves' as 'some LR of the grid "
+          "solves it'.";
+      ReportTable t{"Budget",
+                    "",
+                    {"mode", "d_k", "best at " + std::to_string(shortest),
+                     "best at " + std::to_string(longest),
+                     "window at " + std::to_string(shortest) + " (decades)",
+                     "window at " + std::to_string(longest) + " (decades)", "verdict"},
+                    {}};
+      for (const auto& m : modes)
+        for (int d : dks) {
+          const CellKey a{g, shortest, m, d}, b{g, longest, m, d};
+          if (cell_runs(runs, a, -1).empty() || cell_runs(runs, b, -1).empty()) continue;
+          const BestCell ba = best_cell(runs, a, lrs), bb = best_cell(runs, b, lrs);
+          const WindowStat wa = window_stat(runs, a), wb = window_stat(runs, b);
+          const std::string at_short = std::to_string(shortest) + " steps",
+                            at_long = std::to_string(longest) + " steps";
+          const auto state = [](int v) {
+            return v == 1 ? "works" : v == -1 ? "fails" : "undecided";
+          };
+          std::string verdict;
+          if (ba.verdict == 1 && bb.verdict == 1)
+            verdict = "works at " + at_short;
+          else if (ba.verdict == -1 && bb.verdict == 1)
+            verdict = "rescued by " + at_long;
+          else if (ba.verdict == -1 && bb.verdict == -1)
+            verdict = "not rescued";
+          else if (ba.verdict == 1 && bb.verdict == -1)
+            verdict = "works at " + at_short + ", lost at " + at_long;
+          else  // at least one budget leaves it undecided
+            verdict = std::string(state(ba.verdict)) + " at " + at_short + ", " +
+                      state(bb.verdict) + " at " + at_long;
+          t.rows.push_back(
+              {m, std::to_string(d), proportion(ba.k, ba.n) + " at lr " + fmt("%g", ba.lr),
+               proportion(bb.k, bb.n) + " at lr " + fmt("%g", bb.lr),
+               with_ci("%.2f", wa.mean, wa.ci), with_ci("%.2f", wb.mean, wb.ci), verdict});
+        }
+      s.tables.push_back(t);
+      sections.push_back(std::move(s));
+    }
+  }
+  return sections;
 }
 
 std::string summary_markdown(const std::vector<RunRecord>& runs, const std::string& title) {
   std::ostringstream os;
   os << "# " << title << "\n\n";
-  std::set<std::string> groups;
-  for (const auto& r : runs) groups.insert(r.group);
-  for (const auto& g : groups) {
-    std::set<std::string> mode_set;
-    std::set<int> dks;
-    std::set<double> lrs;
-    std::set<int> seeds;
-    // (mode, d_k, lr) -> runs over seeds
-    std::map<std::tuple<std::string, int, double>, std::vector<const RunRecord*>> cell;
-    double var_sum = 0;
-    int var_n = 0;
-    for (const auto& r : runs) {
-      if (r.group != g) continue;
-      mode_set.insert(r.mode);
-      dks.insert(r.d_k);
-      lrs.insert(r.lr);
-      seeds.insert(r.seed);
-      cell[{r.mode, r.d_k, r.lr}].push_back(&r);
-      var_sum += r.init_qk_var_ratio;
-      ++var_n;
-    }
-    const auto modes = sorted_modes(mode_set);
-    const int steps = runs.empty() ? 0 : runs.front().steps;
-    os << "## " << g << "\n\n";
-    os << seeds.size() << " seed(s) per cell, " << steps << " steps per run. "
-       << "Var(q·k)/d_k at step 0, mean over runs: " << fmt("%.3f", var_n ? var_sum / var_n : 0)
-       << " (the premise: q·k has variance ≈ d_k at initialisation).\n\n";
-
-    auto header = [&](const char* first) {
-      os << "| " << first << " | d_k |";
-      for (double lr : lrs) os << " lr " << fmt("%g", lr) << " |";
-      os << "\n|---|---|";
-      for (std::size_t i = 0; i < lrs.size(); ++i) os << "---|";
+  for (const auto& s : summary_sections(runs)) {
+    os << "## " << s.heading << "\n\n" << s.intro << "\n\n";
+    for (const auto& t : s.tables) {
+      os << "### " << t.title << "\n\n";
+      if (!t.note.empty()) os << t.note << "\n\n";
+      os << '|';
+      for (const auto& h : t.header) os << ' ' << h << " |";
+      os << "\n|";
+      for (std::size_t i = 0; i < t.header.size(); ++i) os << "---|";
       os << '\n';
-    };
-
-    os << "### Final eval loss (mean over seeds; `div` = every seed diverged, `(k div)` = k "
-          "seeds diverged and count as their initial loss)\n\n";
-    header("mode");
-    for (const auto& m : modes)
-      for (int d : dks) {
-        os << "| " << m << " | " << d << " |";
-        for (double lr : lrs) {
-          const auto it = cell.find({m, d, lr});
-          if (it == cell.end()) {
-            os << " |";
-            continue;
-          }
-          double sum = 0;
-          int ndiv = 0;
-          for (const auto* r : it->second) {
-            sum += effective_loss(*r);
-            ndiv += r->diverged ? 1 : 0;
-          }
-          const auto n = static_cast<int>(it->second.size());
-          if (ndiv == n)
-            os << " div |";
-          else
-            os << ' ' << fmt("%.3f", sum / n) << (ndiv ? " (" + std::to_string(ndiv) + " div)" : "")
-               << " |";
-        }
+      for (const auto& row : t.rows) {
+        os << '|';
+        for (const auto& c : row) os << ' ' << c << " |";
         os << '\n';
       }
-
-    os << "\n### Steps to " << fmt("%.0f", 100 * kTargetAccuracy)
-       << "% eval accuracy (median over the seeds that reached it; `—` = never; `(k/n)` = k of n "
-          "seeds reached it)\n\n";
-    header("mode");
-    for (const auto& m : modes)
-      for (int d : dks) {
-        os << "| " << m << " | " << d << " |";
-        for (double lr : lrs) {
-          const auto it = cell.find({m, d, lr});
-          if (it == cell.end()) {
-            os << " |";
-            continue;
-          }
-          std::vector<int> reached;
-          for (const auto* r : it->second)
-            if (r->steps_to_target >= 0 && !r->diverged) reached.push_back(r->steps_to_target);
-          const auto n = it->second.size();
-          if (reached.empty()) {
-            os << " — |";
-            continue;
-          }
-          std::sort(reached.begin(), reached.end());
-          os << ' ' << reached[reached.size() / 2];
-          if (reached.size() != n) os << " (" << reached.size() << '/' << n << ')';
-          os << " |";
-        }
-        os << '\n';
-      }
-
-    os << "\n### Failed and diverged runs (over all LRs and seeds)\n\n"
-       << "failed: final eval loss ≥ " << fmt("%.1f", kFailedFraction)
-       << " × the eval loss at initialisation, or diverged; diverged: a non-finite loss stopped "
-          "the run; reached 95%: the run's eval accuracy reached 95%. Note that predicting the "
-          "value marginal (uniform over V values, loss ln V) already scores below 0.9 × the loss "
-          "at initialisation when the initial logits are not uniform, so `failed` counts only "
-          "runs that learned nothing at all; `reached 95%` counts the runs that solved the "
-          "task.\n\n| mode | d_k | failed | diverged | reached 95% | runs "
-          "|\n|---|---|---|---|---|---|\n";
-    for (const auto& m : modes)
-      for (int d : dks) {
-        int failed = 0, diverged = 0, solved = 0, n = 0;
-        for (const auto& [key, rs] : cell)
-          if (std::get<0>(key) == m && std::get<1>(key) == d)
-            for (const auto* r : rs) {
-              ++n;
-              failed += run_failed(*r) ? 1 : 0;
-              diverged += r->diverged ? 1 : 0;
-              solved += (r->steps_to_target >= 0 && !r->diverged) ? 1 : 0;
-            }
-        if (n)
-          os << "| " << m << " | " << d << " | " << failed << " | " << diverged << " | " << solved
-             << " | " << n << " |\n";
-      }
-
-    os << "\n### LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322)\n\n"
-       << "E over the LR sweep of [min(loss(lr), loss_init) − min over LRs of loss], from "
-          "seed-mean "
-          "losses, with a diverged run counted as loss_init. Lower means less sensitive, **but** "
-          "a mode that fails at every LR also reads near zero (all its losses sit at loss_init): "
-          "read this column together with `best loss` and the failures above.\n\n"
-       << "| mode | d_k | LR sensitivity | best loss | loss_init |\n|---|---|---|---|---|\n";
-    for (const auto& m : modes)
-      for (int d : dks) {
-        std::vector<double> per_lr;
-        double init = 0;
-        int ninit = 0;
-        for (double lr : lrs) {
-          const auto it = cell.find({m, d, lr});
-          if (it == cell.end()) continue;
-          double sum = 0;
-          for (const auto* r : it->second) {
-            sum += effective_loss(*r);
-            init += r->init_eval_loss;
-            ++ninit;
-          }
-          per_lr.push_back(sum / static_cast<double>(it->second.size()));
-        }
-        if (per_lr.empty()) continue;
-        init /= ninit;
-        const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
-        os << "| " << m << " | " << d << " | " << fmt("%.3f", lr_sensitivity(per_lr, init)) << " | "
-           << fmt("%.3f", best) << " | " << fmt("%.3f", init) << " |\n";
-      }
-    os << '\n';
+      os << '\n';
+    }
   }
   return os.str();
 }

@@ -1,5 +1,6 @@
 // The √d_k stability study: sweeps scaling mode × d_k × learning rate × seed, trains every run
-// with train_model, and writes summary.csv, summary.md and gnuplot PNGs (data and scripts kept).
+// with train_model, and writes summary.csv, summary.md, gnuplot SVGs (data and scripts kept) and
+// report.html.
 //
 // Honesty rules built in: within a seed every mode gets the same initial weights and the same data
 // stream (train_model seeds both from the seed only); everything but the swept factors is fixed
@@ -31,6 +32,9 @@ struct StudyGroup {
   std::vector<int> d_k;
   std::vector<double> lrs;
   std::vector<std::uint64_t> seeds;
+  // Run lengths: the whole grid runs once per budget, warmup and eval interval scaled to it
+  // (warmup steps/10, an eval every steps/20). Empty: base.steps alone.
+  std::vector<int> budgets;
 };
 
 struct StudyPlan {
@@ -58,9 +62,10 @@ struct StudyOutcome {
   std::vector<RunRecord> runs;
   std::string summary_md;  // paths
   std::string summary_csv;
+  std::string report_html;  // one self-contained page: every table and figure (report.hpp)
   std::vector<std::string> plots;
   std::string plot_error;  // non-empty when gnuplot was missing or failed (data kept)
-  double seconds = 0;
+  double seconds = 0;      // wall time (run_study: also written to OUT/study.json)
 };
 
 // Validates every run of the plan first (std::invalid_argument naming the group and the field),
@@ -68,6 +73,12 @@ struct StudyOutcome {
 // own: one thread (so results do not depend on --jobs), on the CPU, and context.stop (once set,
 // every job stops before its next step with a checkpoint). context.threads is not used.
 StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const Context& context);
+
+// Writes summary.csv, summary.md, the figures and report.html again from a finished study in
+// options.out (its summary.csv, study.json and runs/), without training: for a report made by an
+// older version, or restyled. The plan must be the study's (its groups give the tasks and grids).
+// std::invalid_argument for a missing or malformed summary.csv, or a group the plan lacks.
+StudyOutcome report_study(const StudyPlan& plan, const StudyOptions& options);
 
 // A custom grid without recompiling (`attnlab study --config FILE`): a StudyPlan as JSON, every
 // group's base a run config (run_config.hpp). Reading overlays, unknown keys are errors naming

@@ -1,30 +1,41 @@
 // The study's summary: one record per training run, aggregated into summary.csv and the tables of
-// summary.md.
+// summary.md and report.html.
 //
 // Definitions used in the tables:
 //   failed    final eval loss >= kFailedFraction x the eval loss at initialisation
 //   diverged  a non-finite loss stopped the run
+//   works     for a task with an accuracy target: the run reached kTargetAccuracy (95%) eval
+//             accuracy and did not diverge; for text (no target): its final eval loss is within
+//             kTextWorkMargin of the best run's at the same group, budget and d_k, and it did
+//             not fail
+//   LR window the LRs of the grid at which a seed's run works, in decades (window_decades)
 //   LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322, section 3.1):
 //             E_{lr in sweep}[ min(loss(lr), loss_init) − min_lr loss(lr) ],
 //             with a diverged run's loss counted as loss_init. It reads near zero for a mode that
 //             fails at every LR (all losses ≈ loss_init), so read it together with the failures.
+// Means carry 95% percentile-bootstrap intervals over seeds, proportions 95% Wilson intervals
+// (study_stats.hpp).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "attnlab/app/study_stats.hpp"
+
 namespace attnlab::app {
 
 inline constexpr double kFailedFraction = 0.9;
 inline constexpr double kTargetAccuracy = 0.95;
+inline constexpr double kTextWorkMargin = 1.05;
 
 struct RunRecord {
-  std::string group;  // e.g. "recall/adamw": tables are made per group
+  std::string group;  // e.g. "recall/adamw": tables are made per group and budget (steps)
   std::string mode;   // "none" | "sqrt_dk" | "dk" | arms such as "qk_norm", "learnable"
   int d_k = 0;
   double lr = 0;
   int seed = 0;
   int steps = 0;
+  bool has_target = true;  // the task has an accuracy target (every task but text)
   double init_eval_loss = 0;
   double final_eval_loss = 0;  // NaN when diverged
   double final_eval_acc = 0;
@@ -32,19 +43,76 @@ struct RunRecord {
   bool diverged = false;
   int diverged_step = -1;
   double init_qk_var_ratio = 0;  // Var(q·k)/d_k measured at step 0 (premise check)
+  double init_jacobian = 0;      // layer 0 head 0's softmax Jacobian norm at step 0
   double seconds = 0;
-  std::string dir;  // the run's output folder, relative to the study folder
+  bool works = false;  // set by mark_working
+  std::string dir;     // the run's output folder, relative to the study folder
 };
 
 bool run_failed(const RunRecord& r);
 
+// Sets every record's `works` (definition above).
+void mark_working(std::vector<RunRecord>& runs);
+
 // summary.csv: one row per run, with a header.
 std::string summary_csv(const std::vector<RunRecord>& runs);
 
-// summary.md: the four tables per group, with the definitions and caveats in text.
+// A table of the summary, rendered to Markdown (summary.md) and HTML (report.html).
+struct ReportTable {
+  std::string title, note;
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+};
+struct ReportSection {
+  std::string heading, intro;
+  std::vector<ReportTable> tables;
+};
+
+// One section per group and budget (final loss, steps to 95%, success, LR window, LR sensitivity,
+// Jacobian at initialisation), and per group with several budgets one comparing them.
+std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs);
+
+// summary.md: the sections as Markdown.
 std::string summary_markdown(const std::vector<RunRecord>& runs, const std::string& title);
 
 // LR sensitivity of one (group, mode, d_k) cell: losses per LR (seed means), loss_init.
 double lr_sensitivity(const std::vector<double>& loss_per_lr, double loss_init);
+
+// The figures the report plots, per cell.
+struct CellKey {
+  std::string group;
+  int steps = 0;
+  std::string mode;
+  int d_k = 0;
+};
+std::vector<const RunRecord*> cell_runs(const std::vector<RunRecord>& runs, const CellKey& key,
+                                        double lr);  // lr < 0: every LR
+// The loss a run contributes to means: a diverged run counts as its loss at initialisation.
+double effective_loss(const RunRecord& r);
+struct LossStat {
+  double mean = 0;
+  Interval ci;
+  int n = 0, diverged = 0;
+};
+LossStat loss_stat(const std::vector<const RunRecord*>& runs);
+struct WindowStat {
+  double mean = 0;  // decades, mean over seeds
+  Interval ci;
+  WindowEdges edges;
+  double lo_lr = 0, hi_lr = 0;  // smallest and largest LR at which some seed works (0: none)
+  int seeds = 0;
+};
+WindowStat window_stat(const std::vector<RunRecord>& runs, const CellKey& key);
+// The LRs run in a group (at one budget; steps <= 0: at any), increasing.
+std::vector<double> sweep_lrs(const std::vector<RunRecord>& runs, const std::string& group,
+                              int steps = 0);
+
+// summary.csv read back (the records of a finished study); std::invalid_argument naming the file
+// and line for a malformed one. has_target and works are not in the file: set them after.
+std::vector<RunRecord> read_summary_csv(const std::string& path);
+
+// Modes in a fixed, readable order; unknown arms after them alphabetically.
+std::vector<std::string> ordered_modes(const std::vector<RunRecord>& runs,
+                                       const std::string& group);
 
 }  // namespace attnlab::app
