@@ -19,10 +19,10 @@ struct Heatmap {
   int mark_row = -1, mark_col = -1;
 };
 
-// An inline <svg class="heatmap cN" data-tq data-tk> (N: the cell size in px): one <g data-q data-w="w0 w1 ..."> per query
-// row with a cell per key (white to dark blue by weight; cells under 0.005 left blank), and the
-// marked cell outlined in red (a mark outside the map is not drawn). std::invalid_argument unless
-// weights has tq x tk values.
+// An inline <svg class="heatmap cN" data-tq data-tk> (N: the cell size in px): one <g data-q
+// data-w="w0 w1 ..."> per query row with a cell per key (white to dark blue by weight; cells under
+// 0.005 left blank), and the marked cell outlined in red (a mark outside the map is not drawn).
+// std::invalid_argument unless weights has tq x tk values.
 std::string heatmap_svg(const Heatmap& h);
 
 // A figure file embedded as a data URI (SVG or PNG by extension); "" when it cannot be read.
