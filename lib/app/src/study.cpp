@@ -603,6 +603,22 @@ TrainConfig job_config(const Job& job, const StudyOptions& options) {
 }  // namespace
 
 namespace {
+// Records read from summary.csv, with has_target (not in the file) from their groups' tasks.
+std::vector<RunRecord> with_targets(std::vector<RunRecord> records,
+                                    const std::vector<StudyGroup>& groups, const StudyPlan& plan,
+                                    const StudyOptions& options) {
+  for (auto& r : records) {
+    const auto g = std::find_if(groups.begin(), groups.end(),
+                                [&](const StudyGroup& x) { return x.name == r.group; });
+    if (g == groups.end())
+      throw std::invalid_argument("study --report-only: " + options.out +
+                                  "/summary.csv has group '" + r.group + "', which the plan '" +
+                                  plan.preset + "' does not have");
+    r.has_target = g->base.task.kind != TaskKind::text;
+  }
+  return records;
+}
+
 // summary.csv, summary.md, the figures and report.html of a finished study's records.
 StudyOutcome write_outputs(const StudyPlan& plan, const std::vector<StudyGroup>& groups,
                            std::vector<RunRecord> records, const StudyOptions& options,
@@ -728,10 +744,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
         r.diverged_step = t.diverged_step;
         r.init_qk_var_ratio = t.init_qk_var_ratio;
         r.seconds = t.seconds;
-        const Table m = read_csv(c.out + "/metrics.csv");
-        const int cj = m.col("l0h0_jacobian");
-        r.init_jacobian = cj >= 0 && !m.rows.empty() ? m.rows.front()[static_cast<std::size_t>(cj)]
-                                                     : std::nan("");
+        r.init_jacobian = t.init_jacobian;
       } catch (...) {
         std::lock_guard lock(print_mutex);
         if (!failure) failure = std::current_exception();
@@ -769,9 +782,12 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
                                                               {"wall_seconds", wall}}
                                                        .dump(2) +
                                                    "\n");
-  // As summary.csv holds them, so that report_study writes the same page again.
-  for (auto& r : records) r.seconds = std::round(r.seconds * 100) / 100;
-  StudyOutcome outcome = write_outputs(plan, groups, std::move(records), options, wall);
+  // The records as summary.csv holds them (its precision), so that report_study, which reads
+  // them from there, writes the same pages again.
+  const std::string csv = options.out + "/summary.csv";
+  write_text_file(csv, summary_csv(records));
+  StudyOutcome outcome = write_outputs(
+      plan, groups, with_targets(read_summary_csv(csv), groups, plan, options), options, wall);
   outcome.seconds = wall;
   return outcome;
 }
@@ -790,19 +806,10 @@ StudyOutcome report_study(const StudyPlan& plan, const StudyOptions& options) {
       throw std::invalid_argument(options.out + "/study.json: " + e.what());
     }
   }
-  std::vector<StudyGroup> groups = plan.groups;
-  for (auto& r : records) {
-    const auto g = std::find_if(groups.begin(), groups.end(),
-                                [&](const StudyGroup& x) { return x.name == r.group; });
-    if (g == groups.end())
-      throw std::invalid_argument("study --report-only: " + options.out +
-                                  "/summary.csv has group '" + r.group + "', which the plan '" +
-                                  plan.preset + "' does not have");
-    r.has_target = g->base.task.kind != TaskKind::text;
-  }
   StudyOptions o = options;
   o.jobs = jobs;
-  StudyOutcome outcome = write_outputs(plan, groups, std::move(records), o, wall);
+  StudyOutcome outcome = write_outputs(
+      plan, plan.groups, with_targets(std::move(records), plan.groups, plan, options), o, wall);
   outcome.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return outcome;
 }

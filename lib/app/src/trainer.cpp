@@ -351,13 +351,10 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   TrainResult result;
   const auto t0 = Clock::now();
   EvalStats st = eval_all();
-  EvalStats first_st;  // its example attention goes into OUT/attention.json
-  first_st.example_attention = st.example_attention;
-  first_st.example_tq = st.example_tq;
-  first_st.example_tk = st.example_tk;
-  first_st.example_key = st.example_key;
+  const EvalStats first_st = st;  // its example attention goes into OUT/attention.json
   std::size_t eval_step = start;  // the step of the eval in `st`
   result.init_qk_var_ratio = st.qk_var_ratio;
+  result.init_jacobian = st.health.empty() ? 0.0 : st.health.front().jacobian_norm;
   // A resumed run's loss at initialisation comes from its saved rows.
   result.init_eval_loss = resuming && log ? log->kept_init_eval_loss().value_or(st.loss) : st.loss;
   if (!resuming) log_row(0, std::numeric_limits<double>::quiet_NaN(), schedule.lr_at(0), st);

@@ -48,6 +48,7 @@ struct TrainResult {
   std::string diverged_where;  // the first layer that produced a non-finite value
   bool interrupted = false;
   double init_qk_var_ratio = 0;  // Var(q·k)/d_k at step 0, layer 0, on the eval set
+  double init_jacobian = 0;      // layer 0 head 0's mean softmax Jacobian norm at step 0
   double seconds = 0;
   std::string device;  // what ran the training step: "cpu" or the DeviceOps name
   // Throughput of this invocation's training steps (forward, loss, backward, clipping, update;
