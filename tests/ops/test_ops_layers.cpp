@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <xtensor/xarray.hpp>
 #include <xtensor/xmath.hpp>
@@ -218,6 +219,44 @@ TEST_CASE("gelu (tanh and exact) and relu gradcheck, and the gelu forms differ b
   relu_forward<double, 3>(cache, x);
   const auto dx = relu_backward<double, 3>(r, cache);
   expect_passed(check_gradients({{"dx", x.data(), dx.data(), {2, 3, 7}}}, loss));
+}
+
+TEST_CASE("gelu in float matches the double formulas: exact (own erf) and tanh, forward and dx") {
+  // Every float on a fine grid of [-12, 12] (plus ±0, the erf clamp at x = ±4√2, and beyond) in one
+  // row: the vector body and, with the odd length, the scalar tail. Reference: the double op. Bound
+  // per value: 1e-6 absolute + 1e-6 relative; the float erf is within 3.4e-7 of erf.
+  std::vector<float> grid;
+  for (double v = -12.0; v <= 12.0; v += 1.0 / 1024) grid.push_back(static_cast<float>(v));
+  for (float v : {0.0f, -0.0f, 5.656854f, -5.656854f, 40.0f, -40.0f, 1e-30f, -1e-30f}) {
+    grid.push_back(v);
+  }
+  if (grid.size() % 2 == 0) grid.push_back(0.5f);
+  const std::size_t n = grid.size();
+  Tensor2<float> xf({1, n}), dyf({1, n});
+  Tensor2<double> xd({1, n}), dyd({1, n});
+  for (std::size_t i = 0; i < n; ++i) {
+    xf(0, i) = grid[i];
+    xd(0, i) = grid[i];
+    dyf(0, i) = dyd(0, i) = static_cast<float>(1.0 + 0.25 * std::sin(double(i)));
+  }
+  for (auto a : {GeluApproximation::exact, GeluApproximation::tanh}) {
+    CAPTURE(int(a));
+    GeluCache<float, 2> cf;
+    GeluCache<double, 2> cd;
+    const Tensor2<float> yf = gelu_forward<float, 2>(cf, xf, a);
+    const Tensor2<double> yd = gelu_forward<double, 2>(cd, xd, a);
+    const Tensor2<float> dxf = gelu_backward<float, 2>(dyf, cf);
+    const Tensor2<double> dxd = gelu_backward<double, 2>(dyd, cd);
+    double worst_y = 0, worst_dx = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      REQUIRE(std::isfinite(yf(0, i)));
+      REQUIRE(std::isfinite(dxf(0, i)));
+      worst_y = std::max(worst_y, std::abs(yf(0, i) - yd(0, i)) / (1 + std::abs(yd(0, i))));
+      worst_dx = std::max(worst_dx, std::abs(dxf(0, i) - dxd(0, i)) / (1 + std::abs(dxd(0, i))));
+    }
+    CHECK(worst_y < 1e-6);
+    CHECK(worst_dx < 1e-6);
+  }
 }
 
 TEST_CASE("cross-entropy gradcheck with ignored positions, rank 2 and 3") {

@@ -71,20 +71,6 @@ ATTNLAB_HD inline double sqrt_of(double x) {
   return std::sqrt(x);
 #endif
 }
-ATTNLAB_HD inline float tanh_of(float x) {
-#if defined(__CUDA_ARCH__)
-  return tanhf(x);
-#else
-  return std::tanh(x);
-#endif
-}
-ATTNLAB_HD inline double tanh_of(double x) {
-#if defined(__CUDA_ARCH__)
-  return ::tanh(x);
-#else
-  return std::tanh(x);
-#endif
-}
 ATTNLAB_HD inline float erf_of(float x) {
 #if defined(__CUDA_ARCH__)
   return erff(x);
@@ -193,8 +179,10 @@ ATTNLAB_HD inline std::size_t round_up(std::size_t n, std::size_t m) {
 template <class T>
 ATTNLAB_HD inline T gelu(T x, bool exact) {
   if (exact) return T(0.5) * x * (T(1) + erf_of(x * T(0.70710678118654752440)));
+  // ½ (1 + tanh u) = σ(2u) = 1 / (1 + e^(−2u)): the CPU op's form (ops/gelu.cpp)
   const T c = T(0.79788456080286535588);
-  return T(0.5) * x * (T(1) + tanh_of(c * (x + T(0.044715) * x * x * x)));
+  const T u = c * (x + T(0.044715) * x * x * x);
+  return x / (T(1) + exp_of(T(-2) * u));
 }
 
 template <class T>
@@ -204,10 +192,14 @@ ATTNLAB_HD inline T gelu_derivative(T x, bool exact) {
     const T pdf = exp_of(T(-0.5) * x * x) * T(0.39894228040143267794);
     return cdf + x * pdf;
   }
-  // ½ (1 + tanh u) + ½ x (1 − tanh² u) c (1 + 3·0.044715 x²),  u = c (x + 0.044715 x³)
+  // s + x s (1 − s) 2c (1 + 3·0.044715 x²), s = σ(2u) = 1 / (1 + e), e = e^(−2u),
+  // u = c (x + 0.044715 x³); 1 − s = e s for u > 0 (the CPU op's form, ops/gelu.cpp)
   const T c = T(0.79788456080286535588);
-  const T t = tanh_of(c * (x + T(0.044715) * x * x * x));
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3 * 0.044715) * x * x);
+  const T u = c * (x + T(0.044715) * x * x * x);
+  const T e = exp_of(T(-2) * u);
+  const T s = T(1) / (T(1) + e);
+  const T one_minus_s = u > T(0) ? e * s : T(1) - s;
+  return s + x * s * one_minus_s * T(2) * c * (T(1) + T(3 * 0.044715) * x * x);
 }
 
 // The normalisation backward of one element (LayerNorm and RMSNorm): with g = dy ⊙ γ,
