@@ -1,6 +1,6 @@
 // Training-step benchmarks: one step = forward, fused softmax cross-entropy, zero_grad, backward
-// and a plain SGD update, in float, on random tokens, for the models of train_models.hpp (study,
-// small, nanogpt). Each iteration runs the reference and the fused attention path once each
+// and the library's SGD update, in float, on random tokens, for the models of train_models.hpp
+// (study, small, nanogpt). Each iteration runs the reference and the fused attention path once each
 // (interleaved; the minimum per path is reported), at 1 and at 2 threads. The table adds model
 // FLOPs per token (transformer_flops_per_token), GFLOP/s and MFU against the sgemm peak measured
 // at the same thread count (measure_gemm_peak_gflops), and PyTorch eager when given its times.
@@ -21,6 +21,7 @@
 #include "attnlab/blas.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
+#include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
 
@@ -32,19 +33,15 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// One training step of `model` on (tokens, targets); returns the loss.
-float train_step(Transformer<float>& model, ParameterList<float>& params, const TokenIds& tokens,
+// One training step of `model` on (tokens, targets), with the library's SGD (lr 1e-3, as
+// torch_step.py's torch.optim.SGD); returns the loss.
+float train_step(Transformer<float>& model, SGD<float>& optimizer, const TokenIds& tokens,
                  const TokenIds& targets) {
   const Tensor3<float> logits = model.forward({tokens});
   const auto ce = softmax_cross_entropy<float, 3>(logits, targets);
   model.zero_grad();
   model.backward(ce.dlogits);
-  constexpr float lr = 1e-3f;
-  for (auto& p : params) {
-    float* w = p.param->value.data();
-    const float* g = p.param->grad.data();
-    for (std::size_t i = 0; i < p.param->value.size(); ++i) w[i] -= lr * g[i];
-  }
+  optimizer.step();
   return ce.loss;
 }
 
@@ -58,18 +55,19 @@ void bench_train(benchmark::State& state, TrainModel m, int threads) {
   }
   const SdpaPath paths[] = {SdpaPath::reference, SdpaPath::fused};
   std::vector<std::unique_ptr<Transformer<float>>> models;
-  std::vector<ParameterList<float>> params;
+  std::vector<std::unique_ptr<SGD<float>>> optimizers;
   for (SdpaPath path : paths) {
     Rng init(7);
     models.push_back(std::make_unique<Transformer<float>>(train_config(m, path), init));
-    params.push_back(models.back()->parameters());
+    optimizers.push_back(
+        std::make_unique<SGD<float>>(models.back()->parameters(), SgdOptions{.lr = 1e-3}));
   }
   double best[2] = {std::numeric_limits<double>::infinity(),
                     std::numeric_limits<double>::infinity()};
   for (auto _ : state) {
     for (std::size_t i = 0; i < 2; ++i) {
       const double start = wall_seconds();
-      benchmark::DoNotOptimize(train_step(*models[i], params[i], tokens, targets));
+      benchmark::DoNotOptimize(train_step(*models[i], *optimizers[i], tokens, targets));
       best[i] = std::min(best[i], wall_seconds() - start);
     }
   }
