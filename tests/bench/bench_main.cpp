@@ -192,6 +192,7 @@ int main(int argc, char** argv) {
       // time, and then each ratio is one sample of each variant. A shape whose floor takes about
       // 50 ms or more (at 100 GFLOP/s) gets 3 interleaved iterations, so that the minimum of each
       // variant is taken over 3 (a disturbance of the shared machine rarely hits all three).
+      // --benchmark_min_time does not apply to these; they are most of the grid's run time.
       const double floor_flops = 4.0 * double(s.bh) * double(s.T) * double(s.T) * double(s.D) *
                                  (op == Op::forward ? 1.0 : 3.0);
       if (floor_flops / 100e9 >= 0.05) b->Iterations(3);
