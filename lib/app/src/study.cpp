@@ -524,7 +524,7 @@ StudyPlan study_preset(const std::string& preset) {
   } else if (preset == "quick") {
     plan.groups.push_back(quick_group());
   } else if (preset == "full") {
-    // Sized to finish within 60 minutes on 2 cores with --jobs 2 (data/results/full/report.html
+    // Sized to finish within 60 minutes on 2 cores with --jobs 2 (data/results/full/study.json
     // gives its wall time). The cuts that make it fit: the recall task is the quick preset's (16
     // pairs) at d_k <= 256, and only the three scaling modes on recall get the 1600-step budget
     // and 5 seeds at every budget; the stabilisers have 5 seeds at 400 steps; SGD and mqar have 3
