@@ -1,6 +1,6 @@
 // The CPU backend's DeviceOps (attnlab/backends/cpu.hpp): each operation is a CPU op's raw-pointer
-// core (ops/*_kernels.hpp, ops/softmax.hpp, the attention kernels), a row kernel written with the
-// ops' arithmetic (cpu_kernels.hpp), or an element helper of attnlab/cuda_math.hpp. No copies in
+// core (ops/*_kernels.hpp, ops/softmax.hpp, the attention kernels; the xtensor ops are checked
+// fronts over the same cores), or an element helper of attnlab/cuda_math.hpp. No copies in
 // the hot path; small scratch (per-chunk partial sums, per-slice dL/ds) is kept between calls.
 // The CPU attention paths allocate their own per-thread tile scratch, as they do under the ops.
 #include <algorithm>
@@ -10,19 +10,41 @@
 #include <vector>
 
 #include "../ops/attention_kernels.hpp"
+#include "../ops/cross_entropy_kernels.hpp"
+#include "../ops/embedding_kernels.hpp"
 #include "../ops/gelu_kernels.hpp"
 #include "../ops/linear_kernels.hpp"
+#include "../ops/norm_kernels.hpp"
 #include "../ops/row_kernels.hpp"
 #include "../parallel_rows.hpp"
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/backends/cpu.hpp"
-#include "cpu_kernels.hpp"
 
 namespace attnlab {
 
 namespace {
 
 using detail::for_row_chunks;
+
+// (B,T,H·D) <-> (B,H,T,D): the head split has no xtensor op of its own.
+template <class T>
+void permute_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H, std::size_t D,
+                   bool split) {
+  // One (b, t) row of H·D values per step: H runs of D values, each copied whole.
+  for_row_chunks(B * Tn, H * D, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const std::size_t b = r / Tn, t = r % Tn;
+      for (std::size_t h = 0; h < H; ++h) {
+        const std::size_t bhtd = ((b * H + h) * Tn + t) * D, btc = r * H * D + h * D;
+        if (split) {
+          std::copy(x + btc, x + btc + D, out + bhtd);
+        } else {
+          std::copy(x + bhtd, x + bhtd + D, out + btc);
+        }
+      }
+    }
+  });
+}
 
 template <class T>
 class CpuDeviceOps final : public DeviceOps<T> {
@@ -82,11 +104,11 @@ class CpuDeviceOps final : public DeviceOps<T> {
   // ---- heads --------------------------------------------------------------------------------
   void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
                    std::size_t D) override {
-    cpu_backend::permute_heads(out, x, B, Tn, H, D, true);
+    permute_heads(out, x, B, Tn, H, D, true);
   }
   void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
                    std::size_t D) override {
-    cpu_backend::permute_heads(out, x, B, Tn, H, D, false);
+    permute_heads(out, x, B, Tn, H, D, false);
   }
   void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
                 std::size_t n) override {
@@ -103,28 +125,28 @@ class CpuDeviceOps final : public DeviceOps<T> {
   // ---- layers -------------------------------------------------------------------------------
   void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
                          std::size_t C) override {
-    cpu_backend::embedding_forward(y, ids, table, rows, C);
+    detail::embedding_forward_rows(y, ids, table, rows, C);
   }
   void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows, std::size_t V,
                           std::size_t C) override {
-    cpu_backend::embedding_backward(dtable, dy, ids, rows, V, C);
+    detail::embedding_backward_rows(dtable, dy, ids, rows, V, C);
   }
   void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
                          std::size_t rows, std::size_t C, T eps) override {
-    cpu_backend::layernorm_forward(y, mean, rstd, x, gamma, beta, rows, C, eps);
+    detail::layernorm_forward_rows(y, mean, rstd, x, gamma, beta, rows, C, eps);
   }
   void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean,
                           const T* rstd, const T* gamma, std::size_t rows, std::size_t C) override {
-    cpu_backend::layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, C,
+    detail::layernorm_backward_rows(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, C,
                                     scratch());
   }
   void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows, std::size_t C,
                        T eps) override {
-    cpu_backend::rmsnorm_forward(y, rstd, x, gamma, rows, C, eps);
+    detail::rmsnorm_forward_rows(y, rstd, x, gamma, rows, C, eps);
   }
   void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
                         std::size_t rows, std::size_t C) override {
-    cpu_backend::rmsnorm_backward(dx, dgamma, dy, x, rstd, gamma, rows, C, scratch());
+    detail::rmsnorm_backward_rows(dx, dgamma, dy, x, rstd, gamma, rows, C, scratch());
   }
   void gelu_forward(T* y, const T* x, std::size_t n, bool exact) override {
     detail::gelu_elements<T>(y, x, nullptr, n, exact);
@@ -161,8 +183,12 @@ class CpuDeviceOps final : public DeviceOps<T> {
   void softmax_cross_entropy(T* loss, T* dlogits, T* /*row_loss: kept in double here*/,
                              const T* logits, const int* targets, std::size_t rows, std::size_t V,
                              int ignore_index) override {
-    cpu_backend::softmax_cross_entropy(loss, dlogits, logits, targets, rows, V, ignore_index,
-                                       row_loss());
+    // p is written into dlogits, then turned into the gradient in place.
+    const std::size_t labelled = detail::cross_entropy_forward_rows(
+        loss, dlogits, row_loss(), logits, targets, rows, V, ignore_index);
+    detail::cross_entropy_backward_rows(dlogits, static_cast<const T*>(dlogits), targets, rows, V,
+                                        ignore_index,
+                                        labelled ? T(1) / static_cast<T>(labelled) : T(0));
   }
 
   // ---- attention: the CPU paths; dL/ds per slice goes to scratch (the device model uses head_dot)

@@ -8,8 +8,68 @@
 
 #include "../parallel_rows.hpp"
 #include "attnlab/ops/softmax.hpp"
+#include "cross_entropy_kernels.hpp"
 
 namespace attnlab {
+
+namespace detail {
+
+namespace {
+bool labelled_row(int target, std::size_t V, int ignore_index) {
+  return target != ignore_index && target >= 0 && static_cast<std::size_t>(target) < V;
+}
+}  // namespace
+
+template <class T>
+std::size_t cross_entropy_forward_rows(T* loss, T* p, std::vector<double>& row_loss,
+                                       const T* logits, const int* targets, std::size_t rows,
+                                       std::size_t V, int ignore_index) {
+  row_loss.assign(rows, 0.0);
+  for_row_chunks(rows, V, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* x = logits + r * V;
+      T* pr = p + r * V;
+      const T row_max = *std::max_element(x, x + V);
+      std::copy(x, x + V, pr);
+      const T sum = exp_shifted_inplace(pr, V, row_max);  // p = exp(x − max), sum ≥ 1
+      const T inv = T(1) / sum;
+      for (std::size_t c = 0; c < V; ++c) pr[c] *= inv;
+      if (!labelled_row(targets[r], V, ignore_index)) continue;
+      // −log p[target] = −(x[target] − max) + log Σ exp(x − max): finite for any finite logits.
+      const auto target = static_cast<std::size_t>(targets[r]);
+      row_loss[r] =
+          -(static_cast<double>(x[target] - row_max) - std::log(static_cast<double>(sum)));
+    }
+  });
+  double total = 0;
+  std::size_t labelled = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (!labelled_row(targets[r], V, ignore_index)) continue;
+    total += row_loss[r];
+    ++labelled;
+  }
+  if (loss) *loss = labelled ? static_cast<T>(total / static_cast<double>(labelled)) : T(0);
+  return labelled;
+}
+
+template <class T>
+void cross_entropy_backward_rows(T* dlogits, const T* p, const int* targets, std::size_t rows,
+                                 std::size_t V, int ignore_index, T w) {
+  for_row_chunks(rows, V, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* pr = p + r * V;
+      T* d = dlogits + r * V;
+      if (!labelled_row(targets[r], V, ignore_index)) {
+        std::fill(d, d + V, T(0));
+        continue;
+      }
+      for (std::size_t c = 0; c < V; ++c) d[c] = w * pr[c];
+      d[targets[r]] -= w;  // (p − onehot) / n
+    }
+  });
+}
+
+}  // namespace detail
 
 template <class T, std::size_t N>
 T cross_entropy_forward(CrossEntropyCache<T, N>& cache, const Tensor<T, N>& logits,
@@ -31,36 +91,14 @@ T cross_entropy_forward(CrossEntropyCache<T, N>& cache, const Tensor<T, N>& logi
     }
   }
   cache.p.resize(logits.shape());
-  // Row losses in parallel, then summed in row order (in double: many rows of float losses), so
-  // the loss does not depend on the thread count.
-  std::vector<double> row_loss(rows, 0.0);
-  detail::for_row_chunks(rows, V, [&](std::size_t r0, std::size_t r1, std::size_t) {
-    for (std::size_t r = r0; r < r1; ++r) {
-      const T* x = logits.data() + r * V;
-      T* p = cache.p.data() + r * V;
-      const int target = targets.data()[r];
-      const T row_max = *std::max_element(x, x + V);
-      std::copy(x, x + V, p);
-      const T sum = exp_shifted_inplace(p, V, row_max);  // p = exp(x − max), sum ≥ 1
-      const T inv = T(1) / sum;
-      for (std::size_t c = 0; c < V; ++c) p[c] *= inv;
-      if (target == ignore_index) continue;
-      // −log p[target] = −(x[target] − max) + log Σ exp(x − max): finite for any finite logits.
-      row_loss[r] =
-          -(static_cast<double>(x[target] - row_max) - std::log(static_cast<double>(sum)));
-    }
-  });
-  double total = 0;
-  std::size_t labelled = 0;
-  for (std::size_t r = 0; r < rows; ++r) {
-    if (targets.data()[r] == ignore_index) continue;
-    total += row_loss[r];
-    ++labelled;
-  }
+  std::vector<double> row_loss;
+  T loss = 0;
+  const std::size_t labelled = detail::cross_entropy_forward_rows(
+      &loss, cache.p.data(), row_loss, logits.data(), targets.data(), rows, V, ignore_index);
   cache.targets = targets;
   cache.ignore_index = ignore_index;
   cache.labelled = labelled;
-  return labelled ? static_cast<T>(total / static_cast<double>(labelled)) : T(0);
+  return loss;
 }
 
 template <class T, std::size_t N>
@@ -72,19 +110,9 @@ Tensor<T, N> cross_entropy_backward(const CrossEntropyCache<T, N>& cache, T dlos
   const std::size_t V = cache.p.shape()[N - 1];
   const std::size_t rows = cache.targets.size();
   Tensor<T, N> dlogits(cache.p.shape());
-  dlogits.fill(T(0));
-  if (cache.labelled == 0) return dlogits;  // nothing labelled: zero gradient, not NaN
-  const T w = dloss / static_cast<T>(cache.labelled);
-  detail::for_row_chunks(rows, V, [&](std::size_t r0, std::size_t r1, std::size_t) {
-    for (std::size_t r = r0; r < r1; ++r) {
-      const int target = cache.targets.data()[r];
-      if (target == cache.ignore_index) continue;
-      const T* p = cache.p.data() + r * V;
-      T* d = dlogits.data() + r * V;
-      for (std::size_t c = 0; c < V; ++c) d[c] = w * p[c];
-      d[target] -= w;  // (p − onehot) / n
-    }
-  });
+  const T w = cache.labelled ? dloss / static_cast<T>(cache.labelled) : T(0);
+  detail::cross_entropy_backward_rows(dlogits.data(), cache.p.data(), cache.targets.data(), rows, V,
+                                      cache.ignore_index, w);
   return dlogits;
 }
 
@@ -111,5 +139,14 @@ ATTNLAB_INSTANTIATE_CE(float, 3)
 ATTNLAB_INSTANTIATE_CE(double, 2)
 ATTNLAB_INSTANTIATE_CE(double, 3)
 #undef ATTNLAB_INSTANTIATE_CE
+
+#define ATTNLAB_INSTANTIATE_CE_ROWS(T)                                                        \
+  template std::size_t detail::cross_entropy_forward_rows<T>(                                 \
+      T*, T*, std::vector<double>&, const T*, const int*, std::size_t, std::size_t, int);     \
+  template void detail::cross_entropy_backward_rows<T>(T*, const T*, const int*, std::size_t, \
+                                                       std::size_t, int, T);
+ATTNLAB_INSTANTIATE_CE_ROWS(float)
+ATTNLAB_INSTANTIATE_CE_ROWS(double)
+#undef ATTNLAB_INSTANTIATE_CE_ROWS
 
 }  // namespace attnlab

@@ -5,8 +5,43 @@
 #include <string>
 
 #include "../parallel_rows.hpp"
+#include "embedding_kernels.hpp"
 
 namespace attnlab {
+
+namespace detail {
+
+template <class T>
+void embedding_forward_rows(T* y, const int* ids, const T* table, std::size_t rows, std::size_t C) {
+  for_row_chunks(rows, C, [&](std::size_t i0, std::size_t i1, std::size_t) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      T* dst = y + i * C;
+      if (ids[i] < 0) {  // kNoToken
+        std::fill(dst, dst + C, T(0));
+        continue;
+      }
+      const T* src = table + static_cast<std::size_t>(ids[i]) * C;
+      std::copy(src, src + C, dst);
+    }
+  });
+}
+
+template <class T>
+void embedding_backward_rows(T* dtable, const T* dy, const int* ids, std::size_t rows,
+                             std::size_t V, std::size_t C) {
+  std::fill(dtable, dtable + V * C, T(0));
+  // Scatter-add in position order (deterministic); columns cut across threads.
+  for_row_chunks(C, rows, [&](std::size_t c0, std::size_t c1, std::size_t) {
+    for (std::size_t i = 0; i < rows; ++i) {
+      if (ids[i] < 0 || static_cast<std::size_t>(ids[i]) >= V) continue;
+      T* dst = dtable + static_cast<std::size_t>(ids[i]) * C;
+      const T* src = dy + i * C;
+      for (std::size_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  });
+}
+
+}  // namespace detail
 
 template <class T>
 Tensor3<T> embedding_forward(EmbeddingCache& cache, const TokenIds& ids, const Tensor2<T>& table) {
@@ -21,18 +56,7 @@ Tensor3<T> embedding_forward(EmbeddingCache& cache, const TokenIds& ids, const T
     }
   }
   Tensor3<T> y({B, Tn, C});
-  detail::for_row_chunks(B * Tn, C, [&](std::size_t i0, std::size_t i1, std::size_t) {
-    for (std::size_t i = i0; i < i1; ++i) {
-      const int id = ids.data()[i];
-      T* dst = y.data() + i * C;
-      if (id == kNoToken) {
-        std::fill(dst, dst + C, T(0));
-        continue;
-      }
-      const T* src = table.data() + static_cast<std::size_t>(id) * C;
-      std::copy(src, src + C, dst);  // y[b, t, :] = table[id, :]
-    }
-  });
+  detail::embedding_forward_rows(y.data(), ids.data(), table.data(), B * Tn, C);
   cache.ids = ids;
   cache.V = V;
   return y;
@@ -47,15 +71,7 @@ Tensor2<T> embedding_backward(const Tensor3<T>& dy, const EmbeddingCache& cache)
   check_shape("embedding_backward", "dy", dy, {std::ptrdiff_t(B), std::ptrdiff_t(Tn), kAnyExtent});
   const std::size_t C = dy.shape()[2];
   Tensor2<T> dtable({cache.V, C});
-  dtable.fill(T(0));
-  // Scatter-add, in position order (deterministic): repeated ids sum their rows.
-  for (std::size_t i = 0; i < B * Tn; ++i) {
-    const int id = cache.ids.data()[i];
-    if (id == kNoToken) continue;
-    T* dst = dtable.data() + static_cast<std::size_t>(id) * C;
-    const T* src = dy.data() + i * C;
-    for (std::size_t c = 0; c < C; ++c) dst[c] += src[c];
-  }
+  detail::embedding_backward_rows(dtable.data(), dy.data(), cache.ids.data(), B * Tn, cache.V, C);
   return dtable;
 }
 
@@ -65,5 +81,14 @@ Tensor2<T> embedding_backward(const Tensor3<T>& dy, const EmbeddingCache& cache)
 ATTNLAB_INSTANTIATE_EMBEDDING(float)
 ATTNLAB_INSTANTIATE_EMBEDDING(double)
 #undef ATTNLAB_INSTANTIATE_EMBEDDING
+
+#define ATTNLAB_INSTANTIATE_EMBEDDING_ROWS(T)                                             \
+  template void detail::embedding_forward_rows<T>(T*, const int*, const T*, std::size_t,  \
+                                                  std::size_t);                           \
+  template void detail::embedding_backward_rows<T>(T*, const T*, const int*, std::size_t, \
+                                                   std::size_t, std::size_t);
+ATTNLAB_INSTANTIATE_EMBEDDING_ROWS(float)
+ATTNLAB_INSTANTIATE_EMBEDDING_ROWS(double)
+#undef ATTNLAB_INSTANTIATE_EMBEDDING_ROWS
 
 }  // namespace attnlab

@@ -2,15 +2,83 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "../parallel_rows.hpp"
+#include "norm_kernels.hpp"
 #include "shape_helpers.hpp"
 
 namespace attnlab {
 
 using shape_helpers::dims;
 using shape_helpers::last_is;
+
+namespace detail {
+
+template <class T>
+void layernorm_forward_rows(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
+                            std::size_t rows, std::size_t C, T eps) {
+  for_row_chunks(rows, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      T mu = 0;
+      for (std::size_t c = 0; c < C; ++c) mu += xr[c];
+      mu /= T(C);
+      T var = 0;
+      for (std::size_t c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+      var /= T(C);  // biased, as PyTorch
+      const T rs = T(1) / std::sqrt(var + eps);
+      mean[r] = mu;
+      rstd[r] = rs;
+      for (std::size_t c = 0; c < C; ++c) yr[c] = gamma[c] * ((xr[c] - mu) * rs) + beta[c];
+    }
+  });
+}
+
+template <class T>
+void layernorm_backward_rows(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean,
+                             const T* rstd, const T* gamma, std::size_t rows, std::size_t C,
+                             std::vector<T>& scratch) {
+  // dγ and dβ side by side in 2C values per chunk; chunk 0 sums into `sums`, copied out at the end.
+  const std::size_t chunks = row_chunks(rows, C);
+  scratch.assign(chunks * 2 * C, T(0));
+  for_chunks(rows, chunks, [&](std::size_t r0, std::size_t r1, std::size_t chunk) {
+    T* dg = scratch.data() + chunk * 2 * C;
+    T* db = dg + C;
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* dyr = dy + r * C;
+      const T* xr = x + r * C;
+      T* dxr = dx + r * C;
+      const T mu = mean[r], rs = rstd[r];
+      // g = dy ⊙ γ; dx = rstd · (g − mean(g) − x̂ ⊙ mean(g ⊙ x̂)), x̂ recomputed as the forward did.
+      T mean_g = 0, mean_gh = 0;
+      for (std::size_t c = 0; c < C; ++c) {
+        const T h = (xr[c] - mu) * rs;
+        const T gc = dyr[c] * gamma[c];
+        mean_g += gc;
+        mean_gh += gc * h;
+        dg[c] += dyr[c] * h;
+        db[c] += dyr[c];
+      }
+      mean_g /= T(C);
+      mean_gh /= T(C);
+      for (std::size_t c = 0; c < C; ++c) {
+        const T h = (xr[c] - mu) * rs;
+        dxr[c] = rs * (dyr[c] * gamma[c] - mean_g - h * mean_gh);
+      }
+    }
+  });
+  for (std::size_t chunk = 1; chunk < chunks; ++chunk) {
+    const T* part = scratch.data() + chunk * 2 * C;
+    for (std::size_t c = 0; c < 2 * C; ++c) scratch[c] += part[c];
+  }
+  if (dgamma) std::copy(scratch.data(), scratch.data() + C, dgamma);
+  if (dbeta) std::copy(scratch.data() + C, scratch.data() + 2 * C, dbeta);
+}
+
+}  // namespace detail
 
 template <class T, std::size_t N>
 Tensor<T, N> layernorm_forward(LayerNormCache<T, N>& cache, const Tensor<T, N>& x,
@@ -20,28 +88,12 @@ Tensor<T, N> layernorm_forward(LayerNormCache<T, N>& cache, const Tensor<T, N>& 
   check_shape("layernorm_forward", "beta", beta, {std::ptrdiff_t(C)});
   check_arg(C > 0, "layernorm_forward", "gamma", "a non-empty (C,) vector", "C = 0");
   const std::size_t rows = x.size() / C;
-  cache.xhat.resize(x.shape());
-  cache.rstd.assign(rows, T(0));
+  detail::assign_copy(cache.x, x);
+  cache.mean.resize(rows);
+  cache.rstd.resize(rows);
   Tensor<T, N> y(x.shape());
-  detail::for_row_chunks(rows, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
-    for (std::size_t r = r0; r < r1; ++r) {
-      const T* xr = x.data() + r * C;
-      T* hr = cache.xhat.data() + r * C;
-      T* yr = y.data() + r * C;
-      T mean = 0;
-      for (std::size_t c = 0; c < C; ++c) mean += xr[c];
-      mean /= T(C);
-      T var = 0;
-      for (std::size_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-      var /= T(C);  // biased, as PyTorch
-      const T rstd = T(1) / std::sqrt(var + T(eps));
-      cache.rstd[r] = rstd;
-      for (std::size_t c = 0; c < C; ++c) {
-        hr[c] = (xr[c] - mean) * rstd;
-        yr[c] = gamma(c) * hr[c] + beta(c);
-      }
-    }
-  });
+  detail::layernorm_forward_rows(y.data(), cache.mean.data(), cache.rstd.data(), x.data(),
+                                 gamma.data(), beta.data(), rows, C, T(eps));
   return y;
 }
 
@@ -51,50 +103,18 @@ LayerNormGrads<T, N> layernorm_backward(const Tensor<T, N>& dy, const LayerNormC
   if (cache.rstd.empty()) {
     throw std::logic_error("layernorm_backward: the cache is empty: call layernorm_forward first");
   }
-  const auto& shape = cache.xhat.shape();
+  const auto& shape = cache.x.shape();
   check_extents("layernorm_backward", "dy", dims(dy.shape()),
                 std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
   const std::size_t C = gamma.size();
-  const std::size_t rows = cache.rstd.size();
+  check_arg(C * cache.rstd.size() == cache.x.size(), "layernorm_backward", "gamma",
+            "the (C,) vector of the forward", "C = " + std::to_string(C));
   LayerNormGrads<T, N> g{Tensor<T, N>(shape), Tensor1<T>::from_shape({C}),
                          Tensor1<T>::from_shape({C})};
-  g.dgamma.fill(T(0));
-  g.dbeta.fill(T(0));
-  // dγ and dβ are sums over rows: chunk 0 adds into g, the others into their own partials, added
-  // below in chunk order.
-  const std::size_t chunks = detail::row_chunks(rows, C);
-  std::vector<T> partial(chunks > 1 ? (chunks - 1) * 2 * C : 0, T(0));
-  detail::for_chunks(rows, chunks, [&](std::size_t r0, std::size_t r1, std::size_t chunk) {
-    T* dgamma = chunk == 0 ? g.dgamma.data() : partial.data() + (chunk - 1) * 2 * C;
-    T* dbeta = chunk == 0 ? g.dbeta.data() : dgamma + C;
-    for (std::size_t r = r0; r < r1; ++r) {
-      const T* dyr = dy.data() + r * C;
-      const T* hr = cache.xhat.data() + r * C;
-      T* dxr = g.dx.data() + r * C;
-      // g = dy ⊙ γ; dx = rstd · (g − mean(g) − x̂ ⊙ mean(g ⊙ x̂)): the Jacobian of x̂ applied to g.
-      T mean_g = 0, mean_gh = 0;
-      for (std::size_t c = 0; c < C; ++c) {
-        const T gc = dyr[c] * gamma(c);
-        mean_g += gc;
-        mean_gh += gc * hr[c];
-        dgamma[c] += dyr[c] * hr[c];
-        dbeta[c] += dyr[c];
-      }
-      mean_g /= T(C);
-      mean_gh /= T(C);
-      const T rstd = cache.rstd[r];
-      for (std::size_t c = 0; c < C; ++c) {
-        dxr[c] = rstd * (dyr[c] * gamma(c) - mean_g - hr[c] * mean_gh);
-      }
-    }
-  });
-  for (std::size_t chunk = 1; chunk < chunks; ++chunk) {
-    const T* part = partial.data() + (chunk - 1) * 2 * C;
-    for (std::size_t c = 0; c < C; ++c) {
-      g.dgamma(c) += part[c];
-      g.dbeta(c) += part[C + c];
-    }
-  }
+  std::vector<T> scratch;
+  detail::layernorm_backward_rows(g.dx.data(), g.dgamma.data(), g.dbeta.data(), dy.data(),
+                                  cache.x.data(), cache.mean.data(), cache.rstd.data(),
+                                  gamma.data(), cache.rstd.size(), C, scratch);
   return g;
 }
 
@@ -110,5 +130,15 @@ ATTNLAB_INSTANTIATE_LAYERNORM(double, 2)
 ATTNLAB_INSTANTIATE_LAYERNORM(double, 3)
 ATTNLAB_INSTANTIATE_LAYERNORM(double, 4)
 #undef ATTNLAB_INSTANTIATE_LAYERNORM
+
+#define ATTNLAB_INSTANTIATE_LAYERNORM_ROWS(T)                                                    \
+  template void detail::layernorm_forward_rows<T>(T*, T*, T*, const T*, const T*, const T*,      \
+                                                  std::size_t, std::size_t, T);                  \
+  template void detail::layernorm_backward_rows<T>(T*, T*, T*, const T*, const T*, const T*,     \
+                                                   const T*, const T*, std::size_t, std::size_t, \
+                                                   std::vector<T>&);
+ATTNLAB_INSTANTIATE_LAYERNORM_ROWS(float)
+ATTNLAB_INSTANTIATE_LAYERNORM_ROWS(double)
+#undef ATTNLAB_INSTANTIATE_LAYERNORM_ROWS
 
 }  // namespace attnlab

@@ -2,15 +2,84 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "../parallel_rows.hpp"
+#include "norm_kernels.hpp"
 #include "shape_helpers.hpp"
 
 namespace attnlab {
 
 using shape_helpers::dims;
 using shape_helpers::last_is;
+
+namespace detail {
+
+namespace {
+
+// The partial sums of chunk `chunk`: the output itself for chunk 0, else a slice of scratch.
+template <class T>
+T* partial_of(T* out, std::vector<T>& scratch, std::size_t chunk, std::size_t C) {
+  return chunk == 0 ? out : scratch.data() + (chunk - 1) * C;
+}
+
+// out[c] += Σ over chunks 1.. of their partials, in chunk order.
+template <class T>
+void add_partials(T* out, const std::vector<T>& scratch, std::size_t chunks, std::size_t C) {
+  for (std::size_t chunk = 1; chunk < chunks; ++chunk) {
+    const T* part = scratch.data() + (chunk - 1) * C;
+    for (std::size_t c = 0; c < C; ++c) out[c] += part[c];
+  }
+}
+
+}  // namespace
+
+template <class T>
+void rmsnorm_forward_rows(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows,
+                          std::size_t C, T eps) {
+  for_row_chunks(rows, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      T mean_sq = 0;
+      for (std::size_t c = 0; c < C; ++c) mean_sq += xr[c] * xr[c];
+      mean_sq /= T(C);
+      const T rs = T(1) / std::sqrt(mean_sq + eps);
+      rstd[r] = rs;
+      for (std::size_t c = 0; c < C; ++c) yr[c] = gamma[c] * (xr[c] * rs);
+    }
+  });
+}
+
+template <class T>
+void rmsnorm_backward_rows(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
+                           std::size_t rows, std::size_t C, std::vector<T>& scratch) {
+  const std::size_t chunks = row_chunks(rows, C);
+  std::fill(dgamma, dgamma + C, T(0));
+  scratch.assign(chunks > 1 ? (chunks - 1) * C : 0, T(0));
+  for_chunks(rows, chunks, [&](std::size_t r0, std::size_t r1, std::size_t chunk) {
+    T* dg = partial_of(dgamma, scratch, chunk, C);
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* dyr = dy + r * C;
+      const T* xr = x + r * C;
+      T* dxr = dx + r * C;
+      const T rs = rstd[r];
+      // dx = rstd · (g − x̂ ⊙ mean(g ⊙ x̂)), g = dy ⊙ γ.
+      T mean_gh = 0;
+      for (std::size_t c = 0; c < C; ++c) {
+        const T h = xr[c] * rs;
+        mean_gh += dyr[c] * gamma[c] * h;
+        dg[c] += dyr[c] * h;
+      }
+      mean_gh /= T(C);
+      for (std::size_t c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * gamma[c] - xr[c] * rs * mean_gh);
+    }
+  });
+  add_partials(dgamma, scratch, chunks, C);
+}
+
+}  // namespace detail
 
 template <class T, std::size_t N>
 Tensor<T, N> rmsnorm_forward(RmsNormCache<T, N>& cache, const Tensor<T, N>& x,
@@ -19,25 +88,11 @@ Tensor<T, N> rmsnorm_forward(RmsNormCache<T, N>& cache, const Tensor<T, N>& x,
   check_extents("rmsnorm_forward", "x", dims(x.shape()), last_is<N>(C));
   check_arg(C > 0, "rmsnorm_forward", "gamma", "a non-empty (C,) vector", "C = 0");
   const std::size_t rows = x.size() / C;
-  cache.xhat.resize(x.shape());
-  cache.rstd.assign(rows, T(0));
+  detail::assign_copy(cache.x, x);
+  cache.rstd.resize(rows);
   Tensor<T, N> y(x.shape());
-  detail::for_row_chunks(rows, C, [&](std::size_t r0, std::size_t r1, std::size_t) {
-    for (std::size_t r = r0; r < r1; ++r) {
-      const T* xr = x.data() + r * C;
-      T* hr = cache.xhat.data() + r * C;
-      T* yr = y.data() + r * C;
-      T mean_sq = 0;
-      for (std::size_t c = 0; c < C; ++c) mean_sq += xr[c] * xr[c];
-      mean_sq /= T(C);
-      const T rstd = T(1) / std::sqrt(mean_sq + T(eps));
-      cache.rstd[r] = rstd;
-      for (std::size_t c = 0; c < C; ++c) {
-        hr[c] = xr[c] * rstd;
-        yr[c] = gamma(c) * hr[c];
-      }
-    }
-  });
+  detail::rmsnorm_forward_rows(y.data(), cache.rstd.data(), x.data(), gamma.data(), rows, C,
+                               T(eps));
   return y;
 }
 
@@ -47,37 +102,16 @@ RmsNormGrads<T, N> rmsnorm_backward(const Tensor<T, N>& dy, const RmsNormCache<T
   if (cache.rstd.empty()) {
     throw std::logic_error("rmsnorm_backward: the cache is empty: call rmsnorm_forward first");
   }
-  const auto& shape = cache.xhat.shape();
+  const auto& shape = cache.x.shape();
   check_extents("rmsnorm_backward", "dy", dims(dy.shape()),
                 std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
   const std::size_t C = gamma.size();
-  const std::size_t rows = cache.rstd.size();
+  check_arg(C * cache.rstd.size() == cache.x.size(), "rmsnorm_backward", "gamma",
+            "the (C,) vector of the forward", "C = " + std::to_string(C));
   RmsNormGrads<T, N> g{Tensor<T, N>(shape), Tensor1<T>::from_shape({C})};
-  g.dgamma.fill(T(0));
-  // dγ is a sum over rows: one partial per chunk after the first, added in chunk order.
-  const std::size_t chunks = detail::row_chunks(rows, C);
-  std::vector<T> partial(chunks > 1 ? (chunks - 1) * C : 0, T(0));
-  detail::for_chunks(rows, chunks, [&](std::size_t r0, std::size_t r1, std::size_t chunk) {
-    T* dgamma = chunk == 0 ? g.dgamma.data() : partial.data() + (chunk - 1) * C;
-    for (std::size_t r = r0; r < r1; ++r) {
-      const T* dyr = dy.data() + r * C;
-      const T* hr = cache.xhat.data() + r * C;
-      T* dxr = g.dx.data() + r * C;
-      // x̂ = x · rstd(x); ∂rstd/∂x = −rstd³ x / C, hence dx = rstd · (g − x̂ ⊙ mean(g ⊙ x̂)).
-      T mean_gh = 0;
-      for (std::size_t c = 0; c < C; ++c) {
-        mean_gh += dyr[c] * gamma(c) * hr[c];
-        dgamma[c] += dyr[c] * hr[c];
-      }
-      mean_gh /= T(C);
-      const T rstd = cache.rstd[r];
-      for (std::size_t c = 0; c < C; ++c) dxr[c] = rstd * (dyr[c] * gamma(c) - hr[c] * mean_gh);
-    }
-  });
-  for (std::size_t chunk = 1; chunk < chunks; ++chunk) {
-    const T* part = partial.data() + (chunk - 1) * C;
-    for (std::size_t c = 0; c < C; ++c) g.dgamma(c) += part[c];
-  }
+  std::vector<T> scratch;
+  detail::rmsnorm_backward_rows(g.dx.data(), g.dgamma.data(), dy.data(), cache.x.data(),
+                                cache.rstd.data(), gamma.data(), cache.rstd.size(), C, scratch);
   return g;
 }
 
@@ -93,5 +127,14 @@ ATTNLAB_INSTANTIATE_RMSNORM(double, 2)
 ATTNLAB_INSTANTIATE_RMSNORM(double, 3)
 ATTNLAB_INSTANTIATE_RMSNORM(double, 4)
 #undef ATTNLAB_INSTANTIATE_RMSNORM
+
+#define ATTNLAB_INSTANTIATE_RMSNORM_ROWS(T)                                                      \
+  template void detail::rmsnorm_forward_rows<T>(T*, T*, const T*, const T*, std::size_t,         \
+                                                std::size_t, T);                                 \
+  template void detail::rmsnorm_backward_rows<T>(T*, T*, const T*, const T*, const T*, const T*, \
+                                                 std::size_t, std::size_t, std::vector<T>&);
+ATTNLAB_INSTANTIATE_RMSNORM_ROWS(float)
+ATTNLAB_INSTANTIATE_RMSNORM_ROWS(double)
+#undef ATTNLAB_INSTANTIATE_RMSNORM_ROWS
 
 }  // namespace attnlab

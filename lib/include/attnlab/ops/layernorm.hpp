@@ -20,7 +20,8 @@ inline constexpr double kLayerNormEps = 1e-5;
 
 template <class T, std::size_t N>
 struct LayerNormCache {
-  Tensor<T, N> xhat;    // (..., C) the normalised input x̂
+  Tensor<T, N> x;       // (..., C) the input (x̂ is recomputed from it in the backward)
+  std::vector<T> mean;  // (rows,) μ
   std::vector<T> rstd;  // (rows,) 1 / √(σ² + eps)
 };
 

@@ -17,7 +17,7 @@ inline constexpr double kRmsNormEps = 1e-5;
 
 template <class T, std::size_t N>
 struct RmsNormCache {
-  Tensor<T, N> xhat;    // (..., C)
+  Tensor<T, N> x;       // (..., C) the input (x̂ = x · rstd is recomputed in the backward)
   std::vector<T> rstd;  // (rows,)
 };
 
