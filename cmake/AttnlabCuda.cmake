@@ -2,7 +2,8 @@
 # standard /usr/local/cuda prefix, which CMake does not search on its own); ON requires it; OFF is CPU only.
 #
 # When the backend is built:
-#   - lib/cuda/*.cu and lib/cuda/*.cpp form the static library attnlab_cuda, linked into attnlab;
+#   - lib/backends/cuda/*.cu and runtime.cpp form the static library attnlab_cuda, linked into
+#     attnlab (without it, lib/backends/cuda/without_cuda.cpp answers "not built");
 #   - architectures 80 and 90 (A100, H100/H200), unless CMAKE_CUDA_ARCHITECTURES is given;
 #   - the CUDA runtime is linked statically (CUDA::cudart_static): binaries start on machines that
 #     have no driver, and report "no device" at run time instead of failing to load;
@@ -52,18 +53,18 @@ else()
   message(STATUS "attnlab: ATTNLAB_CUDA=${ATTNLAB_CUDA}, CUDA backend built: OFF")
 endif()
 
-# Builds attnlab_cuda from lib/cuda and links it into `target` (the attnlab library).
+# Builds attnlab_cuda from lib/backends/cuda and links it into `target` (the attnlab library).
 function(attnlab_add_cuda_backend target)
   if(NOT ATTNLAB_WITH_CUDA)
     return()
   endif()
-  file(GLOB sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/lib/cuda/*.cu"
-       "${PROJECT_SOURCE_DIR}/lib/cuda/*.cpp")
+  file(GLOB sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/lib/backends/cuda/*.cu")
+  list(APPEND sources "${PROJECT_SOURCE_DIR}/lib/backends/cuda/runtime.cpp")
   add_library(attnlab_cuda STATIC ${sources})
   # The kernels include only attnlab's CUDA headers (never xtensor); C++17 is what every supported
   # nvcc accepts.
   target_include_directories(attnlab_cuda PRIVATE "${PROJECT_SOURCE_DIR}/lib/include"
-                                                  "${PROJECT_SOURCE_DIR}/lib/cuda")
+                                                  "${PROJECT_SOURCE_DIR}/lib/backends/cuda")
   set_target_properties(attnlab_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
                                                 CUDA_RUNTIME_LIBRARY Static)
   if(BUILD_SHARED_LIBS)

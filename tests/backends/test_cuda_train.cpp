@@ -1,16 +1,18 @@
-// The training-step launchers (attnlab/cuda_train.hpp) on a GPU against the CPU ops, in float with
-// NaN-poisoned outputs (fp32 to ~1e-5 relative against the double CPU op) and in double. Without a
-// device these tests are reported as skipped (tests/support/cuda_helpers.hpp).
+// The training-step operations of the CUDA backend (attnlab/device_ops.hpp) on a GPU against the
+// CPU ops, in float with NaN-poisoned outputs (fp32 to ~1e-5 relative against the double CPU op)
+// and in double. Without a device these tests are reported as skipped
+// (tests/support/cuda_helpers.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <xtensor/xbuilder.hpp>
 
 #include "attnlab/cuda.hpp"
-#include "attnlab/cuda_train.hpp"
+#include "attnlab/device_ops.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/ops/embedding.hpp"
@@ -51,6 +53,18 @@ std::vector<T> download(const DeviceArray<T>& a) {
   return host;
 }
 
+// The CUDA backend for element type T, made on first use (after the device check) and kept.
+template <class T>
+DeviceOps<T>& gpu() {
+  static const std::unique_ptr<DeviceOps<T>> ops = make_cuda_device_ops<T>();
+  return *ops;
+}
+// The backend whose element type is that of `p` (the op's first T argument).
+template <class T>
+DeviceOps<T>& ops_of(T* /*p*/) {
+  return gpu<T>();
+}
+
 template <class T>
 xt::xtensor<T, 2> as_float(const xt::xtensor<double, 2>& x) {
   return xt::xtensor<T, 2>(xt::cast<T>(x));
@@ -84,8 +98,9 @@ TEST_CASE("cuda train: embedding, LayerNorm, RMSNorm and GELU match the CPU ops"
     auto t_d = upload(tf), dye_d = upload(dyef);
     DeviceArray<int> ids_d(ids.data(), ids.size());
     auto y_d = poisoned<float>(ids.size() * C), dt_d = poisoned<float>(V * C);
-    cuda::embedding_forward(y_d.data(), ids_d.data(), t_d.data(), ids.size(), C);
-    cuda::embedding_backward(dt_d.data(), dye_d.data(), ids_d.data(), ids.size(), V, C);
+    ops_of(y_d.data()).embedding_forward(y_d.data(), ids_d.data(), t_d.data(), ids.size(), C);
+    ops_of(dt_d.data())
+        .embedding_backward(dt_d.data(), dye_d.data(), ids_d.data(), ids.size(), V, C);
     CHECK(test::rel_error(download(y_d), y_cpu) < kFloatTol);
     CHECK(test::rel_error(download(dt_d), dt_cpu) < kFloatTol);
   }
@@ -95,11 +110,13 @@ TEST_CASE("cuda train: embedding, LayerNorm, RMSNorm and GELU match the CPU ops"
     const auto g_cpu = layernorm_backward(dy, cache, gamma);
     auto y_d = poisoned<float>(rows * C), mean_d = poisoned<float>(rows),
          rstd_d = poisoned<float>(rows);
-    cuda::layernorm_forward(y_d.data(), mean_d.data(), rstd_d.data(), x_d.data(), g_d.data(),
-                            b_d.data(), rows, C, float(kLayerNormEps));
+    ops_of(y_d.data())
+        .layernorm_forward(y_d.data(), mean_d.data(), rstd_d.data(), x_d.data(), g_d.data(),
+                           b_d.data(), rows, C, float(kLayerNormEps));
     auto dx_d = poisoned<float>(rows * C), dg_d = poisoned<float>(C), db_d = poisoned<float>(C);
-    cuda::layernorm_backward(dx_d.data(), dg_d.data(), db_d.data(), dy_d.data(), x_d.data(),
-                             mean_d.data(), rstd_d.data(), g_d.data(), rows, C);
+    ops_of(dx_d.data())
+        .layernorm_backward(dx_d.data(), dg_d.data(), db_d.data(), dy_d.data(), x_d.data(),
+                            mean_d.data(), rstd_d.data(), g_d.data(), rows, C);
     CHECK(test::rel_error(download(y_d), y_cpu) < kFloatTol);
     CHECK(test::rel_error(download(dx_d), g_cpu.dx) < kFloatTol);
     CHECK(test::rel_error(download(dg_d), g_cpu.dgamma) < kFloatTol);
@@ -110,11 +127,13 @@ TEST_CASE("cuda train: embedding, LayerNorm, RMSNorm and GELU match the CPU ops"
     const auto y_cpu = rmsnorm_forward(cache, x, gamma);
     const auto g_cpu = rmsnorm_backward(dy, cache, gamma);
     auto y_d = poisoned<float>(rows * C), rstd_d = poisoned<float>(rows);
-    cuda::rmsnorm_forward(y_d.data(), rstd_d.data(), x_d.data(), g_d.data(), rows, C,
-                          float(kRmsNormEps));
+    ops_of(y_d.data())
+        .rmsnorm_forward(y_d.data(), rstd_d.data(), x_d.data(), g_d.data(), rows, C,
+                         float(kRmsNormEps));
     auto dx_d = poisoned<float>(rows * C), dg_d = poisoned<float>(C);
-    cuda::rmsnorm_backward(dx_d.data(), dg_d.data(), dy_d.data(), x_d.data(), rstd_d.data(),
-                           g_d.data(), rows, C);
+    ops_of(dx_d.data())
+        .rmsnorm_backward(dx_d.data(), dg_d.data(), dy_d.data(), x_d.data(), rstd_d.data(),
+                          g_d.data(), rows, C);
     CHECK(test::rel_error(download(y_d), y_cpu) < kFloatTol);
     CHECK(test::rel_error(download(dx_d), g_cpu.dx) < kFloatTol);
     CHECK(test::rel_error(download(dg_d), g_cpu.dgamma) < kFloatTol);
@@ -126,8 +145,8 @@ TEST_CASE("cuda train: embedding, LayerNorm, RMSNorm and GELU match the CPU ops"
           gelu_forward(cache, x, exact ? GeluApproximation::exact : GeluApproximation::tanh);
       const auto dx_cpu = gelu_backward(dy, cache);
       auto y_d = poisoned<float>(rows * C), dx_d = poisoned<float>(rows * C);
-      cuda::gelu_forward(y_d.data(), x_d.data(), rows * C, exact);
-      cuda::gelu_backward(dx_d.data(), dy_d.data(), x_d.data(), rows * C, exact);
+      ops_of(y_d.data()).gelu_forward(y_d.data(), x_d.data(), rows * C, exact);
+      ops_of(dx_d.data()).gelu_backward(dx_d.data(), dy_d.data(), x_d.data(), rows * C, exact);
       CHECK(test::rel_error(download(y_d), y_cpu) < kFloatTol);
       CHECK(test::rel_error(download(dx_d), dx_cpu) < kFloatTol);
     }
@@ -148,9 +167,10 @@ TEST_CASE("cuda train: linear with bias, forward and backward, float and double"
   auto x_d = upload(x), w_d = upload(w), b_d = upload(b), dy_d = upload(dy);
   auto y_d = poisoned<double>(rows * out), dx_d = poisoned<double>(rows * in),
        dw_d = poisoned<double>(in * out), db_d = poisoned<double>(out);
-  cuda::linear_forward(y_d.data(), x_d.data(), w_d.data(), b_d.data(), rows, in, out);
-  cuda::linear_backward(dx_d.data(), dw_d.data(), db_d.data(), dy_d.data(), x_d.data(), w_d.data(),
-                        rows, in, out);
+  ops_of(y_d.data()).linear_forward(y_d.data(), x_d.data(), w_d.data(), b_d.data(), rows, in, out);
+  ops_of(dx_d.data())
+      .linear_backward(dx_d.data(), dw_d.data(), db_d.data(), dy_d.data(), x_d.data(), w_d.data(),
+                       rows, in, out);
   CHECK(test::rel_error(download(y_d), y_cpu) < 1e-13);
   CHECK(test::rel_error(download(dx_d), g_cpu.dx) < 1e-13);
   CHECK(test::rel_error(download(dw_d), g_cpu.dw) < 1e-13);
@@ -158,8 +178,9 @@ TEST_CASE("cuda train: linear with bias, forward and backward, float and double"
   const auto xf = as_float<float>(x), wf = as_float<float>(w);
   auto xf_d = upload(xf), wf_d = upload(wf);
   auto yf_d = poisoned<float>(rows * out);
-  cuda::linear_forward(yf_d.data(), xf_d.data(), wf_d.data(), static_cast<const float*>(nullptr),
-                       rows, in, out);
+  ops_of(yf_d.data())
+      .linear_forward(yf_d.data(), xf_d.data(), wf_d.data(), static_cast<const float*>(nullptr),
+                      rows, in, out);
   LinearCache<double, 2> no_bias;
   CHECK(test::rel_error(download(yf_d), linear_forward(no_bias, x, w)) < kFloatTol);
 }
@@ -178,8 +199,9 @@ TEST_CASE("cuda train: fused softmax cross-entropy matches the CPU op") {
   auto l_d = upload(lf);
   DeviceArray<int> t_d(targets.data(), targets.size());
   auto loss_d = poisoned<float>(1), dl_d = poisoned<float>(rows * V), rl_d = poisoned<float>(rows);
-  cuda::softmax_cross_entropy(loss_d.data(), dl_d.data(), rl_d.data(), l_d.data(), t_d.data(), rows,
-                              V, kIgnoreIndex);
+  ops_of(loss_d.data())
+      .softmax_cross_entropy(loss_d.data(), dl_d.data(), rl_d.data(), l_d.data(), t_d.data(), rows,
+                             V, kIgnoreIndex);
   CHECK(download(loss_d)[0] == doctest::Approx(cpu.loss).epsilon(kFloatTol));
   CHECK(test::rel_error(download(dl_d), cpu.dlogits) < kFloatTol);
 }
@@ -201,15 +223,16 @@ TEST_CASE("cuda train: AdamW and the grad norm match the CPU optimizer") {
     p.grad = randn<double, 1>({n}, rng);
     auto g_d = upload(p.grad);
     opt.step();
-    cuda::adamw_update(
-        param_d.data(), m_d.data(), v_d.data(), g_d.data(), n,
-        cuda::adamw_scalars<double>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
+    ops_of(param_d.data())
+        .adamw_update(
+            param_d.data(), m_d.data(), v_d.data(), g_d.data(), n,
+            cuda::adamw_scalars<double>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
     CAPTURE(t);
     CHECK(test::rel_error(download(param_d), p.value) < 1e-14);
   }
   const double norm = grad_norm<double>({{"w", &p}});
   auto g_d = upload(p.grad);
-  DeviceArray<double> out_d(1), partial_d(cuda::sum_of_squares_scratch());
-  cuda::sum_of_squares(out_d.data(), partial_d.data(), g_d.data(), n);
+  DeviceArray<double> out_d(1), partial_d(gpu<double>().sum_of_squares_scratch());
+  gpu<double>().sum_of_squares(out_d.data(), partial_d.data(), g_d.data(), n);
   CHECK(std::sqrt(download(out_d)[0]) == doctest::Approx(norm).epsilon(1e-13));
 }

@@ -1,8 +1,9 @@
-// The training-step CUDA kernels (lib/cuda/train_kernels.cuh) run on the CPU under the emulator of
-// the CUDA thread model (attnlab/backends/cuda_emulator.hpp), against the CPU ops: embedding,
-// LayerNorm, RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW, SGD, the sum
-// of squares, and the glue of a device-resident model (add, scale, exp, head split/merge, per-head
-// dot). Outputs start NaN-filled so that an element a kernel skipped shows. Runs on every machine.
+// The training-step CUDA kernels (lib/backends/cuda/train_kernels.cuh) run on the CPU under the
+// emulator of the CUDA thread model (attnlab/backends/cuda_emulator.hpp), against the CPU ops:
+// embedding, LayerNorm, RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW,
+// SGD, the sum of squares, and the glue of a device-resident model (add, scale, exp, head
+// split/merge, per-head dot). Outputs start NaN-filled so that an element a kernel skipped shows.
+// Runs on every machine.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,7 +12,7 @@
 
 #include <xtensor/xbuilder.hpp>
 
-#include "attnlab/cuda_train.hpp"
+#include "attnlab/device_ops.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/ops/embedding.hpp"

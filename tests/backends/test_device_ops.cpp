@@ -18,7 +18,6 @@
 
 #include "attnlab/backends/emulated.hpp"
 #include "attnlab/cuda.hpp"
-#include "attnlab/cuda_train.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/nn/parameter.hpp"
 #include "attnlab/ops/attention.hpp"

@@ -21,12 +21,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "../bench/train_models.hpp"
 #include "attnlab/cuda.hpp"
-#include "attnlab/cuda_attention.hpp"
+#include "attnlab/device_ops.hpp"
 #include "attnlab/nn/cross_entropy.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n\n", cuda_device_name().c_str());
   std::printf("| T     | path                   | fwd ms    | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
   std::printf("|-------|------------------------|-----------|---------|-----------|---------|\n");
+  const std::unique_ptr<DeviceOps<float>> gpu = make_cuda_device_ops<float>();
   const std::size_t B = 8, H = 12, D = 64;
   const std::vector<std::size_t> lengths =
       quick ? std::vector<std::size_t>{256, 1024} : std::vector<std::size_t>{256, 1024, 4096};
@@ -162,19 +164,19 @@ int main(int argc, char** argv) {
     a.q = q.data(), a.k = k.data(), a.v = v.data(), a.scale = scale.data();
     const double flops = 4.0 * static_cast<double>(BH) * T * T * D;
 
-    const auto ref_fwd = [&] { cuda::sdpa_reference_forward(out.data(), p.data(), a); };
+    const auto ref_fwd = [&] { gpu->sdpa_reference_forward(out.data(), p.data(), a); };
     const auto ref_all = [&] {
       ref_fwd();
-      cuda::sdpa_reference_backward(dq.data(), dk.data(), dv.data(), ds.data(), dout.data(),
-                                    p.data(), a);
+      gpu->sdpa_reference_backward(dq.data(), dk.data(), dv.data(), ds.data(), dout.data(),
+                                   p.data(), a);
     };
     row("reference (cuBLAS)", T, flops, time_call(ref_fwd), time_call(ref_all));
 
-    const auto fused_fwd = [&] { cuda::sdpa_fused_forward(out.data(), lse.data(), a); };
+    const auto fused_fwd = [&] { gpu->sdpa_fused_forward(out.data(), lse.data(), a); };
     const auto fused_all = [&] {
       fused_fwd();
-      cuda::sdpa_fused_backward(dq.data(), dk.data(), dv.data(), row_dot.data(), dout.data(),
-                                out.data(), lse.data(), a);
+      gpu->sdpa_fused_backward(dq.data(), dk.data(), dv.data(), row_dot.data(), dout.data(),
+                               out.data(), lse.data(), a);
     };
     row("fused", T, flops, time_call(fused_fwd), time_call(fused_all));
 

@@ -1,7 +1,7 @@
 // Umbrella header: the whole public API of attnlab (CPU, and the CUDA host API, which compiles
 // without CUDA: the device-resident Transformer and the DeviceOps interface it is written against
-// included). The raw-pointer CUDA launchers of the training kernels (cuda_train.hpp) are included
-// on their own by code that needs them.
+// included). The device kernels are reached through DeviceOps
+// (device_ops.hpp), on any backend.
 #pragma once
 
 #include "attnlab/attention/score_rule.hpp"

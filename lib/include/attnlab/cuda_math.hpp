@@ -172,7 +172,7 @@ ATTNLAB_HD inline std::size_t round_up(std::size_t n, std::size_t m) {
   return (n + m - 1) / m * m;
 }
 
-// ---- training-step elements (attnlab/cuda_train.hpp) ----------------------------------------
+// ---- training-step elements (attnlab/device_ops.hpp) ---------------------------------------
 
 // GELU, torch.nn.functional.gelu: tanh approximation y = ½ x (1 + tanh(c (x + 0.044715 x³))),
 // c = √(2/π), or exact y = x Φ(x); and their derivatives dy/dx.

@@ -1,18 +1,30 @@
 // The operations a device-resident model is written against: memory, copies, and the kernels of a
 // transformer training step, on device pointers. Three implementations exist:
-//   make_cuda_device_ops<T>()       the CUDA backend (cudaMalloc, cuBLAS, the kernels of lib/cuda);
-//   emulated::make_device_ops<T>()  the same kernel sources run on the CPU by the emulator of the
-//                                   CUDA thread model, with BLAS for the GEMMs
-//                                   (attnlab/backends/emulated.hpp, target attnlab_emulated).
-//   make_cpu_device_ops<T>()        host memory and attnlab's CPU ops (attnlab/backends/cpu.hpp).
+//   make_cuda_device_ops<T>()       the CUDA backend: the kernels of lib/backends/cuda launched by
+//   the one
+//                                   launch glue (lib/backends/cuda/kernel_device_ops.hpp) compiled
+//                                   by nvcc, cudaMalloc with a caching allocator, cuBLAS for the
+//                                   GEMMs;
+//   emulated::make_device_ops<T>()  the same glue compiled by the C++ compiler over an emulator of
+//                                   the CUDA thread model, with BLAS for the GEMMs: the GPU's own
+//                                   grids run on the CPU (attnlab/backends/emulated.hpp, target
+//                                   attnlab_emulated);
+//   make_cpu_device_ops<T>()        host memory and the raw-pointer cores of attnlab's CPU ops
+//                                   (attnlab/backends/cpu.hpp).
 // The Modules (attnlab/nn/) are written once against this interface, so the same model code runs on
 // the CPU, on a GPU, and on the emulated device that checks the GPU kernels on machines without
-// one.
+// one. A new device op is one virtual here, its kernel, one method of the launch glue and one of
+// the CPU backend.
 //
-// Contracts are those of attnlab/cuda_train.hpp and attnlab/cuda_attention.hpp: row-major
-// contiguous tensors, every output assigned (never accumulated) unless stated, fixed reduction
-// order (deterministic). Calls may be asynchronous; download() and the functions returning host
-// values synchronise. No CUDA type appears here.
+// Contracts: row-major contiguous tensors; rows are the flattened leading axes; every output is
+// assigned (never accumulated) unless stated; every reduction runs in a fixed order (deterministic,
+// no atomics). Each op mirrors a CPU op and its contract: embedding (attnlab/ops/embedding.hpp,
+// kNoToken = -1: zero row, no gradient), layernorm (biased variance, eps inside the root), rmsnorm,
+// gelu (tanh approximation or exact), linear (W stored (In, Out)), cross-entropy (fused softmax,
+// ignore index, mean over labelled), adamw (torch.optim.AdamW's order of operations), and attention
+// (attnlab/ops/attention.hpp, on the one parameter struct AttentionParams of
+// attnlab/attention/params.hpp). Calls may be asynchronous; download() and the functions returning
+// host values synchronise. No CUDA type appears here.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +32,7 @@
 #include <memory>
 #include <string>
 
-#include "attnlab/cuda_attention.hpp"
+#include "attnlab/attention/params.hpp"
 #include "attnlab/cuda_math.hpp"
 
 namespace attnlab {
@@ -64,9 +76,9 @@ class DeviceOps : public DeviceMemory {
   // db[c] = Σ_r dy[r, c], rows in order.
   virtual void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C) = 0;
 
-  // ---- heads
-  // ------------------------------------------------------------------------------------- (B, T,
-  // H·D) -> (B, H, T, D) and back.
+  // ---- heads ---------------------------------------------------------------------------------
+  // out (B,H,T,D) = x (B,T,H·D) split into heads, and merge_heads its inverse; out must not alias
+  // x.
   virtual void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
                            std::size_t D) = 0;
   virtual void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
@@ -75,20 +87,26 @@ class DeviceOps : public DeviceMemory {
   virtual void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
                         std::size_t n) = 0;
 
-  // ---- layers (attnlab/cuda_train.hpp) -----------------------------------------------------
+  // ---- layers ----------------------------------------------------------------------------------
+  // y (rows, C) = table[ids] with table (V, C); ids (rows,) in [0, V) or -1 (row of zeros).
   virtual void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
                                  std::size_t C) = 0;
+  // dtable (V, C): row v = Σ of dy over the positions whose id is v, in position order.
   virtual void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows,
                                   std::size_t V, std::size_t C) = 0;
+  // y = γ ⊙ (x − μ) · rstd + β over rows of x (rows, C); saves mean and rstd (rows,).
   virtual void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
                                  std::size_t rows, std::size_t C, T eps) = 0;
+  // dx (rows, C), dgamma (C,) = Σ_rows dy ⊙ x̂, dbeta (C,) = Σ_rows dy.
   virtual void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x,
                                   const T* mean, const T* rstd, const T* gamma, std::size_t rows,
                                   std::size_t C) = 0;
+  // y = γ ⊙ x · rstd, rstd = 1/√(mean(x²) + eps); saves rstd (rows,). Backward: dx, dgamma.
   virtual void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows,
                                std::size_t C, T eps) = 0;
   virtual void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd,
                                 const T* gamma, std::size_t rows, std::size_t C) = 0;
+  // y = gelu(x) and dx = dy ⊙ gelu'(x), elementwise over n values.
   virtual void gelu_forward(T* y, const T* x, std::size_t n, bool exact) = 0;
   virtual void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) = 0;
   // y = max(x, 0); dx = dy where x > 0, else 0.
@@ -105,12 +123,22 @@ class DeviceOps : public DeviceMemory {
   // dx = dy Wᵀ (skipped when dx is null), dW = xᵀ dy, db = Σ_rows dy (skipped when db is null).
   virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                                std::size_t rows, std::size_t in, std::size_t out) = 0;
-  // Fused softmax cross-entropy; loss is 1 device value, row_loss (rows,) scratch.
+  // Fused softmax cross-entropy over logits (rows, V), targets (rows,) in [0, V) or ignore_index:
+  // loss (1 device value) = mean over labelled rows of −log softmax[target] (0 when none is
+  // labelled); dlogits = (softmax − onehot) / n on labelled rows, 0 elsewhere; row_loss (rows,) is
+  // scratch. Out-of-range targets count as unlabelled (the host API validates them).
   virtual void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits,
                                      const int* targets, std::size_t rows, std::size_t V,
                                      int ignore_index) = 0;
 
-  // ---- attention (attnlab/cuda_attention.hpp) -------------------------------------------------
+  // ---- attention ----------------------------------------------------------------------------
+  // The CPU op's contract (attnlab/ops/attention.hpp): S = s_h · Q Kᵀ, P = softmax(S) over the
+  // visible keys, O = P V; the arguments are checked by check_attention_params. A row with no
+  // visible key gives P = 0, O = 0 and zero gradients. Every output element is assigned, so outputs
+  // may start uninitialised; with AttentionParams::dscores set, the backward also writes dS there
+  // (zero it first: the fused path skips hidden tiles).
+  // Reference path: out (B,H,Tq,Dv) and p (B,H,Tq,Tk) the weights; backward from p, ds (B,H,Tq,Tk)
+  // scratch. Fused path: out and lse (B,H,Tq), P never stored; row_dot (B,H,Tq) scratch.
   virtual void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& args) = 0;
   virtual void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
                                        const AttentionParams<T>& args) = 0;
@@ -138,5 +166,15 @@ class DeviceOps : public DeviceMemory {
 // built without CUDA or no device is available.
 template <class T>
 std::unique_ptr<DeviceOps<T>> make_cuda_device_ops();
+
+namespace cuda {
+
+// The scalars of AdamW step t (1-based) for these options, formed in double as the CPU op does, for
+// DeviceOps::adamw_update.
+template <class T>
+cuda_math::AdamWScalars<T> adamw_scalars(double lr, double beta1, double beta2, double eps,
+                                         double weight_decay, std::size_t t);
+
+}  // namespace cuda
 
 }  // namespace attnlab

@@ -11,7 +11,8 @@
 // and the processes were started by an MPI launcher (mpirun, srun): init_distributed() then returns
 // the world communicator. Otherwise it returns the single-process communicator, whose collectives
 // do nothing, so the same loop runs unchanged. NCCL would be a third implementation of the same
-// interface (device pointers, a stream); it is not built (see the README).
+// interface (device pointers, a stream); it is not built (examples/README.md, "More than one
+// machine").
 //
 // Collectives are blocking and must be called by every rank in the same order. Host memory only: a
 // device backend's gradients are staged through the host (allreduce_gradients does it).

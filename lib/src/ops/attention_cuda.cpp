@@ -1,19 +1,29 @@
 // The host side of the GPU attention op (attnlab/ops/attention_cuda.hpp): the CPU op's checks and
-// cache (attention_checks.hpp), device copies, and the launchers of attnlab/cuda_attention.hpp.
+// cache (attention_checks.hpp), device copies, and the CUDA backend's DeviceOps
+// (attnlab/device_ops.hpp), whose attention calls are the GPU paths.
 #include "attnlab/ops/attention_cuda.hpp"
 
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
 #include "attention_checks.hpp"
 #include "attnlab/cuda.hpp"
-#include "attnlab/cuda_attention.hpp"
+#include "attnlab/device_ops.hpp"
 
 namespace attnlab {
 
 namespace {
 
 using cuda::DeviceArray;
+
+// The process's CUDA backend for this op, made on first use (after require_device). DeviceOps
+// instances hold no state the op depends on, so one serves every thread.
+template <class T>
+DeviceOps<T>& gpu() {
+  static const std::unique_ptr<DeviceOps<T>> ops = make_cuda_device_ops<T>();
+  return *ops;
+}
 
 // The device copies of one call's inputs and the launch parameters pointing at them.
 template <class T>
@@ -60,7 +70,7 @@ template <class T>
 SdpaPath resolve_cuda_path(SdpaPath path, std::size_t D, std::size_t Dv) {
   if (path != SdpaPath::automatic) return path;
   try {
-    (void)cuda::sdpa_fused_tile_rows<T>(D, Dv);
+    gpu<T>().check_fused(D, Dv);
     return SdpaPath::fused;
   } catch (const std::invalid_argument&) {
     return SdpaPath::reference;
@@ -86,13 +96,13 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
   if (c.path == SdpaPath::reference) {
     c.p = Tensor4<T>({spec.B, spec.H, spec.Tq, spec.Tk});
     auto p_d = poisoned<T>(c.p.size());
-    cuda::sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
+    gpu<T>().sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
     cuda::synchronize();
     p_d.download(c.p.data());
   } else {
     c.lse = Tensor3<T>({spec.B, spec.H, spec.Tq});
     auto lse_d = poisoned<T>(c.lse.size());
-    cuda::sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
+    gpu<T>().sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
     cuda::synchronize();
     lse_d.download(c.lse.data());
   }
@@ -130,14 +140,14 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
   if (cache.path == SdpaPath::reference) {
     DeviceArray<T> p_d(cache.p.data(), cache.p.size());
     auto ds_d = poisoned<T>(cache.p.size());
-    cuda::sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(), dout_d.data(),
-                                  p_d.data(), in.params);
+    gpu<T>().sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
+                                     dout_d.data(), p_d.data(), in.params);
   } else {
     DeviceArray<T> out_d(cache.out.data(), cache.out.size());
     DeviceArray<T> lse_d(cache.lse.data(), cache.lse.size());
     auto row_dot_d = poisoned<T>(cache.lse.size());
-    cuda::sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
-                              dout_d.data(), out_d.data(), lse_d.data(), in.params);
+    gpu<T>().sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
+                                 dout_d.data(), out_d.data(), lse_d.data(), in.params);
   }
   cuda::synchronize();
   dq_d.download(g.dq.data());

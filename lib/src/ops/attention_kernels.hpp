@@ -1,7 +1,7 @@
 // Private to lib/src/ops: the CPU attention kernels behind sdpa_forward / sdpa_backward /
 // sdpa_scores, over raw pointers and the one parameter struct (attnlab/attention/params.hpp), as
-// the CUDA launchers of attnlab/cuda_attention.hpp are. The entry points (attention.cpp) check
-// shapes and options once; these assume valid params. Buffers are contiguous row-major; every
+// the CUDA backend's attention calls (attnlab/device_ops.hpp) are. The entry points (attention.cpp)
+// check shapes and options once; these assume valid params. Buffers are contiguous row-major; every
 // output is assigned. dscale_part (B·H) receives, per (b, h) slice, dL/ds_h = ⟨dQ, Q⟩ / s_h.
 #pragma once
 
@@ -21,7 +21,7 @@ void sdpa_reference_scores(T* scores, const AttentionParams<T>& p);
 template <class T>
 void sdpa_reference_forward(T* out, T* probs, const AttentionParams<T>& p);
 
-// dq (B,H,Tq,D), dk (B,H,Tk,D), dv (B,H,Tk,Dv) from dout (B,H,Tq,Dv) and the forward's probs.
+// dq (B,H,Tq,D), dk (B,Hkv,Tk,D), dv (B,Hkv,Tk,Dv) from dout (B,H,Tq,Dv) and the forward's probs.
 template <class T>
 void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, const T* probs,
                              const AttentionParams<T>& p);

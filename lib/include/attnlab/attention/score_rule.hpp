@@ -1,6 +1,6 @@
 // The score rule of attention: the one definition of which keys a query sees and of the score the
 // softmax gets, called by all four paths (CPU reference and fused in lib/src/ops, CUDA reference
-// and fused in lib/cuda). __host__ __device__ under nvcc, plain inline C++ otherwise.
+// and fused in lib/backends/cuda). __host__ __device__ under nvcc, plain inline C++ otherwise.
 //
 //   visible(b, i, j) = key_mask(b, j) && (!causal || j <= i + o) && (!w || j > i + o - w)
 //   S_ij = s_h · q_i·k_j [- m_h · (i + o - j) with ALiBi] [+ bias(b,h,i,j)] when visible, -inf

@@ -1,4 +1,4 @@
-// The Module contract (DESIGN.md):
+// The Module contract (lib/README.md, "The Module contract"):
 //   - forward(x) caches what backward needs and returns y;
 //   - backward(dy) returns dx and ADDS into the grads of the module's Parameters;
 //   - zero_grad() is the only thing that clears grads;

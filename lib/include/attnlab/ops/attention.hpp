@@ -65,7 +65,7 @@ enum class SdpaPath { reference, fused, automatic };
 
 // `automatic` picks the fused path from this many keys on, or from kSdpaFusedMinKeysCausal keys on
 // when causal (it skips the masked tiles). Measured with tests/bench on a 2-core AVX-512 Xeon
-// (README, Performance): forward+backward / GEMM floor at B·H = 64, D = 64 was, reference vs fused,
+// (tests/bench/README.md): forward+backward / GEMM floor at B·H = 64, D = 64 was, reference vs fused,
 // 1.27 vs 1.49 at T = 256, 1.68 vs 1.58 at T = 512, 1.56 vs 1.48 at T = 1024; causal 1.33 vs 1.15
 // at T = 256. Below the threshold the reference path is as fast or faster, and gives the weights.
 inline constexpr std::size_t kSdpaFusedMinKeys = 1024;
@@ -224,7 +224,7 @@ struct SdpaGrads {
 
 // dBias from dS = dL/dS (B,H,Tq,Tk): the sum over the axes that a bias of shape `bias_shape`
 // (1|B, 1|H, Tq, Tk) broadcasts over, in a fixed order (deterministic). For callers of the raw
-// launchers (attnlab/cuda_attention.hpp) that set AttentionParams::dscores. Throws ShapeError when
+// calls (attnlab/device_ops.hpp) that set AttentionParams::dscores. Throws ShapeError when
 // bias_shape does not broadcast to dS.
 template <class T>
 Tensor4<T> sum_to_bias_shape(const Tensor4<T>& dscores,

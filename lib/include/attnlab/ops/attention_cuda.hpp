@@ -1,5 +1,5 @@
 // Scaled dot-product attention on the GPU, over the CPU op's host tensors, options and cache: each
-// call copies its inputs to the device, runs the CUDA kernels (attnlab/cuda_attention.hpp) and
+// call copies its inputs to the device, runs the CUDA kernels (the CUDA backend's DeviceOps, attnlab/device_ops.hpp) and
 // copies the results back. For tests, comparisons with the CPU op and small-scale use;
 // device-resident code calls the launchers directly.
 //

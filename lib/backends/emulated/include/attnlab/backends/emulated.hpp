@@ -1,5 +1,5 @@
 // The emulated device backend: DeviceOps (attnlab/device_ops.hpp) whose kernels are the CUDA kernel
-// sources of lib/cuda, run on the CPU by an emulator of the CUDA thread model
+// sources of lib/backends/cuda, run on the CPU by an emulator of the CUDA thread model
 // (attnlab/backends/cuda_emulator.hpp), with attnlab's CPU BLAS for the GEMMs. It lets every build
 // check the device code paths (any Module moved to it, `train --device cuda`) against the CPU on a
 // machine without a GPU: the kernels' indexing, masking and arithmetic, not their speed. "Device"

@@ -1,4 +1,5 @@
-// Private to lib/cuda: error checking of CUDA and cuBLAS calls, and the process's cuBLAS handle.
+// Private to lib/backends/cuda: error checking of CUDA and cuBLAS calls, and the process's cuBLAS
+// handle.
 #pragma once
 
 #include <cublas_v2.h>

@@ -1,5 +1,5 @@
-// Kernels of the training step (launch glue: train.cu; contracts: attnlab/cuda_train.hpp). Device
-// code only: compiled by nvcc, and on the CPU under the emulator of
+// Kernels of the training step (launch glue: kernel_device_ops.hpp; contracts:
+// attnlab/device_ops.hpp). Device code only: compiled by nvcc, and on the CPU under the emulator of
 // tests/backends/test_cuda_emulated.cpp.
 //
 // Row kernels use one block of kRowThreads per row and deterministic block reductions; column
@@ -21,12 +21,13 @@ namespace cm = cuda_math;
 constexpr int kRowThreads = 256;
 constexpr int kElementThreads = 256;
 constexpr unsigned kMaxElementBlocks = 1024;
-constexpr unsigned kSumBlocks = 256;  // partial sums of sum_of_squares
+constexpr unsigned kSumBlocks = 256;  // partial sums of sum_of_squares on the GPU
 
-inline unsigned element_blocks(std::size_t n) {
+// Blocks of an elementwise (grid-stride) launch over n values: one per kElementThreads values, at
+// most max_blocks (the runtime's kMaxStrideBlocks).
+inline unsigned element_blocks(std::size_t n, unsigned max_blocks = kMaxElementBlocks) {
   const std::size_t blocks = cm::tile_count(n, kElementThreads);
-  return static_cast<unsigned>(blocks < kMaxElementBlocks ? (blocks > 0 ? blocks : 1)
-                                                          : kMaxElementBlocks);
+  return static_cast<unsigned>(blocks < max_blocks ? (blocks > 0 ? blocks : 1) : max_blocks);
 }
 
 __device__ inline std::size_t global_thread() {

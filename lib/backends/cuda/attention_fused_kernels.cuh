@@ -1,6 +1,6 @@
-// Kernels of the fused GPU attention (launch glue: attention_fused.cu), FlashAttention-2 style (Dao
-// 2023, Algorithms 1 and 2), in plain FMA arithmetic for float and double. No (Tq, Tk) matrix is
-// ever stored.
+// Kernels of the fused GPU attention (launch glue: kernel_device_ops.hpp), FlashAttention-2 style
+// (Dao 2023, Algorithms 1 and 2), in plain FMA arithmetic for float and double. No (Tq, Tk) matrix
+// is ever stored.
 //
 //   forward    one block per (packed query tile, K/V slice): the rows of the G = H / Hkv query
 //              heads that share the slice are interleaved (row i·G + m: query i of head m), so a
@@ -23,7 +23,7 @@
 // broadcasts along rows and consecutive (or odd-strided) along columns. Head dims are padded with
 // zeros to a multiple of 64 in shared memory: the padding adds zeros to every dot product.
 //
-// Device code only, on raw pointers: compiled by nvcc through attention_fused.cu, and by the C++
+// Device code only, on raw pointers: compiled by nvcc through cuda_device_ops.cu, and by the C++
 // compiler in tests/backends/test_cuda_emulated.cpp, which runs these kernels on the CPU under an
 // emulation of the CUDA thread model (device_compat.cuh).
 #pragma once

@@ -1,4 +1,4 @@
-// Kernels of the reference GPU attention (launch glue: attention_reference.cu): the two row kernels
+// Kernels of the reference GPU attention (launch glue: kernel_device_ops.hpp): the two row kernels
 // that sit between the cuBLAS GEMMs. Device code only: compiled by nvcc, and on the CPU under the
 // emulator of tests/backends/test_cuda_emulated.cpp (device_compat.cuh).
 #pragma once

@@ -1,4 +1,4 @@
-// Private to lib/cuda: deterministic warp and block reductions (fixed shuffle order).
+// Private to lib/backends/cuda: deterministic warp and block reductions (fixed shuffle order).
 #pragma once
 
 #include "attnlab/cuda_math.hpp"

@@ -1,6 +1,6 @@
-// Private to lib/cuda: the few spellings that differ between nvcc and the CPU emulation of the CUDA
-// thread model used by tests/backends/test_cuda_emulated.cpp (attnlab/backends/cuda_emulator.hpp).
-// Under nvcc they are the plain CUDA declarations.
+// Private to lib/backends/cuda: the few spellings that differ between nvcc and the CPU emulation of
+// the CUDA thread model used by tests/backends/test_cuda_emulated.cpp
+// (attnlab/backends/cuda_emulator.hpp). Under nvcc they are the plain CUDA declarations.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -11,5 +11,6 @@
 #define ATTNLAB_STATIC_SHARED(type, name, count) __shared__ type name[count]
 
 #elif !defined(ATTNLAB_CUDA_EMULATION)
-#error "lib/cuda kernels compile under nvcc, or on the CPU with attnlab/backends/cuda_emulator.hpp"
+#error \
+    "lib/backends/cuda kernels compile under nvcc, or on the CPU with attnlab/backends/cuda_emulator.hpp"
 #endif

@@ -9,16 +9,16 @@
 #include <new>
 #include <vector>
 
-#include "../ops/attention_kernels.hpp"
-#include "../ops/cross_entropy_kernels.hpp"
-#include "../ops/embedding_kernels.hpp"
-#include "../ops/gelu_kernels.hpp"
-#include "../ops/linear_kernels.hpp"
-#include "../ops/norm_kernels.hpp"
-#include "../ops/row_kernels.hpp"
-#include "../parallel_rows.hpp"
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/backends/cpu.hpp"
+#include "ops/attention_kernels.hpp"
+#include "ops/cross_entropy_kernels.hpp"
+#include "ops/embedding_kernels.hpp"
+#include "ops/gelu_kernels.hpp"
+#include "ops/linear_kernels.hpp"
+#include "ops/norm_kernels.hpp"
+#include "ops/row_kernels.hpp"
+#include "parallel_rows.hpp"
 
 namespace attnlab {
 

@@ -1,0 +1,425 @@
+// The one launch glue of the device kernels: DeviceOps (attnlab/device_ops.hpp) written once over
+// the kernels of this folder (train_kernels.cuh, attention_*_kernels.cuh), with every grid, block
+// size, shared-memory size and argument list stated here and nowhere else. It is compiled twice:
+//   by nvcc in cuda_device_ops.cu, with CudaRuntime (cudaMalloc with a caching allocator, <<<>>>
+//   launches, cuBLAS), for the CUDA backend;
+//   by the C++ compiler in lib/backends/emulated/src/emulated.cpp, with EmulatorRuntime (host
+//   memory, the emulator of the CUDA thread model, attnlab's CPU BLAS), for the emulated device.
+// So the emulated tests run the GPU's own launch code, grid for grid.
+//
+// A Runtime provides: name(); allocate/release/upload/download/copy/zero/synchronize (the
+// DeviceMemory half); launch(kernel, grid, block, shared_bytes, args...); gemm<T>(...) with
+// gemm_strided_batched's contract (attnlab/cuda.hpp: row-major, alpha, beta, strides per batch);
+// shared_memory_limit() (opt-in bytes per block); kMaxStrideBlocks and kSumBlocks, the grid of the
+// grid-stride kernels and the number of partial sums of sum_of_squares. Those two are the only
+// launch sizes a runtime chooses, as CUDA code sizes grid-stride launches to the device: the GPU
+// takes 1024 and 256, the emulator (whose cost is per emulated thread) a few blocks, so its tests
+// run every grid-stride loop through many strides. Block sizes, shared memory and every other grid
+// are the same on both.
+//
+// Include after the kernel headers' prerequisites: under nvcc nothing, on the CPU the emulator
+// (attnlab/backends/cuda_emulator.hpp) first. The kernels carry nvcc's #pragma unroll.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "attention_fused_kernels.cuh"
+#include "attention_reference_kernels.cuh"
+#include "attnlab/device_ops.hpp"
+#include "train_kernels.cuh"
+
+namespace attnlab::cuda {
+
+template <class T, class Runtime>
+class KernelDeviceOps final : public DeviceOps<T> {
+ public:
+  template <class... Args>
+  explicit KernelDeviceOps(Args&&... args) : rt_(static_cast<Args&&>(args)...) {}
+  KernelDeviceOps(const KernelDeviceOps&) = delete;
+  KernelDeviceOps& operator=(const KernelDeviceOps&) = delete;
+
+  Runtime& runtime() { return rt_; }
+  const Runtime& runtime() const { return rt_; }
+
+  std::string name() const override { return rt_.name(); }
+
+  // ---- memory -----------------------------------------------------------------------------------
+  void* allocate(std::size_t bytes) override { return rt_.allocate(bytes); }
+  void release(void* p) noexcept override { rt_.release(p); }
+  void upload(void* device_dst, const void* host_src, std::size_t bytes) override {
+    rt_.upload(device_dst, host_src, bytes);
+  }
+  void download(void* host_dst, const void* device_src, std::size_t bytes) override {
+    rt_.download(host_dst, device_src, bytes);
+  }
+  void copy(void* device_dst, const void* device_src, std::size_t bytes) override {
+    rt_.copy(device_dst, device_src, bytes);
+  }
+  void zero(void* device_dst, std::size_t bytes) override { rt_.zero(device_dst, bytes); }
+  void synchronize() override { rt_.synchronize(); }
+
+  // ---- elementwise and broadcast: grid-stride kernels ----------------------------------------
+  void add(T* y, const T* a, const T* b, std::size_t n) override {
+    if (n > 0) elements(train::add_kernel<T>, n, y, a, b, n);
+  }
+  void scale(T* x, T factor, std::size_t n) override {
+    if (n > 0) elements(train::scale_by_value_kernel<T>, n, x, factor, n);
+  }
+  void exp(T* y, const T* x, std::size_t n) override {
+    if (n > 0) elements(train::exp_kernel<T>, n, y, x, n);
+  }
+  void add_bias(T* y, const T* b, std::size_t rows, std::size_t C) override {
+    if (rows > 0 && C > 0) elements(train::add_bias_kernel<T>, rows * C, y, b, rows, C);
+  }
+  void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C) override {
+    if (C > 0) columns(train::column_sum_kernel<T>, C, db, dy, rows, C);
+  }
+
+  // ---- heads ----------------------------------------------------------------------------------
+  void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                   std::size_t D) override {
+    const std::size_t n = B * Tn * H * D;
+    if (n > 0) elements(train::permute_heads_kernel<T>, n, out, x, B, Tn, H, D, true);
+  }
+  void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
+                   std::size_t D) override {
+    const std::size_t n = B * Tn * H * D;
+    if (n > 0) elements(train::permute_heads_kernel<T>, n, out, x, B, Tn, H, D, false);
+  }
+  void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
+                std::size_t n) override {
+    if (H > 0) per_row(train::head_dot_kernel<T>, H, "head_dot", out, a, c, B, H, n);
+  }
+
+  // ---- layers: one block per row, columns one thread each -----------------------------------
+  void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
+                         std::size_t C) override {
+    if (rows > 0 && C > 0) {
+      per_row(train::embedding_forward_kernel<T>, rows, "embedding_forward", y, ids, table, C);
+    }
+  }
+  void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows, std::size_t V,
+                          std::size_t C) override {
+    if (V > 0 && C > 0) {
+      per_row(train::embedding_backward_kernel<T>, V, "embedding_backward", dtable, dy, ids, rows,
+              C);
+    }
+  }
+  void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
+                         std::size_t rows, std::size_t C, T eps) override {
+    if (rows > 0 && C > 0) {
+      per_row(train::layernorm_forward_kernel<T>, rows, "layernorm_forward", y, mean, rstd, x,
+              gamma, beta, C, eps);
+    }
+  }
+  void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean,
+                          const T* rstd, const T* gamma, std::size_t rows, std::size_t C) override {
+    if (C == 0) return;
+    if (rows > 0) {
+      per_row(train::norm_backward_rows_kernel<T>, rows, "layernorm_backward", dx, dy, x, mean,
+              rstd, gamma, C);
+    }
+    columns(train::norm_backward_columns_kernel<T>, C, dgamma, dbeta, dy, x, mean, rstd, rows, C);
+  }
+  void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows, std::size_t C,
+                       T eps) override {
+    if (rows > 0 && C > 0) {
+      per_row(train::rmsnorm_forward_kernel<T>, rows, "rmsnorm_forward", y, rstd, x, gamma, C, eps);
+    }
+  }
+  void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
+                        std::size_t rows, std::size_t C) override {
+    if (C == 0) return;
+    const T* no_mean = nullptr;  // RMSNorm: x̂ = x · rstd, no mean(g) term
+    if (rows > 0) {
+      per_row(train::norm_backward_rows_kernel<T>, rows, "rmsnorm_backward", dx, dy, x, no_mean,
+              rstd, gamma, C);
+    }
+    columns(train::norm_backward_columns_kernel<T>, C, dgamma, static_cast<T*>(nullptr), dy, x,
+            no_mean, rstd, rows, C);
+  }
+  void gelu_forward(T* y, const T* x, std::size_t n, bool exact) override {
+    if (n > 0) elements(train::gelu_forward_kernel<T>, n, y, x, n, exact);
+  }
+  void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) override {
+    if (n > 0) elements(train::gelu_backward_kernel<T>, n, dx, dy, x, n, exact);
+  }
+  void relu_forward(T* y, const T* x, std::size_t n) override {
+    if (n > 0) elements(train::relu_forward_kernel<T>, n, y, x, n);
+  }
+  void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
+    if (n > 0) elements(train::relu_backward_kernel<T>, n, dx, dy, x, n);
+  }
+  void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
+               std::uint32_t stream) override {
+    if (n > 0) elements(train::dropout_kernel<T>, n, y, x, n, p, key, stream);
+  }
+  void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
+                      std::size_t out) override {
+    if (rows == 0 || out == 0) return;
+    const int m = as_int(rows, "linear_forward"), k = as_int(in, "linear_forward"),
+              n = as_int(out, "linear_forward");
+    // y = x W                                               (rows,In) x (In,Out) -> (rows,Out)
+    rt_.template gemm<T>(false, false, m, n, k, T(1), x, k, 0, w, n, 0, T(0), y, n, 0, 1);
+    if (b) add_bias(y, b, rows, out);
+  }
+  void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
+                       std::size_t in, std::size_t out) override {
+    const int m = as_int(rows, "linear_backward"), k = as_int(in, "linear_backward"),
+              n = as_int(out, "linear_backward");
+    // dx = dy Wᵀ                                            (rows,Out) x (Out,In) -> (rows,In)
+    if (dx) rt_.template gemm<T>(false, true, m, k, n, T(1), dy, n, 0, w, n, 0, T(0), dx, k, 0, 1);
+    // dW = xᵀ dy                                            (In,rows) x (rows,Out) -> (In,Out)
+    rt_.template gemm<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, T(0), dw, n, 0, 1);
+    if (db && out > 0) column_sum(db, dy, rows, out);
+  }
+  void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits, const int* targets,
+                             std::size_t rows, std::size_t V, int ignore_index) override {
+    Scratch<T> inv_n(rt_, 1);  // 1 / #labelled, written by the mean kernel
+    if (rows > 0 && V > 0) {
+      per_row(train::cross_entropy_rows_kernel<T>, rows, "softmax_cross_entropy", row_loss, dlogits,
+              logits, targets, V, ignore_index);
+    }
+    rt_.launch(train::cross_entropy_mean_kernel<T>, dim3(1), dim3(train::kRowThreads), 0, loss,
+               inv_n.data, static_cast<const T*>(row_loss), targets, rows, V, ignore_index);
+    if (rows > 0 && V > 0) {
+      elements(train::scale_kernel<T>, rows * V, dlogits, static_cast<const T*>(inv_n.data),
+               rows * V);
+    }
+  }
+
+  // ---- attention: the reference path --------------------------------------------------------
+  // Grouped-query attention: query head h reads K/V head h / g (g = H / Hkv). The (b, h) slices of
+  // q that read K/V slice j are bh = j·g + r, so for each r in turn one strided-batched GEMM over
+  // the B·Hkv K/V slices covers them (q-side strides times g); dK and dV add over r (beta 1 after
+  // r = 0).
+  void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) override {
+    check_attention_params(a, "sdpa_reference_forward");
+    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
+    if (rows == 0) return;
+    const Gemm s(a);
+    for (std::size_t r = 0; r < g; ++r) {
+      // S = Q Kᵀ, unscaled (the scale is per head)        (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
+      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
+                           s.d, s.sk, T(0), p + r * s.sp, s.n, s.g * s.sp, s.batch);
+    }
+    per_row(reference::masked_softmax_rows<T>, rows, "sdpa_reference_forward", p, a);
+    // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
+    Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
+    if (a.dropout_p != 0) {
+      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_forward", dropped.data,
+              static_cast<const T*>(p), a);
+    }
+    const T* weights = a.dropout_p != 0 ? dropped.data : p;
+    for (std::size_t r = 0; r < g; ++r) {
+      // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
+      rt_.template gemm<T>(false, false, s.m, s.dv, s.n, T(1), weights + r * s.sp, s.n, s.g * s.sp,
+                           a.v, s.dv, s.sv, T(0), out + r * s.so, s.dv, s.g * s.so, s.batch);
+    }
+  }
+  void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
+                               const AttentionParams<T>& a) override {
+    check_attention_params(a, "sdpa_reference_backward");
+    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
+    if (rows == 0) return;
+    const Gemm s(a);
+    // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
+    Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
+    if (a.dropout_p != 0) {
+      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", dropped.data, p, a);
+    }
+    const T* weights = a.dropout_p != 0 ? dropped.data : p;
+    for (std::size_t r = 0; r < g; ++r) {
+      const T beta = r == 0 ? T(0) : T(1);
+      // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+      rt_.template gemm<T>(true, false, s.n, s.dv, s.m, T(1), weights + r * s.sp, s.n, s.g * s.sp,
+                           dout + r * s.so, s.dv, s.g * s.so, beta, dv, s.dv, s.sv, s.batch);
+      // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+      rt_.template gemm<T>(false, true, s.m, s.n, s.dv, T(1), dout + r * s.so, s.dv, s.g * s.so,
+                           a.v, s.dv, s.sv, T(0), ds + r * s.sp, s.n, s.g * s.sp, s.batch);
+    }
+    if (a.dropout_p != 0) {
+      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", ds,
+              static_cast<const T*>(ds), a);
+    }
+    // s_h · dS, dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores when set
+    per_row(reference::softmax_backward_rows<T>, rows, "sdpa_reference_backward", ds, a.dscores, p,
+            a.scale, a.H, a.Tq, a.Tk);
+    for (std::size_t r = 0; r < g; ++r) {
+      const T beta = r == 0 ? T(0) : T(1);
+      const T* dsr = ds + r * s.sp;
+      // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)
+      rt_.template gemm<T>(false, false, s.m, s.d, s.n, T(1), dsr, s.n, s.g * s.sp, a.k, s.d, s.sk,
+                           T(0), dq + r * s.sq, s.d, s.g * s.sq, s.batch);
+      // dK (+)= dSᵀ Q                                      (Tk,Tq) x (Tq,D) -> (Tk,D)
+      rt_.template gemm<T>(true, false, s.n, s.d, s.m, T(1), dsr, s.n, s.g * s.sp, a.q + r * s.sq,
+                           s.d, s.g * s.sq, beta, dk, s.d, s.sk, s.batch);
+    }
+  }
+
+  // ---- attention: the fused path (attention_fused_kernels.cuh) ------------------------------
+  void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) override {
+    check_attention_params(a, "sdpa_fused_forward");
+    if (a.B * a.H * a.Tq == 0) return;
+    const int tile = tile_rows(a.D, a.Dv);
+    check_fused_grid(a, tile);
+    if (tile == 64) {
+      fused_forward<64>(out, lse, a);
+    } else {
+      fused_forward<16>(out, lse, a);
+    }
+  }
+  void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
+                           const T* lse, const AttentionParams<T>& a) override {
+    check_attention_params(a, "sdpa_fused_backward");
+    const std::size_t rows = a.B * a.H * a.Tq;
+    if (rows == 0) return;
+    const int tile = tile_rows(a.D, a.Dv);
+    check_fused_grid(a, tile);
+    // D = rowsum(dO ⊙ O), one warp per row
+    rt_.launch(fused::row_dot_kernel<T>,
+               dim3(static_cast<unsigned>(cuda_math::tile_count(rows, fused::kRowDotRowsPerBlock))),
+               dim3(fused::kThreads), 0, row_dot, dout, out, rows, a.Dv);
+    if (tile == 64) {
+      fused_backward<64>(dq, dk, dv, dout, lse, static_cast<const T*>(row_dot), a);
+    } else {
+      fused_backward<16>(dq, dk, dv, dout, lse, static_cast<const T*>(row_dot), a);
+    }
+  }
+  void check_fused(std::size_t D, std::size_t Dv) override { (void)tile_rows(D, Dv); }
+
+  // ---- optimizers and norms ------------------------------------------------------------------
+  void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
+                    const cuda_math::AdamWScalars<T>& scalars) override {
+    if (n > 0) elements(train::adamw_kernel<T>, n, param, m, v, grad, n, scalars);
+  }
+  void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
+                  bool first_step) override {
+    if (n > 0) {
+      elements(train::sgd_kernel<T>, n, param, buf, grad, n, lr, momentum, weight_decay,
+               first_step);
+    }
+  }
+  // Runtime::kSumBlocks partial sums, then their sum in one block: a fixed order, no atomics.
+  void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) override {
+    rt_.launch(train::sum_of_squares_partial_kernel<T>, dim3(Runtime::kSumBlocks),
+               dim3(train::kElementThreads), 0, partial, x, n);
+    rt_.launch(train::sum_partials_kernel<double>, dim3(1), dim3(train::kElementThreads), 0, out,
+               static_cast<const double*>(partial), std::size_t{Runtime::kSumBlocks});
+  }
+  std::size_t sum_of_squares_scratch() const override { return Runtime::kSumBlocks; }
+
+ private:
+  // Device scratch for the length of one call, released on return (after the queued work: the
+  // runtimes' release is stream-ordered or synchronous).
+  template <class U>
+  struct Scratch {
+    Runtime& rt;
+    U* data;
+    Scratch(Runtime& r, std::size_t n)
+        : rt(r), data(n ? static_cast<U*>(r.allocate(n * sizeof(U))) : nullptr) {}
+    ~Scratch() { rt.release(data); }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+  };
+
+  // The GEMM extents and strides of one attention call.
+  struct Gemm {
+    int m, n, d, dv, batch;
+    long long g, sp, sq, sk, sv, so;
+    explicit Gemm(const AttentionParams<T>& a)
+        : m(as_int(a.Tq, "sdpa: Tq")),
+          n(as_int(a.Tk, "sdpa: Tk")),
+          d(as_int(a.D, "sdpa: D")),
+          dv(as_int(a.Dv, "sdpa: Dv")),
+          batch(as_int(a.B * a.Hkv, "sdpa: B*Hkv")),
+          g(static_cast<long long>(a.group())),
+          sp(static_cast<long long>(a.Tq * a.Tk)),
+          sq(static_cast<long long>(a.Tq * a.D)),
+          sk(static_cast<long long>(a.Tk * a.D)),
+          sv(static_cast<long long>(a.Tk * a.Dv)),
+          so(static_cast<long long>(a.Tq * a.Dv)) {}
+  };
+
+  static int as_int(std::size_t n, const char* op) {
+    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw std::invalid_argument(std::string(op) + ": extent " + std::to_string(n) +
+                                  " too large for a GEMM");
+    }
+    return static_cast<int>(n);
+  }
+
+  // Elementwise kernels stride over n with at most Runtime::kMaxStrideBlocks blocks.
+  template <class Kernel, class... Args>
+  void elements(Kernel kernel, std::size_t n, Args... args) {
+    rt_.launch(kernel, dim3(train::element_blocks(n, Runtime::kMaxStrideBlocks)),
+               dim3(train::kElementThreads), 0, args...);
+  }
+  // Column reductions: one thread per column.
+  template <class Kernel, class... Args>
+  void columns(Kernel kernel, std::size_t C, Args... args) {
+    rt_.launch(kernel,
+               dim3(static_cast<unsigned>(cuda_math::tile_count(C, train::kElementThreads))),
+               dim3(train::kElementThreads), 0, args...);
+  }
+  // Row kernels: one block per row; rows must fit the grid's x extent.
+  template <class Kernel, class... Args>
+  void per_row(Kernel kernel, std::size_t rows, const char* op, Args... args) {
+    if (rows > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw std::invalid_argument(std::string(op) + ": " + std::to_string(rows) +
+                                  " rows, at most " +
+                                  std::to_string(std::numeric_limits<int>::max()));
+    }
+    rt_.launch(kernel, dim3(static_cast<unsigned>(rows)), dim3(train::kRowThreads), 0, args...);
+  }
+
+  // The fused kernels' shared memory for tile rows `tile`, and the largest tile that fits.
+  static std::size_t most_smem(std::size_t D, std::size_t Dv, int tile) {
+    const fused::Geometry g(D, Dv, tile);
+    return std::max({fused::forward_smem<T>(g, tile), fused::key_pass_smem<T>(g, tile),
+                     fused::query_pass_smem<T>(g, tile)});
+  }
+  int tile_rows(std::size_t D, std::size_t Dv) {
+    const std::size_t limit = rt_.shared_memory_limit();
+    if (most_smem(D, Dv, 64) <= limit) return 64;
+    if (most_smem(D, Dv, 16) <= limit) return 16;
+    throw std::invalid_argument("sdpa fused: head dims D = " + std::to_string(D) +
+                                ", Dv = " + std::to_string(Dv) + " need " +
+                                std::to_string(most_smem(D, Dv, 16)) +
+                                " bytes of shared memory, the device has " + std::to_string(limit) +
+                                "; use the reference path");
+  }
+  static void check_fused_grid(const AttentionParams<T>& a, int tile) {
+    const std::size_t tiles = cuda_math::tile_count(std::max(a.Tq, a.Tk), tile);
+    if (a.B * a.H > 65535 || tiles > 0x7fffffffu) {
+      throw std::invalid_argument("sdpa fused: B*H = " + std::to_string(a.B * a.H) +
+                                  " exceeds 65535 (grid y); use the reference path");
+    }
+  }
+  template <int TILE>
+  void fused_forward(T* out, T* lse, const AttentionParams<T>& a) {
+    const fused::Geometry g(a.D, a.Dv, TILE);
+    rt_.launch(fused::fused_forward_kernel<T, TILE>, fused::packed_query_grid(a, TILE),
+               dim3(fused::kThreads), fused::forward_smem<T>(g, TILE), out, lse, a);
+  }
+  template <int TILE>
+  void fused_backward(T* dq, T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
+                      const AttentionParams<T>& a) {
+    const fused::Geometry g(a.D, a.Dv, TILE);
+    rt_.launch(fused::fused_key_pass_kernel<T, TILE>, fused::key_tile_grid(a, TILE),
+               dim3(fused::kThreads), fused::key_pass_smem<T>(g, TILE), dk, dv, dout, lse, row_dot,
+               a);
+    rt_.launch(fused::fused_query_pass_kernel<T, TILE>, fused::query_tile_grid(a, TILE),
+               dim3(fused::kThreads), fused::query_pass_smem<T>(g, TILE), dq, dout, lse, row_dot,
+               a);
+  }
+
+  Runtime rt_;
+};
+
+}  // namespace attnlab::cuda
