@@ -6,8 +6,10 @@
 #include <strings.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,10 +100,14 @@ void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T
 // - A level-3 call reads the table (kernels and block sizes) while it runs and keeps nothing of
 //   it between calls, so every call after the switch uses the new core throughout.
 // - What is not safe is a BLAS call in flight during the switch: it would read a NULL table or mix
-//   two cores. So the switch runs under std::call_once before attnlab's first BLAS call, every
-//   blas::gemm entry waits on that once-guard, and OpenBLAS's own worker threads are idle (attnlab
-//   pins OpenBLAS to 1 thread, and its workers only run inside a call). BLAS calls made outside
-//   attnlab from another thread at that moment cannot be covered: such programs call init() early.
+//   two cores. So every blas::gemm holds a shared lock of core_mutex() for its whole call and
+//   blas::init switches under the exclusive lock, and OpenBLAS's own worker threads are idle
+//   (attnlab pins OpenBLAS to 1 thread, and its workers only run inside a call). BLAS calls made
+//   outside attnlab from another thread at that moment cannot be covered.
+// - The switch sets OPENBLAS_CORETYPE for its duration (OpenBLAS reads the core from nowhere
+//   else), and setenv races with any thread reading the environment. So only the explicit
+//   blas::init switches, called by a program first, before it starts threads (the CLI does); a
+//   gemm before init only checks, read-only, and says in BlasInfo::warning that init would switch.
 
 // The instruction sets that separate OpenBLAS's x86-64 cores, in increasing order.
 enum class Isa { sse3, ssse3, sse4_2, avx, avx2_fma, avx512, avx512_bf16 };
@@ -264,7 +270,10 @@ std::string forcible_names() {
   return names;
 }
 
-void select_core(BlasInfo& info) {
+// Fills `info`. With may_switch false (a gemm before blas::init) nothing is changed: where init
+// would switch, the reason and the warning say so and name init.
+void select_core(BlasInfo& info, bool may_switch) {
+  info = BlasInfo{};
   info.library = library_name();
   info.cpu = detect_cpu();
   info.openblas_core = info.core = openblas_get_corename();
@@ -316,6 +325,12 @@ void select_core(BlasInfo& info) {
     info.reason = why + ", already active";
     return;
   }
+  if (!may_switch) {
+    info.reason = "kept: " + why + ", but blas::init() was not called";
+    info.warning = "BLAS core " + info.core + " kept (" + why +
+                   "): call attnlab::blas::init() at program start to switch to " + target;
+    return;
+  }
   const bool moved = switch_core(target);
   if (moved && self_check()) {
     info.core = target;
@@ -337,31 +352,57 @@ BlasInfo& info_storage() {
   return info;
 }
 
+// What has filled info_storage(): nothing, the read-only check of a gemm before init, or init.
+enum class CoreState { unchecked, checked, initialized };
+std::atomic<CoreState> core_state{CoreState::unchecked};
+// Shared by the gemms in flight, exclusive while init switches the core or a check fills the info.
+std::shared_mutex& core_mutex() {
+  static std::shared_mutex m;
+  return m;
+}
+
+// Before the first gemm: the read-only check, unless init ran (one atomic load after that).
+void ensure_checked() {
+  if (core_state.load(std::memory_order_acquire) != CoreState::unchecked) return;
+  const std::unique_lock<std::shared_mutex> lock(core_mutex());
+  if (core_state.load(std::memory_order_relaxed) != CoreState::unchecked) return;
+  select_core(info_storage(), false);
+  core_state.store(CoreState::checked, std::memory_order_release);
+}
+
 }  // namespace
 
 void init() {
-  static std::once_flag once;
-  std::call_once(once, [] { select_core(info_storage()); });
+  const std::unique_lock<std::shared_mutex> lock(core_mutex());
+  if (core_state.load(std::memory_order_relaxed) == CoreState::initialized) return;
+  select_core(info_storage(), true);
+  core_state.store(CoreState::initialized, std::memory_order_release);
+}
+
+bool initialized() {
+  return core_state.load(std::memory_order_acquire) == CoreState::initialized;
 }
 
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  init();
+  ensure_checked();
+  const std::shared_lock<std::shared_mutex> in_flight(core_mutex());
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
                   int lda, const double* b, int ldb, double beta, double* c, int ldc) {
-  init();
+  ensure_checked();
+  const std::shared_lock<std::shared_mutex> in_flight(core_mutex());
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace blas
 
 const BlasInfo& blas_info() {
-  blas::init();
+  blas::ensure_checked();
   return blas::info_storage();
 }
 
@@ -402,7 +443,7 @@ double measure_gemm_peak_gflops(int threads, int n, int rounds) {
   check_arg(threads >= 1, op, "threads", ">= 1", std::to_string(threads));
   check_arg(n >= 16, op, "n", ">= 16", std::to_string(n));
   check_arg(rounds >= 1, op, "rounds", ">= 1", std::to_string(rounds));
-  blas::init();
+  blas::ensure_checked();
   constexpr int kCallsPerRound = 3;
   const std::size_t elements = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
   std::vector<std::vector<T>> a(threads), b(threads), c(threads);

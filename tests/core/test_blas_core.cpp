@@ -111,14 +111,14 @@ struct Probe {
   }
 };
 
-// Runs the probe with the BLAS variables cleared, then `assignments` ("A=1 B=2") set.
-Probe run_probe(const std::string& assignments) {
+// Runs the probe with the BLAS variables cleared, then `assignments` ("A=1 B=2") set, in `mode`.
+Probe run_probe(const std::string& assignments, const std::string& mode = "init") {
   const test::TempDir dir;
   const std::string cmd =
       "env -u OPENBLAS_CORETYPE -u ATTNLAB_BLAS_CORE -u ATTNLAB_BLAS_SIMULATE_FALLBACK "
       "-u ATTNLAB_BLAS_SIMULATE_BAD_KERNEL -u OPENBLAS_VERBOSE " +
-      assignments + " '" + ATTNLAB_BLAS_CORE_PROBE_PATH + "' >'" + dir.file("out") + "' 2>'" +
-      dir.file("err") + "'";
+      assignments + " '" + ATTNLAB_BLAS_CORE_PROBE_PATH + "' " + mode + " >'" + dir.file("out") +
+      "' 2>'" + dir.file("err") + "'";
   const int raw = std::system(cmd.c_str());
   Probe p;
   p.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -256,6 +256,45 @@ TEST_CASE(
     CHECK(unsupported["core"] != "SkylakeX");
     CHECK(unsupported["warning"].find("AVX-512") != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "blas core probe: without blas::init a gemm switches nothing and the warning names init") {
+  // A fallback init would leave (Prescott on a CPU with AVX2 + FMA), and a forced core.
+  for (const char* assignments : {"OPENBLAS_CORETYPE=Prescott ATTNLAB_BLAS_SIMULATE_FALLBACK=1",
+                                  "ATTNLAB_BLAS_CORE=Haswell"}) {
+    CAPTURE(assignments);
+    const Probe p = run_probe(assignments, "no-init");
+    check_probe_sane(p);
+    CHECK(p["initialized"] == "0");
+    CHECK(p["switched"] == "0");
+    CHECK(p["core"] == p["openblas_core"]);
+    if (cpu_has_avx2_fma() && p["openblas_core"] != "Haswell") {
+      CHECK(p["warning"].find("blas::init()") != std::string::npos);
+      CHECK(p["reason"].find("not called") != std::string::npos);
+    }
+  }
+  const Probe with_init = run_probe("ATTNLAB_BLAS_CORE=Haswell", "init");
+  check_probe_sane(with_init);
+  CHECK(with_init["initialized"] == "1");
+  if (cpu_has_avx2_fma()) CHECK(with_init["core"] == "Haswell");
+}
+
+TEST_CASE("blas core probe: first gemms from 4 threads leave the environment alone (threads)") {
+  // Where init would switch cores (it would set OPENBLAS_CORETYPE for the switch), a gemm before
+  // init must not: a fifth thread reads the variable throughout. Clean under TSan (tsan preset).
+  const Probe p = run_probe("ATTNLAB_BLAS_CORE=Haswell", "threads");
+  check_probe_sane(p);
+  CHECK(p["env_changed"] == "0");
+  CHECK(p["env_coretype"] == "(unset)");
+  CHECK(p["switched"] == "0");
+  CHECK(p["initialized"] == "0");
+}
+
+TEST_CASE("blas core probe: a mode other than init, no-init or threads is refused") {
+  const Probe p = run_probe("", "sideways");
+  CHECK(p.status == 2);
+  CHECK(p.err.find("mode expected init, no-init or threads, got sideways") != std::string::npos);
 }
 
 TEST_CASE(

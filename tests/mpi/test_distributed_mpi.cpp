@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "attnlab/backends/emulated.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/distributed.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
@@ -182,6 +183,7 @@ TEST_CASE("mpi: check_replicas passes on equal replicas and names the rank that 
 }
 
 int main(int argc, char** argv) {
+  blas::init();
   set_num_threads(1);
   const auto comm = init_distributed(&argc, &argv);
   if (comm->size() < 2) {

@@ -1,10 +1,17 @@
-// attnlab_blas_core_probe: runs one blas::gemm (which chooses the BLAS kernels first) and prints
-// blas_info() as key=value lines, with what OpenBLAS itself reports afterwards. tests/
-// test_blas_core.cpp starts it with different environments: the core is chosen once per process.
+// attnlab_blas_core_probe [init | no-init | threads]: runs blas::init() as a program does first
+// (init, the default), or not (no-init), then one blas::gemm, and prints blas_info() as key=value
+// lines with what OpenBLAS itself reports afterwards. `threads` runs no init and makes the
+// process's first gemms from 4 threads at once while a fifth reads OPENBLAS_CORETYPE in a loop, and
+// prints env_changed=1 if that thread ever saw another value. tests/core/test_blas_core.cpp starts
+// it with different environments: the core is chosen once per process.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "attnlab/blas.hpp"
@@ -33,10 +40,46 @@ bool gemm_matches_loop() {
   return worst <= 1e-12 * scale;
 }
 
+// The first gemms of the process from 4 threads while another reads the environment: true when
+// every gemm matched; `changed` tells whether the reader saw OPENBLAS_CORETYPE change.
+bool gemms_while_reading_environment(bool& changed) {
+  const char* start = std::getenv("OPENBLAS_CORETYPE");
+  const std::string initial = start ? start : "(unset)";
+  std::atomic<bool> done{false}, seen_change{false}, all_ok{true};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const char* now = std::getenv("OPENBLAS_CORETYPE");
+      if (initial != (now ? now : "(unset)")) seen_change = true;
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < 8; ++i)
+        if (!gemm_matches_loop()) all_ok = false;
+    });
+  }
+  for (auto& w : workers) w.join();
+  done = true;
+  reader.join();
+  changed = seen_change.load();
+  return all_ok.load();
+}
+
 }  // namespace
 
-int main() {
-  const bool gemm_ok = gemm_matches_loop();
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "init";
+  if (mode != "init" && mode != "no-init" && mode != "threads") {
+    std::fprintf(stderr,
+                 "attnlab_blas_core_probe: mode expected init, no-init or threads, got %s\n",
+                 mode.c_str());
+    return 2;
+  }
+  bool env_changed = false;
+  if (mode == "init") attnlab::blas::init();
+  const bool gemm_ok =
+      mode == "threads" ? gemms_while_reading_environment(env_changed) : gemm_matches_loop();
   const attnlab::BlasInfo& info = attnlab::blas_info();
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   std::printf("library=%s\n", info.library.c_str());
@@ -49,5 +92,7 @@ int main() {
   std::printf("corename_now=%s\n", openblas_get_corename());
   std::printf("gemm_ok=%d\n", gemm_ok ? 1 : 0);
   std::printf("env_coretype=%s\n", coretype ? coretype : "(unset)");
+  std::printf("initialized=%d\n", attnlab::blas::initialized() ? 1 : 0);
+  std::printf("env_changed=%d\n", env_changed ? 1 : 0);
   return 0;
 }

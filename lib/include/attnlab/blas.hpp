@@ -15,7 +15,8 @@ struct CpuFeatures {
   bool avx512bf16 = false;
 };
 
-// Which BLAS kernels attnlab runs, and why. Filled once by blas::init().
+// Which BLAS kernels attnlab runs, and why. Filled by blas::init(), or read-only by the first gemm
+// when init was not called.
 struct BlasInfo {
   std::string library;        // e.g. "OpenBLAS 0.3.21"
   std::string core;           // the kernels in use (openblas_get_corename() after blas::init)
@@ -26,7 +27,8 @@ struct BlasInfo {
   std::string warning;  // empty unless something went wrong; the app shows it, the library never
 };
 
-// Runs blas::init() (once per process) and returns its cached result.
+// The result of blas::init(), or, when init was not called, of the read-only check the first gemm
+// runs (which switches nothing and says in `warning` when init would).
 const BlasInfo& blas_info();
 
 // One line: "OpenBLAS 0.3.21, core SkylakeX (switched from Prescott: <reason>)" or
@@ -47,13 +49,16 @@ double measure_gemm_peak_gflops(int threads, int n = 1024, int rounds = 3);
 
 namespace blas {
 
-// Chooses the BLAS kernels, once per process (std::call_once; every gemm calls it first, so it runs
-// before attnlab's first BLAS call). OpenBLAS's DYNAMIC_ARCH picks a core from the CPU model; on
-// models it does not know (0.3.21 on Emerald Rapids) it falls back to a generic SSE core such as
-// Prescott, several times slower. When the core is such a fallback and the CPU has AVX-512
-// (F, BW, DQ, VL) or AVX2 + FMA, init switches OpenBLAS to Cooperlake (AVX-512 BF16) / SkylakeX /
-// Haswell, checks a small sgemm and dgemm against a plain loop, and switches back on a mismatch
-// (BlasInfo::warning says so). Environment:
+// Chooses the BLAS kernels. Call it once at program start, before starting threads: a core switch
+// sets OPENBLAS_CORETYPE for its duration, which races with any thread reading the environment
+// (the attnlab CLI calls it first). Later calls do nothing. No other attnlab call changes the
+// process: a gemm before init only checks, read-only, which core init would choose (BlasInfo says
+// so in its warning). A switch waits for attnlab's gemms in flight. OpenBLAS's DYNAMIC_ARCH picks a
+// core from the CPU model; on models it does not know (0.3.21 on Emerald Rapids) it falls back to a
+// generic SSE core such as Prescott, several times slower. When the core is such a fallback and the
+// CPU has AVX-512 (F, BW, DQ, VL) or AVX2 + FMA, init switches OpenBLAS to Cooperlake (AVX-512
+// BF16) / SkylakeX / Haswell, checks a small sgemm and dgemm against a plain loop, and switches
+// back on a mismatch (BlasInfo::warning says so). Environment:
 //   OPENBLAS_CORETYPE set       the user chose: attnlab changes nothing;
 //   ATTNLAB_BLAS_CORE=keep      keep OpenBLAS's choice;
 //   ATTNLAB_BLAS_CORE=<core>    use this core: Prescott, Core2, Nehalem, Sandybridge, Haswell, Zen,
@@ -62,8 +67,11 @@ namespace blas {
 //   ATTNLAB_BLAS_SIMULATE_FALLBACK=1, ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1   for tests only: treat
 //                               the core named by OPENBLAS_CORETYPE as OpenBLAS's own fallback;
 //                               make the self-check fail.
-// Not thread-safe against BLAS calls made outside attnlab at the same moment (see blas.cpp).
+// Not safe against BLAS calls made outside attnlab at the same moment (see blas.cpp).
 void init();
+
+// True once init() has run in this process.
+bool initialized();
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major.
 // op(X) is X or X^T; lda/ldb/ldc are the row strides of A, B and C as stored, so a head slice of a
