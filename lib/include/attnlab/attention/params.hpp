@@ -1,9 +1,9 @@
 // The one parameter struct of scaled dot-product attention. Every path takes an AttentionParams:
 // the CPU reference and fused paths (lib/src/ops/attention_*.cpp), the CUDA reference and fused
-// kernels (lib/backends/cuda/attention_*), and the emulated CUDA kernels of the tests. The score rule that
-// reads it is attnlab/attention/score_rule.hpp. Modelled on FlashAttention's Flash_fwd_params
-// (Dao-AILab flash-attention, csrc/flash_attn/src/flash.h): one struct carries every variant; a
-// variant adds its fields here and its arithmetic as one helper of the rule.
+// kernels (lib/backends/cuda/attention_*), and the emulated CUDA kernels of the tests. The score
+// rule that reads it is attnlab/attention/score_rule.hpp. Modelled on FlashAttention's
+// Flash_fwd_params (Dao-AILab flash-attention, csrc/flash_attn/src/flash.h): one struct carries
+// every variant; a variant adds its fields here and its arithmetic as one helper of the rule.
 //
 // The contract is that of lib/README.md, "The attention API", and of
 // attnlab/ops/attention.hpp. Compiles under nvcc (C++17) and without xtensor; no CUDA type.

@@ -1,7 +1,7 @@
 // Scaled dot-product attention on the GPU, over the CPU op's host tensors, options and cache: each
-// call copies its inputs to the device, runs the CUDA kernels (the CUDA backend's DeviceOps, attnlab/device_ops.hpp) and
-// copies the results back. For tests, comparisons with the CPU op and small-scale use;
-// device-resident code calls the launchers directly.
+// call copies its inputs to the device, runs the CUDA kernels (the CUDA backend's DeviceOps,
+// attnlab/device_ops.hpp) and copies the results back. For tests, comparisons with the CPU op and
+// small-scale use; device-resident code calls DeviceOps directly.
 //
 // Same contract, options and checks as attnlab/ops/attention.hpp (S = s · Q Kᵀ, P = softmax(S)
 // over visible keys, O = P V; scale modes, explicit and per-head scales; causal with a query
