@@ -40,8 +40,10 @@ install(FILES "${PROJECT_BINARY_DIR}/attnlabConfig.cmake"
 # lists OpenBLAS and, with the CUDA backend, attnlab_cuda, cuBLAS and the static CUDA runtime.
 file(RELATIVE_PATH ATTNLAB_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" ATTNLAB_PC_TO_PREFIX "${ATTNLAB_PC_TO_PREFIX}")
-set(ATTNLAB_PC_CFLAGS "-DXTENSOR_USE_XSIMD -DXTENSOR_DEFAULT_ALIGNMENT=32")
-string(APPEND ATTNLAB_PC_CFLAGS " -DXTENSOR_DEFAULT_ALLOCATOR(T)=xsimd::aligned_allocator<T,32>")
+# xtensor's allocator comes from the installed attnlab/xtensor_config.hpp, forced first into every
+# translation unit: a function-like macro in Cflags would be escaped by pkg-config (\< \>) and
+# reach the compiler with its backslashes through an unquoted $(pkg-config ...) in a shell.
+set(ATTNLAB_PC_CFLAGS "-DXTENSOR_USE_XSIMD -DXTENSOR_DEFAULT_ALIGNMENT=32 -include attnlab/xtensor_config.hpp")
 set(ATTNLAB_PC_REQUIRES "")
 set(ATTNLAB_PC_LIBS "")
 if(TARGET attnlab_cuda)

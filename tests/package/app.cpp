@@ -7,6 +7,7 @@
 #include "attnlab/optim/adamw.hpp"
 
 int main() {
+  attnlab::blas::init();  // first, before any thread: the BLAS kernels for this CPU
   attnlab::set_num_threads(2);
   attnlab::Rng rng(42);
   const auto q = attnlab::randn<float, 4>({2, 2, 5, 8}, rng);

@@ -63,6 +63,15 @@ if(MODE STREQUAL "package")
   if(NOT step_output MATCHES "attnlab consumer: .*: ok")
     message(FATAL_ERROR "pkg-config build: unexpected output: ${step_output}")
   endif()
+  # The documented command as a user types it, through /bin/sh: pkg-config's output unquoted (a
+  # function-like macro in it would reach the compiler with pkg-config's backslashes).
+  file(MAKE_DIRECTORY "${consumer_build}/shell")
+  file(COPY "${CMAKE_CURRENT_LIST_DIR}/app.cpp" DESTINATION "${consumer_build}/shell")
+  run_step("/bin/sh: c++ app.cpp $(pkg-config --cflags --libs attnlab)" /bin/sh -c
+           "cd '${consumer_build}/shell' && export PKG_CONFIG_PATH='${prefix}/${LIBDIR}/pkgconfig' && c++ app.cpp $(pkg-config --cflags --libs attnlab) && ./a.out")
+  if(NOT step_output MATCHES "attnlab consumer: .*: ok")
+    message(FATAL_ERROR "/bin/sh pkg-config build: unexpected output: ${step_output}")
+  endif()
   set(how "-DCMAKE_PREFIX_PATH=${prefix}")
 elseif(MODE STREQUAL "subdirectory")
   # Kept between runs: the library build is incremental.

@@ -5,6 +5,9 @@
 // Every tensor is an evaluated, contiguous, row-major xt::xtensor<T, N> with T = float or double.
 #pragma once
 
+// First, before any xtensor header.
+#include "attnlab/xtensor_config.hpp"
+
 #include <cstddef>
 #include <initializer_list>
 #include <stdexcept>

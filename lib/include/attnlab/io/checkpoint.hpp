@@ -16,6 +16,9 @@
 // the model: a failed load leaves the parameters (and the optimizer state) exactly as they were.
 #pragma once
 
+// First, before any xtensor header.
+#include "attnlab/xtensor_config.hpp"
+
 #include <cstdint>
 #include <map>
 #include <optional>

@@ -12,6 +12,9 @@
 // naming the file and the problem. Saving is atomic: a crash leaves the old file or the new one.
 #pragma once
 
+// First, before any xtensor header.
+#include "attnlab/xtensor_config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>

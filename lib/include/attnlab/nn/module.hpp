@@ -18,6 +18,9 @@
 // alike.
 #pragma once
 
+// First, before any xtensor header.
+#include "attnlab/xtensor_config.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>

@@ -7,6 +7,9 @@
 // to date by Module::copy_to_host and pushed back by Module::copy_to_device.
 #pragma once
 
+// First, before any xtensor header.
+#include "attnlab/xtensor_config.hpp"
+
 #include <string>
 #include <utility>
 #include <vector>

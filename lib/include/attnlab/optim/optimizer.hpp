@@ -10,6 +10,9 @@
 // Reference: torch.optim.Optimizer (state_dict / load_state_dict), flattened to named tensors.
 #pragma once
 
+// First, before any xtensor header.
+#include "attnlab/xtensor_config.hpp"
+
 #include <cstddef>
 #include <string>
 #include <utility>
