@@ -285,206 +285,264 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
   return runs;
 }
 
-std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) {
-  std::vector<ReportSection> sections;
+namespace {
+
+// A group's grid as the tables lay it out: modes in report order, d_k values, budgets and seeds
+// ascending, the swept LRs, and what "works" means for its task.
+struct GroupGrid {
+  std::string name;
+  std::vector<std::string> modes;
+  std::vector<int> dks, budgets, seeds;
+  std::vector<double> lrs;
+  bool target;  // the task has an accuracy target (else a run works by its final loss)
+  std::string works_def;
+  std::vector<std::string> lr_header;  // mode, d_k, then one column per LR
+};
+
+GroupGrid group_grid(const std::vector<RunRecord>& runs, const std::string& g) {
+  GroupGrid grid;
+  grid.name = g;
+  grid.modes = ordered_modes(runs, g);
+  grid.dks = distinct(runs, g, [](const RunRecord& r) { return r.d_k; });
+  grid.budgets = distinct(runs, g, [](const RunRecord& r) { return r.steps; });
+  grid.seeds = distinct(runs, g, [](const RunRecord& r) { return r.seed; });
+  grid.lrs = sweep_lrs(runs, g);
+  grid.target = group_has_target(runs, g);
+  grid.works_def = grid.target ? "reached " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy"
+                               : "ended within " + fmt("%.0f", 100 * (kTextWorkMargin - 1)) +
+                                     "% of the best final eval loss at its d_k and budget";
+  grid.lr_header = {"mode", "d_k"};
+  for (double lr : grid.lrs) grid.lr_header.push_back("lr " + fmt("%g", lr));
+  return grid;
+}
+
+// The groups in the order of their first run.
+std::vector<std::string> group_names(const std::vector<RunRecord>& runs) {
   std::vector<std::string> groups;
   for (const auto& r : runs)
     if (std::find(groups.begin(), groups.end(), r.group) == groups.end()) groups.push_back(r.group);
-  for (const auto& g : groups) {
-    const auto modes = ordered_modes(runs, g);
-    const auto dks = distinct(runs, g, [](const RunRecord& r) { return r.d_k; });
-    const auto budgets = distinct(runs, g, [](const RunRecord& r) { return r.steps; });
-    const auto seeds = distinct(runs, g, [](const RunRecord& r) { return r.seed; });
-    const auto lrs = sweep_lrs(runs, g);
-    const bool target = group_has_target(runs, g);
-    const std::string works_def =
-        target ? "reached " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy"
-               : "ended within " + fmt("%.0f", 100 * (kTextWorkMargin - 1)) +
-                     "% of the best final eval loss at its d_k and budget";
-    std::vector<std::string> lr_header = {"mode", "d_k"};
-    for (double lr : lrs) lr_header.push_back("lr " + fmt("%g", lr));
+  return groups;
+}
 
-    for (int steps : budgets) {
-      ReportSection s;
-      s.heading = g + ", " + std::to_string(steps) + " steps";
-      double var = 0;
-      int n = 0;
-      for (const auto& r : runs)
-        if (r.group == g && r.steps == steps) {
-          var += r.init_qk_var_ratio;
-          ++n;
-        }
-      s.intro = std::to_string(seeds.size()) + " seed(s) per cell, " + std::to_string(lrs.size()) +
-                " peak LRs, " + std::to_string(steps) + " steps per run, " + std::to_string(n) +
-                " runs. Var(q·k)/d_k at step 0, mean over runs: " + fmt("%.3f", n ? var / n : 0) +
-                " (the premise: q·k has variance ≈ d_k at initialisation). A run works when it " +
-                works_def + ". Intervals: 95% bootstrap over seeds for means, 95% Wilson for k/n.";
-
-      ReportTable loss{"Final eval loss",
-                       "Mean over seeds [95% bootstrap interval]; a diverged seed counts as its "
-                       "loss at initialisation and is marked (k div); `div`: every seed diverged.",
-                       lr_header,
-                       {}};
-      ReportTable reach{"Steps to " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy",
-                        "Mean [95% bootstrap interval] over the seeds that reached it, with k/n "
-                        "seeds; `—`: no seed reached it.",
-                        lr_header,
-                        {}};
-      ReportTable success{"Success, failure and divergence over all LRs and seeds",
-                          "works: " + works_def + "; failed: final eval loss ≥ " +
-                              fmt("%.1f", kFailedFraction) +
-                              " × the loss at initialisation, or diverged (a run that learned "
-                              "nothing at all); best LR: the LR with the most working seeds "
-                              "(ties: the lower mean loss). `works (all LRs)` pools LRs whose "
-                              "success rates differ: it describes the sweep and has no interval.",
-                          {"mode", "d_k", "works (all LRs)", "best LR", "works at best LR [Wilson]",
-                           "failed", "diverged"},
-                          {}};
-      ReportTable window{
-          "LR window",
-          "Width: the working LRs of each seed × the grid spacing, in decades; mean "
-          "over seeds [95% bootstrap]. An edge is seen when the grid's end LR fails "
-          "for every seed: without both, the true window may be wider.",
-          {"mode", "d_k", "width (decades)", "working LRs", "lower edge seen", "upper edge seen"},
-          {}};
-      ReportTable sens{"LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322)",
-                       "E over the LR sweep of [min(loss(lr), loss_init) − min over LRs of loss], "
-                       "from seed-mean losses, a diverged run counted as loss_init. Lower means "
-                       "less sensitive, **but** a mode that fails at every LR also reads near zero "
-                       "(all its losses sit at loss_init): read it with `best loss` and the "
-                       "failures.",
-                       {"mode", "d_k", "LR sensitivity", "best loss", "loss_init"},
-                       {}};
-      ReportTable jac{"Softmax Jacobian at initialisation",
-                      "Layer 0 head 0's mean ‖diag(p) − p pᵀ‖_F over the eval queries at step 0, "
-                      "mean over runs [95% bootstrap]: the seed note's vanishing gradient, "
-                      "measured. Saturated rows have a Jacobian near 0.",
-                      {"mode", "d_k", "Jacobian norm at step 0", "Var(q·k)/d_k at step 0"},
-                      {}};
-      for (const auto& m : modes)
-        for (int d : dks) {
-          const CellKey key{g, steps, m, d};
-          const auto all = cell_runs(runs, key, -1);
-          if (all.empty()) continue;
-          std::vector<std::string> lrow = {m, std::to_string(d)}, rrow = lrow;
-          std::vector<double> per_lr;
-          double init = 0;
-          for (const auto* r : all) init += r->init_eval_loss;
-          init /= static_cast<double>(all.size());
-          for (double lr : lrs) {
-            const auto rs = cell_runs(runs, key, lr);
-            if (rs.empty()) {
-              lrow.push_back("");
-              rrow.push_back("");
-              continue;
-            }
-            const LossStat ls = loss_stat(rs);
-            per_lr.push_back(ls.mean);
-            lrow.push_back(
-                ls.diverged == ls.n
-                    ? "div"
-                    : with_ci("%.3f", ls.mean, ls.ci) +
-                          (ls.diverged ? " (" + std::to_string(ls.diverged) + " div)" : ""));
-            std::vector<double> reached;
-            for (const auto* r : rs)
-              if (r->steps_to_target >= 0 && !r->diverged) reached.push_back(r->steps_to_target);
-            rrow.push_back(reached.empty()
-                               ? "—"
-                               : with_ci("%.0f", mean(reached), bootstrap_mean_interval(reached)) +
-                                     " (" + std::to_string(reached.size()) + "/" +
-                                     std::to_string(rs.size()) + ")");
-          }
-          loss.rows.push_back(lrow);
-          reach.rows.push_back(rrow);
-
-          int failed = 0, diverged = 0;
-          std::vector<double> jacs, vars;
-          for (const auto* r : all) {
-            failed += run_failed(*r) ? 1 : 0;
-            diverged += r->diverged ? 1 : 0;
-            jacs.push_back(r->init_jacobian);
-            vars.push_back(r->init_qk_var_ratio);
-          }
-          const BestCell b = best_cell(runs, key, lrs);
-          success.rows.push_back(
-              {m, std::to_string(d),
-               std::to_string(count_works(all)) + "/" + std::to_string(all.size()), fmt("%g", b.lr),
-               proportion(b.k, b.n), std::to_string(failed) + "/" + std::to_string(all.size()),
-               std::to_string(diverged) + "/" + std::to_string(all.size())});
-
-          const WindowStat w = window_stat(runs, key);
-          window.rows.push_back(
-              {m, std::to_string(d), with_ci("%.2f", w.mean, w.ci),
-               w.hi_lr > 0 ? fmt("%g", w.lo_lr) + " … " + fmt("%g", w.hi_lr) : "none",
-               w.edges.lower ? "yes" : "no", w.edges.upper ? "yes" : "no"});
-
-          const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
-          sens.rows.push_back({m, std::to_string(d), fmt("%.3f", lr_sensitivity(per_lr, init)),
-                               fmt("%.3f", best), fmt("%.3f", init)});
-          jac.rows.push_back({m, std::to_string(d),
-                              with_ci("%.4f", mean(jacs), bootstrap_mean_interval(jacs)),
-                              fmt("%.3f", mean(vars))});
-        }
-      s.tables.push_back(loss);
-      if (target) s.tables.push_back(reach);
-      s.tables.push_back(success);
-      s.tables.push_back(window);
-      s.tables.push_back(sens);
-      s.tables.push_back(jac);
-      sections.push_back(std::move(s));
+// A budget section's opening paragraph: the grid's size, the premise check and the definitions.
+std::string budget_intro(const std::vector<RunRecord>& runs, const GroupGrid& grid, int steps) {
+  double var = 0;
+  int n = 0;
+  for (const auto& r : runs)
+    if (r.group == grid.name && r.steps == steps) {
+      var += r.init_qk_var_ratio;
+      ++n;
     }
+  return std::to_string(grid.seeds.size()) + " seed(s) per cell, " +
+         std::to_string(grid.lrs.size()) + " peak LRs, " + std::to_string(steps) +
+         " steps per run, " + std::to_string(n) +
+         " runs. Var(q·k)/d_k at step 0, mean over runs: " + fmt("%.3f", n ? var / n : 0) +
+         " (the premise: q·k has variance ≈ d_k at initialisation). A run works when it " +
+         grid.works_def + ". Intervals: 95% bootstrap over seeds for means, 95% Wilson for k/n.";
+}
 
-    if (budgets.size() > 1) {
-      const int shortest = budgets.front(), longest = budgets.back();
-      ReportSection s;
-      s.heading = g + ": does a longer budget rescue a mode?";
-      s.intro =
-          "For each mode and d_k, the best LR at " + std::to_string(shortest) + " and at " +
-          std::to_string(longest) +
-          " steps (the LR with the most working seeds), and the window widths. A budget solves "
-          "the cell when the best LR's Wilson interval lies above 1/2 and fails it when the "
-          "interval lies below; otherwise the seeds leave it undecided, and the verdict says so. "
-          "With 5 seeds only 5/5 (interval [0.57, 1]) solves and only 0/5 ([0, 0.43]) fails. "
-          "The best of several LRs is an optimistic pick: read 'solves' as 'some LR of the grid "
-          "solves it'.";
-      ReportTable t{"Budget",
-                    "",
-                    {"mode", "d_k", "best at " + std::to_string(shortest),
-                     "best at " + std::to_string(longest),
-                     "window at " + std::to_string(shortest) + " (decades)",
-                     "window at " + std::to_string(longest) + " (decades)", "verdict"},
-                    {}};
-      for (const auto& m : modes)
-        for (int d : dks) {
-          const CellKey a{g, shortest, m, d}, b{g, longest, m, d};
-          if (cell_runs(runs, a, -1).empty() || cell_runs(runs, b, -1).empty()) continue;
-          const BestCell ba = best_cell(runs, a, lrs), bb = best_cell(runs, b, lrs);
-          const WindowStat wa = window_stat(runs, a), wb = window_stat(runs, b);
-          const std::string at_short = std::to_string(shortest) + " steps",
-                            at_long = std::to_string(longest) + " steps";
-          const auto state = [](int v) {
-            return v == 1 ? "works" : v == -1 ? "fails" : "undecided";
-          };
-          std::string verdict;
-          if (ba.verdict == 1 && bb.verdict == 1)
-            verdict = "works at " + at_short;
-          else if (ba.verdict == -1 && bb.verdict == 1)
-            verdict = "rescued by " + at_long;
-          else if (ba.verdict == -1 && bb.verdict == -1)
-            verdict = "not rescued";
-          else if (ba.verdict == 1 && bb.verdict == -1)
-            verdict = "works at " + at_short + ", lost at " + at_long;
-          else  // at least one budget leaves it undecided
-            verdict = std::string(state(ba.verdict)) + " at " + at_short + ", " +
-                      state(bb.verdict) + " at " + at_long;
-          t.rows.push_back(
-              {m, std::to_string(d), proportion(ba.k, ba.n) + " at lr " + fmt("%g", ba.lr),
-               proportion(bb.k, bb.n) + " at lr " + fmt("%g", bb.lr),
-               with_ci("%.2f", wa.mean, wa.ci), with_ci("%.2f", wb.mean, wb.ci), verdict});
-        }
-      s.tables.push_back(t);
-      sections.push_back(std::move(s));
+// The tables of one budget's section, one row per (mode, d_k) cell.
+struct BudgetTables {
+  ReportTable loss, reach, success, window, sens, jac;
+};
+
+BudgetTables budget_tables(const GroupGrid& grid) {
+  return {
+      {"Final eval loss",
+       "Mean over seeds [95% bootstrap interval]; a diverged seed counts as its "
+       "loss at initialisation and is marked (k div); `div`: every seed diverged.",
+       grid.lr_header,
+       {}},
+      {"Steps to " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy",
+       "Mean [95% bootstrap interval] over the seeds that reached it, with k/n "
+       "seeds; `—`: no seed reached it.",
+       grid.lr_header,
+       {}},
+      {"Success, failure and divergence over all LRs and seeds",
+       "works: " + grid.works_def + "; failed: final eval loss ≥ " + fmt("%.1f", kFailedFraction) +
+           " × the loss at initialisation, or diverged (a run that learned "
+           "nothing at all); best LR: the LR with the most working seeds "
+           "(ties: the lower mean loss). `works (all LRs)` pools LRs whose "
+           "success rates differ: it describes the sweep and has no interval.",
+       {"mode", "d_k", "works (all LRs)", "best LR", "works at best LR [Wilson]", "failed",
+        "diverged"},
+       {}},
+      {"LR window",
+       "Width: the working LRs of each seed × the grid spacing, in decades; mean "
+       "over seeds [95% bootstrap]. An edge is seen when the grid's end LR fails "
+       "for every seed: without both, the true window may be wider.",
+       {"mode", "d_k", "width (decades)", "working LRs", "lower edge seen", "upper edge seen"},
+       {}},
+      {"LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322)",
+       "E over the LR sweep of [min(loss(lr), loss_init) − min over LRs of loss], "
+       "from seed-mean losses, a diverged run counted as loss_init. Lower means "
+       "less sensitive, **but** a mode that fails at every LR also reads near zero "
+       "(all its losses sit at loss_init): read it with `best loss` and the "
+       "failures.",
+       {"mode", "d_k", "LR sensitivity", "best loss", "loss_init"},
+       {}},
+      {"Softmax Jacobian at initialisation",
+       "Layer 0 head 0's mean ‖diag(p) − p pᵀ‖_F over the eval queries at step 0, "
+       "mean over runs [95% bootstrap]: the seed note's vanishing gradient, "
+       "measured. Saturated rows have a Jacobian near 0.",
+       {"mode", "d_k", "Jacobian norm at step 0", "Var(q·k)/d_k at step 0"},
+       {}},
+  };
+}
+
+// A cell's per-LR rows: the final loss and the steps to the target at each LR ("" where the LR has
+// no run). Returns the seed-mean loss of each LR that has runs, for the sensitivity row.
+std::vector<double> add_per_lr_rows(const std::vector<RunRecord>& runs, const GroupGrid& grid,
+                                    const CellKey& key, BudgetTables& t) {
+  std::vector<std::string> lrow = {key.mode, std::to_string(key.d_k)}, rrow = lrow;
+  std::vector<double> per_lr;
+  for (double lr : grid.lrs) {
+    const auto rs = cell_runs(runs, key, lr);
+    if (rs.empty()) {
+      lrow.push_back("");
+      rrow.push_back("");
+      continue;
     }
+    const LossStat ls = loss_stat(rs);
+    per_lr.push_back(ls.mean);
+    lrow.push_back(ls.diverged == ls.n
+                       ? "div"
+                       : with_ci("%.3f", ls.mean, ls.ci) +
+                             (ls.diverged ? " (" + std::to_string(ls.diverged) + " div)" : ""));
+    std::vector<double> reached;
+    for (const auto* r : rs)
+      if (r->steps_to_target >= 0 && !r->diverged) reached.push_back(r->steps_to_target);
+    rrow.push_back(reached.empty()
+                       ? "—"
+                       : with_ci("%.0f", mean(reached), bootstrap_mean_interval(reached)) + " (" +
+                             std::to_string(reached.size()) + "/" + std::to_string(rs.size()) +
+                             ")");
+  }
+  t.loss.rows.push_back(lrow);
+  t.reach.rows.push_back(rrow);
+  return per_lr;
+}
+
+// A cell's rows over all its runs: success, LR window, LR sensitivity and Jacobian at init.
+void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& grid,
+                           const CellKey& key, const std::vector<const RunRecord*>& all,
+                           const std::vector<double>& per_lr, BudgetTables& t) {
+  const std::string& m = key.mode;
+  const int d = key.d_k;
+  double init = 0;
+  for (const auto* r : all) init += r->init_eval_loss;
+  init /= static_cast<double>(all.size());
+  int failed = 0, diverged = 0;
+  std::vector<double> jacs, vars;
+  for (const auto* r : all) {
+    failed += run_failed(*r) ? 1 : 0;
+    diverged += r->diverged ? 1 : 0;
+    jacs.push_back(r->init_jacobian);
+    vars.push_back(r->init_qk_var_ratio);
+  }
+  const BestCell b = best_cell(runs, key, grid.lrs);
+  t.success.rows.push_back({m, std::to_string(d),
+                            std::to_string(count_works(all)) + "/" + std::to_string(all.size()),
+                            fmt("%g", b.lr), proportion(b.k, b.n),
+                            std::to_string(failed) + "/" + std::to_string(all.size()),
+                            std::to_string(diverged) + "/" + std::to_string(all.size())});
+
+  const WindowStat w = window_stat(runs, key);
+  t.window.rows.push_back({m, std::to_string(d), with_ci("%.2f", w.mean, w.ci),
+                           w.hi_lr > 0 ? fmt("%g", w.lo_lr) + " … " + fmt("%g", w.hi_lr) : "none",
+                           w.edges.lower ? "yes" : "no", w.edges.upper ? "yes" : "no"});
+
+  const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
+  t.sens.rows.push_back({m, std::to_string(d), fmt("%.3f", lr_sensitivity(per_lr, init)),
+                         fmt("%.3f", best), fmt("%.3f", init)});
+  t.jac.rows.push_back({m, std::to_string(d),
+                        with_ci("%.4f", mean(jacs), bootstrap_mean_interval(jacs)),
+                        fmt("%.3f", mean(vars))});
+}
+
+// One group's section at one budget: every table, one row per (mode, d_k) cell that has runs.
+ReportSection budget_section(const std::vector<RunRecord>& runs, const GroupGrid& grid, int steps) {
+  ReportSection s;
+  s.heading = grid.name + ", " + std::to_string(steps) + " steps";
+  s.intro = budget_intro(runs, grid, steps);
+  BudgetTables t = budget_tables(grid);
+  for (const auto& m : grid.modes)
+    for (int d : grid.dks) {
+      const CellKey key{grid.name, steps, m, d};
+      const auto all = cell_runs(runs, key, -1);
+      if (all.empty()) continue;
+      const std::vector<double> per_lr = add_per_lr_rows(runs, grid, key, t);
+      add_cell_summary_rows(runs, grid, key, all, per_lr, t);
+    }
+  s.tables.push_back(t.loss);
+  if (grid.target) s.tables.push_back(t.reach);
+  s.tables.push_back(t.success);
+  s.tables.push_back(t.window);
+  s.tables.push_back(t.sens);
+  s.tables.push_back(t.jac);
+  return s;
+}
+
+// Whether the longer budget rescues a cell, from the two budgets' verdicts (best_cell's).
+std::string budget_verdict(int short_verdict, int long_verdict, const std::string& at_short,
+                           const std::string& at_long) {
+  const auto state = [](int v) { return v == 1 ? "works" : v == -1 ? "fails" : "undecided"; };
+  if (short_verdict == 1 && long_verdict == 1) return "works at " + at_short;
+  if (short_verdict == -1 && long_verdict == 1) return "rescued by " + at_long;
+  if (short_verdict == -1 && long_verdict == -1) return "not rescued";
+  if (short_verdict == 1 && long_verdict == -1)
+    return "works at " + at_short + ", lost at " + at_long;
+  // at least one budget leaves it undecided
+  return std::string(state(short_verdict)) + " at " + at_short + ", " + state(long_verdict) +
+         " at " + at_long;
+}
+
+// A group with several budgets: does the longest rescue what the shortest fails?
+ReportSection rescue_section(const std::vector<RunRecord>& runs, const GroupGrid& grid) {
+  const std::string& g = grid.name;
+  const int shortest = grid.budgets.front(), longest = grid.budgets.back();
+  ReportSection s;
+  s.heading = g + ": does a longer budget rescue a mode?";
+  s.intro = "For each mode and d_k, the best LR at " + std::to_string(shortest) + " and at " +
+            std::to_string(longest) +
+            " steps (the LR with the most working seeds), and the window widths. A budget solves "
+            "the cell when the best LR's Wilson interval lies above 1/2 and fails it when the "
+            "interval lies below; otherwise the seeds leave it undecided, and the verdict says so. "
+            "With 5 seeds only 5/5 (interval [0.57, 1]) solves and only 0/5 ([0, 0.43]) fails. "
+            "The best of several LRs is an optimistic pick: read 'solves' as 'some LR of the grid "
+            "solves it'.";
+  ReportTable t{
+      "Budget",
+      "",
+      {"mode", "d_k", "best at " + std::to_string(shortest), "best at " + std::to_string(longest),
+       "window at " + std::to_string(shortest) + " (decades)",
+       "window at " + std::to_string(longest) + " (decades)", "verdict"},
+      {}};
+  for (const auto& m : grid.modes)
+    for (int d : grid.dks) {
+      const CellKey a{g, shortest, m, d}, b{g, longest, m, d};
+      if (cell_runs(runs, a, -1).empty() || cell_runs(runs, b, -1).empty()) continue;
+      const BestCell ba = best_cell(runs, a, grid.lrs), bb = best_cell(runs, b, grid.lrs);
+      const WindowStat wa = window_stat(runs, a), wb = window_stat(runs, b);
+      const std::string verdict =
+          budget_verdict(ba.verdict, bb.verdict, std::to_string(shortest) + " steps",
+                         std::to_string(longest) + " steps");
+      t.rows.push_back({m, std::to_string(d), proportion(ba.k, ba.n) + " at lr " + fmt("%g", ba.lr),
+                        proportion(bb.k, bb.n) + " at lr " + fmt("%g", bb.lr),
+                        with_ci("%.2f", wa.mean, wa.ci), with_ci("%.2f", wb.mean, wb.ci), verdict});
+    }
+  s.tables.push_back(t);
+  return s;
+}
+
+}  // namespace
+
+std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) {
+  std::vector<ReportSection> sections;
+  for (const auto& g : group_names(runs)) {
+    const GroupGrid grid = group_grid(runs, g);
+    for (int steps : grid.budgets) sections.push_back(budget_section(runs, grid, steps));
+    if (grid.budgets.size() > 1) sections.push_back(rescue_section(runs, grid));
   }
   return sections;
 }

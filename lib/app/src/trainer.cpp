@@ -207,10 +207,11 @@ struct TrainData {
 };
 
 std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
-                                                 const ParameterList<float>& params,
-                                                 const AdamWOptions& adamw, const SgdOptions& sgd) {
-  if (c.optimizer == "adamw") return std::make_unique<AdamW<float>>(params, adamw);
-  return std::make_unique<SGD<float>>(params, sgd);
+                                                 const ParameterList<float>& params) {
+  if (c.optimizer == "adamw")
+    return std::make_unique<AdamW<float>>(
+        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay});
+  return std::make_unique<SGD<float>>(params, SgdOptions{c.lr, c.momentum, c.weight_decay});
 }
 
 // The labelled positions (targets != kIgnoreIndex) of rows [begin, end) of `targets`.
@@ -261,11 +262,299 @@ void agree_on_setup(Communicator& comm, bool failed, bool bad_input) {
                     r != 0 || rank0_failed, v[1] > 0);
 }
 
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The backend, chosen once: the model moves there (its optimizer follows), and the loop runs the
+// same code whatever it is. A CUDA backend made for this run goes to own_ops, which the caller
+// makes before the model, whose buffers it must outlive.
+DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_ops,
+                             std::unique_ptr<DeviceOps<float>>& own_ops) {
+  DeviceOps<float>* ops = &cpu_ops<float>();
+  if (context.backend == Backend::cuda) {
+    if (!device_ops) {
+      if (!cuda_available()) {
+        check_arg(
+            false, "train", "device", "a usable CUDA device for 'cuda'",
+            cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
+      }
+      own_ops = make_cuda_device_ops<float>();
+      device_ops = own_ops.get();
+    }
+    ops = device_ops;
+  }
+  return ops;
+}
+
+LrSchedule make_schedule(const TrainConfig& c, std::size_t steps) {
+  return c.schedule == "cosine"
+             ? LrSchedule::warmup_cosine(c.lr, c.min_lr, static_cast<std::size_t>(c.warmup), steps)
+             : LrSchedule::constant(c.lr);
+}
+
+// A resumed run's state from its checkpoint: the weights and the optimizer state (into the host
+// copy, before the model moves to its backend) and the data stream's position.
+void restore_training_state(const TrainConfig& c, const RunMeta& resumed,
+                            ParameterList<float>& params, Optimizer<float>& opt, Rng& data_rng) {
+  StateTensors state;
+  for (auto& t : opt.state_tensors()) state.emplace_back(t.first, std::move(t.second));
+  load_run_checkpoint(c.resume + "/model.safetensors", params, &state);
+  opt.load_state(state, resumed.optimizer_steps);
+  data_rng.set_state(resumed.data_rng);
+}
+
+// Rank 0's outputs from the start: OUT/, OUT/config.json and OUT/metrics.csv (a resumed run's
+// rows kept up to its saved step). Other ranks write nothing: nullopt.
+std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model, bool lead,
+                                       bool resuming, std::size_t start) {
+  std::optional<MetricsLog> log;
+  if (lead) {
+    std::filesystem::create_directories(c.out);
+    write_config_file(c.out + "/config.json", c);
+    log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
+                c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
+  }
+  return log;
+}
+
+// What a set-up run's evals, steps and wrap-up share; train_impl owns every piece.
+struct RunParts {
+  const TrainConfig& c;
+  const Context& context;
+  Communicator& comm;
+  const TrainData& data;
+  const Shard& shard;  // this rank's rows of each batch
+  const Batch& eval;   // this rank's rows of the eval set
+  Model& model;
+  const ParameterList<float>& params;
+  Optimizer<float>& opt;
+  TrainBackend& backend;
+  const LrSchedule& schedule;
+  std::optional<MetricsLog>& log;  // rank 0 only
+  const RunSaver& saver;
+  const ProgressFn& progress;
+  Rng& data_rng;
+  std::size_t start, steps;  // this invocation's first step; the run's last
+  std::size_t d_k;
+  bool lead;  // writes the files, shows progress
+};
+
+// What the loop carries from step to step and hands to the wrap-up.
+struct LoopState {
+  explicit LoopState(std::size_t layers) {
+    for (auto* v : {&norms.wq_grad, &norms.wk_grad, &norms.wq, &norms.wk}) v->assign(layers, 0.0);
+  }
+  TrainResult result;
+  Clock::time_point t0;
+  EvalStats st;  // the latest eval
+  // This invocation's first eval: its example attention goes into OUT/attention.json.
+  EvalStats first_st;
+  std::size_t eval_step = 0;  // the step of the eval in `st`
+  std::size_t step = 0;       // the next step to take
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+  double step_seconds = 0;  // the training steps' wall time (no evals, metrics, checkpoints)
+  double allreduce_seconds = 0;
+  LayerNorms norms;            // the logged step's gradient and weight norms (metrics.csv)
+  std::vector<float> staging;  // the gradient allreduce's host buffer, kept across steps
+};
+
+EvalStats eval_all(const RunParts& p) {
+  EvalStats s = evaluate(p.backend, p.model.layers(), p.eval, p.c.task, p.d_k);
+  reduce_eval(p.comm, s, p.d_k);
+  return s;
+}
+
+// One row of metrics.csv: the eval `st`, the step's gradient norms (already in `norms`) and the
+// weight norms now, read from the host copy.
+void log_row(const RunParts& p, LayerNorms& norms, std::size_t step, double train_loss, double lr,
+             const EvalStats& st) {
+  for (std::size_t l = 0; l < p.model.layers(); ++l) {
+    norms.wq[l] = tensor_norm(find_param(p.params, p.model.w_q_name(l))->value);
+    norms.wk[l] = tensor_norm(find_param(p.params, p.model.w_k_name(l))->value);
+  }
+  if (p.log) p.log->write(step, train_loss, lr, st, norms);
+}
+
+void diverge(TrainResult& result, std::size_t step, std::string where, const char* fallback) {
+  result.diverged = true;
+  result.diverged_step = static_cast<int>(step);
+  result.diverged_where = where.empty() ? fallback : std::move(where);
+}
+
+// The eval before this invocation's first step: the figures at initialisation and, in a new run,
+// metrics.csv's step-0 row.
+void first_eval(const RunParts& p, LoopState& s, bool resuming) {
+  TrainResult& result = s.result;
+  s.st = eval_all(p);
+  s.first_st = s.st;
+  s.eval_step = p.start;
+  result.init_qk_var_ratio = s.st.qk_var_ratio;
+  result.init_jacobian = s.st.health.empty() ? 0.0 : s.st.health.front().jacobian_norm;
+  // A resumed run's loss at initialisation comes from its saved rows.
+  result.init_eval_loss =
+      resuming && p.log ? p.log->kept_init_eval_loss().value_or(s.st.loss) : s.st.loss;
+  if (!resuming)
+    log_row(p, s.norms, 0, std::numeric_limits<double>::quiet_NaN(), p.schedule.lr_at(0), s.st);
+  result.final_eval_loss = s.st.loss;
+  result.final_eval_acc = s.st.accuracy;
+}
+
+// A stop before `step`: --stop-after, or a signal in a single process (with several ranks a stop
+// request is agreed on in agreed_loss: a signal may reach them apart).
+bool stop_before(const RunParts& p, std::size_t step) {
+  return (p.comm.size() == 1 && p.context.stop_requested()) ||
+         (p.c.stop_after > 0 && step == static_cast<std::size_t>(p.c.stop_after));
+}
+
+// With several ranks, the global loss (NaN if any rank's is) from this rank's `loss` and its
+// `weight`, and whether any rank must stop (nullopt then). One process: `loss` as it is.
+std::optional<double> agreed_loss(const RunParts& p, double loss, double weight) {
+  if (p.comm.size() == 1) return loss;
+  double agreed[2] = {loss * weight, p.context.stop_requested() ? 1.0 : 0.0};
+  p.comm.allreduce_sum(agreed, 2);
+  if (agreed[1] > 0) return std::nullopt;
+  return agreed[0];
+}
+
+// The gradients of the step's forward, summed over the ranks with their loss shares as weights.
+void backward(const RunParts& p, LoopState& s, double weight) {
+  p.backend.backward();
+  p.backend.synchronize();
+  if (p.comm.size() > 1) {
+    const auto t = Clock::now();
+    allreduce_gradients(p.comm, p.params, weight, s.staging);
+    s.allreduce_seconds += seconds_since(t);
+  }
+}
+
+// Read before the update, which clipping and the optimizer base on the same gradients.
+void record_grad_norms(const RunParts& p, LayerNorms& norms) {
+  for (std::size_t l = 0; l < p.model.layers(); ++l) {
+    norms.wq_grad[l] = p.backend.grad_norm(p.model.w_q_name(l));
+    norms.wk_grad[l] = p.backend.grad_norm(p.model.w_k_name(l));
+  }
+}
+
+void update_weights(const RunParts& p) {
+  if (p.c.clip > 0) p.backend.clip_grad_norm(p.c.clip);
+  p.backend.step();
+  p.backend.synchronize();
+}
+
+// A logged step after its update: the replicas agree, the eval, metrics.csv's row. False when the
+// eval loss is non-finite (the run diverged).
+bool log_step(const RunParts& p, LoopState& s, double loss, double lr) {
+  const std::size_t step = s.step;
+  p.backend.sync_host();  // the weight norms of the row and the checksum read the host copy
+  check_replicas(p.comm, p.params, step + 1);
+  s.st = eval_all(p);
+  s.eval_step = step + 1;
+  log_row(p, s.norms, step + 1, loss, lr, s.st);
+  s.result.final_eval_loss = s.st.loss;
+  s.result.final_eval_acc = s.st.accuracy;
+  if (!std::isfinite(s.st.loss)) {
+    diverge(s.result, step + 1, p.model.locate_nonfinite(p.eval), "eval loss");
+    return false;
+  }
+  return true;
+}
+
+void report_progress(const RunParts& p, const LoopState& s, double loss, double lr, bool log_now) {
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "loss %.4f eval_loss %.4f eval_acc %.3f lr %.3g", loss,
+                s.st.loss, s.st.accuracy, lr);
+  p.progress({"step", p.start, s.step + 1, p.steps, seconds_since(s.t0), detail, log_now});
+}
+
+// Step s.step: forward, backward, update, and the eval, checkpoint and progress when due. False
+// when the run ends here (a rank asked to stop, or it diverged); s.step then counts the steps
+// done.
+bool train_step(const RunParts& p, LoopState& s) {
+  const std::size_t step = s.step;
+  const bool distributed = p.comm.size() > 1;
+  const double lr = p.schedule.lr_at(step);
+  p.backend.set_lr(lr);
+  const Batch global = p.data.next(static_cast<std::size_t>(p.c.batch), p.data_rng);
+  const Batch sharded = distributed ? shard_of(global, p.shard) : Batch{};
+  const Batch& batch = distributed ? sharded : global;
+  const double weight = distributed ? loss_share(global, p.shard) : 1.0;
+  auto step_start = Clock::now();
+  p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), step);  // keys the dropout masks
+  const std::optional<double> agreed = agreed_loss(p, p.backend.forward_loss(batch), weight);
+  if (!agreed) {
+    s.result.interrupted = true;
+    return false;
+  }
+  const double loss = *agreed;
+  if (!std::isfinite(loss)) {
+    diverge(s.result, step + 1, p.backend.locate_nonfinite(batch), "loss");
+    s.last_loss = std::numeric_limits<double>::quiet_NaN();
+    return false;
+  }
+  s.last_loss = loss;
+  backward(p, s, weight);
+  s.step_seconds += seconds_since(step_start);
+  const bool log_now =
+      (step + 1) % static_cast<std::size_t>(p.c.eval_every) == 0 || step + 1 == p.steps;
+  if (log_now) record_grad_norms(p, s.norms);
+  step_start = Clock::now();
+  update_weights(p);
+  s.step_seconds += seconds_since(step_start);
+  if (log_now && !log_step(p, s, loss, lr)) {
+    ++s.step;  // the diverged step was taken
+    return false;
+  }
+  if (p.c.save_every > 0 && (step + 1) % static_cast<std::size_t>(p.c.save_every) == 0)
+    p.saver.save(step + 1, p.backend, p.opt, p.params, p.data_rng);
+  if (p.progress) report_progress(p, s, loss, lr, log_now);
+  return true;
+}
+
+// The run's figures once the loop ended: steps, losses, time and throughput.
+void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
+  TrainResult& result = s.result;
+  const std::size_t step = s.step;
+  result.steps_done = static_cast<int>(step);
+  result.steps_to_target = p.log ? p.log->steps_to_target() : -1;
+  result.final_train_loss = s.last_loss;
+  if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
+  result.seconds = seconds_since(s.t0);
+  result.device = p.backend.name();
+  result.step_seconds = s.step_seconds;
+  const std::size_t steps_run = step > p.start ? step - p.start : 0;
+  if (steps_run > 0 && s.step_seconds > 0)
+    result.tokens_per_second = static_cast<double>(steps_run * static_cast<std::size_t>(p.c.batch) *
+                                                   static_cast<std::size_t>(shape.seq_len)) /
+                               s.step_seconds;
+  result.flops_per_token =
+      transformer_flops_per_token(p.c.model, static_cast<std::size_t>(shape.seq_len));
+  result.world_size = p.comm.size();
+  result.distributed = p.comm.name();
+  if (steps_run > 0)
+    result.allreduce_seconds_per_step = s.allreduce_seconds / static_cast<double>(steps_run);
+}
+
+// The run's last checks and files: the replicas agree, the final checkpoint, and on rank 0
+// OUT/attention.json and OUT/summary.json.
+void finish_outputs(const RunParts& p, const LoopState& s) {
+  const TrainResult& result = s.result;
+  if (p.comm.size() > 1 && !result.diverged) {
+    p.backend.sync_host();
+    check_replicas(p.comm, p.params, s.step);
+  }
+  // A diverged model is never saved: its weights may hold non-finite values.
+  if (!result.diverged) p.saver.save(s.step, p.backend, p.opt, p.params, p.data_rng);
+  if (p.lead && s.st.example_tq > 0)  // "init" is this invocation's first eval (the resumed step)
+    write_attention_file(p.c.out + "/attention.json", s.first_st, p.start, s.st, s.eval_step);
+  if (p.lead) write_summary(p.c.out + "/summary.json", p.c, result);
+}
+
 TrainResult train_impl(const TrainConfig& config_in, const Context& context,
                        DeviceOps<float>* device_ops, Communicator& comm,
                        const std::function<void()>& setup_done) {
   const int world = comm.size(), rank = comm.rank();
-  const bool lead = rank == 0;  // writes the files, shows progress
+  const bool lead = rank == 0;
   TrainConfig c = config_in;
   prepare_task(c);
   const bool resuming = !c.resume.empty();
@@ -280,199 +569,58 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   const Shard eval_shard = shard_rows(data.eval.size(), rank, world, "train: eval_size");
   const Batch eval = shard_of(data.eval, eval_shard);
 
-  // The backend, chosen once: the model moves there (its optimizer follows), and the loop below
-  // runs the same code whatever it is. Made before the model, whose buffers it must outlive.
   std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
-  DeviceOps<float>* ops = &cpu_ops<float>();
-  if (context.backend == Backend::cuda) {
-    if (!device_ops) {
-      if (!cuda_available()) {
-        check_arg(
-            false, "train", "device", "a usable CUDA device for 'cuda'",
-            cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
-      }
-      own_ops = make_cuda_device_ops<float>();
-      device_ops = own_ops.get();
-    }
-    ops = device_ops;
-  }
+  DeviceOps<float>* ops = choose_ops(context, device_ops, own_ops);
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);
   ParameterList<float> params = model.parameters();
-  const AdamWOptions adamw{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay};
-  const SgdOptions sgd{c.lr, c.momentum, c.weight_decay};
-  const auto opt = make_optimizer(c, params, adamw, sgd);
+  const auto opt = make_optimizer(c, params);
   const auto steps = static_cast<std::size_t>(c.steps);
-  const LrSchedule schedule =
-      c.schedule == "cosine"
-          ? LrSchedule::warmup_cosine(c.lr, c.min_lr, static_cast<std::size_t>(c.warmup), steps)
-          : LrSchedule::constant(c.lr);
+  const LrSchedule schedule = make_schedule(c, steps);
   const std::size_t start = resuming ? resumed.step : 0;
-  if (resuming) {
-    StateTensors state;
-    for (auto& t : opt->state_tensors()) state.emplace_back(t.first, std::move(t.second));
-    load_run_checkpoint(c.resume + "/model.safetensors", params, &state);
-    opt->load_state(state, resumed.optimizer_steps);
-    data_rng.set_state(resumed.data_rng);
-  }
+  if (resuming) restore_training_state(c, resumed, params, *opt, data_rng);
   model.to(*ops);  // after the resume load (into the host copy); the optimizer follows
   TrainBackend backend(model, *opt);
 
-  std::optional<MetricsLog> log;
-  if (lead) {
-    std::filesystem::create_directories(c.out);
-    write_config_file(c.out + "/config.json", c);
-    log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
-                c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
-  }
+  std::optional<MetricsLog> log = open_outputs(c, model, lead, resuming, start);
   const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint && lead,
                        c.weights_only);
   const ProgressFn progress = c.progress && lead ? terminal_progress() : ProgressFn();
-  const std::size_t d_k = c.model.block.attention.head_dim_k();
-  LayerNorms norms;
-  for (auto* v : {&norms.wq_grad, &norms.wk_grad, &norms.wq, &norms.wk})
-    v->assign(model.layers(), 0.0);
-  const auto log_row = [&](std::size_t step, double train_loss, double lr, const EvalStats& st) {
-    for (std::size_t l = 0; l < model.layers(); ++l) {
-      norms.wq[l] = tensor_norm(find_param(params, model.w_q_name(l))->value);
-      norms.wk[l] = tensor_norm(find_param(params, model.w_k_name(l))->value);
-    }
-    if (log) log->write(step, train_loss, lr, st, norms);
-  };
-  const auto eval_all = [&] {
-    EvalStats s = evaluate(backend, model.layers(), eval, c.task, d_k);
-    reduce_eval(comm, s, d_k);
-    return s;
-  };
-  std::vector<float> staging;  // the gradient allreduce's host buffer, kept across steps
-  setup_done();                // from here on every rank is in the run: an error is a RankFailure
+  const RunParts p{.c = c,
+                   .context = context,
+                   .comm = comm,
+                   .data = data,
+                   .shard = shard,
+                   .eval = eval,
+                   .model = model,
+                   .params = params,
+                   .opt = *opt,
+                   .backend = backend,
+                   .schedule = schedule,
+                   .log = log,
+                   .saver = saver,
+                   .progress = progress,
+                   .data_rng = data_rng,
+                   .start = start,
+                   .steps = steps,
+                   .d_k = c.model.block.attention.head_dim_k(),
+                   .lead = lead};
+  setup_done();  // from here on every rank is in the run: an error is a RankFailure
 
-  TrainResult result;
-  const auto t0 = Clock::now();
-  EvalStats st = eval_all();
-  const EvalStats first_st = st;  // its example attention goes into OUT/attention.json
-  std::size_t eval_step = start;  // the step of the eval in `st`
-  result.init_qk_var_ratio = st.qk_var_ratio;
-  result.init_jacobian = st.health.empty() ? 0.0 : st.health.front().jacobian_norm;
-  // A resumed run's loss at initialisation comes from its saved rows.
-  result.init_eval_loss = resuming && log ? log->kept_init_eval_loss().value_or(st.loss) : st.loss;
-  if (!resuming) log_row(0, std::numeric_limits<double>::quiet_NaN(), schedule.lr_at(0), st);
-  result.final_eval_loss = st.loss;
-  result.final_eval_acc = st.accuracy;
-  const auto diverge = [&](std::size_t step, std::string where, const char* fallback) {
-    result.diverged = true;
-    result.diverged_step = static_cast<int>(step);
-    result.diverged_where = where.empty() ? fallback : std::move(where);
-  };
-
-  std::size_t step = start;
-  double last_loss = std::numeric_limits<double>::quiet_NaN();
-  double step_seconds = 0;  // the training steps' wall time (no evals, metrics, checkpoints)
-  double allreduce_seconds = 0;
-  for (; step < steps; ++step) {
-    // With several ranks a stop request is agreed on below (a signal may reach them apart).
-    if ((world == 1 && context.stop_requested()) ||
-        (c.stop_after > 0 && step == static_cast<std::size_t>(c.stop_after))) {
-      result.interrupted = true;
+  LoopState s(model.layers());
+  s.t0 = Clock::now();
+  first_eval(p, s, resuming);
+  for (s.step = start; s.step < steps; ++s.step) {
+    if (stop_before(p, s.step)) {
+      s.result.interrupted = true;
       break;
     }
-    const double lr = schedule.lr_at(step);
-    backend.set_lr(lr);
-    const Batch global = data.next(static_cast<std::size_t>(c.batch), data_rng);
-    const Batch sharded = world > 1 ? shard_of(global, shard) : Batch{};
-    const Batch& batch = world > 1 ? sharded : global;
-    const double weight = world > 1 ? loss_share(global, shard) : 1.0;
-    auto step_start = Clock::now();
-    backend.set_step(static_cast<std::uint64_t>(c.seed), step);  // keys the dropout masks
-    double loss = backend.forward_loss(batch);
-    if (world > 1) {  // the global loss (NaN if any rank's is), and whether any rank must stop
-      double agreed[2] = {loss * weight, context.stop_requested() ? 1.0 : 0.0};
-      comm.allreduce_sum(agreed, 2);
-      loss = agreed[0];
-      if (agreed[1] > 0) {
-        result.interrupted = true;
-        break;
-      }
-    }
-    if (!std::isfinite(loss)) {
-      diverge(step + 1, backend.locate_nonfinite(batch), "loss");
-      last_loss = std::numeric_limits<double>::quiet_NaN();
-      break;
-    }
-    last_loss = loss;
-    backend.backward();
-    backend.synchronize();
-    if (world > 1) {
-      const auto t = Clock::now();
-      allreduce_gradients(comm, params, weight, staging);
-      allreduce_seconds += std::chrono::duration<double>(Clock::now() - t).count();
-    }
-    step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
-    const bool log_now =
-        (step + 1) % static_cast<std::size_t>(c.eval_every) == 0 || step + 1 == steps;
-    if (log_now)
-      for (std::size_t l = 0; l < model.layers(); ++l) {
-        norms.wq_grad[l] = backend.grad_norm(model.w_q_name(l));
-        norms.wk_grad[l] = backend.grad_norm(model.w_k_name(l));
-      }
-    step_start = Clock::now();
-    if (c.clip > 0) backend.clip_grad_norm(c.clip);
-    backend.step();
-    backend.synchronize();
-    step_seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
-    if (log_now) {
-      backend.sync_host();  // the weight norms of the row and the checksum read the host copy
-      check_replicas(comm, params, step + 1);
-      st = eval_all();
-      eval_step = step + 1;
-      log_row(step + 1, loss, lr, st);
-      result.final_eval_loss = st.loss;
-      result.final_eval_acc = st.accuracy;
-      if (!std::isfinite(st.loss)) {
-        diverge(step + 1, model.locate_nonfinite(eval), "eval loss");
-        ++step;
-        break;
-      }
-    }
-    if (c.save_every > 0 && (step + 1) % static_cast<std::size_t>(c.save_every) == 0)
-      saver.save(step + 1, backend, *opt, params, data_rng);
-    if (progress) {
-      char detail[160];
-      std::snprintf(detail, sizeof detail, "loss %.4f eval_loss %.4f eval_acc %.3f lr %.3g", loss,
-                    st.loss, st.accuracy, lr);
-      progress({"step", start, step + 1, steps,
-                std::chrono::duration<double>(Clock::now() - t0).count(), detail, log_now});
-    }
+    if (!train_step(p, s)) break;
   }
-  result.steps_done = static_cast<int>(step);
-  result.steps_to_target = log ? log->steps_to_target() : -1;
-  result.final_train_loss = last_loss;
-  if (result.diverged) result.final_eval_loss = std::numeric_limits<double>::quiet_NaN();
-  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  result.device = backend.name();
-  result.step_seconds = step_seconds;
-  const std::size_t steps_run = step > start ? step - start : 0;
-  if (steps_run > 0 && step_seconds > 0)
-    result.tokens_per_second = static_cast<double>(steps_run * static_cast<std::size_t>(c.batch) *
-                                                   static_cast<std::size_t>(shape.seq_len)) /
-                               step_seconds;
-  result.flops_per_token =
-      transformer_flops_per_token(c.model, static_cast<std::size_t>(shape.seq_len));
-  result.world_size = world;
-  result.distributed = comm.name();
-  if (steps_run > 0)
-    result.allreduce_seconds_per_step = allreduce_seconds / static_cast<double>(steps_run);
-  if (world > 1 && !result.diverged) {
-    backend.sync_host();
-    check_replicas(comm, params, step);
-  }
-  // A diverged model is never saved: its weights may hold non-finite values.
-  if (!result.diverged) saver.save(step, backend, *opt, params, data_rng);
-  if (lead && st.example_tq > 0)  // "init" is this invocation's first eval (the resumed step)
-    write_attention_file(c.out + "/attention.json", first_st, start, st, eval_step);
-  if (lead) write_summary(c.out + "/summary.json", c, result);
-  return result;
+  fill_result(p, s, shape);
+  finish_outputs(p, s);
+  return s.result;
 }
 
 }  // namespace

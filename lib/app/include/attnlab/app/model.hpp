@@ -1,7 +1,8 @@
 // The trainer's view of a model: the stack's Transformer behind a small interface that speaks in
 // task batches (summed token fields, absent fields) and exposes what the metrics need.
 //
-// This adapter lives in train/ so that the nn/ layer stays free of tasks; it owns the Transformer.
+// This adapter lives in the application (lib/app) so that the library's nn/ layer stays free of
+// tasks; it owns the Transformer.
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,11 @@
 // A training run's checkpoint, DIR/model.safetensors, on top of the checkpoint I/O of
-// train/checkpoint.hpp (atomic write, validated load): the model's parameters by name, the
+// attnlab/io/checkpoint.hpp (atomic write, validated load): the model's parameters by name, the
 // optimizer state under "optim.<param>.<slot>", and in the metadata the run's config (JSON), the
 // step, the data Rng state and the format version.
 //
-// This header deliberately avoids train/safetensors.hpp: its attnlab::NamedTensor struct clashes
-// with optim/optimizer.hpp's attnlab::NamedTensor<T> alias, so the two cannot share a translation
-// unit. Optimizer state travels here as plain (name, tensor) pairs.
+// Optimizer state travels here as plain (name, tensor) pairs: the same type as
+// optim/optimizer.hpp's NamedTensor<float> (what Optimizer::state_tensors() returns), spelt out so
+// that this header includes neither the optimizer's headers nor the I/O ones.
 #pragma once
 
 #include <string>

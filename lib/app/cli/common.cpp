@@ -1,0 +1,160 @@
+#include "common.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "attnlab/blas.hpp"
+
+namespace attnlab::cli {
+
+using app::TaskConfig;
+
+namespace {
+
+const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort", "text"};
+const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
+
+}  // namespace
+
+int error_line(const CliContext& cli, const std::string& message, int status, bool this_rank_only) {
+  if (cli.rank != 0 && !this_rank_only) return status;
+  std::string one = message;
+  for (char& c : one)
+    if (c == '\n' || c == '\r') c = ' ';
+  if (cli.world > 1 && cli.rank != 0 && !one.starts_with("rank "))  // RankFailure names it already
+    std::fprintf(stderr, "attnlab: error: rank %d: %s\n", cli.rank, one.c_str());
+  else
+    std::fprintf(stderr, "attnlab: error: %s\n", one.c_str());
+  return status;
+}
+
+void print_blas_warning(CliContext& cli) {
+  const std::string& warning = blas_info().warning;
+  if (cli.blas_warning_printed || warning.empty()) return;
+  cli.blas_warning_printed = true;
+  std::fprintf(stderr, "attnlab: warning: %s\n", warning.c_str());
+}
+
+const CLI::Validator kFinite(
+    [](std::string& text) {
+      try {
+        std::size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used == text.size() && std::isfinite(v)) return std::string();
+      } catch (const std::exception&) {
+      }
+      return "value " + text + " is not a finite number";
+    },
+    "FINITE");
+
+const CLI::Validator kDropProbability(
+    [](std::string& text) {
+      try {
+        std::size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used == text.size() && v >= 0.0 && v < 1.0) return std::string();
+      } catch (const std::exception&) {
+      }
+      return "value " + text + " is not a probability in [0, 1)";
+    },
+    "PROBABILITY");
+
+void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
+  AttentionConfig& a = m.block.attention;
+  cmd.add_option("--d-model", a.d_model, "model width C")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd.add_option("--heads", a.heads, "attention heads H")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd.add_option("--kv-heads", a.kv_heads,
+                 "key/value heads, dividing --heads (grouped-query attention; 1: multi-query; "
+                 "default: --heads)")
+      ->check(CLI::Range(1, 256));
+  cmd.add_option("--d-k", a.d_k, "head dim of q and k (default d_model / heads)")
+      ->check(CLI::Range(1, 8192));
+  cmd.add_option("--d-v", a.d_v, "head dim of v (default d_model / heads)")
+      ->check(CLI::Range(1, 8192));
+  cmd.add_option("--layers", m.layers, "transformer blocks")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd.add_flag("--attn-only", m.block.attn_only, "blocks without the MLP");
+  cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model)")
+      ->check(CLI::Range(1, 65536));
+  cmd.add_option_function<std::string>(
+         "--norm", [&m](const std::string& s) { m.block.norm = attnlab::parse_norm(s); },
+         "normalisation")
+      ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
+      ->default_str(std::string(to_string(m.block.norm)));
+  cmd.add_option_function<std::string>(
+         "--positions",
+         [&m](const std::string& s) { m.positions = attnlab::parse_position_encoding(s); },
+         "position encoding (none suits --alibi)")
+      ->check(CLI::IsMember({"learned", "sinusoidal", "none"}))
+      ->default_str(std::string(to_string(m.positions)));
+  cmd.add_flag("--qk-norm", a.qk_norm, "LayerNorm on q and k per head");
+  cmd.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
+  cmd.add_flag("--alibi", a.alibi, "ALiBi: a linear distance penalty per head (Press et al. 2022)");
+  cmd.add_flag("--causal", a.sdpa.causal, "causal attention");
+  cmd.add_option("--window", a.sdpa.window,
+                 "sliding-window attention: each query sees its N latest keys (needs --causal)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--attn-dropout", a.dropout,
+                 "dropout on the attention weights in training (0 <= p < 1; none in eval)")
+      ->check(kDropProbability);
+  cmd.add_option("--dropout", m.block.dropout,
+                 "dropout on the residual branches in training (0 <= p < 1; none in eval)")
+      ->check(kDropProbability);
+  cmd.add_option_function<std::string>(
+         "--scaling", [&a](const std::string& s) { a.sdpa.scaling = parse_scaling(s); },
+         "attention scale: 1, 1/sqrt(d_k) or 1/d_k")
+      ->check(CLI::IsMember(kModes))
+      ->default_str(std::string(to_string(a.sdpa.scaling)));
+  cmd.add_option_function<double>(
+         "--scale", [&a](const double& v) { a.sdpa.scale = v; },
+         "explicit attention scale (overrides --scaling)")
+      ->check(kFinite)
+      ->check(CLI::PositiveNumber);
+}
+
+std::string with_heads_hint(const std::string& message, const TransformerConfig& m) {
+  if (message.find("divisible by heads") == std::string::npos) return message;
+  return message + " (--d-model " + std::to_string(m.d_model()) + " --heads " +
+         std::to_string(m.block.attention.heads) + ": give --d-k and --d-v to decouple them)";
+}
+
+void add_task_flags(CLI::App& cmd, TaskConfig& t) {
+  cmd.add_option_function<std::string>(
+         "--task", [&t](const std::string& s) { t.kind = app::parse_task(s); }, "task")
+      ->check(CLI::IsMember(kTasks))
+      ->default_str(std::string(to_string(t.kind)));
+  cmd.add_option("--keys", t.keys, "recall/mqar: key symbols")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd.add_option("--values", t.values, "recall/mqar: value symbols")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd.add_option("--pairs", t.pairs, "recall/mqar: key-value pairs per example")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd.add_option("--queries", t.queries, "mqar: queries per example")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd.add_option("--symbols", t.symbols, "reverse/sort: alphabet size")
+      ->check(CLI::Range(2, 100000))
+      ->capture_default_str();
+  cmd.add_option("--length", t.length, "reverse/sort: sequence length")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd.add_option("--block", t.block, "text: tokens per example (the context length)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd.add_option("--vocab", t.vocab,
+                 "text: char (the characters of --data, stored in the checkpoint) or byte (the "
+                 "256 byte values, for any file)")
+      ->check(CLI::IsMember({"char", "byte"}))
+      ->capture_default_str();
+}
+
+}  // namespace attnlab::cli

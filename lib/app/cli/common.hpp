@@ -1,0 +1,62 @@
+// The pieces every subcommand of the attnlab CLI shares: exit statuses, the one-line error report,
+// the invocation's place in an MPI job, and the flags that several subcommands take.
+//
+// The application (lib/app) and the library throw; the CLI turns what they throw into one line
+// "attnlab: error: ..." on stderr and an exit status (main.cpp decides which).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "attnlab/app/tasks.hpp"
+#include "attnlab/nn/transformer.hpp"
+
+namespace attnlab::cli {
+
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitDiverged = 3;
+inline constexpr int kExitInterrupted = 130;
+
+// Any problem with what the user gave us: printed as one line, exit status 2.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// This invocation's place in an MPI job (rank 0 of 1 when not launched by MPI), and what the error
+// report needs to know about how far it got. Made by main and passed to whoever reports.
+struct CliContext {
+  int rank = 0, world = 1;
+  // True once train_model was entered: a non-zero rank then prints its own setup error (the ranks
+  // agreed on who reports; see PeerFailure), where before it every rank failed alike.
+  bool in_train = false;
+  bool blas_warning_printed = false;  // print_blas_warning's once per process
+};
+
+// Prints `message` as one line on rank 0 only, unless `this_rank_only` (an error of this rank's
+// alone: then the line names the rank); returns `status`.
+int error_line(const CliContext& cli, const std::string& message, int status,
+               bool this_rank_only = false);
+
+// blas::init's warning (e.g. fast kernels failed their self-check), once per process on stderr.
+void print_blas_warning(CliContext& cli);
+
+// Rejects NaN and infinities, which CLI11's Range lets through (every comparison with NaN fails).
+extern const CLI::Validator kFinite;
+// A dropout probability: 0 <= p < 1.
+extern const CLI::Validator kDropProbability;
+
+// Flags shared by train and gradcheck, bound to the model config's own fields (a flag given on the
+// command line overrides what --config or --resume loaded: CLI11 stores the flags after those
+// two options' callbacks ran, in the order the options were added).
+void add_model_flags(CLI::App& cmd, TransformerConfig& m);
+
+// Flags shared by train and make-data: the task and its shape.
+void add_task_flags(CLI::App& cmd, app::TaskConfig& t);
+
+// A d_model that the heads do not divide: the config's error, plus the flags to change.
+std::string with_heads_hint(const std::string& message, const TransformerConfig& m);
+
+}  // namespace attnlab::cli

@@ -1,0 +1,252 @@
+// attnlab train: one model, from flags, a run config (--config) or a saved run (--resume).
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "attnlab/blas.hpp"
+#include "commands.hpp"
+
+namespace attnlab::cli {
+
+using namespace attnlab::app;
+
+namespace {
+
+// Set by SIGINT/SIGTERM during `train`; the run reads it through its Context and stops with a
+// checkpoint. The CLI's own: the library holds no such flag. Static storage because a signal
+// handler can reach nothing else.
+std::atomic<bool> stop_requested{false};
+std::atomic<int> stop_signal{0};  // the signal that asked, for the exit status 128 + signal
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "a signal handler may only store lock-free");
+
+void on_signal(int signal) {
+  stop_signal.store(signal);
+  stop_requested.store(true);
+}
+
+// The flags that may come with --resume (run control and steps); any other is refused.
+const std::vector<std::string> kResumeFlags = {"--resume",     "--steps",  "--out",
+                                               "--threads",    "--device", "--save-every",
+                                               "--stop-after", "--quiet"};
+
+// The two ways to load a whole config: added first, so that the flags after them override it.
+void add_config_sources(CLI::App& train, TrainConfig& tc) {
+  train
+      .add_option_function<std::string>(
+          "--config", [&tc](const std::string& path) { read_config_file(path, tc); },
+          "load a run config (JSON, e.g. a run's OUT/config.json); flags override it")
+      ->check(CLI::ExistingFile);
+  train
+      .add_option_function<std::string>(
+          "--resume",
+          [&tc](const std::string& dir) {
+            read_run_config(dir, tc);
+            tc.resume = dir;
+            tc.out = dir;
+          },
+          "continue the run saved in this directory (with its config; only --steps, --out, "
+          "--threads, --device, --save-every, --stop-after and --quiet may be given)")
+      ->check(CLI::ExistingDirectory);
+}
+
+void add_data_flags(CLI::App& train, TrainConfig& tc) {
+  train
+      .add_option("--data", tc.data_file,
+                  "train on this data file (format: data/README.md; with --task text, any text "
+                  "file)")
+      ->check(CLI::ExistingFile);
+  train.add_option("--valid", tc.valid_file, "evaluate on this data file")
+      ->check(CLI::ExistingFile);
+}
+
+void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
+  train.add_option("--optimizer", tc.optimizer, "optimizer")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  train.add_option("--lr", tc.lr, "peak learning rate")
+      ->check(kFinite)
+      ->check(CLI::Range(1e-12, 1e3))
+      ->capture_default_str();
+  train
+      .add_option("--schedule", tc.schedule,
+                  "LR schedule (cosine: linear warmup then cosine decay)")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  train.add_option("--min-lr", tc.min_lr, "cosine: the LR at the end of the decay")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1e3))
+      ->capture_default_str();
+  train.add_option("--beta2", tc.beta2, "AdamW: the second moment's decay")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  train.add_option("--warmup", tc.warmup, "warmup steps")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
+  train.add_option("--steps", tc.steps, "training steps")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  train.add_option("--batch", tc.batch, "examples per step")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  train.add_option("--clip", tc.clip, "clip the global grad norm to this (0: off)")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1e12))
+      ->capture_default_str();
+  train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1e3))
+      ->capture_default_str();
+  train.add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
+// Where and how the run goes: threads, device, outputs, evals, checkpoints, progress.
+void add_run_control_flags(CLI::App& train, TrainCommand& t) {
+  TrainConfig& tc = t.config;
+  train.add_option("--threads", t.context.threads, "worker threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  train
+      .add_option("--device", t.device,
+                  "where the training step runs: cpu, or cuda (the whole step on the GPU; "
+                  "needs a build with the CUDA backend and a device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  train.add_option("--out", tc.out, "output directory")->capture_default_str();
+  train.add_option("--eval-every", tc.eval_every, "evaluate and log every N steps")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  train.add_option("--eval-size", tc.eval_size, "examples in the fixed eval set")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  train.add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
+  train.add_flag("--weights-only", tc.weights_only,
+                 "checkpoints hold the weights and config only (no optimizer state): smaller "
+                 "files to evaluate or share, not to resume");
+  train
+      .add_option("--stop-after", tc.stop_after,
+                  "stop after step N with a checkpoint, as if interrupted (exit 130)")
+      ->check(CLI::Range(1, 100000000));
+  train.add_flag("--quiet", t.quiet, "no progress output");
+}
+
+// With --resume the saved run's config decides everything but run control and steps.
+void check_resume_flags(const CLI::App& train) {
+  for (const CLI::Option* opt : train.get_options())
+    if (opt->count() > 0 &&
+        std::find(kResumeFlags.begin(), kResumeFlags.end(), opt->get_name()) == kResumeFlags.end())
+      throw BadInput(opt->get_name() +
+                     " cannot be given with --resume: the saved run's config decides it "
+                     "(with --resume only --steps, --out, --threads, --device, "
+                     "--save-every, --stop-after and --quiet may be given)");
+}
+
+// Tokens/s of the training steps and, on the CPU, the model FLOPs utilisation: model FLOPs per
+// second over the sgemm peak measured now on the run's thread count (nanoGPT's and llm.c's MFU).
+void print_throughput(const TrainResult& r, const Context& context) {
+  if (r.tokens_per_second <= 0) return;
+  const double gflops = r.flops_per_token * r.tokens_per_second / 1e9;
+  if (context.backend != Backend::cpu) {
+    std::fprintf(stdout, "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s\n",
+                 r.tokens_per_second, r.flops_per_token / 1e6, gflops);
+    return;
+  }
+  const double peak = measure_gemm_peak_gflops<float>(context.threads);
+  std::fprintf(stdout,
+               "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s = MFU %.0f%% of the "
+               "sgemm peak measured now (%.0f GFLOP/s at %d thread%s, core %s)\n",
+               r.tokens_per_second, r.flops_per_token / 1e6, gflops, 100 * gflops / peak, peak,
+               context.threads, context.threads == 1 ? "" : "s", blas_info().core.c_str());
+}
+
+// A finished run's last lines on rank 0: steps, time, losses, throughput and the output files.
+void print_done(const TrainResult& r, const TrainConfig& config, const Context& context) {
+  std::string where = r.device;
+  if (r.world_size > 1)
+    where += " x " + r.distributed;  // "cpu x MPI (Open MPI v4.1.4), 2 processes"
+  std::fprintf(stdout,
+               "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "
+               "%.3f\n",
+               r.steps_done, r.seconds, where.c_str(), r.final_eval_loss, r.init_eval_loss,
+               r.final_eval_acc);
+  if (r.world_size > 1 && r.tokens_per_second > 0)  // MFU needs the peak of N processes: not shown
+    std::fprintf(stdout,
+                 "throughput: %.0f tokens/s over %d processes; gradient allreduce %.2f ms per step "
+                 "on rank 0\n",
+                 r.tokens_per_second, r.world_size, 1e3 * r.allreduce_seconds_per_step);
+  else
+    print_throughput(r, context);
+  const char* out = config.out.c_str();
+  std::fprintf(stdout,
+               "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "
+               "%s/model.safetensors\n",
+               out, out, out, out, out);
+}
+
+int run_train(TrainConfig config, Context context, CliContext& cli) {
+  context.stop = &stop_requested;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  cli.in_train = true;
+  const TrainResult r = train_model(config, context);
+  // As POSIX tools: 128 + the signal (SIGINT 130, SIGTERM 143); --stop-after counts as SIGINT.
+  const int signal = stop_signal.load();
+  const int status = r.diverged      ? kExitDiverged
+                     : r.interrupted ? (signal > 0 ? 128 + signal : kExitInterrupted)
+                                     : 0;
+  if (cli.rank != 0) return status;  // the same outcome on every rank; rank 0 tells it
+  if (r.diverged) {
+    std::fprintf(stdout, "diverged at step %d (%s); outputs in %s\n", r.diverged_step,
+                 r.diverged_where.c_str(), config.out.c_str());
+    return status;
+  }
+  if (r.interrupted) {
+    std::fprintf(stdout,
+                 "interrupted at step %d: checkpoint saved in %s (continue with --resume %s)\n",
+                 r.steps_done, config.out.c_str(), config.out.c_str());
+    return status;
+  }
+  print_done(r, config, context);
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& cli, TrainCommand& t) {
+  t.cmd = cli.add_subcommand(
+      "train", "train one model; writes metrics.csv, summary.json, model.safetensors");
+  CLI::App& train = *t.cmd;
+  t.device = backend_name(t.context.backend);
+  t.config.model.block.attn_only = false;
+  add_config_sources(train, t.config);
+  add_task_flags(train, t.config.task);
+  add_data_flags(train, t.config);
+  add_model_flags(train, t.config.model);
+  add_optimizer_flags(train, t.config);
+  add_run_control_flags(train, t);
+}
+
+int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
+  TrainConfig& tc = t.config;
+  if (!tc.resume.empty()) check_resume_flags(*t.cmd);
+  tc.progress = !t.quiet;
+  prepare_task(tc);  // a text task's vocabulary, from --data
+  try {
+    validate(tc);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(with_heads_hint(e.what(), tc.model));
+  }
+  t.context.backend = parse_backend(t.device, "train", "--device");
+  t.context.comm = &comm;
+  return run_train(tc, t.context, cli);
+}
+
+}  // namespace attnlab::cli
