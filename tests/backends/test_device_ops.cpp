@@ -257,6 +257,19 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
   }
   {
+    INFO("relu_squared");
+    ReluCache<double, 2> cache;
+    const auto y_cpu = relu_squared_forward(cache, x);
+    const auto dx_cpu = relu_squared_backward(dy, cache);
+    DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
+    ops.relu_squared_forward(y.get(), dx_in.get(), rows * C);
+    ops.relu_squared_backward(dx.get(), ddy.get(), dx_in.get(), rows * C);
+    const std::vector<T> y_dev = y.host();
+    CHECK(test::rel_error(y_dev, y_cpu) < tol);
+    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
+    CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
+  }
+  {
     INFO("linear");
     const auto w = random<T, 2>({C, hidden}, rng);
     const Tensor1<double> b = random<T, 1>({hidden}, rng);

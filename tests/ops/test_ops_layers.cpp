@@ -221,6 +221,41 @@ TEST_CASE("gelu (tanh and exact) and relu gradcheck, and the gelu forms differ b
   expect_passed(check_gradients({{"dx", x.data(), dx.data(), {2, 3, 7}}}, loss));
 }
 
+TEST_CASE("relu_squared: max(x, 0)² against the formula, gradcheck, and bad input named") {
+  Rng rng(16);
+  auto x = randn<double, 3>({2, 3, 7}, rng, 2.0);
+  x(0, 0, 0) = 0.0;  // the kink: y = 0, dx = 0
+  const auto r = randn<double, 3>({2, 3, 7}, rng);
+  ReluCache<double, 3> cache;
+  const auto y = relu_squared_forward<double, 3>(cache, x);
+  const auto dx = relu_squared_backward<double, 3>(r, cache);
+  std::size_t positive = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x.data()[i];
+    CHECK(y.data()[i] == (v > 0 ? v * v : 0.0));
+    CHECK(dx.data()[i] == (v > 0 ? 2 * v * r.data()[i] : 0.0));
+    positive += v > 0 ? 1 : 0;
+  }
+  CHECK(positive > 0);
+  CHECK(positive < x.size());
+  // Central differences away from the kink (a random draw lands on 0 with probability 0).
+  x(0, 0, 0) = 0.5;
+  const auto loss = [&] {
+    ReluCache<double, 3> c;
+    return dot(relu_squared_forward<double, 3>(c, x), r);
+  };
+  relu_squared_forward<double, 3>(cache, x);
+  const auto dx2 = relu_squared_backward<double, 3>(r, cache);
+  expect_passed(check_gradients({{"dx", x.data(), dx2.data(), {2, 3, 7}}}, loss));
+  ReluCache<double, 3> empty;
+  CHECK_THROWS_WITH_AS(((void)relu_squared_backward<double, 3>(r, empty)),
+                       "relu_squared_backward: the cache is empty: call relu_squared_forward first",
+                       std::logic_error);
+  Tensor3<double> wrong({2, 3, 6});
+  wrong.fill(0.0);
+  CHECK_THROWS_AS(((void)relu_squared_backward<double, 3>(wrong, cache)), ShapeError);
+}
+
 TEST_CASE("gelu in float matches the double formulas: exact (own erf) and tanh, forward and dx") {
   // Reference: the double op. Bound per value: |float − double| <= 1e-6 (1 + |x|). The float erf
   // is within 3.4e-7 of erf, so y = ½ x (1 + erf(x/√2)) is within 1.7e-7 |x| plus rounding, and

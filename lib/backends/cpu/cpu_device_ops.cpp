@@ -17,6 +17,7 @@
 #include "ops/gelu_kernels.hpp"
 #include "ops/linear_kernels.hpp"
 #include "ops/norm_kernels.hpp"
+#include "ops/relu_kernels.hpp"
 #include "ops/row_kernels.hpp"
 #include "parallel_rows.hpp"
 
@@ -154,16 +155,17 @@ class CpuDeviceOps final : public DeviceOps<T> {
   void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) override {
     detail::gelu_elements<T>(dx, x, dy, n, exact);
   }
-  // ops/relu.cpp's arithmetic.
   void relu_forward(T* y, const T* x, std::size_t n) override {
-    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t i = i0; i < i1; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
-    });
+    detail::relu_forward_elements(y, x, n, false);
   }
   void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
-    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t i = i0; i < i1; ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
-    });
+    detail::relu_backward_elements(dx, dy, x, n, false);
+  }
+  void relu_squared_forward(T* y, const T* x, std::size_t n) override {
+    detail::relu_forward_elements(y, x, n, true);
+  }
+  void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
+    detail::relu_backward_elements(dx, dy, x, n, true);
   }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {

@@ -155,6 +155,12 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
     if (n > 0) elements(train::relu_backward_kernel<T>, n, dx, dy, x, n);
   }
+  void relu_squared_forward(T* y, const T* x, std::size_t n) override {
+    if (n > 0) elements(train::relu_squared_forward_kernel<T>, n, y, x, n);
+  }
+  void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
+    if (n > 0) elements(train::relu_squared_backward_kernel<T>, n, dx, dy, x, n);
+  }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {
     if (n > 0) elements(train::dropout_kernel<T>, n, y, x, n, p, key, stream);

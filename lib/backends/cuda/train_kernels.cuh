@@ -170,6 +170,21 @@ __global__ void __launch_bounds__(kElementThreads)
     dx[i] = x[i] > T(0) ? dy[i] : T(0);
 }
 
+// ReLU², with the CPU core's arithmetic (lib/src/ops/relu.cpp): the same bits.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    relu_squared_forward_kernel(T* y, const T* x, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    relu_squared_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    dx[i] = x[i] > T(0) ? (T(2) * x[i]) * dy[i] : T(0);
+}
+
 // y = x ⊙ M / (1 − p), M from (key, stream): attention::element_dropout_factor per element.
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)

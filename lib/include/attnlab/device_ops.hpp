@@ -112,6 +112,9 @@ class DeviceOps : public DeviceMemory {
   // y = max(x, 0); dx = dy where x > 0, else 0.
   virtual void relu_forward(T* y, const T* x, std::size_t n) = 0;
   virtual void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) = 0;
+  // ReLU²: y = max(x, 0)²; dx = 2x · dy where x > 0, else 0.
+  virtual void relu_squared_forward(T* y, const T* x, std::size_t n) = 0;
+  virtual void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) = 0;
   // y = x ⊙ M / (1 − p) over n values (y may be x), M drawn from `key` and `stream` by
   // attention::element_dropout_factor (attnlab/attention/dropout.hpp): the same bits on every
   // backend. Dropout's backward is the same call on the gradient.
