@@ -243,27 +243,20 @@ void check_layers(DeviceOps<T>& ops, double tol) {
       CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
     }
   }
-  {
-    INFO("relu");
+  for (const bool squared : {false, true}) {
+    const char* op = squared ? "relu_squared" : "relu";
+    INFO(op);
     ReluCache<double, 2> cache;
-    const auto y_cpu = relu_forward(cache, x);
-    const auto dx_cpu = relu_backward(dy, cache);
+    const auto y_cpu = squared ? relu_squared_forward(cache, x) : relu_forward(cache, x);
+    const auto dx_cpu = squared ? relu_squared_backward(dy, cache) : relu_backward(dy, cache);
     DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
-    ops.relu_forward(y.get(), dx_in.get(), rows * C);
-    ops.relu_backward(dx.get(), ddy.get(), dx_in.get(), rows * C);
-    const std::vector<T> y_dev = y.host();
-    CHECK(test::rel_error(y_dev, y_cpu) < tol);
-    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
-    CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
-  }
-  {
-    INFO("relu_squared");
-    ReluCache<double, 2> cache;
-    const auto y_cpu = relu_squared_forward(cache, x);
-    const auto dx_cpu = relu_squared_backward(dy, cache);
-    DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
-    ops.relu_squared_forward(y.get(), dx_in.get(), rows * C);
-    ops.relu_squared_backward(dx.get(), ddy.get(), dx_in.get(), rows * C);
+    if (squared) {
+      ops.relu_squared_forward(y.get(), dx_in.get(), rows * C);
+      ops.relu_squared_backward(dx.get(), ddy.get(), dx_in.get(), rows * C);
+    } else {
+      ops.relu_forward(y.get(), dx_in.get(), rows * C);
+      ops.relu_backward(dx.get(), ddy.get(), dx_in.get(), rows * C);
+    }
     const std::vector<T> y_dev = y.host();
     CHECK(test::rel_error(y_dev, y_cpu) < tol);
     CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
