@@ -38,8 +38,7 @@ namespace attnlab::cuda {
 template <class T, class Runtime>
 class KernelDeviceOps final : public DeviceOps<T> {
  public:
-  template <class... Args>
-  explicit KernelDeviceOps(Args&&... args) : rt_(static_cast<Args&&>(args)...) {}
+  KernelDeviceOps() = default;
   KernelDeviceOps(const KernelDeviceOps&) = delete;
   KernelDeviceOps& operator=(const KernelDeviceOps&) = delete;
 
