@@ -233,7 +233,7 @@ TEST_CASE("cuda sdpa: the double path passes the central-difference gradient che
   struct Check {
     std::size_t B, H, Tq, Tk, D, Dv;
     bool causal, masked;
-    std::ptrdiff_t query_offset = 0;
+    std::size_t query_offset = 0;
   };
   for (const Check s :
        {Check{2, 2, 5, 5, 4, 4, false, false}, Check{1, 2, 6, 4, 4, 3, true, false},
@@ -369,12 +369,12 @@ TEST_CASE("cuda sdpa: bad inputs throw ShapeError before touching a device") {
   SdpaOptions bad;
   bad.scale = -1.0;
   CHECK_THROWS_AS(sdpa_forward_cuda(cache, q, k, v, bad), std::invalid_argument);
-  SdpaOptions negative_offset;
-  negative_offset.causal = true;
-  negative_offset.query_offset = -1;
-  CHECK_THROWS_WITH_AS(sdpa_forward_cuda(cache, q, k, v, negative_offset),
-                       "sdpa_forward_cuda: query_offset expected an offset >= 0, got -1",
-                       std::invalid_argument);
+  SdpaOptions offset_without_causal;
+  offset_without_causal.query_offset = 1;
+  CHECK_THROWS_WITH_AS(
+      sdpa_forward_cuda(cache, q, k, v, offset_without_causal),
+      doctest::Contains("sdpa_forward_cuda: query_offset expected 0 without causal"),
+      std::invalid_argument);
   CHECK_THROWS_AS(sdpa_backward_cuda(q, cache, q, k, v), std::logic_error);
   // The GPU op takes the CPU op's path option (one set of options for every path).
   CHECK(parse_sdpa_path("reference") == SdpaPath::reference);

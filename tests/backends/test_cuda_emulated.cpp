@@ -123,9 +123,10 @@ void check_fused(const Problem& pr, double tol) {
   emu::launch(fused::fused_forward_kernel<T, TILE>, fused::packed_query_grid(a, TILE), block,
               fused::forward_smem<T>(g, TILE), out.data(), lse.data(), a);
   const std::size_t rows = pr.B * pr.H * pr.Tq;
-  emu::launch(fused::row_dot_kernel<T>,
-              dim3(static_cast<unsigned>(cuda_math::tile_count(rows, fused::kRowDotRowsPerBlock))),
-              block, 0, row_dot.data(), dot.data(), out.data(), rows, pr.Dv);
+  emu::launch(
+      fused::row_dot_kernel<T>,
+      dim3(static_cast<unsigned>(kernel_math::tile_count(rows, fused::kRowDotRowsPerBlock))), block,
+      0, row_dot.data(), dot.data(), out.data(), rows, pr.Dv);
   emu::launch(fused::fused_key_pass_kernel<T, TILE>, fused::key_tile_grid(a, TILE), block,
               fused::key_pass_smem<T>(g, TILE), dk.data(), dv.data(), dot.data(), lse.data(),
               row_dot.data(), a);

@@ -224,9 +224,8 @@ TEST_CASE("cuda train: AdamW and the grad norm match the CPU optimizer") {
     auto g_d = upload(p.grad);
     opt.step();
     ops_of(param_d.data())
-        .adamw_update(
-            param_d.data(), m_d.data(), v_d.data(), g_d.data(), n,
-            cuda::adamw_scalars<double>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
+        .adamw_update(param_d.data(), m_d.data(), v_d.data(), g_d.data(), n,
+                      adamw_scalars<double>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
     CAPTURE(t);
     CHECK(test::rel_error(download(param_d), p.value) < 1e-14);
   }

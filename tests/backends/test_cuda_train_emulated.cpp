@@ -203,7 +203,7 @@ TEST_CASE("cuda train kernels (CPU emulation): AdamW steps match attnlab::AdamW"
     p.grad = randn<double, 1>({n}, rng);
     const std::vector<double> g(p.grad.begin(), p.grad.end());
     opt.step();
-    const auto s = cuda::adamw_scalars<double>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t);
+    const auto s = adamw_scalars<double>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t);
     emu::launch(tk::adamw_kernel<double>, dim3(1), dim3(64), 0, param.data(), m.data(), v.data(),
                 g.data(), n, s);
     CAPTURE(t);

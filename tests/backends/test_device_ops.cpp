@@ -421,7 +421,7 @@ void check_optimizers(DeviceOps<T>& ops, double tol) {
       ops.upload(grad.get(), values<T>(p.grad).data(), n * sizeof(T));
       opt.step();
       ops.adamw_update(param.get(), m.get(), v.get(), grad.get(), n,
-                       cuda::adamw_scalars<T>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
+                       adamw_scalars<T>(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t));
       CAPTURE(t);
       CHECK(test::rel_error(param.host(), p.value) < tol);
     }

@@ -76,7 +76,7 @@ TEST_CASE("TransformerConfig JSON: a partial object overlays, keeping the owner'
 
 TEST_CASE("TransformerConfig JSON: unknown keys and bad values name their path") {
   CHECK(error_of(json::parse(R"({"block": {"attention": {"sdpa": {"scal": 1}}}})"))
-            .starts_with("config key 'block.attention.sdpa.scal': unknown key in SdpaOptions"));
+            .starts_with("config key 'block.attention.sdpa.scal': unknown key in SdpaConfig"));
   CHECK(error_of(json::parse(R"({"lyers": 1})"))
             .starts_with("config key 'lyers': unknown key in "
                          "TransformerConfig (expected one "

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include <xtensor/xarray.hpp>
 
@@ -60,6 +62,12 @@ GradcheckReport check_self(MultiHeadAttention<double>& m, const Tensor3<double>&
 }
 
 }  // namespace
+
+// Whether an options type carries per-head scales.
+template <class O>
+concept HasHeadScale = requires(O o) {
+  o.head_scale;
+};
 
 TEST_CASE("MHA gradcheck: scaling modes and an explicit scale, d_k != d_model / heads") {
   Rng rng(31);
@@ -287,6 +295,98 @@ TEST_CASE("MHA contract: backward twice doubles grads, backward before forward t
   }
 }
 
+// max |a - b| over two arrays of one shape (0 for equal arrays).
+template <class A, class B>
+double max_abs_diff(const A& a, const B& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a.data()[i] - b.data()[i]));
+  return m;
+}
+
+// The parameter grads of `m`, copied.
+std::vector<xt::xarray<double>> grads_of(MultiHeadAttention<double>& m) {
+  std::vector<xt::xarray<double>> out;
+  for (auto& p : m.parameters()) out.push_back(p.param->grad);
+  return out;
+}
+
+TEST_CASE("MHA context: two forwards in flight, each backward equals its own forward's") {
+  for (const SdpaPath path : {SdpaPath::reference, SdpaPath::fused}) {
+    CAPTURE(to_string(path));
+    Rng rng(39);
+    AttentionConfig c = small_config();
+    c.learnable_scale = true;
+    c.qk_norm = true;
+    c.sdpa.causal = true;
+    c.sdpa.path = path;
+    MultiHeadAttention<double> m(c, rng);
+    DeviceOps<double>& ops = m.ops();
+    const auto xa = randn<double, 3>({2, 4, 6}, rng), xb = randn<double, 3>({2, 5, 6}, rng);
+    const auto ra = randn<double, 3>({2, 4, 6}, rng), rb = randn<double, 3>({2, 5, 6}, rng);
+    // One at a time, through the module's own state.
+    const auto one_at_a_time = [&](const Tensor3<double>& x, const Tensor3<double>& r) {
+      m.zero_grad();
+      const Tensor3<double> y = m.forward(x);
+      const Tensor3<double> dx = m.backward(r);
+      return std::tuple(y, dx, grads_of(m));
+    };
+    const auto [ya, dxa, ga] = one_at_a_time(xa, ra);
+    const auto [yb, dxb, gb] = one_at_a_time(xb, rb);
+    // Both forwards first, then the backwards in reverse order.
+    typename MultiHeadAttention<double>::Context ctx_a, ctx_b;
+    const auto ya2 =
+        to_tensor<double, 3>(m.forward(ctx_a, to_buffer<double>(ops, xa), nullptr, nullptr));
+    const auto yb2 =
+        to_tensor<double, 3>(m.forward(ctx_b, to_buffer<double>(ops, xb), nullptr, nullptr));
+    CHECK(max_abs_diff(ya2, ya) == 0.0);
+    CHECK(max_abs_diff(yb2, yb) == 0.0);
+    CHECK(m.attention_weights(ctx_a).shape()[2] == 4);
+    CHECK(m.attention_weights(ctx_b).shape()[2] == 5);
+    m.zero_grad();
+    const auto back_b = m.backward(ctx_b, to_buffer<double>(ops, rb));
+    CHECK(back_b.dcontext.empty());  // self-attention: dx holds every path
+    CHECK(max_abs_diff(to_tensor<double, 3>(back_b.dx), dxb) == 0.0);
+    auto g = grads_of(m);
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(max_abs_diff(g[i], gb[i]) == 0.0);
+    m.zero_grad();
+    const auto back_a = m.backward(ctx_a, to_buffer<double>(ops, ra));
+    CHECK(max_abs_diff(to_tensor<double, 3>(back_a.dx), dxa) == 0.0);
+    g = grads_of(m);
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(max_abs_diff(g[i], ga[i]) == 0.0);
+    typename MultiHeadAttention<double>::Context empty;
+    CHECK_THROWS_WITH_AS(m.backward(empty, to_buffer<double>(ops, ra)),
+                         "MultiHeadAttention::backward: the context holds no forward",
+                         std::logic_error);
+    CHECK_THROWS_AS(m.backward(ctx_a, to_buffer<double>(ops, rb)),
+                    ShapeError);  // dy of the other one
+  }
+}
+
+TEST_CASE("MHA cross-attention returns both gradients, and backward after it refuses") {
+  Rng rng(40);
+  AttentionConfig c = small_config();
+  c.d_context = 3;
+  MultiHeadAttention<double> m(c, rng);
+  DeviceOps<double>& ops = m.ops();
+  const auto x = randn<double, 3>({2, 4, 6}, rng), context = randn<double, 3>({2, 7, 3}, rng);
+  const auto dy = randn<double, 3>({2, 4, 6}, rng);
+  m.forward_cross(x, context);
+  const auto plain = m.backward_cross(dy);
+  CHECK_THROWS_WITH_AS(
+      m.backward(dy), doctest::Contains("the last forward was cross-attention; use backward_cross"),
+      std::logic_error);
+  typename MultiHeadAttention<double>::Context ctx;
+  const Buffer<double> context_buffer = to_buffer<double>(ops, context);
+  m.forward(ctx, to_buffer<double>(ops, x), &context_buffer, nullptr);
+  CHECK(ctx.cross());
+  const auto g = m.backward(ctx, to_buffer<double>(ops, dy));
+  REQUIRE(!g.dcontext.empty());
+  CHECK(max_abs_diff(to_tensor<double, 3>(g.dx), plain.dx) == 0.0);
+  CHECK(max_abs_diff(to_tensor<double, 3>(g.dcontext), plain.dcontext) == 0.0);
+  CHECK(max_abs_diff(plain.dcontext, xt::zeros_like(plain.dcontext)) > 0.0);
+}
+
 TEST_CASE("MHA bad configuration names the field") {
   Rng rng(39);
   AttentionConfig c;
@@ -308,12 +408,12 @@ TEST_CASE("MHA bad configuration names the field") {
   c.d_model = 8;
   c.sdpa.scale = -1.0;
   CHECK_THROWS_WITH_AS(MultiHeadAttention<double>(c, rng),
-                       "AttentionConfig: sdpa.scale expected a finite value > 0, got -1.000000",
+                       "AttentionConfig: sdpa.scale expected a finite scale > 0, got -1.000000",
                        std::invalid_argument);
   c.sdpa.scale.reset();
-  c.sdpa.head_scale = {1.0, 1.0};
-  CHECK_THROWS_AS(MultiHeadAttention<double>(c, rng), std::invalid_argument);
-  c.sdpa.head_scale.clear();
+  // Per-head scales are the learnable scale's: the layer's options have no head_scale.
+  static_assert(!HasHeadScale<decltype(AttentionConfig::sdpa)>);
+  static_assert(HasHeadScale<SdpaOptions>);
   MultiHeadAttention<double> m(c, rng);
   const xt::xarray<double> rank4 = xt::zeros<double>({1, 1, 2, 8});
   CHECK_THROWS_AS(m.forward(rank4), ShapeError);

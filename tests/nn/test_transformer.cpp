@@ -279,7 +279,7 @@ TEST_CASE("Transformer bad configuration and input name the field") {
   c = tiny_config();
   c.block.attention.sdpa.scale = 0.0;
   expect_error(c,
-               "TransformerConfig: block.attention.sdpa.scale expected a finite value > 0, got "
+               "TransformerConfig: block.attention.sdpa.scale expected a finite scale > 0, got "
                "0.000000");
   CHECK_THROWS_WITH_AS(parse_scaling("sqrt"),
                        "parse_scaling: mode expected none|sqrt_dk|dk, got 'sqrt'",

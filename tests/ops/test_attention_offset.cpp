@@ -63,7 +63,7 @@ void check_equals_last_rows(Path path, const Sizes& s, const KeyMask* mask) {
   full.causal = true;
   full.tile_rows = s.tile_rows, full.tile_keys = s.tile_keys;
   SdpaOptions offset = full;
-  offset.query_offset = static_cast<std::ptrdiff_t>(s.Tk - s.Tq);
+  offset.query_offset = s.Tk - s.Tq;
   const Result all = run(path, q_all, k, v, &dout_all, full, mask);
   const Result last = run(path, q, k, v, &dout, offset, mask);
 
@@ -191,29 +191,25 @@ TEST_CASE("query offset: the option is checked at every entry point") {
   const Tensor4<double> q = xt::zeros<double>({1, 1, 2, 4});
   const Tensor4<double> k = xt::zeros<double>({1, 1, 5, 4});
   SdpaCache<double> cache;
-  SdpaOptions negative;
-  negative.causal = true;
-  negative.query_offset = -1;
-  CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k, k, negative),
-                       "sdpa_forward: query_offset expected an offset >= 0, got -1",
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(sdpa_scores(q, k, negative),
-                       "sdpa_scores: query_offset expected an offset >= 0, got -1",
-                       std::invalid_argument);
+  // One type per quantity: the option is the spec's size_t (a negative offset cannot be passed).
+  static_assert(
+      std::is_same_v<decltype(SdpaOptions::query_offset), decltype(AttentionSpec::query_offset)>);
   SdpaOptions without_causal;
   without_causal.query_offset = 3;
   CHECK_THROWS_WITH_AS(sdpa_forward(cache, q, k, k, without_causal),
                        doctest::Contains("sdpa_forward: query_offset expected 0 without causal"),
                        std::invalid_argument);
-  // The spec a device model builds from the same options gets the same checks.
-  CHECK_THROWS_AS(
-      make_attention_spec("model", negative,
-                          {.B = 1, .H = 1, .Hkv = 1, .Tq = 2, .Tk = 5, .D = 4, .Dv = 4}),
-      std::invalid_argument);
-  SdpaOptions ok = negative;
-  ok.query_offset = 3;
-  const AttentionSpec spec = make_attention_spec(
-      "model", ok, {.B = 1, .H = 1, .Hkv = 1, .Tq = 2, .Tk = 5, .D = 4, .Dv = 4});
+  CHECK_THROWS_WITH_AS(sdpa_scores(q, k, without_causal),
+                       doctest::Contains("sdpa_scores: query_offset expected 0 without causal"),
+                       std::invalid_argument);
+  // The translator a layer resolves its call with gives the same checks.
+  CHECK_THROWS_AS(resolve_sdpa("model", without_causal,
+                               {.B = 1, .H = 1, .Hkv = 1, .Tq = 2, .Tk = 5, .D = 4, .Dv = 4}),
+                  std::invalid_argument);
+  SdpaOptions ok = without_causal;
+  ok.causal = true;
+  const AttentionSpec spec =
+      resolve_sdpa("model", ok, {.B = 1, .H = 1, .Hkv = 1, .Tq = 2, .Tk = 5, .D = 4, .Dv = 4}).spec;
   CHECK(spec.causal);
   CHECK(spec.query_offset == 3);
   // The scores show the offset: query 0 sees keys 0..3.

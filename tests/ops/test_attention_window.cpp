@@ -41,7 +41,7 @@ void check_against_dense(Path path, const Case& c) {
   SdpaOptions options;
   options.causal = true;
   options.window = c.window;
-  options.query_offset = static_cast<std::ptrdiff_t>(c.offset);
+  options.query_offset = c.offset;
   const KeyMask* m = c.mask ? &mask : nullptr;
   const test::Result r = test::run(path, q, k, v, nullptr, options, m);
   REQUIRE(test::all_finite(r.out));
@@ -114,7 +114,7 @@ TEST_CASE("golden: sliding-window attention matches PyTorch on every path") {
     SdpaOptions options;
     options.causal = true;
     options.window = config.at("window").get<std::size_t>();
-    options.query_offset = config.at("offset").get<std::ptrdiff_t>();
+    options.query_offset = config.at("offset").get<std::size_t>();
     test::check_golden_case(c, options);
   }
 }

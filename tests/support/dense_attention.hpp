@@ -24,7 +24,7 @@ inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<d
                                        const xt::xtensor<bool, 4>* keep = nullptr) {
   const std::size_t B = q.shape()[0], H = q.shape()[1], Tq = q.shape()[2], D = q.shape()[3];
   const std::size_t Hkv = k.shape()[1], Tk = k.shape()[2], Dv = v.shape()[3];
-  const auto o = static_cast<std::size_t>(options.query_offset);
+  const std::size_t o = options.query_offset;
   const std::size_t w = options.window;
   const double s = resolve_scale(options, D);
   constexpr double hidden = -std::numeric_limits<double>::infinity();

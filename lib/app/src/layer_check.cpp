@@ -70,7 +70,7 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
     auto k = randn<double, 4>({B, H, T, D}, rng);
     auto v = randn<double, 4>({B, H, T, Dv}, rng);
     const auto r = randn<double, 4>({B, H, T, Dv}, rng);
-    const SdpaOptions& o = attn.sdpa;
+    const SdpaOptions o = attn.sdpa;
     auto loss = [&] {
       SdpaCache<double> c;
       const auto out = sdpa_forward(c, q, k, v, o);

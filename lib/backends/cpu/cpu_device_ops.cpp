@@ -1,6 +1,6 @@
 // The CPU backend's DeviceOps (attnlab/backends/cpu.hpp): each operation is a CPU op's raw-pointer
 // core (ops/*_kernels.hpp, ops/softmax.hpp, the attention kernels; the xtensor ops are checked
-// fronts over the same cores), or an element helper of attnlab/cuda_math.hpp. No copies in
+// fronts over the same cores), or an element helper of attnlab/kernel_math.hpp. No copies in
 // the hot path; small scratch (per-chunk partial sums, per-slice dL/ds) is kept between calls.
 // The CPU attention paths allocate their own per-thread tile scratch, as they do under the ops.
 #include <algorithm>
@@ -225,18 +225,18 @@ class CpuDeviceOps final : public DeviceOps<T> {
 
   // ---- optimizers and norms ------------------------------------------------------------------
   void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
-                    const cuda_math::AdamWScalars<T>& s) override {
+                    const kernel_math::AdamWScalars<T>& s) override {
     for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
       for (std::size_t i = i0; i < i1; ++i)
-        cuda_math::adamw_element(param[i], m[i], v[i], grad[i], s);
+        kernel_math::adamw_element(param[i], m[i], v[i], grad[i], s);
     });
   }
   void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
                   bool first_step) override {
     for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
       for (std::size_t i = i0; i < i1; ++i) {
-        cuda_math::sgd_element(param[i], buf ? buf + i : nullptr, grad[i], lr, momentum,
-                               weight_decay, first_step);
+        kernel_math::sgd_element(param[i], buf ? buf + i : nullptr, grad[i], lr, momentum,
+                                 weight_decay, first_step);
       }
     });
   }

@@ -34,13 +34,13 @@
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/score_rule.hpp"
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 #include "device_compat.cuh"
 #include "reduce.cuh"
 
 namespace attnlab::cuda::fused {
 
-namespace cm = cuda_math;
+namespace cm = kernel_math;
 
 constexpr int kThreads = 256;
 constexpr int kSide = 16;   // threads per side of the 16 × 16 thread grid

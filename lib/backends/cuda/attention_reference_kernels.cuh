@@ -8,13 +8,13 @@
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/score_rule.hpp"
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 #include "device_compat.cuh"
 #include "reduce.cuh"
 
 namespace attnlab::cuda::reference {
 
-namespace cm = cuda_math;
+namespace cm = kernel_math;
 constexpr int kRowThreads = 256;
 
 // One block per row (bh, i) of S (B,H,Tq,Tk), the unscaled dots Q Kᵀ: P = softmax of the score

@@ -287,9 +287,10 @@ class KernelDeviceOps final : public DeviceOps<T> {
     const int tile = tile_rows(a.D, a.Dv);
     check_fused_grid(a, tile);
     // D = rowsum(dO ⊙ O), one warp per row
-    rt_.launch(fused::row_dot_kernel<T>,
-               dim3(static_cast<unsigned>(cuda_math::tile_count(rows, fused::kRowDotRowsPerBlock))),
-               dim3(fused::kThreads), 0, row_dot, dout, out, rows, a.Dv);
+    rt_.launch(
+        fused::row_dot_kernel<T>,
+        dim3(static_cast<unsigned>(kernel_math::tile_count(rows, fused::kRowDotRowsPerBlock))),
+        dim3(fused::kThreads), 0, row_dot, dout, out, rows, a.Dv);
     if (tile == 64) {
       fused_backward<64>(dq, dk, dv, dout, lse, static_cast<const T*>(row_dot), a);
     } else {
@@ -300,7 +301,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
 
   // ---- optimizers and norms ------------------------------------------------------------------
   void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
-                    const cuda_math::AdamWScalars<T>& scalars) override {
+                    const kernel_math::AdamWScalars<T>& scalars) override {
     if (n > 0) elements(train::adamw_kernel<T>, n, param, m, v, grad, n, scalars);
   }
   void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
@@ -369,7 +370,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
   template <class Kernel, class... Args>
   void columns(Kernel kernel, std::size_t C, Args... args) {
     rt_.launch(kernel,
-               dim3(static_cast<unsigned>(cuda_math::tile_count(C, train::kElementThreads))),
+               dim3(static_cast<unsigned>(kernel_math::tile_count(C, train::kElementThreads))),
                dim3(train::kElementThreads), 0, args...);
   }
   // Row kernels: one block per row; rows must fit the grid's x extent.
@@ -400,7 +401,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
                                 "; use the reference path");
   }
   static void check_fused_grid(const AttentionParams<T>& a, int tile) {
-    const std::size_t tiles = cuda_math::tile_count(std::max(a.Tq, a.Tk), tile);
+    const std::size_t tiles = kernel_math::tile_count(std::max(a.Tq, a.Tk), tile);
     if (a.B * a.H > 65535 || tiles > 0x7fffffffu) {
       throw std::invalid_argument("sdpa fused: B*H = " + std::to_string(a.B * a.H) +
                                   " exceeds 65535 (grid y); use the reference path");

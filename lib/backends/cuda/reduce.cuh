@@ -1,7 +1,7 @@
 // Private to lib/backends/cuda: deterministic warp and block reductions (fixed shuffle order).
 #pragma once
 
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 
 namespace attnlab::cuda::detail {
 
@@ -18,14 +18,14 @@ __device__ inline T warp_sum(T x) {
 template <class T>
 __device__ inline T warp_max(T x) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    x = cuda_math::max_of(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    x = kernel_math::max_of(x, __shfl_xor_sync(0xffffffffu, x, offset));
   }
   return x;
 }
 
 // Merges the (max, sum) online-softmax states of a warp; every lane gets the result.
 template <class T>
-__device__ inline cuda_math::OnlineSoftmax<T> warp_merge(cuda_math::OnlineSoftmax<T> state) {
+__device__ inline kernel_math::OnlineSoftmax<T> warp_merge(kernel_math::OnlineSoftmax<T> state) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const T other_max = __shfl_xor_sync(0xffffffffu, state.max, offset);
     const T other_sum = __shfl_xor_sync(0xffffffffu, state.sum, offset);
@@ -50,8 +50,8 @@ __device__ inline T block_sum(T x, T* scratch) {
 
 // Block-wide online-softmax merge; `max_scratch` and `sum_scratch` hold 32 values each.
 template <class T>
-__device__ inline cuda_math::OnlineSoftmax<T> block_merge(cuda_math::OnlineSoftmax<T> state,
-                                                          T* max_scratch, T* sum_scratch) {
+__device__ inline kernel_math::OnlineSoftmax<T> block_merge(kernel_math::OnlineSoftmax<T> state,
+                                                            T* max_scratch, T* sum_scratch) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
   state = warp_merge(state);
@@ -61,7 +61,7 @@ __device__ inline cuda_math::OnlineSoftmax<T> block_merge(cuda_math::OnlineSoftm
     sum_scratch[warp] = state.sum;
   }
   __syncthreads();
-  cuda_math::OnlineSoftmax<T> total;
+  kernel_math::OnlineSoftmax<T> total;
   if (lane < warps) {
     total.max = max_scratch[lane];
     total.sum = sum_scratch[lane];

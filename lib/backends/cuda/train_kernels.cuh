@@ -10,13 +10,13 @@
 #include <cstddef>
 
 #include "attnlab/attention/dropout.hpp"
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 #include "device_compat.cuh"
 #include "reduce.cuh"
 
 namespace attnlab::cuda::train {
 
-namespace cm = cuda_math;
+namespace cm = kernel_math;
 
 constexpr int kRowThreads = 256;
 constexpr int kElementThreads = 256;

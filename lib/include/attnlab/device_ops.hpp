@@ -33,7 +33,7 @@
 #include <string>
 
 #include "attnlab/attention/params.hpp"
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 
 namespace attnlab {
 
@@ -153,7 +153,7 @@ class DeviceOps : public DeviceMemory {
 
   // ---- optimizers and norms ----------------------------------------------------------------
   virtual void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
-                            const cuda_math::AdamWScalars<T>& scalars) = 0;
+                            const kernel_math::AdamWScalars<T>& scalars) = 0;
   // torch.optim.SGD (dampening 0): g = grad + wd·p; buf = g (first) or momentum·buf + g; p -=
   // lr·buf. buf is null when momentum is 0 (then p -= lr·g).
   virtual void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum,
@@ -170,14 +170,10 @@ class DeviceOps : public DeviceMemory {
 template <class T>
 std::unique_ptr<DeviceOps<T>> make_cuda_device_ops();
 
-namespace cuda {
-
 // The scalars of AdamW step t (1-based) for these options, formed in double as the CPU op does, for
 // DeviceOps::adamw_update.
 template <class T>
-cuda_math::AdamWScalars<T> adamw_scalars(double lr, double beta1, double beta2, double eps,
-                                         double weight_decay, std::size_t t);
-
-}  // namespace cuda
+kernel_math::AdamWScalars<T> adamw_scalars(double lr, double beta1, double beta2, double eps,
+                                           double weight_decay, std::size_t t);
 
 }  // namespace attnlab

@@ -62,7 +62,7 @@ void from_json(const nlohmann::json& j, PositionEncoding& v) {
 }
 
 // By hand: the optional scale is null or a number (nlohmann 3.11 has no std::optional support).
-void to_json(nlohmann::json& j, const SdpaOptions& v) {
+void to_json(nlohmann::json& j, const SdpaConfig& v) {
   j = {{"scaling", v.scaling},
        {"scale", v.scale ? nlohmann::json(*v.scale) : nlohmann::json(nullptr)},
        {"causal", v.causal},
@@ -70,8 +70,8 @@ void to_json(nlohmann::json& j, const SdpaOptions& v) {
        {"path", v.path}};
 }
 
-void from_json(const nlohmann::json& j, SdpaOptions& v) {
-  config_json::check_keys(j, "SdpaOptions", {"scaling", "scale", "causal", "window", "path"});
+void from_json(const nlohmann::json& j, SdpaConfig& v) {
+  config_json::check_keys(j, "SdpaConfig", {"scaling", "scale", "causal", "window", "path"});
   config_json::read_field(j, "scaling", v.scaling);
   config_json::read_field(j, "causal", v.causal);
   config_json::read_field(j, "window", v.window);

@@ -26,24 +26,18 @@ void AttentionConfig::validate(std::string_view op, const std::string& path) con
               "a divisor of heads (" + std::to_string(heads) + "), or 0 (= heads)",
               std::to_string(kv_heads));
   }
-  if (sdpa.scale) {
-    check_arg(std::isfinite(*sdpa.scale) && *sdpa.scale > 0, op, path + "sdpa.scale",
-              "a finite value > 0", std::to_string(*sdpa.scale));
-  }
-  if (sdpa.window != 0) {
-    check_arg(sdpa.causal, op, path + "sdpa.window",
-              "0 without causal (a window bounds causal keys)", std::to_string(sdpa.window));
-  }
-  check_arg(sdpa.alibi_slopes.empty(), op, path + "sdpa.alibi_slopes",
-            "empty (use alibi for the paper's slopes)",
-            std::to_string(sdpa.alibi_slopes.size()) + " entries");
   check_arg(dropout >= 0.0 && dropout < 1.0, op, path + "dropout", "a probability in [0, 1)",
             std::to_string(dropout));
-  check_arg(sdpa.dropout_p == 0.0, op, path + "sdpa.dropout_p",
-            "0 (use dropout: it applies in training mode only)", std::to_string(sdpa.dropout_p));
-  check_arg(sdpa.head_scale.empty(), op, path + "sdpa.head_scale",
-            "empty (use learnable_scale for per-head scales)",
-            std::to_string(sdpa.head_scale.size()) + " entries");
+  // The options' rules are resolve_sdpa's: resolve the layer's call once on its own sizes.
+  resolve_sdpa(op, sdpa,
+               {.B = 1,
+                .H = heads,
+                .Hkv = key_value_heads(),
+                .Tq = 1,
+                .Tk = 1,
+                .D = head_dim_k(),
+                .Dv = head_dim_v()},
+               path + "sdpa.");
 }
 
 template <class T>
@@ -125,9 +119,8 @@ void MultiHeadAttention<T>::collect_parameters(const std::string& prefix, Parame
 template <class T>
 void MultiHeadAttention<T>::reset_cache() {
   SequenceModule<T>::reset_cache();
-  has_forward_ = false;
-  x_ = context_ = q_ = k_ = v_ = o_ = p_ = lse_ = scale_ = alibi_ = dcontext_ = Buffer<T>();
-  mask_ = Buffer<unsigned char>();
+  last_ = Context();
+  fixed_scale_ = alibi_ = Buffer<T>();  // uploaded again on the next backend
 }
 
 template <class T>
@@ -155,10 +148,11 @@ std::vector<double> MultiHeadAttention<T>::head_scales() const {
 }
 
 template <class T>
-SdpaOptions MultiHeadAttention<T>::used_options() const {
+SdpaOptions MultiHeadAttention<T>::options_of(const Context& ctx) const {
   SdpaOptions options = config_.sdpa;
+  options.query_offset = ctx.spec_.query_offset;
   if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
-  const std::vector<T> scales = scale_.to_vector();
+  const std::vector<T> scales = ctx.scale_.to_vector();
   options.head_scale.assign(scales.begin(), scales.end());
   return options;
 }
@@ -182,47 +176,45 @@ KeyMask mask_to_host(const Buffer<unsigned char>& mask) {
 }  // namespace
 
 template <class T>
-Tensor4<T> MultiHeadAttention<T>::queries() const {
-  return heads_to_host(q_, spec_.B, H_, spec_.Tq, D_);
+Tensor4<T> MultiHeadAttention<T>::queries(const Context& ctx) const {
+  return heads_to_host(ctx.q_, ctx.spec_.B, H_, ctx.spec_.Tq, D_);
 }
 
 template <class T>
-Tensor4<T> MultiHeadAttention<T>::keys() const {
-  return heads_to_host(k_, spec_.B, Hkv_, spec_.Tk, D_);
+Tensor4<T> MultiHeadAttention<T>::keys(const Context& ctx) const {
+  return heads_to_host(ctx.k_, ctx.spec_.B, Hkv_, ctx.spec_.Tk, D_);
 }
 
 template <class T>
-Tensor4<T> MultiHeadAttention<T>::attention_weights() const {
-  if (!has_forward_) return Tensor4<T>();
-  if (!fused_) return heads_to_host(p_, spec_.B, H_, spec_.Tq, spec_.Tk);
-  const KeyMask mask = mask_.empty() ? KeyMask() : mask_to_host(mask_);
-  return sdpa_weights<T>(queries(), keys(), used_options(), mask_.empty() ? nullptr : &mask);
+Tensor4<T> MultiHeadAttention<T>::attention_weights(const Context& ctx) const {
+  if (ctx.empty()) return Tensor4<T>();
+  if (!ctx.fused_) return heads_to_host(ctx.p_, ctx.spec_.B, H_, ctx.spec_.Tq, ctx.spec_.Tk);
+  const KeyMask mask = ctx.mask_.empty() ? KeyMask() : mask_to_host(ctx.mask_);
+  return sdpa_weights<T>(queries(ctx), keys(ctx), options_of(ctx),
+                         ctx.mask_.empty() ? nullptr : &mask);
 }
 
 template <class T>
-Tensor4<T> MultiHeadAttention<T>::attention_scores() const {
-  if (!has_forward_) {
+Tensor4<T> MultiHeadAttention<T>::attention_scores(const Context& ctx) const {
+  if (ctx.empty()) {
     throw std::logic_error("MultiHeadAttention::attention_scores: called before forward");
   }
-  const KeyMask mask = mask_.empty() ? KeyMask() : mask_to_host(mask_);
-  return sdpa_scores<T>(queries(), keys(), used_options(), mask_.empty() ? nullptr : &mask);
+  const KeyMask mask = ctx.mask_.empty() ? KeyMask() : mask_to_host(ctx.mask_);
+  return sdpa_scores<T>(queries(ctx), keys(ctx), options_of(ctx),
+                        ctx.mask_.empty() ? nullptr : &mask);
 }
 
 template <class T>
-AttentionParams<T> MultiHeadAttention<T>::params() const {
-  AttentionParams<T> a;
-  static_cast<AttentionSpec&>(a) = spec_;
-  a.q = q_.data();
-  a.k = k_.data();
-  a.v = v_.data();
-  a.scale = scale_.data();
-  a.key_mask = mask_.empty() ? nullptr : mask_.data();
-  a.alibi_slopes = alibi_.empty() ? nullptr : alibi_.data();
-  return a;
+AttentionParams<T> MultiHeadAttention<T>::params(const Context& ctx) const {
+  return attention_params<T>(ctx.spec_, ctx.q_.data(), ctx.k_.data(), ctx.v_.data(),
+                             ctx.scale_.data(), alibi_.empty() ? nullptr : alibi_.data(),
+                             ctx.mask_.empty() ? nullptr : ctx.mask_.data());
 }
 
+// The forward, step by step: resolve the call, project (and QK-normalise) q, k, v, bind the
+// scales, run the core, project the heads out.
 template <class T>
-Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& context,
+Buffer<T> MultiHeadAttention<T>::attend(Context& ctx, const Buffer<T>& x, const Buffer<T>& context,
                                         const Buffer<unsigned char>* key_mask, bool self,
                                         KVCache<T>* cache) {
   if (self) {
@@ -230,49 +222,76 @@ Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& con
               "d_context = d_model (" + std::to_string(config_.d_model) + ")",
               std::to_string(config_.context_dim()));
   }
-  DeviceOps<T>& ops = this->ops();
   // With a cache: the Tq new tokens follow its `past` ones; their keys and values are appended.
   const std::size_t past = cache ? cache->length : 0;
   const std::size_t B = x.dim(0), Tq = x.dim(1), Tk = cache ? past + Tq : context.dim(1);
-  const std::size_t Tnew = cache ? Tq : Tk;  // the keys and values this call projects
-  const std::size_t C = config_.d_model, Cc = config_.context_dim();
   if (key_mask) {
-    check_buffer("sdpa_forward", "key_mask", *key_mask, ops,
+    check_buffer("sdpa_forward", "key_mask", *key_mask, this->ops(),
                  {static_cast<std::ptrdiff_t>(B), static_cast<std::ptrdiff_t>(Tk)});
   }
+  ctx.valid_ = false;  // until the forward completes
+  resolve_call(ctx, B, Tq, Tk, cache);
+  ctx.self_ = self;
+  ctx.x_ = x;
+  ctx.context_ = context;
+  ctx.mask_ = key_mask ? *key_mask : Buffer<unsigned char>();
+  project_qkv(ctx, cache ? Tq : Tk, cache);
+  bind_scales(ctx);
+  core_forward(ctx);
+  Buffer<T> y = project_out(ctx);
+  ctx.valid_ = true;
+  return y;
+}
+
+// The options of this call (the layer's, the cache's offset, dropout in training), resolved by
+// the op's one translator, and the path the backend runs.
+template <class T>
+void MultiHeadAttention<T>::resolve_call(Context& ctx, std::size_t B, std::size_t Tq,
+                                         std::size_t Tk, KVCache<T>* cache) {
   SdpaOptions options = config_.sdpa;
-  if (cache) options.query_offset += static_cast<std::ptrdiff_t>(past);  // bottom-right causal
-  spec_ =
-      make_attention_spec("sdpa_forward", options,
-                          {.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_});
-  cached_ = cache != nullptr;
-  if (this->training() && config_.dropout > 0 &&
-      !cache) {  // the backward regenerates the mask from spec_
-    spec_.dropout_p = config_.dropout;
-    spec_.dropout_seed = this->next_dropout_key();
+  if (cache) options.query_offset += cache->length;         // bottom-right causal
+  if (this->training() && config_.dropout > 0 && !cache) {  // the backward regenerates the mask
+    options.dropout_p = config_.dropout;
+    options.dropout_seed = this->next_dropout_key();
   }
-  fused_ = resolve_sdpa_path(config_.sdpa.path, Tk, config_.sdpa.causal) == SdpaPath::fused;
-  if (fused_ && config_.sdpa.path != SdpaPath::fused) {
+  const SdpaCall call =
+      resolve_sdpa("sdpa_forward", options,
+                   {.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_});
+  ctx.spec_ = call.spec;
+  ctx.cached_ = cache != nullptr;
+  ctx.fused_ = call.path == SdpaPath::fused;
+  if (ctx.fused_ && config_.sdpa.path != SdpaPath::fused) {
     try {  // automatic: the fused path when the backend's kernels take these head dims
-      ops.check_fused(D_, Dv_);
+      this->ops().check_fused(D_, Dv_);
     } catch (const std::invalid_argument&) {
-      fused_ = false;
+      ctx.fused_ = false;
     }
-  } else if (fused_) {
-    ops.check_fused(D_, Dv_);
+  } else if (ctx.fused_) {
+    this->ops().check_fused(D_, Dv_);
   }
-  self_ = self;
-  x_ = x;
-  context_ = context;
-  mask_ = key_mask ? *key_mask : Buffer<unsigned char>();
-  const std::size_t HD = H_ * D_, HDv = H_ * Dv_, Nq = B * Tq, Nk = B * Tnew;
-  // Projections, split into heads (B,H,T,·); QK-norm over D per head. With a cache, k and v hold
-  // the new tokens' keys and values until they are appended to it.
-  Buffer<T>& proj = Buffer<T>::reuse(proj_, ops, {std::max(Nq, Nk) * std::max(HD, HDv)});
-  Buffer<T>& q = Buffer<T>::reuse(q_, ops, {B, H_, Tq, D_});
-  if (cache) k_ = v_ = Buffer<T>();  // they were the cache's: never write there
-  Buffer<T>& k = Buffer<T>::reuse(k_, ops, {B, Hkv_, Tnew, D_});
-  Buffer<T>& v = Buffer<T>::reuse(v_, ops, {B, Hkv_, Tnew, Dv_});
+  if (fixed_scale_.empty() && !config_.learnable_scale) {  // constants, uploaded once per backend
+    const std::vector<T> s(call.scale.begin(), call.scale.end());
+    fixed_scale_ = Buffer<T>::from_host(this->ops(), s.data(), {H_});
+  }
+  if (alibi_.empty() && !call.alibi.empty()) {
+    const std::vector<T> slopes(call.alibi.begin(), call.alibi.end());
+    alibi_ = Buffer<T>::from_host(this->ops(), slopes.data(), {H_});
+  }
+}
+
+// x W_q, context W_k, context W_v split into heads (B,H,T,·), then QK-norm over D per head. With a
+// cache, Tnew = Tq new keys and values are appended and the core reads the cache's.
+template <class T>
+void MultiHeadAttention<T>::project_qkv(Context& ctx, std::size_t Tnew, KVCache<T>* cache) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t B = ctx.spec_.B, Tq = ctx.spec_.Tq;
+  const std::size_t C = config_.d_model, Cc = config_.context_dim();
+  const std::size_t Nq = B * Tq, Nk = B * Tnew;
+  Buffer<T>& proj = Buffer<T>::reuse(proj_, ops, {std::max(Nq, Nk) * H_ * std::max(D_, Dv_)});
+  Buffer<T>& q = Buffer<T>::reuse(ctx.q_, ops, {B, H_, Tq, D_});
+  if (cache) ctx.k_ = ctx.v_ = Buffer<T>();  // they were the cache's: never write there
+  Buffer<T>& k = Buffer<T>::reuse(ctx.k_, ops, {B, Hkv_, Tnew, D_});
+  Buffer<T>& v = Buffer<T>::reuse(ctx.v_, ops, {B, Hkv_, Tnew, Dv_});
   const bool norm = config_.qk_norm;
   // x W into heads (B,H,T,·); with one head the layouts agree and the projection writes there.
   const auto project = [&](T* heads, std::size_t n_heads, const T* in, const T* w, std::size_t rows,
@@ -281,58 +300,71 @@ Buffer<T> MultiHeadAttention<T>::attend(const Buffer<T>& x, const Buffer<T>& con
     ops.linear_forward(proj.data(), in, w, nullptr, rows, width_in, n_heads * d);
     ops.split_heads(heads, proj.data(), B, Tn, n_heads, d);
   };
-  project(norm ? Buffer<T>::reuse(q_raw_, ops, q.shape()).data() : q.data(), H_, x.data(),
+  project(norm ? Buffer<T>::reuse(ctx.q_raw_, ops, q.shape()).data() : q.data(), H_, ctx.x_.data(),
           w_q.value_data(), Nq, Tq, C, D_);
-  project(norm ? Buffer<T>::reuse(k_raw_, ops, k.shape()).data() : k.data(), Hkv_, context.data(),
-          w_k.value_data(), Nk, Tnew, Cc, D_);
-  project(v.data(), Hkv_, context.data(), w_v.value_data(), Nk, Tnew, Cc, Dv_);
+  project(norm ? Buffer<T>::reuse(ctx.k_raw_, ops, k.shape()).data() : k.data(), Hkv_,
+          ctx.context_.data(), w_k.value_data(), Nk, Tnew, Cc, D_);
+  project(v.data(), Hkv_, ctx.context_.data(), w_v.value_data(), Nk, Tnew, Cc, Dv_);
   if (norm) {
     const T eps = static_cast<T>(kLayerNormEps);
     const std::size_t rq = B * H_ * Tq, rk = B * Hkv_ * Tnew;
-    ops.layernorm_forward(q.data(), Buffer<T>::reuse(q_mean_, ops, {rq}).data(),
-                          Buffer<T>::reuse(q_rstd_, ops, {rq}).data(), q_raw_.data(),
+    ops.layernorm_forward(q.data(), Buffer<T>::reuse(ctx.q_mean_, ops, {rq}).data(),
+                          Buffer<T>::reuse(ctx.q_rstd_, ops, {rq}).data(), ctx.q_raw_.data(),
                           q_norm_gamma.value_data(), q_norm_beta.value_data(), rq, D_, eps);
-    ops.layernorm_forward(k.data(), Buffer<T>::reuse(k_mean_, ops, {rk}).data(),
-                          Buffer<T>::reuse(k_rstd_, ops, {rk}).data(), k_raw_.data(),
+    ops.layernorm_forward(k.data(), Buffer<T>::reuse(ctx.k_mean_, ops, {rk}).data(),
+                          Buffer<T>::reuse(ctx.k_rstd_, ops, {rk}).data(), ctx.k_raw_.data(),
                           k_norm_gamma.value_data(), k_norm_beta.value_data(), rk, D_, eps);
   }
   if (cache) {
     cache->append(ops, k, v);
-    k_ = cache->k;
-    v_ = cache->v;
+    ctx.k_ = cache->k;
+    ctx.v_ = cache->v;
   }
-  // The scale of each head: exp(log_scale), or the fixed one (uploaded once per backend).
+}
+
+// The scale of each head: exp(log_scale) of this forward, or the layer's fixed one.
+template <class T>
+void MultiHeadAttention<T>::bind_scales(Context& ctx) {
   if (config_.learnable_scale) {
-    ops.exp(Buffer<T>::reuse(scale_, ops, {H_}).data(), log_scale.value_data(), H_);
-  } else if (scale_.empty()) {
-    const std::vector<T> s(H_, static_cast<T>(resolve_scale(config_.sdpa, D_)));
-    scale_ = Buffer<T>::from_host(ops, s.data(), {H_});
-  }
-  if (config_.alibi && alibi_.empty()) {  // the slopes, uploaded once per backend
-    const std::vector<double> slopes = alibi_slopes(H_);
-    const std::vector<T> values(slopes.begin(), slopes.end());
-    alibi_ = Buffer<T>::from_host(ops, values.data(), {H_});
-  }
-  if (H_ == 1) merged_ = Buffer<T>();  // it shares o's storage: let o's buffer be reused
-  Buffer<T>& o = Buffer<T>::reuse(o_, ops, {B, H_, Tq, Dv_});
-  if (fused_) {
-    p_ = Buffer<T>();
-    ops.sdpa_fused_forward(o.data(), Buffer<T>::reuse(lse_, ops, {B, H_, Tq}).data(), params());
+    if (ctx.scale_.data() == fixed_scale_.data()) ctx.scale_ = Buffer<T>();
+    this->ops().exp(Buffer<T>::reuse(ctx.scale_, this->ops(), {H_}).data(), log_scale.value_data(),
+                    H_);
   } else {
-    lse_ = Buffer<T>();
-    ops.sdpa_reference_forward(o.data(), Buffer<T>::reuse(p_, ops, {B, H_, Tq, Tk}).data(),
-                               params());
+    ctx.scale_ = fixed_scale_;
   }
-  // (B,H,Tq,Dv) -> (B,Tq,H·Dv) x (H·Dv,C) -> (B,Tq,C)
+}
+
+template <class T>
+void MultiHeadAttention<T>::core_forward(Context& ctx) {
+  DeviceOps<T>& ops = this->ops();
+  const AttentionSpec& s = ctx.spec_;
+  if (H_ == 1) ctx.merged_ = Buffer<T>();  // it shares o's storage: let o's buffer be reused
+  Buffer<T>& o = Buffer<T>::reuse(ctx.o_, ops, {s.B, H_, s.Tq, Dv_});
+  if (ctx.fused_) {
+    ctx.p_ = Buffer<T>();
+    ops.sdpa_fused_forward(o.data(), Buffer<T>::reuse(ctx.lse_, ops, {s.B, H_, s.Tq}).data(),
+                           params(ctx));
+  } else {
+    ctx.lse_ = Buffer<T>();
+    ops.sdpa_reference_forward(
+        o.data(), Buffer<T>::reuse(ctx.p_, ops, {s.B, H_, s.Tq, s.Tk}).data(), params(ctx));
+  }
+}
+
+// (B,H,Tq,Dv) -> (B,Tq,H·Dv) x (H·Dv,C) -> (B,Tq,C)
+template <class T>
+Buffer<T> MultiHeadAttention<T>::project_out(Context& ctx) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t B = ctx.spec_.B, Tq = ctx.spec_.Tq, HDv = H_ * Dv_;
   if (H_ == 1) {
-    merged_ = o.reshaped({B, Tq, HDv});  // one head: the same layout
+    ctx.merged_ = ctx.o_.reshaped({B, Tq, HDv});  // one head: the same layout
   } else {
-    ops.merge_heads(Buffer<T>::reuse(merged_, ops, {B, Tq, HDv}).data(), o.data(), B, Tq, H_, Dv_);
+    ops.merge_heads(Buffer<T>::reuse(ctx.merged_, ops, {B, Tq, HDv}).data(), ctx.o_.data(), B, Tq,
+                    H_, Dv_);
   }
-  const Buffer<T>& merged = merged_;
-  Buffer<T>& y = Buffer<T>::reuse(y_, ops, {B, Tq, C});
-  ops.linear_forward(y.data(), merged.data(), w_o.value_data(), nullptr, Nq, HDv, C);
-  has_forward_ = true;
+  Buffer<T>& y = Buffer<T>::reuse(y_, ops, {B, Tq, config_.d_model});
+  ops.linear_forward(y.data(), ctx.merged_.data(), w_o.value_data(), nullptr, B * Tq, HDv,
+                     config_.d_model);
   return y;
 }
 
@@ -347,16 +379,28 @@ Buffer<unsigned char> MultiHeadAttention<T>::upload_mask(const KeyMask* key_mask
 
 template <class T>
 Buffer<T> MultiHeadAttention<T>::forward_impl(const Buffer<T>& x) {
-  return attend(x, x, nullptr, true);
+  return attend(last_, x, x, nullptr, true);
 }
 
 template <class T>
 Buffer<T> MultiHeadAttention<T>::forward(const Buffer<T>& x,
                                          const Buffer<unsigned char>* key_mask) {
   this->check_input(x);
-  Buffer<T> y = attend(x, x, key_mask, true);
+  Buffer<T> y = attend(last_, x, x, key_mask, true);
   this->mark_forward(x.dim(0), x.dim(1));
   return y;
+}
+
+template <class T>
+Buffer<T> MultiHeadAttention<T>::forward(Context& ctx, const Buffer<T>& x, const Buffer<T>* context,
+                                         const Buffer<unsigned char>* key_mask) {
+  this->check_input(x);
+  if (context) {
+    check_buffer("MultiHeadAttention", "context", *context, this->ops(),
+                 {static_cast<std::ptrdiff_t>(x.dim(0)), kAnyExtent,
+                  static_cast<std::ptrdiff_t>(config_.context_dim())});
+  }
+  return attend(ctx, x, context ? *context : x, key_mask, context == nullptr);
 }
 
 template <class T>
@@ -377,7 +421,7 @@ Buffer<T> MultiHeadAttention<T>::forward_cached(const Buffer<T>& x, KVCache<T>& 
               "the cache's batch B = " + std::to_string(cache.k.dim(0)),
               "B = " + std::to_string(x.dim(0)));
   }
-  return attend(x, x, nullptr, true, &cache);
+  return attend(last_, x, x, nullptr, true, &cache);
 }
 
 template <class T>
@@ -423,7 +467,7 @@ Buffer<T> MultiHeadAttention<T>::forward_cross(const Buffer<T>& x, const Buffer<
   check_buffer("MultiHeadAttention", "context", context, this->ops(),
                {static_cast<std::ptrdiff_t>(x.dim(0)), kAnyExtent,
                 static_cast<std::ptrdiff_t>(config_.context_dim())});
-  Buffer<T> y = attend(x, context, key_mask, false);
+  Buffer<T> y = attend(last_, x, context, key_mask, false);
   this->mark_forward(x.dim(0), x.dim(1));
   return y;
 }
@@ -444,104 +488,150 @@ Tensor3<T> MultiHeadAttention<T>::forward_cross(const Tensor3<T>& x, const Tenso
 
 template <class T>
 Buffer<T> MultiHeadAttention<T>::backward_impl(const Buffer<T>& dy) {
-  // Exact reverse of attend().
-  if (cached_) {
+  if (last_.cross()) {
     throw std::logic_error(
-        "MultiHeadAttention::backward: the last forward was forward_cached (decoding), which has "
-        "no backward; run forward() first");
+        "MultiHeadAttention::backward: the last forward was cross-attention; use backward_cross, "
+        "which returns dx and dcontext");
   }
+  return backward(last_, dy).dx;
+}
+
+// The backward, the exact reverse of attend(): the output projection, the core, QK-norm, the
+// input projections.
+template <class T>
+typename MultiHeadAttention<T>::Grads MultiHeadAttention<T>::backward(const Context& ctx,
+                                                                      const Buffer<T>& dy) {
+  if (ctx.cached_) {
+    throw std::logic_error(
+        "MultiHeadAttention::backward: the forward was forward_cached (decoding), which has no "
+        "backward; run forward() first");
+  }
+  if (ctx.empty()) {
+    throw std::logic_error("MultiHeadAttention::backward: the context holds no forward");
+  }
+  check_buffer("MultiHeadAttention::backward", "dy", dy, this->ops(),
+               {static_cast<std::ptrdiff_t>(ctx.spec_.B), static_cast<std::ptrdiff_t>(ctx.spec_.Tq),
+                static_cast<std::ptrdiff_t>(config_.d_model)});
+  backward_core(ctx, backward_out(ctx, dy));
+  backward_qk_norm(ctx);
+  return backward_projections(ctx);
+}
+
+// y = merged W_o: dW_o, and dO (B,H,Tq,Dv).
+template <class T>
+const Buffer<T>& MultiHeadAttention<T>::backward_out(const Context& ctx, const Buffer<T>& dy) {
   DeviceOps<T>& ops = this->ops();
-  const std::size_t B = spec_.B, Tq = spec_.Tq, Tk = spec_.Tk;
-  const std::size_t C = config_.d_model, Cc = config_.context_dim();
-  const std::size_t HD = H_ * D_, HDv = H_ * Dv_, Nq = B * Tq, Nk = B * Tk;
-  const auto add_weight_grad = [&](Parameter<T>& p) { add_into(ops, p, dw_); };
-  // y = merged W_o
-  Buffer<T>& dmerged = Buffer<T>::reuse(dmerged_, ops, {std::max(Nq, Nk) * std::max(HD, HDv)});
+  const std::size_t B = ctx.spec_.B, Tq = ctx.spec_.Tq, Tk = ctx.spec_.Tk;
+  const std::size_t C = config_.d_model, HDv = H_ * Dv_, Nq = B * Tq;
+  Buffer<T>& dmerged = Buffer<T>::reuse(
+      dmerged_, ops, {B * std::max(Tq, Tk) * std::max(H_, Hkv_) * std::max(D_, Dv_)});
   Buffer<T>& dout = Buffer<T>::reuse(dout_, ops, {B, H_, Tq, Dv_});
   ops.linear_backward(H_ == 1 ? dout.data() : dmerged.data(),
                       Buffer<T>::reuse(dw_, ops, {HDv * C}).data(), nullptr, dy.data(),
-                      merged_.data(), w_o.value_data(), Nq, HDv, C);
-  add_weight_grad(w_o);
+                      ctx.merged_.data(), w_o.value_data(), Nq, HDv, C);
+  add_into(ops, w_o, dw_);
   if (H_ != 1) ops.split_heads(dout.data(), dmerged.data(), B, Tq, H_, Dv_);
+  return dout;
+}
+
+// dQ, dK, dV from dO on the path the forward ran; with a learnable scale, dlog s.
+template <class T>
+void MultiHeadAttention<T>::backward_core(const Context& ctx, const Buffer<T>& dout) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t B = ctx.spec_.B, Tq = ctx.spec_.Tq, Tk = ctx.spec_.Tk;
   Buffer<T>& dq = Buffer<T>::reuse(dq_, ops, {B, H_, Tq, D_});
   Buffer<T>& dk = Buffer<T>::reuse(dk_, ops, {B, Hkv_, Tk, D_});
   Buffer<T>& dv = Buffer<T>::reuse(dv_, ops, {B, Hkv_, Tk, Dv_});
-  if (fused_) {
+  if (ctx.fused_) {
     ops.sdpa_fused_backward(dq.data(), dk.data(), dv.data(),
                             Buffer<T>::reuse(ds_, ops, {B * H_ * Tq}).data(), dout.data(),
-                            o_.data(), lse_.data(), params());
+                            ctx.o_.data(), ctx.lse_.data(), params(ctx));
   } else {
     ops.sdpa_reference_backward(dq.data(), dk.data(), dv.data(),
                                 Buffer<T>::reuse(ds_, ops, {B * H_ * Tq * Tk}).data(), dout.data(),
-                                p_.data(), params());
+                                ctx.p_.data(), params(ctx));
   }
   if (config_.learnable_scale) {
     // s = exp(log s): dL/dlog s_h = s_h · dL/ds_h = Σ q ⊙ dq over head h (as dQ = s · dS K).
     Buffer<T>& dlog = Buffer<T>::reuse(dlog_scale_, ops, {H_});
-    ops.head_dot(dlog.data(), q_.data(), dq.data(), B, H_, Tq * D_);
+    ops.head_dot(dlog.data(), ctx.q_.data(), dq.data(), B, H_, Tq * D_);
     add_into(ops, log_scale, dlog);
   }
-  const T* dq_in = dq.data();
-  const T* dk_in = dk.data();
-  if (config_.qk_norm) {
-    const std::size_t rq = B * H_ * Tq, rk = B * Hkv_ * Tk;
-    Buffer<T>& dgamma = Buffer<T>::reuse(dnorm_, ops, {2 * D_});
-    const Buffer<T> dbeta = Buffer<T>::view(dgamma, D_, {D_});
-    ops.layernorm_backward(Buffer<T>::reuse(dq_raw_, ops, dq.shape()).data(), dgamma.data(),
-                           dbeta.data(), dq.data(), q_raw_.data(), q_mean_.data(), q_rstd_.data(),
-                           q_norm_gamma.value_data(), rq, D_);
-    ops.add(q_norm_gamma.grad_data(), q_norm_gamma.grad_data(), dgamma.data(), D_);
-    ops.add(q_norm_beta.grad_data(), q_norm_beta.grad_data(), dbeta.data(), D_);
-    ops.layernorm_backward(Buffer<T>::reuse(dk_raw_, ops, dk.shape()).data(), dgamma.data(),
-                           dbeta.data(), dk.data(), k_raw_.data(), k_mean_.data(), k_rstd_.data(),
-                           k_norm_gamma.value_data(), rk, D_);
-    ops.add(k_norm_gamma.grad_data(), k_norm_gamma.grad_data(), dgamma.data(), D_);
-    ops.add(k_norm_beta.grad_data(), k_norm_beta.grad_data(), dbeta.data(), D_);
-    dq_in = dq_raw_.data();
-    dk_in = dk_raw_.data();
-  }
-  // dcontext = (through w_k) + (through w_v); dx = (through w_q) [+ dcontext for self-attention]
-  Buffer<T>& dctx = Buffer<T>::reuse(dcontext_, ops, {B, Tk, Cc});
+}
+
+// Through QK-norm: dq_raw_, dk_raw_ and the gains' and shifts' grads.
+template <class T>
+void MultiHeadAttention<T>::backward_qk_norm(const Context& ctx) {
+  if (!config_.qk_norm) return;
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t rq = ctx.spec_.B * H_ * ctx.spec_.Tq, rk = ctx.spec_.B * Hkv_ * ctx.spec_.Tk;
+  Buffer<T>& dgamma = Buffer<T>::reuse(dnorm_, ops, {2 * D_});
+  const Buffer<T> dbeta = Buffer<T>::view(dgamma, D_, {D_});
+  const auto through = [&](Buffer<T>& draw, const Buffer<T>& d, const Buffer<T>& raw,
+                           const Buffer<T>& mean, const Buffer<T>& rstd, Parameter<T>& gamma,
+                           Parameter<T>& beta, std::size_t rows) {
+    ops.layernorm_backward(Buffer<T>::reuse(draw, ops, d.shape()).data(), dgamma.data(),
+                           dbeta.data(), d.data(), raw.data(), mean.data(), rstd.data(),
+                           gamma.value_data(), rows, D_);
+    ops.add(gamma.grad_data(), gamma.grad_data(), dgamma.data(), D_);
+    ops.add(beta.grad_data(), beta.grad_data(), dbeta.data(), D_);
+  };
+  through(dq_raw_, dq_, ctx.q_raw_, ctx.q_mean_, ctx.q_rstd_, q_norm_gamma, q_norm_beta, rq);
+  through(dk_raw_, dk_, ctx.k_raw_, ctx.k_mean_, ctx.k_rstd_, k_norm_gamma, k_norm_beta, rk);
+}
+
+// dcontext = (through w_k) + (through w_v); dx = (through w_q) [+ dcontext for self-attention].
+template <class T>
+typename MultiHeadAttention<T>::Grads MultiHeadAttention<T>::backward_projections(
+    const Context& ctx) {
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t B = ctx.spec_.B, Tq = ctx.spec_.Tq, Tk = ctx.spec_.Tk;
+  const std::size_t C = config_.d_model, Cc = config_.context_dim();
+  const std::size_t HD = H_ * D_, KD = Hkv_ * D_, KDv = Hkv_ * Dv_, Nq = B * Tq, Nk = B * Tk;
+  const T* dq_in = config_.qk_norm ? dq_raw_.data() : dq_.data();
+  const T* dk_in = config_.qk_norm ? dk_raw_.data() : dk_.data();
   // (B,H,T,·) -> (B,T,H·); with one head the layouts agree and the heads are read in place.
   const auto merged_of = [&](const T* heads, std::size_t n_heads, std::size_t Tn,
                              std::size_t d) -> const T* {
     if (n_heads == 1) return heads;
-    ops.merge_heads(dmerged.data(), heads, B, Tn, n_heads, d);
-    return dmerged.data();
+    ops.merge_heads(dmerged_.data(), heads, B, Tn, n_heads, d);
+    return dmerged_.data();
   };
-  const std::size_t KD = Hkv_ * D_, KDv = Hkv_ * Dv_;  // the K/V projections' widths
+  Buffer<T>& dctx = Buffer<T>::reuse(dcontext_, ops, {B, Tk, Cc});
   ops.linear_backward(dctx.data(), Buffer<T>::reuse(dw_, ops, {Cc * KD}).data(), nullptr,
-                      merged_of(dk_in, Hkv_, Tk, D_), context_.data(), w_k.value_data(), Nk, Cc,
+                      merged_of(dk_in, Hkv_, Tk, D_), ctx.context_.data(), w_k.value_data(), Nk, Cc,
                       KD);
-  add_weight_grad(w_k);
+  add_into(ops, w_k, dw_);
   Buffer<T>& dctx_v = Buffer<T>::reuse(dcontext_v_, ops, {B, Tk, Cc});
   ops.linear_backward(dctx_v.data(), Buffer<T>::reuse(dw_, ops, {Cc * KDv}).data(), nullptr,
-                      merged_of(dv.data(), Hkv_, Tk, Dv_), context_.data(), w_v.value_data(), Nk,
-                      Cc, KDv);
-  add_weight_grad(w_v);
+                      merged_of(dv_.data(), Hkv_, Tk, Dv_), ctx.context_.data(), w_v.value_data(),
+                      Nk, Cc, KDv);
+  add_into(ops, w_v, dw_);
   ops.add(dctx.data(), dctx.data(), dctx_v.data(), dctx.size());
   Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, {B, Tq, C});
   ops.linear_backward(dx.data(), Buffer<T>::reuse(dw_, ops, {C * HD}).data(), nullptr,
-                      merged_of(dq_in, H_, Tq, D_), x_.data(), w_q.value_data(), Nq, C, HD);
-  add_weight_grad(w_q);
-  if (self_) ops.add(dx.data(), dx.data(), dctx.data(), dx.size());
-  return dx;
+                      merged_of(dq_in, H_, Tq, D_), ctx.x_.data(), w_q.value_data(), Nq, C, HD);
+  add_into(ops, w_q, dw_);
+  if (ctx.self_) {
+    ops.add(dx.data(), dx.data(), dctx.data(), dx.size());
+    return {dx, Buffer<T>()};
+  }
+  return {dx, dctx};
 }
 
 template <class T>
 typename MultiHeadAttention<T>::CrossGrads MultiHeadAttention<T>::backward_cross(
     const Tensor3<T>& dy) {
-  if (!has_forward_) {
+  if (last_.empty()) {
     throw std::logic_error("MultiHeadAttention::backward_cross: called before forward");
   }
-  if (self_) {
+  if (!last_.cross()) {
     throw std::logic_error(
         "MultiHeadAttention::backward_cross: the last forward was self-attention; use backward");
   }
-  CrossGrads out;
-  out.dx = this->backward(dy);
-  out.dcontext = to_tensor<T, 3>(dcontext_, "MultiHeadAttention");
-  return out;
+  const Grads g = backward(last_, to_buffer<T>(this->ops(), dy));
+  return {to_tensor<T, 3>(g.dx, "MultiHeadAttention"),
+          to_tensor<T, 3>(g.dcontext, "MultiHeadAttention")};
 }
 
 template Tensor4<float> split_heads<float>(const Tensor3<float>&, std::size_t);

@@ -76,17 +76,17 @@ double scaling_factor(Scaling mode, std::size_t d) {
 }
 
 namespace {
-void check_scale_value(double s, std::string_view op, std::string_view name) {
+void check_scale_value(double s, std::string_view op, const std::string& name) {
   check_arg(std::isfinite(s) && s > 0, op, name, "a finite scale > 0", std::to_string(s));
 }
 }  // namespace
 
-double resolve_scale(const SdpaOptions& options, std::size_t d) {
-  if (options.scale) {
-    check_scale_value(*options.scale, "sdpa_forward", "scale");
-    return *options.scale;
+double resolve_scale(const SdpaConfig& config, std::size_t d) {
+  if (config.scale) {
+    check_scale_value(*config.scale, "resolve_scale", "scale");
+    return *config.scale;
   }
-  return scaling_factor(options.scaling, d);
+  return scaling_factor(config.scaling, d);
 }
 
 std::vector<double> alibi_slopes(std::size_t heads) {
@@ -98,42 +98,43 @@ std::vector<double> alibi_slopes(std::size_t heads) {
   return slopes;
 }
 
-AttentionSpec make_attention_spec(std::string_view op, const SdpaOptions& options,
-                                  AttentionSpec sizes) {
-  if (options.scale) check_scale_value(*options.scale, op, "scale");
+SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, AttentionSpec sizes,
+                      const std::string& prefix) {
+  const auto heads = static_cast<std::ptrdiff_t>(sizes.H);
+  if (options.scale) check_scale_value(*options.scale, op, prefix + "scale");
   if (!options.head_scale.empty()) {
-    check_extents(op, "head_scale", {options.head_scale.size()},
-                  {static_cast<std::ptrdiff_t>(sizes.H)});
-    for (double s : options.head_scale) check_scale_value(s, op, "head_scale");
+    check_extents(op, prefix + "head_scale", {options.head_scale.size()}, {heads});
+    for (double s : options.head_scale) check_scale_value(s, op, prefix + "head_scale");
   }
   if (!options.alibi_slopes.empty()) {
-    check_extents(op, "alibi_slopes", {options.alibi_slopes.size()},
-                  {static_cast<std::ptrdiff_t>(sizes.H)});
+    check_extents(op, prefix + "alibi_slopes", {options.alibi_slopes.size()}, {heads});
     for (double m : options.alibi_slopes) {
-      check_arg(std::isfinite(m), op, "alibi_slopes", "finite slopes", std::to_string(m));
+      check_arg(std::isfinite(m), op, prefix + "alibi_slopes", "finite slopes", std::to_string(m));
     }
   }
-  check_arg(options.query_offset >= 0, op, "query_offset", "an offset >= 0",
-            std::to_string(options.query_offset));
-  check_arg(options.causal || options.query_offset == 0, op, "query_offset",
-            "0 without causal (the offset shifts the causal diagonal)",
-            std::to_string(options.query_offset));
-  sizes.causal = options.causal;
-  sizes.query_offset = static_cast<std::size_t>(options.query_offset);
-  sizes.window = options.window;
-  check_arg(options.dropout_p >= 0.0 && options.dropout_p < 1.0, op, "dropout_p",
-            "a probability in [0, 1)", std::to_string(options.dropout_p));
-  sizes.dropout_p = options.dropout_p;
-  sizes.dropout_seed = options.dropout_seed;
-  check_attention_spec(sizes, std::string(op).c_str());
-  return sizes;
+  SdpaCall call;
+  call.spec = sizes;
+  call.spec.causal = options.causal;
+  call.spec.query_offset = options.query_offset;
+  call.spec.window = options.window;
+  call.spec.dropout_p = options.dropout_p;
+  call.spec.dropout_seed = options.dropout_seed;
+  check_attention_spec(call.spec, std::string(op).c_str(), prefix);
+  call.scale =
+      options.head_scale.empty()
+          ? std::vector<double>(
+                sizes.H, options.scale ? *options.scale : scaling_factor(options.scaling, sizes.D))
+          : options.head_scale;
+  call.alibi = options.alibi_slopes;
+  call.path = resolve_sdpa_path(options.path, sizes.Tk, options.causal);
+  return call;
 }
 
 xt::xtensor<bool, 4> sdpa_dropout_mask(const SdpaOptions& options, std::size_t B, std::size_t H,
                                        std::size_t Tq, std::size_t Tk) {
   AttentionSpec sizes;
   sizes.B = B, sizes.H = sizes.Hkv = H, sizes.Tq = Tq, sizes.Tk = Tk, sizes.D = sizes.Dv = 1;
-  const AttentionSpec s = make_attention_spec("sdpa_dropout_mask", options, sizes);
+  const AttentionSpec s = resolve_sdpa("sdpa_dropout_mask", options, sizes).spec;
   xt::xtensor<bool, 4> mask = xt::ones<bool>({B, H, Tq, Tk});
   if (s.dropout_p == 0) return mask;
   for (std::size_t bh = 0; bh < B * H; ++bh) {
@@ -149,9 +150,9 @@ xt::xtensor<bool, 4> sdpa_dropout_mask(const SdpaOptions& options, std::size_t B
 namespace detail {
 
 template <class T>
-AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
-                                const Tensor4<T>* v, const SdpaOptions& options,
-                                const KeyMask* key_mask, const Tensor4<T>* bias) {
+SdpaCall check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
+                           const Tensor4<T>* v, const SdpaOptions& options, const KeyMask* key_mask,
+                           const Tensor4<T>* bias) {
   constexpr auto any = kAnyExtent;
   const auto extent = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
   AttentionSpec s;
@@ -173,22 +174,20 @@ AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const 
                        {b.begin(), b.end()}, "or extent 1 on the batch and head axes");
     }
   }
-  return make_attention_spec(op, options, s);
+  return resolve_sdpa(op, options, s);
 }
 
 template <class T>
-void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
+void fill_sdpa_cache(SdpaCache<T>& cache, const SdpaCall& call, const SdpaOptions& options,
                      const KeyMask* key_mask, const Tensor4<T>* bias) {
-  cache.spec = spec;
-  cache.scale.assign(spec.H, static_cast<T>(resolve_scale(options, spec.D)));
-  for (std::size_t h = 0; h < options.head_scale.size(); ++h) {
-    cache.scale[h] = static_cast<T>(options.head_scale[h]);
-  }
-  cache.alibi.assign(options.alibi_slopes.begin(), options.alibi_slopes.end());
+  cache.spec = call.spec;
+  cache.scale.assign(call.scale.begin(), call.scale.end());
+  cache.alibi.assign(call.alibi.begin(), call.alibi.end());
   cache.has_key_mask = key_mask != nullptr;
   cache.key_mask = key_mask ? *key_mask : KeyMask();
   cache.bias = bias ? *bias : Tensor4<T>();
   cache.bias_grad = bias != nullptr && options.bias_requires_grad;
+  cache.path = call.path;
   cache.tile_rows = options.tile_rows;
   cache.tile_keys = options.tile_keys;
 }
@@ -279,10 +278,10 @@ template <class T>
 Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                         const Tensor4<T>& v, const SdpaOptions& options, const KeyMask* key_mask,
                         const Tensor4<T>* bias) {
-  const AttentionSpec spec =
+  const SdpaCall call =
       detail::check_sdpa_inputs<T>("sdpa_forward", q, k, &v, options, key_mask, bias);
-  detail::fill_sdpa_cache(cache, spec, options, key_mask, bias);
-  cache.path = resolve_sdpa_path(options.path, spec.Tk, spec.causal);
+  detail::fill_sdpa_cache(cache, call, options, key_mask, bias);
+  const AttentionSpec& spec = call.spec;
   const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
   // The saved tensors keep their memory from one call to the next of the same shape.
@@ -369,11 +368,11 @@ Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOpti
   template Tensor4<T>& detail::dscores_for<T>(SdpaGrads<T>&, Tensor4<T>&, const SdpaCache<T>&);    \
   template SdpaGrads<T> sdpa_backward<T>(const Tensor4<T>&, const SdpaCache<T>&,                   \
                                          const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>&); \
-  template AttentionSpec detail::check_sdpa_inputs<T>(                                             \
+  template SdpaCall detail::check_sdpa_inputs<T>(                                                  \
       std::string_view, const Tensor4<T>&, const Tensor4<T>&, const Tensor4<T>*,                   \
       const SdpaOptions&, const KeyMask*, const Tensor4<T>*);                                      \
-  template void detail::fill_sdpa_cache<T>(SdpaCache<T>&, const AttentionSpec&,                    \
-                                           const SdpaOptions&, const KeyMask*, const Tensor4<T>*); \
+  template void detail::fill_sdpa_cache<T>(SdpaCache<T>&, const SdpaCall&, const SdpaOptions&,     \
+                                           const KeyMask*, const Tensor4<T>*);                     \
   template void detail::check_sdpa_backward_inputs<T>(std::string_view, const Tensor4<T>&,         \
                                                       const SdpaCache<T>&, const Tensor4<T>&,      \
                                                       const Tensor4<T>&, const Tensor4<T>&);       \

@@ -11,17 +11,17 @@
 namespace attnlab::detail {
 
 // Checks q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv) when given, the key mask (B,Tk), the bias
-// (1|B, 1|H, Tq, Tk) and the options, naming `op`; returns the call's spec (Dv = 0 without v).
-// Throws ShapeError or std::invalid_argument.
+// (1|B, 1|H, Tq, Tk) and the options, naming `op`; returns the call resolved by resolve_sdpa (Dv =
+// 0 without v). Throws ShapeError or std::invalid_argument.
 template <class T>
-AttentionSpec check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
-                                const Tensor4<T>* v, const SdpaOptions& options,
-                                const KeyMask* key_mask, const Tensor4<T>* bias);
+SdpaCall check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tensor4<T>& k,
+                           const Tensor4<T>* v, const SdpaOptions& options, const KeyMask* key_mask,
+                           const Tensor4<T>* bias);
 
-// Fills `cache` with a checked call's spec, per-head scales, mask, bias and tiles; the path and the
-// saved tensors (p, or out and lse) are the forward's to set.
+// Fills `cache` with a resolved call's spec, per-head scales, slopes, CPU path, mask, bias and
+// tiles; the saved tensors (p, or out and lse) are the forward's to set (and the GPU its path).
 template <class T>
-void fill_sdpa_cache(SdpaCache<T>& cache, const AttentionSpec& spec, const SdpaOptions& options,
+void fill_sdpa_cache(SdpaCache<T>& cache, const SdpaCall& call, const SdpaOptions& options,
                      const KeyMask* key_mask, const Tensor4<T>* bias);
 
 // Throws std::logic_error when the cache holds no forward of its path, ShapeError when dout, q, k

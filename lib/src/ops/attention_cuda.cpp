@@ -84,10 +84,11 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
                              const Tensor4<T>& v, const SdpaOptions& options,
                              const KeyMask* key_mask, const Tensor4<T>* bias) {
   const char* op = "sdpa_forward_cuda";
-  const AttentionSpec spec = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
+  const SdpaCall call = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
+  const AttentionSpec& spec = call.spec;
   cuda::require_device(op);
   SdpaCache<T> c;
-  detail::fill_sdpa_cache(c, spec, options, key_mask, bias);
+  detail::fill_sdpa_cache(c, call, options, key_mask, bias);
   c.path = resolve_cuda_path<T>(options.path, spec.D, spec.Dv);
 
   DeviceInputs<T> in(c, q, k, v);

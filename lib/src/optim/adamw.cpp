@@ -42,24 +42,22 @@ template <class T>
 void AdamW<T>::update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
                       std::size_t t) {
   // Scalars are formed in double, as PyTorch forms them in Python, then used in T; the element
-  // update is torch's, in its order (cuda_math::adamw_element).
+  // update is torch's, in its order (kernel_math::adamw_element).
   ops.adamw_update(value, state[exp_avg_slot_], state[exp_avg_sq_slot_], grad, n,
-                   cuda::adamw_scalars<T>(this->lr(), options_.beta1, options_.beta2, options_.eps,
-                                          options_.weight_decay, t));
+                   adamw_scalars<T>(this->lr(), options_.beta1, options_.beta2, options_.eps,
+                                    options_.weight_decay, t));
 }
 
 template class AdamW<float>;
 template class AdamW<double>;
 
-namespace cuda {
-
 // The scalars of attnlab::AdamW::update (optim/adamw.cpp), formed in double, then cast to T.
 template <class T>
-cuda_math::AdamWScalars<T> adamw_scalars(double lr, double beta1, double beta2, double eps,
-                                         double weight_decay, std::size_t t) {
+kernel_math::AdamWScalars<T> adamw_scalars(double lr, double beta1, double beta2, double eps,
+                                           double weight_decay, std::size_t t) {
   const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(t));
   const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(t));
-  cuda_math::AdamWScalars<T> s;
+  kernel_math::AdamWScalars<T> s;
   s.decay = static_cast<T>(1 - lr * weight_decay);
   s.one_minus_beta1 = static_cast<T>(1 - beta1);
   s.beta2 = static_cast<T>(beta2);
@@ -71,11 +69,9 @@ cuda_math::AdamWScalars<T> adamw_scalars(double lr, double beta1, double beta2, 
   return s;
 }
 
-template cuda_math::AdamWScalars<float> adamw_scalars<float>(double, double, double, double, double,
-                                                             std::size_t);
-template cuda_math::AdamWScalars<double> adamw_scalars<double>(double, double, double, double,
+template kernel_math::AdamWScalars<float> adamw_scalars<float>(double, double, double, double,
                                                                double, std::size_t);
-
-}  // namespace cuda
+template kernel_math::AdamWScalars<double> adamw_scalars<double>(double, double, double, double,
+                                                                 double, std::size_t);
 
 }  // namespace attnlab

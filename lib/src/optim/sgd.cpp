@@ -34,7 +34,7 @@ SGD<T>::SGD(ParameterList<T> params, const SgdOptions& options)
 template <class T>
 void SGD<T>::update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
                     std::size_t t) {
-  // torch's order (cuda_math::sgd_element): d = g + wd·p; buf = d, then buf·momentum + d; p -=
+  // torch's order (kernel_math::sgd_element): d = g + wd·p; buf = d, then buf·momentum + d; p -=
   // lr·d.
   ops.sgd_update(value, options_.momentum != 0 ? state[buffer_slot_] : nullptr, grad, n,
                  static_cast<T>(this->lr()), static_cast<T>(options_.momentum),

@@ -27,7 +27,7 @@
 #endif
 
 #include "attnlab/attention/params.hpp"
-#include "attnlab/cuda_math.hpp"  // ATTNLAB_HD
+#include "attnlab/kernel_math.hpp"  // ATTNLAB_HD
 
 namespace attnlab::attention {
 

@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "attnlab/cuda_math.hpp"  // ATTNLAB_HD
+#include "attnlab/kernel_math.hpp"  // ATTNLAB_HD
 
 namespace attnlab {
 
@@ -75,27 +75,46 @@ struct AttentionParams : AttentionSpec {
   T* dscores = nullptr;
 };
 
-// Throws std::invalid_argument naming `op` unless the spec describes a call this version runs:
-// Hkv >= 1 dividing H (grouped-query attention: H / Hkv query heads share one K/V head), no query
-// offset and no window without causal, a dropout probability in [0, 1). Host only; the
-// public entry points and the launchers call it (sizes are checked against the tensors there).
-inline void check_attention_spec(const AttentionSpec& s, const char* op) {
-  const auto fail = [op](const std::string& what) {
-    throw std::invalid_argument(std::string(op) + ": " + what);
+// The one translator's last step (attnlab/ops/attention.hpp, resolve_sdpa, gives the spec): the
+// parameters of a call over its inputs. scale (H,); alibi_slopes (H,) or nullptr; key_mask (B,Tk)
+// bytes or nullptr. The bias and dscores stay unset (the callers that have them set them).
+template <class T>
+AttentionParams<T> attention_params(const AttentionSpec& spec, const T* q, const T* k, const T* v,
+                                    const T* scale, const T* alibi_slopes,
+                                    const unsigned char* key_mask) {
+  AttentionParams<T> a;
+  static_cast<AttentionSpec&>(a) = spec;
+  a.q = q, a.k = k, a.v = v, a.scale = scale;
+  a.alibi_slopes = alibi_slopes;
+  a.key_mask = key_mask;
+  return a;
+}
+
+// Throws std::invalid_argument "<op>: <prefix><field> expected ..., got ..." unless the spec
+// describes a call this version runs: Hkv >= 1 dividing H (grouped-query attention: H / Hkv query
+// heads share one K/V head), no query offset and no window without causal, a dropout probability
+// in [0, 1). The one home of these rules: resolve_sdpa (the options of the op and of a layer) and
+// the raw calls of every backend (check_attention_params) run it. Host only; sizes are checked
+// against the tensors at the entry points.
+inline void check_attention_spec(const AttentionSpec& s, const char* op,
+                                 const std::string& prefix = "") {
+  const auto fail = [&](const std::string& field, const std::string& what) {
+    throw std::invalid_argument(std::string(op) + ": " + prefix + field + " expected " + what);
   };
   if (s.Hkv == 0 || s.H % s.Hkv != 0) {
-    fail("Hkv (key/value heads) expected a divisor of H = " + std::to_string(s.H) + ", got " +
-         std::to_string(s.Hkv));
+    fail("Hkv (key/value heads)",
+         "a divisor of H = " + std::to_string(s.H) + ", got " + std::to_string(s.Hkv));
   }
   if (!s.causal && s.query_offset != 0) {
-    fail("query_offset expected 0 without causal, got " + std::to_string(s.query_offset));
+    fail("query_offset", "0 without causal (the offset shifts the causal diagonal), got " +
+                             std::to_string(s.query_offset));
   }
   if (s.window != 0 && !s.causal) {
-    fail("window expected causal attention (a sliding window bounds the causal keys), got " +
-         std::to_string(s.window) + " without causal");
+    fail("window", "0 without causal (a sliding window bounds the causal keys), got " +
+                       std::to_string(s.window));
   }
   if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0)) {
-    fail("dropout_p expected a probability in [0, 1), got " + std::to_string(s.dropout_p));
+    fail("dropout_p", "a probability in [0, 1), got " + std::to_string(s.dropout_p));
   }
 }
 

@@ -16,7 +16,7 @@
 #include <cstddef>
 
 #include "attnlab/attention/params.hpp"
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 
 namespace attnlab::attention {
 
@@ -24,7 +24,7 @@ namespace attnlab::attention {
 template <class T>
 ATTNLAB_HD inline bool key_visible(const AttentionParams<T>& p, std::size_t b, std::size_t i,
                                    std::size_t j) {
-  if (p.key_mask != nullptr && p.key_mask[cuda_math::key_mask_offset(b, j, p.Tk)] == 0) {
+  if (p.key_mask != nullptr && p.key_mask[kernel_math::key_mask_offset(b, j, p.Tk)] == 0) {
     return false;
   }
   if (!p.causal) return true;
@@ -85,7 +85,7 @@ ATTNLAB_HD inline T bias_term(const AttentionParams<T>& p, std::size_t b, std::s
 template <class T>
 ATTNLAB_HD inline T score_of_scaled(const AttentionParams<T>& p, std::size_t b, std::size_t h,
                                     std::size_t i, std::size_t j, T scaled_dot) {
-  if (!key_visible(p, b, i, j)) return cuda_math::negative_infinity<T>();
+  if (!key_visible(p, b, i, j)) return kernel_math::negative_infinity<T>();
   if (p.alibi_slopes != nullptr) scaled_dot += alibi_term(p, h, i, j);
   if (p.bias != nullptr) scaled_dot += bias_term(p, b, h, i, j);
   return scaled_dot;
@@ -101,8 +101,9 @@ ATTNLAB_HD inline T score(const AttentionParams<T>& p, std::size_t b, std::size_
 
 // score_of_scaled() over n consecutive keys j0.. of query i, in place over their scaled dots (the
 // CPU paths get s_h · Q Kᵀ of a tile from one GEMM with alpha = s_h). The same numbers as
-// score_of_scaled() element by element (tests/backends/test_cuda_math.cpp checks it), in loops that
-// touch only the hidden keys (and, with ALiBi, the shown ones): nothing when the row hides none.
+// score_of_scaled() element by element (tests/backends/test_kernel_math.cpp checks it), in loops
+// that touch only the hidden keys (and, with ALiBi, the shown ones): nothing when the row hides
+// none.
 template <class T>
 inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i,
                       std::size_t j0, std::size_t n, T* scaled_row) {
@@ -110,7 +111,7 @@ inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h,
   // Columns [first, shown) of the row are keys in [begin, end); the rest are hidden.
   const std::size_t first = begin <= j0 ? 0 : (begin - j0 < n ? begin - j0 : n);
   const std::size_t shown = end <= j0 ? 0 : (end - j0 < n ? end - j0 : n);
-  constexpr T hidden = cuda_math::negative_infinity<T>();
+  constexpr T hidden = kernel_math::negative_infinity<T>();
   if (p.alibi_slopes != nullptr) {
     for (std::size_t c = first; c < shown; ++c) scaled_row[c] += alibi_term(p, h, i, j0 + c);
   }
@@ -120,7 +121,7 @@ inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h,
   }
   for (std::size_t c = 0; c < first; ++c) scaled_row[c] = hidden;
   if (p.key_mask != nullptr) {
-    const unsigned char* mask = p.key_mask + cuda_math::key_mask_offset(b, j0, p.Tk);
+    const unsigned char* mask = p.key_mask + kernel_math::key_mask_offset(b, j0, p.Tk);
     for (std::size_t c = first; c < shown; ++c) {
       if (mask[c] == 0) scaled_row[c] = hidden;
     }

@@ -1,5 +1,5 @@
 // JSON of the nested model config (TransformerConfig ⊃ BlockConfig ⊃ AttentionConfig ⊃
-// SdpaOptions) and the field macro that the application's configs use too.
+// SdpaConfig) and the field macro that the application's configs use too.
 //
 // Why a separate header: nn/ stays free of nlohmann-json (the library links it privately, and a
 // user of the modules needs no JSON), so the (de)serialisers of the nn structs live here, one line
@@ -38,8 +38,8 @@ void from_json(const nlohmann::json& j, Norm& v);
 void to_json(nlohmann::json& j, PositionEncoding v);
 void from_json(const nlohmann::json& j, PositionEncoding& v);
 // scaling, scale (null: none), causal, path. head_scale and the tile sizes are not config.
-void to_json(nlohmann::json& j, const SdpaOptions& v);
-void from_json(const nlohmann::json& j, SdpaOptions& v);
+void to_json(nlohmann::json& j, const SdpaConfig& v);
+void from_json(const nlohmann::json& j, SdpaConfig& v);
 void to_json(nlohmann::json& j, const AttentionConfig& v);
 void from_json(const nlohmann::json& j, AttentionConfig& v);
 void to_json(nlohmann::json& j, const BlockConfig& v);

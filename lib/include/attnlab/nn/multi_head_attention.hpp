@@ -37,7 +37,7 @@ struct AttentionConfig {
   std::size_t d_k = 0;        // D; 0: d_model / heads (d_model must then divide evenly)
   std::size_t d_v = 0;        // Dv; 0: d_model / heads (same rule)
   std::size_t d_context = 0;  // Cc, width of the keys'/values' input (cross-attention); 0: d_model
-  SdpaOptions sdpa;           // scaling mode, explicit scale, causal; head_scale must stay empty
+  SdpaConfig sdpa;            // scaling mode, explicit scale, causal, window, path
   bool qk_norm = false;
   bool learnable_scale = false;
   // ALiBi (Press et al. 2022) with the paper's slopes 2^(-8(h+1)/H): a linear penalty on the
@@ -48,9 +48,11 @@ struct AttentionConfig {
   double dropout = 0.0;
 
   // Throws std::invalid_argument "<op>: <path><field> expected ..., got ...": zero sizes, a d_model
-  // that heads do not divide when d_k or d_v is derived, a non-positive explicit scale, a
-  // non-empty sdpa.head_scale. The one home of these rules (BlockConfig and TransformerConfig pass
-  // their name and the path to here).
+  // that heads do not divide when d_k or d_v is derived, kv_heads not dividing heads, a dropout
+  // outside [0, 1), and whatever resolve_sdpa refuses of sdpa (a non-positive explicit scale, a
+  // window or query offset without causal), which it checks by resolving the layer's call: the
+  // rules of the options live there once. BlockConfig and TransformerConfig pass their name and
+  // the path to here.
   void validate(std::string_view op = "AttentionConfig", const std::string& path = "") const;
   std::size_t head_dim_k() const { return d_k ? d_k : d_model / heads; }
   std::size_t head_dim_v() const { return d_v ? d_v : d_model / heads; }
@@ -82,11 +84,41 @@ struct KVCache {
 template <class T>
 class MultiHeadAttention : public SequenceModule<T> {
  public:
+  // What one forward keeps for its backward (tiny-cuda-nn's forward context): the inputs, the
+  // projections after QK-norm, the scales, and P or the log-sum-exp. A caller holds one per forward
+  // in flight and hands it to backward; passing the same context to the next forward reuses its
+  // buffers (a training loop allocates nothing per step). The module's own forward(x) and
+  // backward(dy) keep one internally. Its fields are the layer's own.
+  class Context {
+   public:
+    bool empty() const { return !valid_; }
+    bool cross() const { return !self_; }  // made by forward_cross
+
+   private:
+    friend class MultiHeadAttention;
+    bool valid_ = false, self_ = true, fused_ = false;
+    bool cached_ = false;  // made by forward_cached: no backward
+    AttentionSpec spec_;
+    Buffer<T> x_, context_;                                        // inputs (queries, keys/values)
+    Buffer<unsigned char> mask_;                                   // (B, Tk) or empty
+    Buffer<T> q_raw_, k_raw_, q_mean_, q_rstd_, k_mean_, k_rstd_;  // QK-norm inputs and stats
+    Buffer<T> q_, k_, v_;                                          // (B,H,T,·) as fed to the core
+    Buffer<T> scale_;                                              // (H,) the scale of each head
+    Buffer<T> p_, lse_, o_, merged_;                               // P or LSE, O, merged heads
+  };
+
+  // The gradients of a backward with respect to the inputs; the parameter grads are ADDED into.
+  struct Grads {
+    Buffer<T> dx;        // (B, Tq, C); self-attention: through the queries, keys and values
+    Buffer<T> dcontext;  // (B, Tk, Cc) after a cross forward; empty after self-attention
+  };
+
   // Validates the config, then draws w_q, w_k, w_v, w_o from `rng`.
   MultiHeadAttention(const AttentionConfig& config, Rng& rng);
 
   // Self-attention without a mask: forward(x) / backward(dy) from SequenceModule.
   using SequenceModule<T>::forward;
+  using SequenceModule<T>::backward;
   // Self-attention. x: (B, T, C); key_mask: (B, T), true = may attend (PyTorch SDPA polarity), or
   // nullptr. Returns (B, T, C).
   Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
@@ -104,11 +136,16 @@ class MultiHeadAttention : public SequenceModule<T> {
     Tensor3<T> dcontext;  // (B, Tk, Cc)
   };
   // Backward of forward_cross: returns dx and dcontext, ADDS into the parameter grads.
-  // (backward(dy) after a cross forward returns dx only; dcontext() then holds the other.)
+  // (backward(dy) after a cross forward throws std::logic_error: it would have to drop dcontext.)
   CrossGrads backward_cross(const Tensor3<T>& dy);
-  // (B, Tk, Cc) dL/dcontext of the last backward after a cross forward, on the backend.
-  // Empty after a self-attention forward.
-  Buffer<T> dcontext() const { return self_ ? Buffer<T>() : dcontext_; }
+
+  // The context forms: any number of forwards in flight, each with its own context. `ctx` is
+  // filled (its buffers reused); backward(ctx, dy) runs the reverse of that forward. Self-attention
+  // when context is nullptr. Throws std::logic_error for an empty context or one of
+  // forward_cached.
+  Buffer<T> forward(Context& ctx, const Buffer<T>& x, const Buffer<T>* context,
+                    const Buffer<unsigned char>* key_mask);
+  Grads backward(const Context& ctx, const Buffer<T>& dy);
 
   // Incremental decoding. x (B, Tn, C): Tn new tokens that follow the cache's `length` ones.
   // Projects their queries, keys and values, appends the keys and values to the cache, and attends
@@ -125,18 +162,22 @@ class MultiHeadAttention : public SequenceModule<T> {
   std::string_view type_name() const override { return "MultiHeadAttention"; }
   const AttentionConfig& config() const { return config_; }
 
-  // Inspection, copied to the host. (B,H,Tq,Tk) attention weights P of the last forward (0 at
-  // hidden positions); empty before the first forward. After a fused-path forward (which keeps no
-  // P) they are recomputed from the cached q, k, scales and mask.
-  Tensor4<T> attention_weights() const;
-  // (B,H,Tq,D) and (B,Hkv,Tk,D): the queries and keys the core saw in the last forward (after
-  // QK-norm), for metrics such as the q·k variance; empty before the first forward.
-  Tensor4<T> queries() const;
-  Tensor4<T> keys() const;
-  // (B,H,Tq,Tk) the scaled logits S = s · Q Kᵀ of the last forward, hidden positions at -inf
-  // (recomputed from the cached q, k, scales and mask; for saturation metrics). Throws
-  // std::logic_error before any forward.
-  Tensor4<T> attention_scores() const;
+  // Inspection of a forward (the module's last one without an argument), copied to the host.
+  // (B,H,Tq,Tk) attention weights P (0 at hidden positions); empty before the first forward. After
+  // a fused-path forward (which keeps no P) they are recomputed from the kept q, k, scales and
+  // mask.
+  Tensor4<T> attention_weights() const { return attention_weights(last_); }
+  Tensor4<T> attention_weights(const Context& ctx) const;
+  // (B,H,Tq,D) and (B,Hkv,Tk,D): the queries and keys the core saw (after QK-norm), for metrics
+  // such as the q·k variance; empty before the first forward.
+  Tensor4<T> queries() const { return queries(last_); }
+  Tensor4<T> queries(const Context& ctx) const;
+  Tensor4<T> keys() const { return keys(last_); }
+  Tensor4<T> keys(const Context& ctx) const;
+  // (B,H,Tq,Tk) the scaled logits S = s · Q Kᵀ, hidden positions at -inf (recomputed from the kept
+  // q, k, scales and mask; for saturation metrics). Throws std::logic_error before any forward.
+  Tensor4<T> attention_scores() const { return attention_scores(last_); }
+  Tensor4<T> attention_scores(const Context& ctx) const;
   // (H,) the scale of each head for the next forward (exp(log_scale) with a learnable scale).
   std::vector<double> head_scales() const;
   // The SdpaOptions of the next forward (with head_scale filled for a learnable scale), as the
@@ -156,29 +197,31 @@ class MultiHeadAttention : public SequenceModule<T> {
   void reset_cache() override;
 
  private:
-  Buffer<T> attend(const Buffer<T>& x, const Buffer<T>& context,
+  // The steps of a forward (attend) and of its backward, in order.
+  Buffer<T> attend(Context& ctx, const Buffer<T>& x, const Buffer<T>& context,
                    const Buffer<unsigned char>* key_mask, bool self, KVCache<T>* cache = nullptr);
-  AttentionParams<T> params() const;
-  SdpaOptions used_options() const;  // the options of the last forward, its scales included
+  void resolve_call(Context& ctx, std::size_t B, std::size_t Tq, std::size_t Tk, KVCache<T>* cache);
+  void project_qkv(Context& ctx, std::size_t Tnew, KVCache<T>* cache);
+  void bind_scales(Context& ctx);
+  void core_forward(Context& ctx);
+  Buffer<T> project_out(Context& ctx);
+  const Buffer<T>& backward_out(const Context& ctx, const Buffer<T>& dy);
+  void backward_core(const Context& ctx, const Buffer<T>& dout);
+  void backward_qk_norm(const Context& ctx);
+  Grads backward_projections(const Context& ctx);
+
+  AttentionParams<T> params(const Context& ctx) const;  // attention_params over ctx's buffers
+  SdpaOptions options_of(const Context& ctx) const;  // the options of that forward, its scales in
   // x: (B, T, C) checked; key_mask: (B, Tk) checked and copied to the backend as bytes.
   Buffer<unsigned char> upload_mask(const KeyMask* key_mask, std::size_t B, std::size_t Tk);
 
   AttentionConfig config_;
   std::size_t H_, Hkv_, D_, Dv_;
-  bool self_ = true;
-  // The last forward.
-  AttentionSpec spec_;
-  bool fused_ = false, has_forward_ = false;
-  bool cached_ = false;         // the last forward was forward_cached (no backward)
-  Buffer<T> x_, context_;       // inputs (queries, keys/values)
-  Buffer<unsigned char> mask_;  // (B, Tk) or empty
-  Buffer<T> proj_, q_raw_, k_raw_, q_mean_, q_rstd_;  // projections; QK-norm inputs and stats
-  Buffer<T> k_mean_, k_rstd_;
-  Buffer<T> q_, k_, v_;                 // (B,H,T,·) as fed to the core
-  Buffer<T> scale_;                     // (H,) the scale of each head
-  Buffer<T> alibi_;                     // (H,) ALiBi's slopes, with alibi
-  Buffer<T> p_, lse_, o_, merged_, y_;  // P or LSE, O, merged heads, output
-  // Backward buffers.
+  Context last_;           // the forward of forward(x), forward_cross and forward_cached
+  Buffer<T> fixed_scale_;  // (H,) the resolved scale without learnable_scale, uploaded once
+  Buffer<T> alibi_;        // (H,) ALiBi's slopes, with alibi, uploaded once
+  // Scratch of one call (no state between calls): projections and the backward's buffers.
+  Buffer<T> proj_, y_;
   Buffer<T> dmerged_, dout_, dq_, dk_, dv_, ds_, dq_raw_, dk_raw_, dw_, dnorm_, dlog_scale_;
   Buffer<T> dx_, dcontext_, dcontext_v_;
 };

@@ -1,5 +1,5 @@
-// The CUDA kernels' shared arithmetic (attnlab/cuda_math.hpp) and the attention score rule of every
-// path (attnlab/attention/score_rule.hpp), run on the CPU: the online-softmax merge, the
+// The CUDA kernels' shared arithmetic (attnlab/kernel_math.hpp) and the attention score rule of
+// every path (attnlab/attention/score_rule.hpp), run on the CPU: the online-softmax merge, the
 // softmax-backward element, the causal bounds with a query offset, score_row against score, the
 // parameter checks and the index math. These run on every
 // machine, with or without CUDA. The last two tests replay the fused kernels' per-row algorithm
@@ -14,14 +14,14 @@
 #include <xtensor/xbuilder.hpp>
 
 #include "attnlab/attention/score_rule.hpp"
-#include "attnlab/cuda_math.hpp"
+#include "attnlab/kernel_math.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/random.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
-namespace cm = attnlab::cuda_math;
+namespace cm = attnlab::kernel_math;
 
 namespace {
 
@@ -45,7 +45,7 @@ std::vector<double> random_scores(std::size_t n, Rng& rng, double hidden_fractio
 
 }  // namespace
 
-TEST_CASE("cuda_math: the online softmax equals the two-pass log-sum-exp for any block split") {
+TEST_CASE("kernel_math: the online softmax equals the two-pass log-sum-exp for any block split") {
   Rng rng(3);
   for (int trial = 0; trial < 50; ++trial) {
     const std::size_t n = 1 + static_cast<std::size_t>(rng.uniform() * 90);
@@ -76,7 +76,7 @@ TEST_CASE("cuda_math: the online softmax equals the two-pass log-sum-exp for any
   }
 }
 
-TEST_CASE("cuda_math: the empty state is the identity of merge, and empty rows give 0 not NaN") {
+TEST_CASE("kernel_math: the empty state is the identity of merge, and empty rows give 0 not NaN") {
   cm::OnlineSoftmax<float> empty;
   CHECK(empty.max == -std::numeric_limits<float>::infinity());
   CHECK(empty.sum == 0.0f);
@@ -103,7 +103,7 @@ TEST_CASE("cuda_math: the empty state is the identity of merge, and empty rows g
   CHECK(cm::weight_from_lse(-kInf, 0.7) == 0.0);
 }
 
-TEST_CASE("cuda_math: rescale_factor carries earlier sums to a new max") {
+TEST_CASE("kernel_math: rescale_factor carries earlier sums to a new max") {
   cm::OnlineSoftmax<double> state;
   state.add(1.0);
   state.add(2.0);
@@ -114,7 +114,7 @@ TEST_CASE("cuda_math: rescale_factor carries earlier sums to a new max") {
   CHECK(state.rescale_factor(state.max) == 1.0);
 }
 
-TEST_CASE("cuda_math: the softmax-backward element equals the Jacobian product") {
+TEST_CASE("kernel_math: the softmax-backward element equals the Jacobian product") {
   Rng rng(5);
   const auto s = randn<double, 1>({7}, rng);
   const auto dp = randn<double, 1>({7}, rng);
@@ -271,17 +271,17 @@ TEST_CASE("attention params: kv_head_of, Hkv divides H, a window needs causal, d
     CHECK_THROWS_WITH_AS(check_attention_params(bad, "op"), doctest::Contains(message),
                          std::invalid_argument);
   };
-  refused([](auto& a) { a.window = 3; }, "window expected causal attention");
+  refused([](auto& a) { a.window = 3; }, "op: window expected 0 without causal");
   refused([](auto& a) { a.dropout_p = 1.0; }, "op: dropout_p expected a probability in [0, 1)");
   const float bias = 0, slopes = 0;
   AttentionParams<float> with_alibi = p;  // ALiBi and the bias run on every path
   with_alibi.alibi_slopes = &slopes;
   with_alibi.bias = &bias;
   CHECK_NOTHROW(check_attention_params(with_alibi, "op"));
-  refused([](auto& a) { a.query_offset = 1; }, "op: query_offset expected 0 without causal, got 1");
+  refused([](auto& a) { a.query_offset = 1; }, "op: query_offset expected 0 without causal");
 }
 
-TEST_CASE("cuda_math: index math matches the xtensor layouts") {
+TEST_CASE("kernel_math: index math matches the xtensor layouts") {
   Tensor4<double> t = xt::zeros<double>({2, 3, 5, 4});
   for (std::size_t b = 0; b < 2; ++b) {
     for (std::size_t h = 0; h < 3; ++h) {
@@ -369,7 +369,7 @@ FusedReplay replay_fused_forward(const Tensor4<double>& q, const Tensor4<double>
 
 }  // namespace
 
-TEST_CASE("cuda_math: replaying the fused forward with these helpers matches the CPU op") {
+TEST_CASE("kernel_math: replaying the fused forward with these helpers matches the CPU op") {
   Rng rng(17);
   const std::size_t B = 2, H = 2, Tq = 9, Tk = 11, D = 5, Dv = 3;
   const auto q = randn<double, 4>({B, H, Tq, D}, rng);
@@ -411,7 +411,8 @@ TEST_CASE("cuda_math: replaying the fused forward with these helpers matches the
   }
 }
 
-TEST_CASE("cuda_math: P from the log-sum-exp and D = rowsum(dO * O) give the CPU op's gradients") {
+TEST_CASE(
+    "kernel_math: P from the log-sum-exp and D = rowsum(dO * O) give the CPU op's gradients") {
   Rng rng(19);
   const std::size_t B = 1, H = 2, Tq = 6, Tk = 7, D = 4, Dv = 3;
   const auto q = randn<double, 4>({B, H, Tq, D}, rng);

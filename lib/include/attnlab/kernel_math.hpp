@@ -1,7 +1,8 @@
-// Per-element and per-row arithmetic shared by the CUDA kernels and the CPU tests. Every function
-// is __host__ __device__ under nvcc and plain inline C++ otherwise, so the CPU suite exercises
-// exactly the arithmetic the kernels run. No CUDA header, no xtensor. Which keys a query sees is
-// the attention score rule's (attnlab/attention/score_rule.hpp), not this file's.
+// Per-element and per-row arithmetic shared by every backend's kernels (the CUDA ones, the emulated
+// device's, the CPU backend's) and the tests. Every function is __host__ __device__ under nvcc and
+// plain inline C++ otherwise, so the CPU suite exercises exactly the arithmetic the kernels run. No
+// CUDA header, no xtensor. Which keys a query sees is the attention score rule's
+// (attnlab/attention/score_rule.hpp), not this file's.
 //
 // References: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax" (the running
 // max/sum merge); Dao 2023, "FlashAttention-2", Algorithms 1 and 2 (log-sum-exp, D = rowsum(dO ⊙
@@ -21,7 +22,7 @@
 #define ATTNLAB_HD
 #endif
 
-namespace attnlab::cuda_math {
+namespace attnlab::kernel_math {
 
 template <class T>
 ATTNLAB_HD constexpr T negative_infinity() {
@@ -250,4 +251,4 @@ ATTNLAB_HD inline void sgd_element(T& p, T* buf, T g, T lr, T momentum, T weight
   p = p + (-lr) * d;
 }
 
-}  // namespace attnlab::cuda_math
+}  // namespace attnlab::kernel_math
