@@ -135,6 +135,11 @@ TEST_CASE("alibi: MultiHeadAttention's alibi option passes the gradcheck, bad sl
   SdpaOptions plain = m.sdpa_options();
   plain.alibi_slopes.clear();
   const Tensor4<double> without = sdpa_scores(m.queries(), m.keys(), plain);
+  // The forward itself ran with the slopes: the weights it kept (the reference path at 5 keys) are
+  // the softmax of the scores with the bias, not of those without.
+  const Tensor4<double> kept = m.attention_weights();
+  CHECK(test::rel_error(kept, sdpa_weights(m.queries(), m.keys(), m.sdpa_options())) < 1e-14);
+  CHECK(test::rel_error(kept, sdpa_weights(m.queries(), m.keys(), plain)) > 1e-3);
   const auto slopes = alibi_slopes(2);
   for (std::size_t h = 0; h < 2; ++h) {
     for (std::size_t i = 0; i < 5; ++i) {

@@ -249,6 +249,7 @@ template <class T>
 void MultiHeadAttention<T>::resolve_call(Context& ctx, std::size_t B, std::size_t Tq,
                                          std::size_t Tk, KVCache<T>* cache) {
   SdpaOptions options = config_.sdpa;
+  if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
   if (cache) options.query_offset += cache->length;         // bottom-right causal
   if (this->training() && config_.dropout > 0 && !cache) {  // the backward regenerates the mask
     options.dropout_p = config_.dropout;
