@@ -304,7 +304,8 @@ class Fields(nn.Module):
 
 
 class Transformer(nn.Module):
-    """attnlab's Transformer: x = sum_i embed_i(fields[i]) + pos; blocks; logits = head(ln_f(x)).
+    """attnlab's Transformer: x = sum_i embed_i(fields[i]) + pos; blocks; logits = head(ln_f(x)),
+    capped as c * tanh(logits / c) when the config's logit_softcap c is set.
 
     config: the "model" object of an attnlab run config (config.json), e.g. from load_run().
     forward(fields): one (B, T) integer tensor per input field, -1 marking an absent field (it adds
@@ -329,6 +330,9 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(block) for _ in range(int(config["layers"])))
         self.ln_f = _make_norm(block.get("norm", "layernorm"), C)
         self.head = nn.Linear(C, int(config["out_vocab"]), bias=False)
+        self.logit_softcap = float(config.get("logit_softcap", 0) or 0)
+        if not (self.logit_softcap == 0 or (math.isfinite(self.logit_softcap) and self.logit_softcap > 0)):
+            raise ValueError(f"attnlab_torch: logit_softcap expected a finite cap > 0 (or 0), got {self.logit_softcap}")
 
     def forward(self, fields):
         if len(fields) != len(self.embed.fields):
@@ -346,7 +350,10 @@ class Transformer(nn.Module):
             x = x + self.pos_table[:T].to(x.dtype)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        logits = self.head(self.ln_f(x))
+        if self.logit_softcap:  # attnlab's output-logit softcap: c * tanh(logits / c)
+            logits = self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+        return logits
 
 
 # ---------------------------------------------------------------------------------------------

@@ -533,6 +533,8 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --scaling sqrt", "--scaling"},
       {"train --scale 0", "--scale"},
       {"train --scale inf", "--scale"},
+      {"train --logit-softcap -1", "--logit-softcap"},
+      {"train --logit-softcap nan", "--logit-softcap"},
       {"train --optimizer adam", "--optimizer"},
       {"train --lr 0", "--lr"},
       {"train --schedule linear", "--schedule"},

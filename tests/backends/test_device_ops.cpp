@@ -28,6 +28,7 @@
 #include "attnlab/ops/linear.hpp"
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/ops/softcap.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
@@ -261,6 +262,18 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(test::rel_error(y_dev, y_cpu) < tol);
     CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
     CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
+  }
+  {
+    INFO("softcap");
+    SoftcapCache<double, 2> cache;
+    const double cap = 0.7;  // the inputs reach its curved part
+    const auto y_cpu = softcap_forward(cache, x, cap);
+    const auto dx_cpu = softcap_backward(dy, cache);
+    DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
+    ops.softcap_forward(y.get(), dx_in.get(), rows * C, T(cap));
+    ops.softcap_backward(dx.get(), ddy.get(), y.get(), rows * C, T(cap));
+    CHECK(test::rel_error(y.host(), y_cpu) < tol);
+    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
   }
   {
     INFO("linear");

@@ -261,6 +261,11 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.attention.sdpa.query_offset = 2;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("output-logit softcap") {
+    auto c = small_config();
+    c.logit_softcap = 0.5;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("fused attention path, explicit scale, no positions") {
     auto c = small_config();
     c.block.attention.sdpa.path = SdpaPath::fused;

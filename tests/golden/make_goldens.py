@@ -15,7 +15,7 @@ What it makes (all paths relative to the repository root):
                                         an independent Philox4x32-10), with GQA, a mask and a bias
   tests/data/golden/softmax.json        row softmax and its backward
   tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
-  tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, embedding
+  tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, softcap, embedding
   tests/data/golden/cross_entropy.json  mean cross-entropy with ignore_index=-100
   tests/data/golden/mha.json            multi-head attention (self, cross, QK-norm, learnable
                                         scale) and a pre-LN transformer block: outputs, attention
@@ -29,6 +29,9 @@ Requires torch, numpy and safetensors (pip install torch numpy safetensors).
 The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
 safetensors 0.8.0, Python 3.11.7; gqa.json, window.json, alibi.json, bias.json and dropout.json with Debian's python3-torch 1.13 (it needs neither
 F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check when present).
+layers.json's softcap case was added later with the same torch on an AMD EPYC (Zen 4); there the
+linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its committed values
+were kept.
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -675,6 +678,17 @@ def layer_cases():
     assert (x != 0).all()
     (dx,) = grads_of(y, r, (x,))
     out_cases.append(case("relu", {"seed": 4005}, {"x": x, "r": r, "y": y, "dx": dx}))
+
+    # softcap c * tanh(x / c) (Gemma 2; nanochat caps the logits at 15), inputs of scale 20 so
+    # that some saturate; torch differentiates tanh itself
+    g = gen(4007)
+    x = (20.0 * randn(g, 2, 3, 5)).requires_grad_()
+    r = randn(g, 2, 3, 5)
+    cap = 15.0
+    y = cap * torch.tanh(x / cap)
+    (dx,) = grads_of(y, r, (x,))
+    out_cases.append(case("softcap", {"cap": cap, "input_scale": 20.0, "seed": 4007},
+                          {"x": x, "r": r, "y": y, "dx": dx}))
 
     # embedding: ids repeat (3 twice, 5 three times), ids 0 and 6 unused -> zero grad rows
     g = gen(4006)

@@ -71,6 +71,8 @@ TransformerConfig lm_config(const std::string& variant, SdpaPath path) {
     c.block.attention.alibi = true;
     c.positions = PositionEncoding::none;
     c.block.attention.sdpa.scaling = Scaling::dk;
+  } else if (variant == "softcap") {
+    c.logit_softcap = 2.0;  // the output cap runs in every forward, cached or not
   }
   return c;
 }
@@ -113,7 +115,7 @@ double cache_error(Transformer<T>& model, const TokenIds& ids, std::size_t promp
   return worst;
 }
 
-const char* const kVariants[] = {"plain", "gqa", "mqa-window", "alibi"};
+const char* const kVariants[] = {"plain", "gqa", "mqa-window", "alibi", "softcap"};
 
 }  // namespace
 

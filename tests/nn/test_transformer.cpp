@@ -144,6 +144,9 @@ TEST_CASE("Transformer gradcheck: every parameter of the cross-entropy loss, tin
     c.block.attention.learnable_scale = true;
     c.block.attention.sdpa.scaling = Scaling::none;
   }
+  SUBCASE("output-logit softcap 0.5: the logits reach the cap's curved part at this size") {
+    c.logit_softcap = 0.5;
+  }
   SUBCASE("no norm, scaling dk, one layer") {
     c.block.norm = Norm::none;
     c.block.attention.sdpa.scaling = Scaling::dk;
@@ -238,6 +241,13 @@ TEST_CASE("Transformer contract: backward twice doubles grads, backward before f
 }
 
 TEST_CASE("Transformer bad configuration and input name the field") {
+  {
+    TransformerConfig bad = tiny_config();
+    bad.logit_softcap = -1;
+    CHECK_THROWS_WITH_AS(
+        bad.validate(), "TransformerConfig: logit_softcap expected a finite cap > 0, got -1.000000",
+        std::invalid_argument);
+  }
   Rng rng(48);
   const auto expect_error = [&](const TransformerConfig& c, const std::string& message) {
     CHECK_THROWS_WITH_AS(Transformer<float>(c, rng), message.c_str(), std::invalid_argument);

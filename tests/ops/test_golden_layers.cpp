@@ -13,6 +13,7 @@
 #include "attnlab/ops/linear.hpp"
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/ops/softcap.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -90,6 +91,15 @@ TEST_CASE("golden: gelu (tanh and exact) and relu match PyTorch") {
   ReluCache<double, 3> cache;
   CHECK(rel_error(relu_forward<double, 3>(cache, x), golden_tensor(c, "y")) == 0);
   CHECK(rel_error(relu_backward<double, 3>(r, cache), golden_tensor(c, "dx")) == 0);
+}
+
+TEST_CASE("golden: softcap c·tanh(x/c) and its backward match PyTorch's autograd") {
+  const auto& c = layer_case("softcap");
+  const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+  SoftcapCache<double, 3> cache;
+  CHECK(rel_error(softcap_forward<double, 3>(cache, x, c.at("config").at("cap").get<double>()),
+                  golden_tensor(c, "y")) < kGoldenTol);
+  CHECK(rel_error(softcap_backward<double, 3>(r, cache), golden_tensor(c, "dx")) < kGoldenTol);
 }
 
 TEST_CASE("golden: embedding gather and scatter-add with repeated ids match PyTorch") {

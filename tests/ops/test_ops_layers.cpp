@@ -18,6 +18,7 @@
 #include "attnlab/ops/linear.hpp"
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/ops/softcap.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
 #include "helpers.hpp"
@@ -254,6 +255,49 @@ TEST_CASE("relu_squared: max(x, 0)² against the formula, gradcheck, and bad inp
   Tensor3<double> wrong({2, 3, 6});
   wrong.fill(0.0);
   CHECK_THROWS_AS(((void)relu_squared_backward<double, 3>(wrong, cache)), ShapeError);
+}
+
+TEST_CASE("softcap: c·tanh(x/c) bounded by c, slope 1 at 0, gradcheck, and bad input named") {
+  Rng rng(17);
+  auto x = randn<double, 3>({2, 3, 7}, rng, 20.0);  // many saturate at c = 5
+  x(0, 0, 0) = 0.0;
+  x(0, 0, 1) = 1e-4;
+  const auto r = randn<double, 3>({2, 3, 7}, rng);
+  const double cap = 5.0;
+  SoftcapCache<double, 3> cache;
+  const auto y = softcap_forward<double, 3>(cache, x, cap);
+  const auto dx = softcap_backward<double, 3>(r, cache);
+  std::size_t saturated = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x.data()[i], t = std::tanh(v / cap);
+    CHECK(y.data()[i] == doctest::Approx(cap * t).epsilon(1e-15));
+    CHECK(std::abs(y.data()[i]) <= cap);
+    CHECK(dx.data()[i] == doctest::Approx(r.data()[i] * (1 - t * t)).epsilon(1e-12));
+    saturated += std::abs(v) > 3 * cap ? 1 : 0;
+  }
+  CHECK(saturated > 0);
+  CHECK(y(0, 0, 0) == 0.0);
+  CHECK(y(0, 0, 1) == doctest::Approx(1e-4).epsilon(1e-9));  // the identity near 0
+  CHECK(dx(0, 0, 0) == r(0, 0, 0));                          // slope exactly 1 at 0
+  const auto loss = [&] {
+    SoftcapCache<double, 3> c;
+    return dot(softcap_forward<double, 3>(c, x, cap), r);
+  };
+  expect_passed(check_gradients({{"dx", x.data(), dx.data(), {2, 3, 7}}}, loss));
+  for (const double bad : {0.0, -1.0, std::nan(""), double(INFINITY)}) {
+    CAPTURE(bad);
+    SoftcapCache<double, 3> c;
+    CHECK_THROWS_WITH_AS(((void)softcap_forward<double, 3>(c, x, bad)),
+                         doctest::Contains("softcap_forward: cap expected a finite cap > 0"),
+                         std::invalid_argument);
+  }
+  SoftcapCache<double, 3> empty;
+  CHECK_THROWS_WITH_AS(((void)softcap_backward<double, 3>(r, empty)),
+                       "softcap_backward: the cache is empty: call softcap_forward first",
+                       std::logic_error);
+  Tensor3<double> wrong({2, 3, 6});
+  wrong.fill(0.0);
+  CHECK_THROWS_AS(((void)softcap_backward<double, 3>(wrong, cache)), ShapeError);
 }
 
 TEST_CASE("gelu in float matches the double formulas: exact (own erf) and tanh, forward and dx") {

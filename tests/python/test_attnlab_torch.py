@@ -45,9 +45,10 @@ CASES = [
      ["--d-model", "16", "--heads", "4", "--kv-heads", "1", "--alibi", "--positions", "none",
       "--attn-only", "--norm", "none", "--scale", "0.4", "--layers", "3",
       "--attn-dropout", "0.1", "--dropout", "0.1"]),
-    ("mqar: causal ALiBi with learned positions, unscaled",
+    ("mqar: causal ALiBi with learned positions, unscaled, output logits capped at 1.5",
      ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
-     ["--d-model", "16", "--heads", "2", "--causal", "--alibi", "--scaling", "none"]),
+     ["--d-model", "16", "--heads", "2", "--causal", "--alibi", "--scaling", "none",
+      "--logit-softcap", "1.5"]),
 ]
 
 

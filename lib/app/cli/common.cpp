@@ -116,6 +116,10 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
          "explicit attention scale (overrides --scaling)")
       ->check(kFinite)
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--logit-softcap", m.logit_softcap,
+                 "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; 0 = none)")
+      ->check(kFinite)
+      ->check(CLI::NonNegativeNumber);
 }
 
 std::string with_heads_hint(const std::string& message, const TransformerConfig& m) {

@@ -19,6 +19,7 @@
 #include "ops/norm_kernels.hpp"
 #include "ops/relu_kernels.hpp"
 #include "ops/row_kernels.hpp"
+#include "ops/softcap_kernels.hpp"
 #include "parallel_rows.hpp"
 
 namespace attnlab {
@@ -166,6 +167,12 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
     detail::relu_backward_elements(dx, dy, x, n, true);
+  }
+  void softcap_forward(T* y, const T* x, std::size_t n, T cap) override {
+    detail::softcap_forward_elements(y, x, n, cap);
+  }
+  void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) override {
+    detail::softcap_backward_elements(dx, dy, y, n, cap);
   }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {

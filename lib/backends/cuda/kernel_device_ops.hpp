@@ -160,6 +160,12 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
     if (n > 0) elements(train::relu_squared_backward_kernel<T>, n, dx, dy, x, n);
   }
+  void softcap_forward(T* y, const T* x, std::size_t n, T cap) override {
+    if (n > 0) elements(train::softcap_forward_kernel<T>, n, y, x, n, cap);
+  }
+  void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) override {
+    if (n > 0) elements(train::softcap_backward_kernel<T>, n, dx, dy, y, n, cap);
+  }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {
     if (n > 0) elements(train::dropout_kernel<T>, n, y, x, n, p, key, stream);

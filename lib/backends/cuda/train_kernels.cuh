@@ -185,6 +185,21 @@ __global__ void __launch_bounds__(kElementThreads)
     dx[i] = x[i] > T(0) ? (T(2) * x[i]) * dy[i] : T(0);
 }
 
+// Softcapping, with the CPU core's arithmetic (kernel_math::softcap_element, softcap_slope).
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    softcap_forward_kernel(T* y, const T* x, std::size_t n, T cap) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    y[i] = cm::softcap_element(x[i], cap);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    softcap_backward_kernel(T* dx, const T* dy, const T* y, std::size_t n, T cap) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    dx[i] = dy[i] * cm::softcap_slope(y[i], cap);
+}
+
 // y = x ⊙ M / (1 − p), M from (key, stream): attention::element_dropout_factor per element.
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)

@@ -37,6 +37,7 @@
 #include "attnlab/ops/layernorm.hpp"
 #include "attnlab/ops/linear.hpp"
 #include "attnlab/ops/relu.hpp"
+#include "attnlab/ops/softcap.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/optim/adamw.hpp"

@@ -115,6 +115,10 @@ class DeviceOps : public DeviceMemory {
   // ReLU²: y = max(x, 0)²; dx = 2x · dy where x > 0, else 0.
   virtual void relu_squared_forward(T* y, const T* x, std::size_t n) = 0;
   virtual void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) = 0;
+  // Softcapping (attnlab/ops/softcap.hpp): y = cap · tanh(x / cap) (y may be x); dx = dy · (1 −
+  // (y / cap)²) from the forward's output (dx may be dy). cap > 0 (the callers check it).
+  virtual void softcap_forward(T* y, const T* x, std::size_t n, T cap) = 0;
+  virtual void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) = 0;
   // y = x ⊙ M / (1 − p) over n values (y may be x), M drawn from `key` and `stream` by
   // attention::element_dropout_factor (attnlab/attention/dropout.hpp): the same bits on every
   // backend. Dropout's backward is the same call on the gradient.

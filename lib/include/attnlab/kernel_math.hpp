@@ -72,6 +72,20 @@ ATTNLAB_HD inline double sqrt_of(double x) {
   return std::sqrt(x);
 #endif
 }
+ATTNLAB_HD inline float tanh_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return tanhf(x);
+#else
+  return std::tanh(x);
+#endif
+}
+ATTNLAB_HD inline double tanh_of(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::tanh(x);
+#else
+  return std::tanh(x);
+#endif
+}
 ATTNLAB_HD inline float erf_of(float x) {
 #if defined(__CUDA_ARCH__)
   return erff(x);
@@ -209,6 +223,18 @@ ATTNLAB_HD inline T gelu_derivative(T x, bool exact) {
 template <class T>
 ATTNLAB_HD inline T norm_backward_element(T g, T xhat, T rstd, T mean_g, T mean_g_xhat) {
   return rstd * (g - mean_g - xhat * mean_g_xhat);
+}
+
+// Softcapping (attnlab/ops/softcap.hpp): y = c · tanh(x / c), and its slope from the output,
+// dy/dx = 1 − (y / c)².
+template <class T>
+ATTNLAB_HD inline T softcap_element(T x, T cap) {
+  return cap * tanh_of(x / cap);
+}
+template <class T>
+ATTNLAB_HD inline T softcap_slope(T y, T cap) {
+  const T t = y / cap;
+  return T(1) - t * t;
 }
 
 // The scalars of one AdamW step t (torch.optim.AdamW), formed in double on the host and used in T.

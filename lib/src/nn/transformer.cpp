@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "attnlab/ops/softcap.hpp"
+
 namespace attnlab {
 
 double transformer_flops_per_token(const TransformerConfig& config, std::size_t seq_len) {
@@ -34,6 +36,7 @@ void TransformerConfig::validate() const {
   check_arg(block.attention.d_context == 0, op, "block.attention.d_context",
             "0 (a Transformer has no cross-attention)", std::to_string(block.attention.d_context));
   block.validate(op, "block.");
+  if (logit_softcap != 0) check_softcap(op, "logit_softcap", logit_softcap);
 }
 
 BlockConfig TransformerConfig::default_block() {
@@ -177,6 +180,12 @@ Buffer<T> Transformer<T>::run(const char* op, const std::vector<Buffer<int>>& id
   if (norm_f_) x = norm_f_->forward(x);
   note(x, "ln_f");
   Buffer<T> logits = head_.forward(x);  // (B,T,C) x (C,V) -> (B,T,V)
+  if (config_.logit_softcap != 0) {     // into a buffer of the model's: the head keeps its output
+    Buffer<T>& capped = Buffer<T>::reuse(capped_, this->ops(), logits.shape());
+    this->ops().softcap_forward(capped.data(), logits.data(), logits.size(),
+                                static_cast<T>(config_.logit_softcap));
+    logits = capped;
+  }
   note(logits, "head");
   if (!cache) {
     has_forward_ = true;
@@ -198,7 +207,18 @@ void Transformer<T>::backward(const Tensor3<T>& dlogits) {
 template <class T>
 void Transformer<T>::backward(const Buffer<T>& dlogits) {
   if (!has_forward_) throw std::logic_error("Transformer::backward: called before forward");
-  Buffer<T> dx = head_.backward(dlogits);
+  Buffer<T> dx;
+  if (config_.logit_softcap != 0) {  // through the cap: dlogits · (1 − (capped / c)²)
+    check_buffer("Transformer::backward", "dlogits", dlogits, this->ops(),
+                 {static_cast<std::ptrdiff_t>(batch_), static_cast<std::ptrdiff_t>(length_),
+                  static_cast<std::ptrdiff_t>(config_.out_vocab)});
+    Buffer<T>& draw = Buffer<T>::reuse(dcapped_, this->ops(), dlogits.shape());
+    this->ops().softcap_backward(draw.data(), dlogits.data(), capped_.data(), draw.size(),
+                                 static_cast<T>(config_.logit_softcap));
+    dx = head_.backward(draw);
+  } else {
+    dx = head_.backward(dlogits);
+  }
   note(dx, "head (gradient)");
   if (norm_f_) dx = norm_f_->backward(dx);
   note(dx, "ln_f (gradient)");

@@ -2,6 +2,7 @@
 //   x = Σ_fields embed_i(fields[i]) + pos        (B,T,C)
 //   x = blocks[0..L)(x)                          (B,T,C)
 //   logits = head(norm_f(x))                     (B,T,C) x (C,V) -> (B,T,V)
+//   [logits = c · tanh(logits / c) with logit_softcap c > 0 (Gemma 2; nanochat's 15)]
 // Parameters: "embed.fields.<i>.table", "pos.table" (learned positions), "blocks.<l>.*",
 // "ln_f.*", "head.w" (C, V), no head bias.
 //
@@ -34,6 +35,9 @@ struct TransformerConfig {
   PositionEncoding positions = PositionEncoding::learned;
   // Every block's shape: C = block.attention.d_model, H = block.attention.heads, F = block.d_ff.
   BlockConfig block = default_block();
+  // Output-logit softcap c: logits = c · tanh(logits / c) (attnlab/ops/softcap.hpp), in every
+  // forward (training, evaluation, generation); 0 = none. Finite and > 0 when set.
+  double logit_softcap = 0;
 
   // Throws std::invalid_argument whose message names the field by its path, e.g.
   // "TransformerConfig: block.attention.d_model expected divisible by heads (4) when d_k is 0
@@ -127,6 +131,9 @@ class Transformer : public Module<T> {
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::unique_ptr<SequenceModule<T>> norm_f_;  // nullptr for Norm::none
   Linear<T> head_;
+  // With logit_softcap: the capped logits of the last forward (the backward reads them) and the
+  // gradient before the cap.
+  Buffer<T> capped_, dcapped_;
   bool has_forward_ = false;
   std::size_t batch_ = 0, length_ = 0;
   bool check_nonfinite_ = false;
