@@ -49,8 +49,13 @@ fs::path scratch(const std::string& name) {
 }
 
 // `env_assignments` ("NAME=value ..."), when given, are added to the environment of the run.
+// The CLI runs without a core the shell forces (OPENBLAS_CORETYPE): these tests check attnlab's
+// own choice of core, and under a forced one the results can depend on the thread count, which a
+// resumed run picks afresh (seen: OPENBLAS_CORETYPE=Haswell on an AVX-512 machine moved the
+// attention metrics of a resumed run by an ulp). A test that needs the shell's core passes
+// shell_core() in env_assignments.
 Run cli(const std::string& args, const fs::path& dir, const std::string& env_assignments = "") {
-  const std::string prefix = env_assignments.empty() ? "" : "env " + env_assignments + " ";
+  const std::string prefix = "env -u OPENBLAS_CORETYPE " + env_assignments + " ";
   const std::string cmd = prefix + "'" + ATTNLAB_CLI_PATH + "' " + args + " >'" +
                           (dir / "stdout.txt").string() + "' 2>'" + (dir / "stderr.txt").string() +
                           "'";
@@ -60,6 +65,13 @@ Run cli(const std::string& args, const fs::path& dir, const std::string& env_ass
   r.out = slurp(dir / "stdout.txt");
   r.err = slurp(dir / "stderr.txt");
   return r;
+}
+
+// "OPENBLAS_CORETYPE=<value>" when the shell forces a core, else "": for the tests that compare the
+// CLI's core with this process's.
+std::string shell_core() {
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  return core && *core ? std::string("OPENBLAS_CORETYPE='") + core + "'" : std::string();
 }
 
 // Exactly one line on stderr, "attnlab: error: ...", and status 2.
@@ -119,7 +131,7 @@ TEST_CASE("cli: bad flag values print one error line and exit with status 2") {
 
 TEST_CASE("cli: --version names the version, the git revision, the backends and the BLAS kernels") {
   const auto dir = scratch("version");
-  const Run r = cli("--version", dir);
+  const Run r = cli("--version", dir, shell_core());
   CHECK(r.status == 0);
   CHECK(r.err.empty());
   CHECK(r.out.rfind("attnlab ", 0) == 0);
@@ -140,9 +152,7 @@ TEST_CASE("cli: a BLAS warning is printed once on stderr, and the command still 
       "make-data --task sort --train-size 4 --valid-size 2 --out '" + (dir / "data").string() + "'";
   for (const std::string& args : {std::string("--version"), make_data}) {
     CAPTURE(args);
-    // Without a core the shell forces: attnlab keeps a user's OPENBLAS_CORETYPE and then has no
-    // reason to read ATTNLAB_BLAS_CORE.
-    const Run r = cli(args, dir, "-u OPENBLAS_CORETYPE ATTNLAB_BLAS_CORE=Pentium4000");
+    const Run r = cli(args, dir, "ATTNLAB_BLAS_CORE=Pentium4000");
     CHECK(r.status == 0);
     CHECK(r.err.rfind("attnlab: warning: ATTNLAB_BLAS_CORE=Pentium4000 ignored", 0) == 0);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
@@ -154,7 +164,7 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   const Run r =
       cli(std::string("train ") + kTinyRecall + " --steps 150 --lr 0.01 --eval-every 50 --out '" +
               (dir / "run").string() + "'",
-          dir);
+          dir, shell_core());
   REQUIRE(r.status == 0);
   CHECK(r.err.empty());
   for (const char* f : {"metrics.csv", "summary.json", "model.safetensors"})
@@ -296,16 +306,10 @@ TEST_CASE("cli: resume continues exactly (40 steps == 20 + save + resume + 20)")
   const auto dir = scratch("resume");
   const std::string common =
       std::string("train ") + kTinyRecall + " --steps 40 --eval-every 5 --lr 0.01 --seed 3";
-  // The resumed run picks its own --threads (all cores). With attnlab's choice of core the results
-  // do not depend on it; with a core the shell forces (OPENBLAS_CORETYPE=Haswell on an AVX-512
-  // machine, seen) the attention metrics moved by an ulp between 1 and 2 threads, so the three runs
-  // go without one.
-  const std::string env = "-u OPENBLAS_CORETYPE";
-  REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir, env).status == 0);
-  const Run first =
-      cli(common + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir, env);
+  REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  const Run first = cli(common + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir);
   CHECK(first.status == 130);  // stopped early, checkpoint saved
-  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir, env);
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
   REQUIRE(second.status == 0);
   const std::string full = slurp(dir / "full" / "metrics.csv");
   CHECK(full.size() > 100);
