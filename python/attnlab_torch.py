@@ -10,9 +10,10 @@ lib/include/attnlab/nn/*.hpp (pre-LN blocks, GELU-tanh MLP, no head bias, ...), 
 option of attnlab's TransformerConfig: several input fields, learned / sinusoidal / no positions,
 LayerNorm / RMSNorm / no norm, attention-only blocks, d_k and d_v apart from d_model / heads,
 grouped-query attention (kv_heads), the scaling modes none / sqrt_dk / dk and an explicit scale,
-QK-norm, a learnable per-head scale, causal attention, a sliding window, ALiBi, and dropout on the
-attention weights and the residual branches (in train() mode; its random draws are PyTorch's, not
-attnlab's Philox masks). Cross-attention (d_context) is not part of the Transformer.
+QK-norm, a learnable per-head scale, causal attention, a sliding window, ALiBi, rotary positions
+(positions "rope": rope_theta, rope_fraction, rope_interleaved), the output-logit softcap, and
+dropout on the attention weights and the residual branches (in train() mode; its random draws are
+PyTorch's, not attnlab's Philox masks). Cross-attention (d_context) is not part of the Transformer.
 
 Names: attnlab stores Linear weights as (in, out) and calls them "w"; PyTorch stores (out, in) and
 calls them "weight". The mapping (to_torch_name) renames and transposes:
@@ -169,6 +170,34 @@ def alibi_slopes(heads):
     return [2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)]
 
 
+def rope_dims(fraction, D):
+    """The rotated dims of a head of D: floor(fraction * D), even and >= 2, as attnlab's rope_dims."""
+    rot = int(math.floor(fraction * D + 1e-9))
+    if not (0 < fraction <= 1) or rot < 2 or rot % 2:
+        raise ValueError(f"attnlab_torch: rope_fraction expected floor(fraction * d_k) even and >= 2 "
+                         f"(d_k = {D}), got {fraction}")
+    return rot
+
+
+def apply_rope(x, theta, fraction, interleaved=False, offset=0):
+    """x (B, H, T, D) at positions offset ..: the first rot dims turn in rot/2 pairs, pair i by
+    p * theta^(-2i/rot); pair i is (i, i + rot/2) (GPT-NeoX, Hugging Face's rotate_half) or
+    (2i, 2i + 1) when interleaved. The angles are formed in double, as attnlab's table."""
+    T, D = x.shape[-2], x.shape[-1]
+    rot = rope_dims(fraction, D)
+    freq = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * freq[None, :]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    xr, rest = x[..., :rot], x[..., rot:]
+    if interleaved:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        turned = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    else:
+        a, b = xr[..., : rot // 2], xr[..., rot // 2 :]
+        turned = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    return torch.cat([turned, rest], dim=-1)
+
+
 def sinusoidal_table(max_len, dim):
     """Vaswani et al. 2017, §3.5: sin at even columns, cos at odd ones, base 10000."""
     t = torch.arange(max_len, dtype=torch.float64)[:, None]
@@ -203,9 +232,17 @@ def _make_norm(kind, dim):
 class Attention(nn.Module):
     """Multi-head self-attention as attnlab's MultiHeadAttention (no projection biases)."""
 
-    def __init__(self, att):
+    def __init__(self, att, rope=False):
         super().__init__()
         C, H, Hkv, D, Dv = _head_dims(att)
+        self.rope = bool(rope or att.get("rope", False))
+        self.rope_theta = float(att.get("rope_theta", 10000.0))
+        self.rope_fraction = float(att.get("rope_fraction", 1.0))
+        self.rope_interleaved = bool(att.get("rope_interleaved", False))
+        if self.rope:
+            if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+                raise ValueError(f"attnlab_torch: rope_theta expected a finite base > 0, got {self.rope_theta}")
+            rope_dims(self.rope_fraction, D)
         if H % Hkv:
             raise ValueError(f"attnlab_torch: kv_heads expected a divisor of heads = {H}, got {Hkv}")
         self.H, self.Hkv, self.D, self.Dv = H, Hkv, D, Dv
@@ -241,6 +278,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, Hkv, Dv).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:  # after QK-norm, as attnlab
+            q = apply_rope(q, self.rope_theta, self.rope_fraction, self.rope_interleaved)
+            k = apply_rope(k, self.rope_theta, self.rope_fraction, self.rope_interleaved)
         if Hkv != H:  # grouped-query attention: query head h reads K/V head h // (H / Hkv)
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
@@ -277,13 +317,13 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LN: h = x + drop(attn(ln1(x))); y = h + drop(mlp(ln2(h))) (without the MLP: y = h)."""
 
-    def __init__(self, block):
+    def __init__(self, block, rope=False):
         super().__init__()
         att = block["attention"]
         C = att["d_model"]
         norm = block.get("norm", "layernorm")
         self.ln1 = _make_norm(norm, C)
-        self.attn = Attention(att)
+        self.attn = Attention(att, rope)
         self.attn_only = bool(block.get("attn_only", False))
         if not self.attn_only:
             self.ln2 = _make_norm(norm, C)
@@ -325,9 +365,10 @@ class Transformer(nn.Module):
         elif self.positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(self.max_len, C).float(),
                                  persistent=False)
-        elif self.positions != "none":
-            raise ValueError(f"attnlab_torch: positions expected learned|sinusoidal|none, got {self.positions!r}")
-        self.blocks = nn.ModuleList(Block(block) for _ in range(int(config["layers"])))
+        elif self.positions not in ("none", "rope"):
+            raise ValueError(f"attnlab_torch: positions expected learned|sinusoidal|none|rope, got {self.positions!r}")
+        rope = self.positions == "rope"
+        self.blocks = nn.ModuleList(Block(block, rope) for _ in range(int(config["layers"])))
         self.ln_f = _make_norm(block.get("norm", "layernorm"), C)
         self.head = nn.Linear(C, int(config["out_vocab"]), bias=False)
         self.logit_softcap = float(config.get("logit_softcap", 0) or 0)

@@ -494,6 +494,15 @@ TEST_CASE("cli: gradcheck prints a row per tensor and passes on the stack's laye
       "gradcheck --layer mha --d-model 8 --heads 4 --kv-heads 2 --causal --window 3 --alibi", dir);
   CHECK(g.status == 0);
   CHECK(g.out.find("PASS") != std::string::npos);
+  for (const char* layer : {"mha", "block", "transformer"}) {
+    CAPTURE(layer);
+    const Run rope = cli(std::string("gradcheck --layer ") + layer +
+                             " --d-model 8 --heads 2 --causal --qk-norm --positions rope "
+                             "--rope-theta 50 --rope-fraction 0.5 --rope-interleaved",
+                         dir);
+    CHECK(rope.status == 0);
+    CHECK(rope.out.find("PASS") != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: SIGINT and SIGTERM save a checkpoint, exit with 130 and 143, and the run resumes") {
@@ -547,6 +556,13 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --scale inf", "--scale"},
       {"train --logit-softcap -1", "--logit-softcap"},
       {"train --logit-softcap nan", "--logit-softcap"},
+      {"train --positions rope --rope-theta 0", "--rope-theta"},
+      {"train --positions rope --rope-theta -5", "--rope-theta"},
+      {"train --positions rope --rope-fraction 0", "--rope-fraction"},
+      {"train --positions rope --rope-fraction 1.5", "--rope-fraction"},
+      {"train --positions rope --d-model 8 --heads 2 --rope-fraction 0.75",
+       "rope_fraction expected floor(fraction * d_k) even and >= 2 (d_k = 4), got 0.750000 (3 "
+       "dims)"},
       {"train --optimizer adam", "--optimizer"},
       {"train --lr 0", "--lr"},
       {"train --schedule linear", "--schedule"},
@@ -591,6 +607,24 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
 const char* kTinySort =
     "--task sort --symbols 6 --length 5 --d-model 8 --heads 2 --batch 4 --eval-every 5 "
     "--eval-size 16 --threads 1 --quiet";
+
+TEST_CASE("cli: --positions rope trains, and its effective config carries RoPE's fields") {
+  const auto dir = scratch("rope_run");
+  const auto out = dir / "rope";
+  const Run r = cli(std::string("train ") + kTinySort +
+                        " --steps 20 --positions rope --rope-theta 500 --rope-fraction 0.5 "
+                        "--out '" +
+                        out.string() + "'",
+                    dir);
+  REQUIRE(r.status == 0);
+  const auto config = nlohmann::json::parse(slurp(out / "config.json"));
+  CHECK(config["model"]["positions"] == "rope");
+  CHECK(config["model"]["block"]["attention"]["rope_theta"] == 500.0);
+  CHECK(config["model"]["block"]["attention"]["rope_fraction"] == 0.5);
+  CHECK(config["model"]["block"]["attention"]["rope"] == false);  // positions is the switch
+  const Run e = cli("eval --checkpoint '" + out.string() + "'", dir);
+  CHECK(e.status == 0);
+}
 
 TEST_CASE("cli: every run writes its effective config, and --config reproduces the run from it") {
   const auto dir = scratch("config_round_trip");

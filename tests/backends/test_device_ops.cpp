@@ -28,6 +28,7 @@
 #include "attnlab/ops/linear.hpp"
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/ops/rope.hpp"
 #include "attnlab/ops/softcap.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/sgd.hpp"
@@ -272,6 +273,31 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
     ops.softcap_forward(y.get(), dx_in.get(), rows * C, T(cap));
     ops.softcap_backward(dx.get(), ddy.get(), y.get(), rows * C, T(cap));
+    CHECK(test::rel_error(y.host(), y_cpu) < tol);
+    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
+  }
+  for (const bool interleaved : {false, true}) {
+    INFO("rope, interleaved = " << interleaved);
+    // (B, H, T, D) = (2, 3, 40, 10), partial (6 of 10 dims), at positions 5 ..: more pairs than
+    // one GPU block's threads.
+    const std::size_t Bh = 2, Hh = 3, Tr = 40, Dr = 10, offset = 5;
+    const RopeOptions options{.theta = 300.0, .fraction = 0.6, .interleaved = interleaved};
+    const auto xr = random<T, 4>({Bh, Hh, Tr, Dr}, rng);
+    const auto y_cpu = rope_forward(xr, options, offset);
+    const auto dx_cpu = rope_backward(xr, options, offset);
+    const RopeTable table = rope_table(options, Dr, offset + Tr);
+    DeviceVector<T, T> cos(ops, std::vector<T>(table.cos.begin(), table.cos.end())),
+        sin(ops, std::vector<T>(table.sin.begin(), table.sin.end())), y(ops, values<T>(xr)),
+        dx(ops, values<T>(xr));
+    kernel_math::RopeShape shape{.slices = Bh * Hh,
+                                 .Tn = Tr,
+                                 .D = Dr,
+                                 .rot = rope_dims("test", options, Dr),
+                                 .offset = offset,
+                                 .interleaved = interleaved};
+    ops.rope(y.get(), cos.get(), sin.get(), shape);
+    shape.inverse = true;
+    ops.rope(dx.get(), cos.get(), sin.get(), shape);
     CHECK(test::rel_error(y.host(), y_cpu) < tol);
     CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
   }

@@ -20,6 +20,10 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/mha.json            multi-head attention (self, cross, QK-norm, learnable
                                         scale) and a pre-LN transformer block: outputs, attention
                                         weights, input and parameter gradients
+  tests/data/golden/rope.json           rotary positions (complex multiplication, as Meta's
+                                        LLaMA writes it): the op with offsets, partial and
+                                        interleaved pairs; attention layers with RoPE (after
+                                        QK-norm, GQA, a key mask)
   tests/data/interop/torch_written.safetensors  file written by the Python safetensors package
 
 How to run (from the repository root):
@@ -31,7 +35,7 @@ safetensors 0.8.0, Python 3.11.7; gqa.json, window.json, alibi.json, bias.json a
 F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check when present).
 layers.json's softcap case was added later with the same torch on an AMD EPYC (Zen 4); there the
 linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its committed values
-were kept.
+were kept. rope.json was made with the same torch on the same machine.
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -919,6 +923,104 @@ def mha_cases():
     return out_cases
 
 
+def rope_complex(x, theta, fraction, interleaved, offset=0):
+    """Rotary positions by complex multiplication (Su et al. 2021, eq. 13; Meta's LLaMA
+    apply_rotary_emb): pair i of a row, as the complex number a + ib, is multiplied by
+    e^{i p theta^(-2i/rot)}. Pairs are (2i, 2i+1) when interleaved, else (i, i + rot/2)."""
+    d = x.shape[-1]
+    rot = int(math.floor(fraction * d + 1e-9))
+    half = rot // 2
+    xr, rest = x[..., :rot], x[..., rot:]
+    if interleaved:
+        pairs = xr.reshape(*xr.shape[:-1], half, 2)
+    else:
+        pairs = torch.stack([xr[..., :half], xr[..., half:]], dim=-1)
+    z = torch.view_as_complex(pairs.contiguous())
+    freqs = 1.0 / theta ** (torch.arange(half, dtype=DT) * 2 / rot)
+    pos = torch.arange(offset, offset + x.shape[-2], dtype=DT)
+    turn = torch.polar(torch.ones(len(pos), half, dtype=DT), torch.outer(pos, freqs))
+    out = torch.view_as_real(z * turn)  # (..., T, half, 2)
+    if interleaved:
+        out = out.reshape(*xr.shape)
+    else:
+        out = torch.cat([out[..., 0], out[..., 1]], dim=-1)
+    return torch.cat([out, rest], dim=-1)
+
+
+ROPE_OP_CASES = [
+    # name, B, H, T, D, theta, fraction, interleaved, offset
+    ("half_full",         2, 3, 5, 8, 10000.0, 1.0, False, 0),
+    ("interleaved_full",  2, 3, 5, 8, 10000.0, 1.0, True, 0),
+    ("half_partial",      1, 2, 6, 12, 100.0, 0.5, False, 0),
+    ("interleaved_partial_offset", 2, 2, 3, 10, 500.0, 0.4, True, 7),
+    ("half_offset_long",  1, 1, 4, 6, 10000.0, 1.0, False, 1000),
+]
+
+ROPE_MHA_CASES = [
+    # name, B, T, C, H, Hkv, D, theta, fraction, interleaved, qk_norm, causal, mask
+    ("mha_rope_causal",             2, 5, 8, 2, 2, 4, 10000.0, 1.0, False, False, True, None),
+    ("mha_rope_qk_norm_partial",    2, 4, 6, 2, 2, 6, 100.0, 2.0 / 3.0, False, True, False,
+     [[1, 1, 1, 0], [0, 1, 1, 1]]),
+    ("mha_rope_interleaved_gqa",    2, 5, 8, 4, 2, 4, 50.0, 1.0, True, False, True,
+     [[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]]),
+]
+
+
+def rope_cases():
+    out_cases = []
+    for idx, (name, b, h, t, d, theta, fraction, interleaved, offset) in enumerate(ROPE_OP_CASES):
+        seed = 9000 + idx
+        g = gen(seed)
+        x = randn(g, b, h, t, d).requires_grad_()
+        r = randn(g, b, h, t, d)
+        y = rope_complex(x, theta, fraction, interleaved, offset)
+        (dx,) = torch.autograd.grad((y * r).sum(), [x])
+        cfg = {"theta": theta, "fraction": fraction, "interleaved": interleaved, "offset": offset,
+               "seed": seed}
+        out_cases.append(case(name, cfg, {"x": x, "r": r, "y": y, "dx": dx}))
+    for idx, (name, b, t, c, h, hkv, d, theta, fraction, interleaved, qk_norm, causal,
+              mask_rows) in enumerate(ROPE_MHA_CASES):
+        seed = 9100 + idx
+        g = gen(seed)
+        x = randn(g, b, t, c).requires_grad_()
+        w = {"w_q": randn(g, c, h * d) / math.sqrt(c), "w_k": randn(g, c, hkv * d) / math.sqrt(c),
+             "w_v": randn(g, c, hkv * d) / math.sqrt(c), "w_o": randn(g, h * d, c) / math.sqrt(h * d)}
+        if qk_norm:
+            for nm in ("q_norm", "k_norm"):
+                w[nm + ".gamma"] = 1 + 0.3 * randn(g, d)
+                w[nm + ".beta"] = 0.3 * randn(g, d)
+        for v in w.values():
+            v.requires_grad_()
+        r = randn(g, b, t, c)
+        q = (x @ w["w_q"]).view(b, t, h, d).transpose(1, 2)
+        k = (x @ w["w_k"]).view(b, t, hkv, d).transpose(1, 2)
+        v = (x @ w["w_v"]).view(b, t, hkv, d).transpose(1, 2)
+        if qk_norm:
+            q = F.layer_norm(q, (d,), w["q_norm.gamma"], w["q_norm.beta"], eps=1e-5)
+            k = F.layer_norm(k, (d,), w["k_norm.gamma"], w["k_norm.beta"], eps=1e-5)
+        q = rope_complex(q, theta, fraction, interleaved)
+        k = rope_complex(k, theta, fraction, interleaved)
+        k = k.repeat_interleave(h // hkv, dim=1)
+        v = v.repeat_interleave(h // hkv, dim=1)
+        mask = torch.tensor(mask_rows, dtype=torch.bool) if mask_rows else None
+        vis = visibility(b, h, t, t, causal, mask)
+        o, p = masked_attention(q, k, v, 1 / math.sqrt(d), vis)
+        y = merge_heads(o) @ w["w_o"]
+        grads = torch.autograd.grad((y * r).sum(), [x] + list(w.values()))
+        cfg = {"d_model": c, "heads": h, "kv_heads": hkv, "d_k": d, "theta": theta,
+               "fraction": fraction, "interleaved": interleaved, "qk_norm": qk_norm,
+               "causal": causal, "has_mask": mask is not None, "seed": seed}
+        tensors = {"x": x}
+        tensors.update(w)
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"r": r, "y": y, "p": p, "dx": grads[0]})
+        for key, gr in zip(w.keys(), grads[1:]):
+            tensors["d" + key] = gr
+        out_cases.append(case(name, cfg, tensors))
+    return out_cases
+
+
 def main():
     import sys
     os.makedirs(GOLDEN_DIR, exist_ok=True)
@@ -934,6 +1036,7 @@ def main():
         "layers.json": layer_cases,
         "cross_entropy.json": cross_entropy_cases,
         "mha.json": mha_cases,
+        "rope.json": rope_cases,
     }
     wanted = sys.argv[1:] or list(makers) + ["interop"]
     for name in wanted:

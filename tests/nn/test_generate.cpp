@@ -71,6 +71,15 @@ TransformerConfig lm_config(const std::string& variant, SdpaPath path) {
     c.block.attention.alibi = true;
     c.positions = PositionEncoding::none;
     c.block.attention.sdpa.scaling = Scaling::dk;
+  } else if (variant == "rope") {
+    c.positions = PositionEncoding::rope;  // positions continue from the cache's length
+    c.block.attention.rope_fraction = 0.5;
+    c.block.attention.qk_norm = true;  // RoPE after QK-norm
+  } else if (variant == "rope-interleaved-gqa") {
+    c.positions = PositionEncoding::rope;
+    c.block.attention.rope_interleaved = true;
+    c.block.attention.rope_theta = 50.0;  // fast turns: positions matter at these lengths
+    c.block.attention.kv_heads = 1;
   } else if (variant == "softcap") {
     c.logit_softcap = 2.0;  // the output cap runs in every forward, cached or not
   }
@@ -115,7 +124,8 @@ double cache_error(Transformer<T>& model, const TokenIds& ids, std::size_t promp
   return worst;
 }
 
-const char* const kVariants[] = {"plain", "gqa", "mqa-window", "alibi", "softcap"};
+const char* const kVariants[] = {"plain",   "gqa",  "mqa-window",          "alibi",
+                                 "softcap", "rope", "rope-interleaved-gqa"};
 
 }  // namespace
 

@@ -122,9 +122,10 @@ TEST_CASE("sinusoidal positions: the fixed table of Vaswani et al., no parameter
   const Tensor3<double> too_long = xt::zeros<double>({1, 9, 6});
   CHECK_THROWS_AS(m.forward(too_long), std::invalid_argument);
   CHECK(parse_position_encoding("sinusoidal") == PositionEncoding::sinusoidal);
-  CHECK_THROWS_WITH_AS(parse_position_encoding("rope"),
-                       "parse_position_encoding: positions expected learned|sinusoidal|none, got "
-                       "'rope'",
+  CHECK(parse_position_encoding("rope") == PositionEncoding::rope);
+  CHECK_THROWS_WITH_AS(parse_position_encoding("rotary"),
+                       "parse_position_encoding: positions expected learned|sinusoidal|none|rope, "
+                       "got 'rotary'",
                        std::invalid_argument);
 }
 

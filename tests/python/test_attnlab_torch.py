@@ -49,6 +49,13 @@ CASES = [
      ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
      ["--d-model", "16", "--heads", "2", "--causal", "--alibi", "--scaling", "none",
       "--logit-softcap", "1.5"]),
+    ("recall: causal RoPE after QK-norm, partial (half of d_k 8), interleaved, base 500",
+     ["--task", "recall", "--pairs", "6", "--keys", "12", "--values", "12"],
+     ["--d-model", "16", "--heads", "2", "--causal", "--qk-norm", "--positions", "rope",
+      "--rope-theta", "500", "--rope-fraction", "0.5", "--rope-interleaved"]),
+    ("mqar: causal RoPE, half-split pairs, multi-query",
+     ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
+     ["--d-model", "16", "--heads", "4", "--kv-heads", "1", "--causal", "--positions", "rope"]),
 ]
 
 

@@ -90,9 +90,21 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_option_function<std::string>(
          "--positions",
          [&m](const std::string& s) { m.positions = attnlab::parse_position_encoding(s); },
-         "position encoding (none suits --alibi)")
-      ->check(CLI::IsMember({"learned", "sinusoidal", "none"}))
+         "position encoding (none suits --alibi; rope rotates q and k in every block)")
+      ->check(CLI::IsMember({"learned", "sinusoidal", "none", "rope"}))
       ->default_str(std::string(to_string(m.positions)));
+  cmd.add_option("--rope-theta", a.rope_theta, "RoPE's base theta (with --positions rope)")
+      ->check(kFinite)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--rope-fraction", a.rope_fraction,
+                 "the fraction of the head dim RoPE rotates, in (0, 1] (partial RoPE)")
+      ->check(kFinite)
+      ->check(CLI::Range(0.0, 1.0))
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_flag("--rope-interleaved", a.rope_interleaved,
+               "RoPE on pairs (2i, 2i+1), the paper's, instead of GPT-NeoX's (i, i + rot/2)");
   cmd.add_flag("--qk-norm", a.qk_norm, "LayerNorm on q and k per head");
   cmd.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
   cmd.add_flag("--alibi", a.alibi, "ALiBi: a linear distance penalty per head (Press et al. 2022)");

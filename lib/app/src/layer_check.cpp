@@ -58,9 +58,10 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
   c.out_vocab = 6;
   if (c.block.d_ff == 0) c.block.d_ff = 4 * c.d_model();
   c.validate();
-  const AttentionConfig& attn = c.block.attention;
+  const BlockConfig block = c.block_config();  // with positions = rope, the layers rotate
+  const AttentionConfig& attn = block.attention;
   const std::size_t C = attn.d_model, H = attn.heads, D = attn.head_dim_k(), Dv = attn.head_dim_v(),
-                    F = c.block.d_ff;
+                    F = block.d_ff;
   Rng rng(seed);
   ModuleGradcheckOptions options;
   options.seed = seed + 1;
@@ -92,7 +93,7 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
   if (layer == "mha") {
     module = std::make_unique<MultiHeadAttention<double>>(attn, rng);
   } else if (layer == "block") {
-    module = std::make_unique<TransformerBlock<double>>(c.block, rng);
+    module = std::make_unique<TransformerBlock<double>>(block, rng);
   } else if (layer == "linear") {
     module = std::make_unique<Linear<double>>(C, C, rng);
   } else if (layer == "layernorm") {

@@ -18,6 +18,7 @@
 #include "ops/linear_kernels.hpp"
 #include "ops/norm_kernels.hpp"
 #include "ops/relu_kernels.hpp"
+#include "ops/rope_kernels.hpp"
 #include "ops/row_kernels.hpp"
 #include "ops/softcap_kernels.hpp"
 #include "parallel_rows.hpp"
@@ -173,6 +174,9 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) override {
     detail::softcap_backward_elements(dx, dy, y, n, cap);
+  }
+  void rope(T* x, const T* cos, const T* sin, const kernel_math::RopeShape& shape) override {
+    detail::rope_rows(x, cos, sin, shape);
   }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {

@@ -166,6 +166,10 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) override {
     if (n > 0) elements(train::softcap_backward_kernel<T>, n, dx, dy, y, n, cap);
   }
+  void rope(T* x, const T* cos, const T* sin, const kernel_math::RopeShape& shape) override {
+    const std::size_t pairs = shape.slices * shape.Tn * (shape.rot / 2);
+    if (pairs > 0) elements(train::rope_kernel<T>, pairs, x, cos, sin, shape, pairs);
+  }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {
     if (n > 0) elements(train::dropout_kernel<T>, n, y, x, n, p, key, stream);

@@ -200,6 +200,14 @@ __global__ void __launch_bounds__(kElementThreads)
     dx[i] = dy[i] * cm::softcap_slope(y[i], cap);
 }
 
+// Rotary positions in place, one pair per thread (kernel_math::rope_element, the CPU core's).
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    rope_kernel(T* x, const T* cos, const T* sin, cm::RopeShape shape, std::size_t pairs) {
+  for (std::size_t i = global_thread(); i < pairs; i += grid_threads())
+    cm::rope_element(x, cos, sin, shape, i);
+}
+
 // y = x ⊙ M / (1 − p), M from (key, stream): attention::element_dropout_factor per element.
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)

@@ -38,6 +38,7 @@
 #include "attnlab/ops/linear.hpp"
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
+#include "attnlab/ops/rope.hpp"
 #include "attnlab/ops/softcap.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/optim/adamw.hpp"

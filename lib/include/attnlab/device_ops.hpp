@@ -119,6 +119,10 @@ class DeviceOps : public DeviceMemory {
   // (y / cap)²) from the forward's output (dx may be dy). cap > 0 (the callers check it).
   virtual void softcap_forward(T* y, const T* x, std::size_t n, T cap) = 0;
   virtual void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) = 0;
+  // Rotary positions (attnlab/ops/rope.hpp), in place on x (shape.slices · shape.Tn rows of
+  // shape.D): kernel_math::rope_element for every pair; cos, sin (positions, rot/2) tables with
+  // positions ≥ shape.offset + shape.Tn. The backward is the same call with shape.inverse.
+  virtual void rope(T* x, const T* cos, const T* sin, const kernel_math::RopeShape& shape) = 0;
   // y = x ⊙ M / (1 − p) over n values (y may be x), M drawn from `key` and `stream` by
   // attention::element_dropout_factor (attnlab/attention/dropout.hpp): the same bits on every
   // backend. Dropout's backward is the same call on the gradient.

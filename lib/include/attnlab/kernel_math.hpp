@@ -237,6 +237,40 @@ ATTNLAB_HD inline T softcap_slope(T y, T cap) {
   return T(1) - t * t;
 }
 
+// Rotary position embedding (attnlab/ops/rope.hpp) on `slices` blocks of Tn rows of D values
+// (a (B, H, Tn, D) tensor has B·H slices): row t of a block is at position offset + t and reads
+// row offset + t of the cos and sin tables ((positions, rot/2) each). The first rot dims of a row
+// rotate in rot/2 pairs, pair i by the angle p · θ^(−2i/rot); the rest pass through. Pair i is
+// (i, i + rot/2) (half-split: GPT-NeoX, Hugging Face LLaMA) or (2i, 2i + 1) (interleaved: Su et
+// al. 2021, Meta's LLaMA). inverse rotates by −angle: the backward, as a rotation's inverse is
+// its transpose.
+struct RopeShape {
+  std::size_t slices = 0, Tn = 0, D = 0, rot = 0, offset = 0;
+  bool interleaved = false, inverse = false;
+};
+
+// Rotates pair i of `row` (rot/2 = half pairs) by the angle whose cosine and sine are c and s:
+//   (a, b) <- (a c − b s, b c + a s).
+template <class T>
+ATTNLAB_HD inline void rope_rotate_pair(T* row, std::size_t i, std::size_t half, bool interleaved,
+                                        T c, T s) {
+  const std::size_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+  const T a = row[ia], b = row[ib];
+  row[ia] = a * c - b * s;
+  row[ib] = b * c + a * s;
+}
+
+// Pair `pair` (an index over slices · Tn · rot/2 pairs) of a RopeShape rotation, in place.
+template <class T>
+ATTNLAB_HD inline void rope_element(T* x, const T* cos, const T* sin, const RopeShape& shape,
+                                    std::size_t pair) {
+  const std::size_t half = shape.rot / 2;
+  const std::size_t row = pair / half, i = pair % half, t = row % shape.Tn;
+  const std::size_t at = (shape.offset + t) * half + i;
+  rope_rotate_pair(x + row * shape.D, i, half, shape.interleaved, cos[at],
+                   shape.inverse ? -sin[at] : sin[at]);
+}
+
 // The scalars of one AdamW step t (torch.optim.AdamW), formed in double on the host and used in T.
 template <class T>
 struct AdamWScalars {

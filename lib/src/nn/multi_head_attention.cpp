@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "../parallel_rows.hpp"
 
@@ -28,6 +29,7 @@ void AttentionConfig::validate(std::string_view op, const std::string& path) con
   }
   check_arg(dropout >= 0.0 && dropout < 1.0, op, path + "dropout", "a probability in [0, 1)",
             std::to_string(dropout));
+  if (rope) rope_dims(op, rope_options(), head_dim_k(), path);
   // The options' rules are resolve_sdpa's: resolve the layer's call once on its own sizes.
   resolve_sdpa(op, sdpa,
                {.B = 1,
@@ -82,6 +84,7 @@ MultiHeadAttention<T>::MultiHeadAttention(const AttentionConfig& config, Rng& rn
   Hkv_ = config_.key_value_heads();
   D_ = config_.head_dim_k();
   Dv_ = config_.head_dim_v();
+  if (config_.rope) rope_dims_ = rope_dims("MultiHeadAttention", config_.rope_options(), D_);
   const std::size_t C = config_.d_model, Cc = config_.context_dim();
   const auto fan_in_std = [](std::size_t n) { return 1.0 / std::sqrt(double(n)); };
   w_q = make_parameter<T>(randn<T, 2>({C, H_ * D_}, rng, fan_in_std(C)));
@@ -120,7 +123,8 @@ template <class T>
 void MultiHeadAttention<T>::reset_cache() {
   SequenceModule<T>::reset_cache();
   last_ = Context();
-  fixed_scale_ = alibi_ = Buffer<T>();  // uploaded again on the next backend
+  fixed_scale_ = alibi_ = rope_cos_ = rope_sin_ = Buffer<T>();  // uploaded again on the next
+  rope_positions_ = 0;                                          // backend
 }
 
 template <class T>
@@ -222,6 +226,8 @@ Buffer<T> MultiHeadAttention<T>::attend(Context& ctx, const Buffer<T>& x, const 
               "d_context = d_model (" + std::to_string(config_.d_model) + ")",
               std::to_string(config_.context_dim()));
   }
+  check_arg(self || !config_.rope, "MultiHeadAttention", "rope",
+            "self-attention (queries and keys at positions of one sequence)", "cross-attention");
   // With a cache: the Tq new tokens follow its `past` ones; their keys and values are appended.
   const std::size_t past = cache ? cache->length : 0;
   const std::size_t B = x.dim(0), Tq = x.dim(1), Tk = cache ? past + Tq : context.dim(1);
@@ -280,8 +286,8 @@ void MultiHeadAttention<T>::resolve_call(Context& ctx, std::size_t B, std::size_
   }
 }
 
-// x W_q, context W_k, context W_v split into heads (B,H,T,·), then QK-norm over D per head. With a
-// cache, Tnew = Tq new keys and values are appended and the core reads the cache's.
+// x W_q, context W_k, context W_v split into heads (B,H,T,·), then QK-norm over D per head, then
+// RoPE. With a cache, Tnew = Tq new keys and values are appended and the core reads the cache's.
 template <class T>
 void MultiHeadAttention<T>::project_qkv(Context& ctx, std::size_t Tnew, KVCache<T>* cache) {
   DeviceOps<T>& ops = this->ops();
@@ -316,11 +322,39 @@ void MultiHeadAttention<T>::project_qkv(Context& ctx, std::size_t Tnew, KVCache<
                           Buffer<T>::reuse(ctx.k_rstd_, ops, {rk}).data(), ctx.k_raw_.data(),
                           k_norm_gamma.value_data(), k_norm_beta.value_data(), rk, D_, eps);
   }
+  if (config_.rope) {  // the new tokens sit at positions past .. past + T - 1
+    const std::size_t past = cache ? cache->length : 0;
+    rotate(q.data(), B * H_, Tq, past, false);
+    rotate(k.data(), B * Hkv_, Tnew, past, false);
+  }
   if (cache) {
     cache->append(ops, k, v);
     ctx.k_ = cache->k;
     ctx.v_ = cache->v;
   }
+}
+
+template <class T>
+void MultiHeadAttention<T>::rotate(T* x, std::size_t slices, std::size_t Tn, std::size_t offset,
+                                   bool inverse) {
+  DeviceOps<T>& ops = this->ops();
+  if (offset + Tn > rope_positions_) {  // the table's rows do not depend on its length
+    const std::size_t positions = std::max(offset + Tn, 2 * rope_positions_);
+    const RopeTable table = rope_table(config_.rope_options(), D_, positions);
+    const std::vector<T> c(table.cos.begin(), table.cos.end());
+    const std::vector<T> s(table.sin.begin(), table.sin.end());
+    rope_cos_ = Buffer<T>::from_host(ops, c.data(), {positions, table.half});
+    rope_sin_ = Buffer<T>::from_host(ops, s.data(), {positions, table.half});
+    rope_positions_ = positions;
+  }
+  ops.rope(x, rope_cos_.data(), rope_sin_.data(),
+           {.slices = slices,
+            .Tn = Tn,
+            .D = D_,
+            .rot = rope_dims_,
+            .offset = offset,
+            .interleaved = config_.rope_interleaved,
+            .inverse = inverse});
 }
 
 // The scale of each head: exp(log_scale) of this forward, or the layer's fixed one.
@@ -497,8 +531,8 @@ Buffer<T> MultiHeadAttention<T>::backward_impl(const Buffer<T>& dy) {
   return backward(last_, dy).dx;
 }
 
-// The backward, the exact reverse of attend(): the output projection, the core, QK-norm, the
-// input projections.
+// The backward, the exact reverse of attend(): the output projection, the core, RoPE, QK-norm,
+// the input projections.
 template <class T>
 typename MultiHeadAttention<T>::Grads MultiHeadAttention<T>::backward(const Context& ctx,
                                                                       const Buffer<T>& dy) {
@@ -514,6 +548,7 @@ typename MultiHeadAttention<T>::Grads MultiHeadAttention<T>::backward(const Cont
                {static_cast<std::ptrdiff_t>(ctx.spec_.B), static_cast<std::ptrdiff_t>(ctx.spec_.Tq),
                 static_cast<std::ptrdiff_t>(config_.d_model)});
   backward_core(ctx, backward_out(ctx, dy));
+  backward_rope(ctx);
   backward_qk_norm(ctx);
   return backward_projections(ctx);
 }
@@ -558,6 +593,14 @@ void MultiHeadAttention<T>::backward_core(const Context& ctx, const Buffer<T>& d
     ops.head_dot(dlog.data(), ctx.q_.data(), dq.data(), B, H_, Tq * D_);
     add_into(ops, log_scale, dlog);
   }
+}
+
+// Through RoPE: dq_ and dk_ rotated back in place (a rotation's inverse is its transpose).
+template <class T>
+void MultiHeadAttention<T>::backward_rope(const Context& ctx) {
+  if (!config_.rope) return;
+  rotate(dq_.data(), ctx.spec_.B * H_, ctx.spec_.Tq, 0, true);
+  rotate(dk_.data(), ctx.spec_.B * Hkv_, ctx.spec_.Tk, 0, true);
 }
 
 // Through QK-norm: dq_raw_, dk_raw_ and the gains' and shifts' grads.

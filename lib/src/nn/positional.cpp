@@ -13,6 +13,8 @@ std::string_view to_string(PositionEncoding kind) {
       return "sinusoidal";
     case PositionEncoding::none:
       return "none";
+    case PositionEncoding::rope:
+      return "rope";
   }
   return "?";
 }
@@ -21,8 +23,9 @@ PositionEncoding parse_position_encoding(std::string_view text) {
   if (text == "learned") return PositionEncoding::learned;
   if (text == "sinusoidal") return PositionEncoding::sinusoidal;
   if (text == "none") return PositionEncoding::none;
+  if (text == "rope") return PositionEncoding::rope;
   throw std::invalid_argument(
-      "parse_position_encoding: positions expected learned|sinusoidal|none, got '" +
+      "parse_position_encoding: positions expected learned|sinusoidal|none|rope, got '" +
       std::string(text) + "'");
 }
 
@@ -74,7 +77,7 @@ Buffer<T> PositionalEncoding<T>::forward_at(const Buffer<T>& x, std::size_t offs
               "<= max_len = " + std::to_string(max_len_),
               std::to_string(offset) + " + " + std::to_string(Tn));
   }
-  if (kind_ == PositionEncoding::none) return x;
+  if (kind_ == PositionEncoding::none || kind_ == PositionEncoding::rope) return x;
   DeviceOps<T>& ops = this->ops();
   const T* pos = table.value_data();
   if (kind_ == PositionEncoding::sinusoidal) {

@@ -35,8 +35,16 @@ void TransformerConfig::validate() const {
   check_arg(out_vocab > 0, op, "out_vocab", "> 0", std::to_string(out_vocab));
   check_arg(block.attention.d_context == 0, op, "block.attention.d_context",
             "0 (a Transformer has no cross-attention)", std::to_string(block.attention.d_context));
-  block.validate(op, "block.");
+  check_arg(!block.attention.rope, op, "block.attention.rope",
+            "false (positions = rope turns RoPE on in every block)", "true");
+  block_config().validate(op, "block.");
   if (logit_softcap != 0) check_softcap(op, "logit_softcap", logit_softcap);
+}
+
+BlockConfig TransformerConfig::block_config() const {
+  BlockConfig b = block;
+  b.attention.rope = positions == PositionEncoding::rope;
+  return b;
 }
 
 BlockConfig TransformerConfig::default_block() {
@@ -55,7 +63,7 @@ Transformer<T>::Transformer(const TransformerConfig& config, Rng& rng)
       blocks_([&] {
         std::vector<std::unique_ptr<TransformerBlock<T>>> blocks;
         for (std::size_t l = 0; l < config.layers; ++l) {
-          blocks.push_back(std::make_unique<TransformerBlock<T>>(config.block, rng));
+          blocks.push_back(std::make_unique<TransformerBlock<T>>(config.block_config(), rng));
         }
         return blocks;
       }()),

@@ -6,6 +6,7 @@
 //   V = ctx W_v      (B,Tk,Cc) x (Cc, Hkv·Dv) -> (B,Tk,Hkv·Dv) -> heads (B,Hkv,Tk,Dv)
 //   [optional QK-norm: Q, K <- LayerNorm over D per head, shared γ, β (ViT-22B, Dehghani et al.
 //    2023; Wortsman et al. 2023)]
+//   [optional RoPE: Q, K <- each row rotated by its position (ops/rope.hpp), after QK-norm]
 //   O = sdpa(Q, K, V) (B,H,Tq,Dv) -> merged (B,Tq,H·Dv)
 //   y = O W_o        (B,Tq,H·Dv) x (H·Dv, C) -> (B,Tq,C)
 // ctx = x for self-attention. d_model C, heads H, d_k D and d_v Dv are independent. kv_heads Hkv
@@ -25,6 +26,7 @@
 #include "attnlab/nn/module.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/layernorm.hpp"
+#include "attnlab/ops/rope.hpp"
 #include "attnlab/random.hpp"
 
 namespace attnlab {
@@ -46,6 +48,15 @@ struct AttentionConfig {
   // Dropout on the attention weights in training mode (Module::train()), p in [0, 1); none in
   // eval mode. Masks are keyed by Module::set_dropout_key.
   double dropout = 0.0;
+  // Rotary positions (Su et al. 2021; attnlab/ops/rope.hpp) on q and k per head, self-attention
+  // only: base rope_theta, the first ⌊rope_fraction · D⌋ dims (even), half-split pairs unless
+  // rope_interleaved. With qk_norm the rotation follows the norm (it turns the normalised
+  // vectors, as nanochat does). With a KV cache the new tokens' positions continue from its
+  // length, and the cache keeps rotated keys. In a Transformer, model.positions = rope sets it.
+  bool rope = false;
+  double rope_theta = 10000.0;
+  double rope_fraction = 1.0;
+  bool rope_interleaved = false;
 
   // Throws std::invalid_argument "<op>: <path><field> expected ..., got ...": zero sizes, a d_model
   // that heads do not divide when d_k or d_v is derived, kv_heads not dividing heads, a dropout
@@ -58,6 +69,7 @@ struct AttentionConfig {
   std::size_t head_dim_v() const { return d_v ? d_v : d_model / heads; }
   std::size_t context_dim() const { return d_context ? d_context : d_model; }
   std::size_t key_value_heads() const { return kv_heads ? kv_heads : heads; }
+  RopeOptions rope_options() const { return {rope_theta, rope_fraction, rope_interleaved}; }
 };
 
 // The keys and values of the tokens one attention layer has seen, for incremental decoding (a KV
@@ -168,8 +180,8 @@ class MultiHeadAttention : public SequenceModule<T> {
   // mask.
   Tensor4<T> attention_weights() const { return attention_weights(last_); }
   Tensor4<T> attention_weights(const Context& ctx) const;
-  // (B,H,Tq,D) and (B,Hkv,Tk,D): the queries and keys the core saw (after QK-norm), for metrics
-  // such as the q·k variance; empty before the first forward.
+  // (B,H,Tq,D) and (B,Hkv,Tk,D): the queries and keys the core saw (after QK-norm and RoPE), for
+  // metrics such as the q·k variance; empty before the first forward.
   Tensor4<T> queries() const { return queries(last_); }
   Tensor4<T> queries(const Context& ctx) const;
   Tensor4<T> keys() const { return keys(last_); }
@@ -207,7 +219,11 @@ class MultiHeadAttention : public SequenceModule<T> {
   Buffer<T> project_out(Context& ctx);
   const Buffer<T>& backward_out(const Context& ctx, const Buffer<T>& dy);
   void backward_core(const Context& ctx, const Buffer<T>& dout);
+  void backward_rope(const Context& ctx);
   void backward_qk_norm(const Context& ctx);
+  // Rotates `heads` slices of Tn rows of D (positions offset ..) in place; the inverse for the
+  // backward. Grows the cos/sin tables on the backend first when they are too short.
+  void rotate(T* x, std::size_t slices, std::size_t Tn, std::size_t offset, bool inverse);
   Grads backward_projections(const Context& ctx);
 
   AttentionParams<T> params(const Context& ctx) const;  // attention_params over ctx's buffers
@@ -217,9 +233,11 @@ class MultiHeadAttention : public SequenceModule<T> {
 
   AttentionConfig config_;
   std::size_t H_, Hkv_, D_, Dv_;
-  Context last_;           // the forward of forward(x), forward_cross and forward_cached
-  Buffer<T> fixed_scale_;  // (H,) the resolved scale without learnable_scale, uploaded once
-  Buffer<T> alibi_;        // (H,) ALiBi's slopes, with alibi, uploaded once
+  Context last_;                   // the forward of forward(x), forward_cross and forward_cached
+  Buffer<T> fixed_scale_;          // (H,) the resolved scale without learnable_scale, uploaded once
+  Buffer<T> alibi_;                // (H,) ALiBi's slopes, with alibi, uploaded once
+  Buffer<T> rope_cos_, rope_sin_;  // (positions, rot/2) with rope, grown by doubling
+  std::size_t rope_positions_ = 0, rope_dims_ = 0;
   // Scratch of one call (no state between calls): projections and the backward's buffers.
   Buffer<T> proj_, y_;
   Buffer<T> dmerged_, dout_, dq_, dk_, dv_, ds_, dq_raw_, dk_raw_, dw_, dnorm_, dlog_scale_;

@@ -3,6 +3,8 @@
 //   sinusoidal: fixed, no parameters. Vaswani et al. 2017, §3.5:
 //               pos[t, 2i] = sin(t / 10000^(2i/C)),  pos[t, 2i+1] = cos(t / 10000^(2i/C)).
 //   none:       the identity.
+//   rope:       the identity here: the attention layers rotate q and k by position instead
+//               (AttentionConfig::rope, attnlab/ops/rope.hpp; a Transformer sets it).
 #pragma once
 
 #include <string_view>
@@ -12,9 +14,9 @@
 
 namespace attnlab {
 
-enum class PositionEncoding { learned, sinusoidal, none };
+enum class PositionEncoding { learned, sinusoidal, none, rope };
 
-// "learned" | "sinusoidal" | "none"; parse throws std::invalid_argument naming the value.
+// "learned" | "sinusoidal" | "none" | "rope"; parse throws std::invalid_argument naming the value.
 std::string_view to_string(PositionEncoding kind);
 PositionEncoding parse_position_encoding(std::string_view text);
 

@@ -32,6 +32,9 @@ struct TransformerConfig {
   std::size_t max_len = 64;              // longest sequence (size of the position table)
   std::size_t layers = 2;                // number of blocks
   std::size_t out_vocab = 0;             // V, the classes of the head
+  // learned | sinusoidal | none | rope. rope turns on every block's attention.rope (its base and
+  // fraction are block.attention.rope_theta and rope_fraction); block.attention.rope itself stays
+  // false in the config, this field being its one home.
   PositionEncoding positions = PositionEncoding::learned;
   // Every block's shape: C = block.attention.d_model, H = block.attention.heads, F = block.d_ff.
   BlockConfig block = default_block();
@@ -44,6 +47,8 @@ struct TransformerConfig {
   // (derived), got 30".
   void validate() const;
   std::size_t d_model() const { return block.attention.d_model; }
+  // The blocks' config as the model builds them: block with attention.rope = (positions == rope).
+  BlockConfig block_config() const;
 
   // C 64, H 4, F 256, LayerNorm, MLP on.
   static BlockConfig default_block();
