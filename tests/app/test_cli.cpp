@@ -175,7 +175,8 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   // The same environment, so the same BLAS kernels as this process.
   CHECK(summary["blas_core"] == attnlab::blas_info().core);
   // Throughput: tokens/s of the steps' time (part of the run's time), the model's FLOPs per token,
-  // and the MFU line that relates them to the sgemm peak measured at the run's thread count.
+  // and the utilisation line that relates them to the cores' FMA peak and to the sgemm peak, both
+  // measured after the steps at the run's thread count; summary.json names each denominator.
   const double step_seconds = summary["step_seconds"].get<double>();
   CHECK(step_seconds > 0);
   CHECK(step_seconds < summary["seconds"].get<double>());
@@ -183,7 +184,19 @@ TEST_CASE("cli: a tiny train run lowers the eval loss and writes its outputs") {
   CHECK(tokens_per_second * step_seconds == doctest::Approx(150.0 * 16 * 5));  // steps·B·(pairs+1)
   CHECK(summary["flops_per_token"].get<double>() > 0);
   CHECK(r.out.find("throughput: ") != std::string::npos);
+  CHECK(r.out.find("of the cores' FMA peak measured now") != std::string::npos);
   CHECK(r.out.find("MFU ") != std::string::npos);
+  const auto& u = summary["utilisation"];
+  const double model_gflops = u["model_gflops"].get<double>();
+  CHECK(model_gflops ==
+        doctest::Approx(summary["flops_per_token"].get<double>() * tokens_per_second / 1e9));
+  CHECK(u["threads"] == 1);  // kTinyRecall's --threads 1
+  CHECK(u["fma_peak_gflops"].get<double>() > 0);
+  CHECK(!u["fma_peak_vector"].get<std::string>().empty());
+  CHECK(u["of_fma_peak"].get<double>() ==
+        doctest::Approx(model_gflops / u["fma_peak_gflops"].get<double>()));
+  CHECK(u["of_sgemm_peak"].get<double>() ==
+        doctest::Approx(model_gflops / u["sgemm_peak_gflops"].get<double>()));
   // eval reads the checkpoint back and reports the same loss.
   const Run e = cli("eval --checkpoint '" + (dir / "run").string() + "' --show 1", dir);
   REQUIRE(e.status == 0);

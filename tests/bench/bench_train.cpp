@@ -2,8 +2,9 @@
 // and the library's SGD update, in float, on random tokens, for the models of train_models.hpp
 // (study, small, nanogpt). Each iteration runs the reference and the fused attention path once each
 // (interleaved; the minimum per path is reported), at 1 and at 2 threads. The table adds model
-// FLOPs per token (transformer_flops_per_token), GFLOP/s and MFU against the sgemm peak measured
-// at the same thread count (measure_gemm_peak_gflops), and PyTorch eager when given its times.
+// FLOPs per token (transformer_flops_per_token), GFLOP/s, the utilisation against the cores' FMA
+// peak (measure_fma_peak) and against the sgemm peak (measure_gemm_peak_gflops, the MFU), both
+// measured at the same thread count, and PyTorch eager when given its times.
 #include "bench_train.hpp"
 #include "train_models.hpp"
 
@@ -19,6 +20,7 @@
 #include <benchmark/benchmark.h>
 
 #include "attnlab/blas.hpp"
+#include "attnlab/fma_peak.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/optim/sgd.hpp"
@@ -112,19 +114,30 @@ void print_train_table(const std::map<std::string, std::map<std::string, double>
       "study:   1 layer, 1 head, attention only, d_model 64, d_k 256, T 33, B 64\n"
       "small:   2 layers, 4 heads, d_model 128, d_ff 512, T 256, B 16\n"
       "nanogpt: nanoGPT's CPU Shakespeare shape, 4 layers, 4 heads, d_model 128, T 64, B 12, V 65\n"
-      "(all causal). MFU: model FLOPs (6N + attention, nanoGPT's count) x tokens/s over the sgemm\n"
-      "peak measured now at the same thread count (each thread its own 1024^3 sgemm).\n");
+      "(all causal). Model FLOPs: 6N + attention per token (nanoGPT's count) x tokens/s of the\n"
+      "faster path. Utilisation against two peaks measured now at the same thread count:\n"
+      "%%FMA, the cores' FMA peak (a register-only FMA loop, attnlab/fma_peak.hpp), and MFU, the\n"
+      "sgemm peak (each thread its own 1024^3 sgemm; nanoGPT's and llm.c's denominator).\n");
   // The best of two measurements of 5 rounds each: a vCPU taken away for a moment by the host
-  // would otherwise lower the peak (and raise the MFU) of a whole run.
-  std::map<int, double> peak;
-  for (int threads : {1, 2})
+  // would otherwise lower a peak (and raise the utilisation) of a whole run.
+  std::map<int, double> peak, fma;
+  std::map<int, std::string> fma_vector;
+  for (int threads : {1, 2}) {
     peak[threads] = std::max(measure_gemm_peak_gflops<float>(threads, 1024, 5),
                              measure_gemm_peak_gflops<float>(threads, 1024, 5));
-  std::printf("sgemm peak: %.1f GFLOP/s at 1 thread, %.1f at 2 (core %s)\n", peak[1], peak[2],
-              blas_info().core.c_str());
-  std::printf("%-8s %3s | %10s %10s %9s | %8s %7s %6s | %13s | %s\n", "model", "thr", "ref tok/s",
-              "fused tok/s", "fused/ref", "MFLOP/tk", "GFLOP/s", "MFU", "thr 2 / thr 1",
-              torch.empty() ? "" : "torch ms  attnlab ms  torch/attnlab");
+    const FmaPeak a = measure_fma_peak(threads, 0.05, 5), b = measure_fma_peak(threads, 0.05, 5);
+    fma[threads] = std::max(a.gflops, b.gflops);
+    fma_vector[threads] = a.gflops >= b.gflops ? a.vector : b.vector;
+  }
+  std::printf("FMA peak: %.1f GFLOP/s at 1 thread (%s), %.1f at 2 (%s)\n", fma[1],
+              fma_vector[1].c_str(), fma[2], fma_vector[2].c_str());
+  std::printf(
+      "sgemm peak: %.1f GFLOP/s at 1 thread, %.1f at 2 (core %s) = %.0f%% and %.0f%% of the "
+      "FMA peak\n",
+      peak[1], peak[2], blas_info().core.c_str(), 100 * peak[1] / fma[1], 100 * peak[2] / fma[2]);
+  std::printf("%-8s %3s | %10s %10s %9s | %8s %7s %5s %5s | %13s | %s\n", "model", "thr",
+              "ref tok/s", "fused tok/s", "fused/ref", "MFLOP/tk", "GFLOP/s", "%FMA", "MFU",
+              "thr 2 / thr 1", torch.empty() ? "" : "torch ms  attnlab ms  torch/attnlab");
   for (const TrainModel& m : kTrainModels) {
     const double flops = transformer_flops_per_token(train_config(m), m.T);
     for (int threads : {1, 2}) {
@@ -134,9 +147,9 @@ void print_train_table(const std::map<std::string, std::map<std::string, double>
       const double ref = it->second.at("ref"), fused = it->second.at("fused");
       const double best = std::min(ref, fused);
       const double gflops = flops * tokens / best / 1e9;
-      std::printf("%-8s %3d | %10.0f %10.0f %9.2f | %8.2f %7.1f %5.0f%% |", m.name, threads,
+      std::printf("%-8s %3d | %10.0f %10.0f %9.2f | %8.2f %7.1f %4.0f%% %4.0f%% |", m.name, threads,
                   tokens / ref, tokens / fused, ref / fused, flops / 1e6, gflops,
-                  100 * gflops / peak[threads]);
+                  100 * gflops / fma[threads], 100 * gflops / peak[threads]);
       const auto one = seconds.find(train_name(m, 1));
       if (threads == 2 && one != seconds.end()) {
         std::printf(" ref %4.2f fused %4.2f |", one->second.at("ref") / ref,

@@ -149,26 +149,24 @@ void check_resume_flags(const CLI::App& train) {
                      "--save-every, --stop-after and --quiet may be given)");
 }
 
-// Tokens/s of the training steps and, on the CPU, the model FLOPs utilisation: model FLOPs per
-// second over the sgemm peak measured now on the run's thread count (nanoGPT's and llm.c's MFU).
-void print_throughput(const TrainResult& r, const Context& context) {
+// Tokens/s of the training steps and, on the CPU, the model FLOPs utilisation against the two
+// peaks the trainer measured after the steps at the run's thread count: the cores' FMA peak (what
+// the cores can do at all) and the sgemm peak (nanoGPT's and llm.c's MFU denominator).
+void print_throughput(const TrainResult& r) {
   if (r.tokens_per_second <= 0) return;
   const double gflops = r.flops_per_token * r.tokens_per_second / 1e9;
-  if (context.backend != Backend::cpu) {
-    std::fprintf(stdout, "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s\n",
-                 r.tokens_per_second, r.flops_per_token / 1e6, gflops);
-    return;
-  }
-  const double peak = measure_gemm_peak_gflops<float>(context.threads);
+  std::fprintf(stdout, "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s\n",
+               r.tokens_per_second, r.flops_per_token / 1e6, gflops);
+  if (r.fma_peak.gflops <= 0) return;
   std::fprintf(stdout,
-               "throughput: %.0f tokens/s, %.2f MFLOP/token, %.1f GFLOP/s = MFU %.0f%% of the "
-               "sgemm peak measured now (%.0f GFLOP/s at %d thread%s, core %s)\n",
-               r.tokens_per_second, r.flops_per_token / 1e6, gflops, 100 * gflops / peak, peak,
-               context.threads, context.threads == 1 ? "" : "s", blas_info().core.c_str());
+               "utilisation: %.0f%% of the cores' FMA peak measured now, %s; MFU %.0f%% of the "
+               "sgemm peak measured now, %.1f GFLOP/s (core %s)\n",
+               100 * gflops / r.fma_peak.gflops, to_string(r.fma_peak).c_str(),
+               100 * gflops / r.gemm_peak_gflops, r.gemm_peak_gflops, blas_info().core.c_str());
 }
 
 // A finished run's last lines on rank 0: steps, time, losses, throughput and the output files.
-void print_done(const TrainResult& r, const TrainConfig& config, const Context& context) {
+void print_done(const TrainResult& r, const TrainConfig& config) {
   std::string where = r.device;
   if (r.world_size > 1)
     where += " x " + r.distributed;  // "cpu x MPI (Open MPI v4.1.4), 2 processes"
@@ -183,7 +181,7 @@ void print_done(const TrainResult& r, const TrainConfig& config, const Context& 
                  "on rank 0\n",
                  r.tokens_per_second, r.world_size, 1e3 * r.allreduce_seconds_per_step);
   else
-    print_throughput(r, context);
+    print_throughput(r);
   const char* out = config.out.c_str();
   std::fprintf(stdout,
                "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "
@@ -214,7 +212,7 @@ int run_train(TrainConfig config, Context context, CliContext& cli) {
                  r.steps_done, config.out.c_str(), config.out.c_str());
     return status;
   }
-  print_done(r, config, context);
+  print_done(r, config);
   return 0;
 }
 
@@ -238,6 +236,7 @@ int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
   TrainConfig& tc = t.config;
   if (!tc.resume.empty()) check_resume_flags(*t.cmd);
   tc.progress = !t.quiet;
+  tc.measure_peaks = true;
   prepare_task(tc);  // a text task's vocabulary, from --data
   try {
     validate(tc);

@@ -106,6 +106,16 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["step_seconds"] = r.step_seconds;
   j["tokens_per_second"] = r.tokens_per_second;
   j["flops_per_token"] = r.flops_per_token;
+  if (r.fma_peak.gflops > 0 && r.tokens_per_second > 0) {  // every percentage names its denominator
+    const double gflops = r.flops_per_token * r.tokens_per_second / 1e9;
+    j["utilisation"] = {{"model_gflops", gflops},
+                        {"threads", r.fma_peak.threads},
+                        {"fma_peak_gflops", r.fma_peak.gflops},
+                        {"fma_peak_vector", r.fma_peak.vector},
+                        {"of_fma_peak", gflops / r.fma_peak.gflops},
+                        {"sgemm_peak_gflops", r.gemm_peak_gflops},
+                        {"of_sgemm_peak", gflops / r.gemm_peak_gflops}};
+  }
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
   j["world_size"] = r.world_size;
@@ -533,6 +543,11 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
   result.distributed = p.comm.name();
   if (steps_run > 0)
     result.allreduce_seconds_per_step = s.allreduce_seconds / static_cast<double>(steps_run);
+  if (p.c.measure_peaks && steps_run > 0 && p.context.backend == Backend::cpu &&
+      p.comm.size() == 1) {
+    result.fma_peak = measure_fma_peak(p.context.threads);
+    result.gemm_peak_gflops = measure_gemm_peak_gflops<float>(p.context.threads);
+  }
 }
 
 // The run's last checks and files: the replicas agree, the final checkpoint, and on rank 0

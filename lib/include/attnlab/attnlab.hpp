@@ -11,6 +11,7 @@
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/distributed.hpp"
+#include "attnlab/fma_peak.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "attnlab/io/safetensors.hpp"

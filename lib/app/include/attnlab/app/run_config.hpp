@@ -54,6 +54,10 @@ struct TrainConfig {
   int stop_after = 0;    // > 0: stop after this step with a checkpoint, as if interrupted
   bool progress = true;  // live bar on a TTY, plain lines otherwise (false: silent)
   bool write_checkpoint = true;
+  // A CPU run of one process measures the cores' FMA peak and the sgemm peak at its thread count
+  // once the steps are done, for the utilisation in TrainResult and summary.json (about 0.3 s).
+  // The CLI's train sets it; a study leaves it off (its jobs share the cores).
+  bool measure_peaks = false;
 };
 
 // The model the task's data needs: vocab_sizes, max_len and out_vocab from the task shape (a

@@ -27,6 +27,7 @@
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/context.hpp"
+#include "attnlab/fma_peak.hpp"
 #include "attnlab/nn/generate.hpp"
 
 namespace attnlab {
@@ -56,8 +57,14 @@ struct TrainResult {
   double step_seconds = 0;
   double tokens_per_second = 0;  // 0 when no step ran
   double flops_per_token = 0;    // transformer_flops_per_token of the model (nn/transformer.hpp)
-  int world_size = 1;            // processes the batch was split across (context.comm)
-  std::string distributed;       // the communicator's name
+  // With TrainConfig::measure_peaks on the CPU (0 and empty otherwise): the peaks measured after
+  // the steps at the run's thread count. Utilisation = flops_per_token · tokens_per_second over
+  // each: the cores' FMA peak (attnlab/fma_peak.hpp), the honest one, and the sgemm peak
+  // (measure_gemm_peak_gflops, nanoGPT's and llm.c's MFU denominator).
+  FmaPeak fma_peak;
+  double gemm_peak_gflops = 0;
+  int world_size = 1;                     // processes the batch was split across (context.comm)
+  std::string distributed;                // the communicator's name
   double allreduce_seconds_per_step = 0;  // this rank's mean time in the gradient allreduce
 };
 

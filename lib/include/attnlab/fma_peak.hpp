@@ -1,0 +1,30 @@
+// The cores' measured FMA peak: the honest denominator of a utilisation figure.
+//
+// A register-only loop of fused multiply-adds (no loads, no stores, enough independent chains to
+// hide the FMA latency) on the widest vectors the CPU runs, in every thread of a team, timed on
+// the wall clock. It is what the cores can do at all, where measure_gemm_peak_gflops (blas.hpp)
+// is what one BLAS sgemm does on them: a 1024³ sgemm reaches about half this on the machines
+// attnlab is measured on, so a "model FLOPs utilisation" against the sgemm hides half the headroom.
+// attnlab reports both and names the denominator wherever a percentage appears.
+#pragma once
+
+#include <string>
+
+namespace attnlab {
+
+struct FmaPeak {
+  double gflops = 0;   // float FLOP/s of the team, in GFLOP/s (an FMA counts 2)
+  int threads = 0;     // the OpenMP threads that ran (fewer inside a parallel region)
+  std::string vector;  // the loop that gave it: "avx512 zmm", "avx2 ymm", "sse xmm" or "scalar"
+};
+
+// `threads` OpenMP threads (>= 1, std::invalid_argument otherwise) each run the loop for about
+// `seconds` (> 0, finite) per round; the best of `rounds` (>= 1) rounds after one warm-up round.
+// On a CPU with AVX-512 both the zmm and the ymm loop run (cores that split zmm into two halves
+// are as fast on ymm) and the faster one counts. Takes about (rounds + 1) · seconds per loop.
+FmaPeak measure_fma_peak(int threads, double seconds = 0.02, int rounds = 3);
+
+// "512.3 GFLOP/s (2 threads, avx512 zmm)".
+std::string to_string(const FmaPeak& peak);
+
+}  // namespace attnlab

@@ -1,0 +1,185 @@
+#include "attnlab/fma_peak.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ATTNLAB_FMA_X86 1
+#endif
+
+namespace attnlab {
+
+void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,
+               std::string_view got);
+
+namespace {
+
+// Independent accumulation chains per loop: more than latency × FMA ports (4 × 2 on the cores in
+// view), so that the ports never wait, and with the two constants no more than the registers (32
+// zmm with AVX-512; 16 ymm or xmm without it).
+constexpr int kZmmChains = 16, kYmmChains = 12, kXmmChains = 12;
+
+// acc ← acc · a + b converges to b / (1 − a): no overflow, no subnormals, whatever the iterations.
+constexpr float kA = 0.9999999f, kB = 1e-7f;
+
+volatile float g_sink = 0;  // what the loops return goes here, so that none is optimised away
+
+#ifdef ATTNLAB_FMA_X86
+__attribute__((target("avx512f"))) float loop_zmm(std::int64_t iters, float seed) {
+  const __m512 a = _mm512_set1_ps(kA), b = _mm512_set1_ps(kB);
+  __m512 acc[kZmmChains];
+#pragma GCC unroll 16
+  for (int c = 0; c < kZmmChains; ++c) acc[c] = _mm512_set1_ps(seed + float(c));
+  for (std::int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kZmmChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+#pragma GCC unroll 16
+  for (int c = 1; c < kZmmChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float s = 0;
+  for (float v : lanes) s += v;
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) float loop_ymm(std::int64_t iters, float seed) {
+  const __m256 a = _mm256_set1_ps(kA), b = _mm256_set1_ps(kB);
+  __m256 acc[kYmmChains];
+#pragma GCC unroll 12
+  for (int c = 0; c < kYmmChains; ++c) acc[c] = _mm256_set1_ps(seed + float(c));
+  for (std::int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kYmmChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 sum = acc[0];
+#pragma GCC unroll 12
+  for (int c = 1; c < kYmmChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float s = 0;
+  for (float v : lanes) s += v;
+  return s;
+}
+
+// Without FMA: a multiply and an add, counted as 2 flops as an FMA is.
+float loop_xmm(std::int64_t iters, float seed) {
+  const __m128 a = _mm_set1_ps(kA), b = _mm_set1_ps(kB);
+  __m128 acc[kXmmChains];
+#pragma GCC unroll 12
+  for (int c = 0; c < kXmmChains; ++c) acc[c] = _mm_set1_ps(seed + float(c));
+  for (std::int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kXmmChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], a), b);
+  }
+  __m128 sum = acc[0];
+#pragma GCC unroll 12
+  for (int c = 1; c < kXmmChains; ++c) sum = _mm_add_ps(sum, acc[c]);
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, sum);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#else
+float loop_scalar(std::int64_t iters, float seed) {
+  float acc[8];
+  for (int c = 0; c < 8; ++c) acc[c] = seed + float(c);
+  for (std::int64_t i = 0; i < iters; ++i) {
+    for (float& v : acc) v = std::fma(v, kA, kB);
+  }
+  float s = 0;
+  for (float v : acc) s += v;
+  return s;
+}
+#endif
+
+struct Loop {
+  const char* name;
+  float (*run)(std::int64_t, float);
+  double flops_per_iteration;  // chains · lanes · 2
+};
+
+// The team's best GFLOP/s of one loop; `team` gets the threads OpenMP gave.
+double time_loop(const Loop& loop, int threads, double seconds, int rounds, int& team) {
+  // Calibrate on this thread: iterations for about `seconds`.
+  std::int64_t iters = 1 << 12;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    g_sink = g_sink + loop.run(iters, 1.0f);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (t > seconds / 8 || iters > (std::int64_t{1} << 40)) {
+      iters = std::max<std::int64_t>(1, static_cast<std::int64_t>(double(iters) * seconds / t));
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0;
+  for (int round = -1; round < rounds; ++round) {  // round -1: wakes the team's cores
+    double start = 0, stop = 0;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp barrier
+#pragma omp single
+      {
+        team = omp_get_num_threads();
+        start = omp_get_wtime();
+      }
+      const float r = loop.run(iters, 1.0f + float(omp_get_thread_num()));
+#pragma omp barrier
+#pragma omp single
+      stop = omp_get_wtime();
+#pragma omp critical(attnlab_fma_sink)
+      g_sink = g_sink + r;
+    }
+    if (round < 0) continue;
+    const double flops = loop.flops_per_iteration * double(iters) * team;
+    best = std::max(best, flops / (stop - start) / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, double seconds, int rounds) {
+  const char* op = "measure_fma_peak";
+  check_arg(threads >= 1, op, "threads", ">= 1", std::to_string(threads));
+  check_arg(std::isfinite(seconds) && seconds > 0, op, "seconds", "a finite time > 0",
+            std::to_string(seconds));
+  check_arg(rounds >= 1, op, "rounds", ">= 1", std::to_string(rounds));
+  Loop loops[3];
+  int n = 0;
+#ifdef ATTNLAB_FMA_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f"))
+    loops[n++] = {"avx512 zmm", loop_zmm, double(kZmmChains) * 16 * 2};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    loops[n++] = {"avx2 ymm", loop_ymm, double(kYmmChains) * 8 * 2};
+  if (n == 0) loops[n++] = {"sse xmm", loop_xmm, double(kXmmChains) * 4 * 2};
+#else
+  loops[n++] = {"scalar", loop_scalar, 8.0 * 2};
+#endif
+  FmaPeak peak;
+  for (int i = 0; i < n; ++i) {
+    int team = 0;
+    const double gflops = time_loop(loops[i], threads, seconds, rounds, team);
+    if (gflops > peak.gflops) peak = {gflops, team, loops[i].name};
+  }
+  return peak;
+}
+
+std::string to_string(const FmaPeak& peak) {
+  char text[96];
+  std::snprintf(text, sizeof text, "%.1f GFLOP/s (%d thread%s, %s)", peak.gflops, peak.threads,
+                peak.threads == 1 ? "" : "s", peak.vector.c_str());
+  return text;
+}
+
+}  // namespace attnlab
