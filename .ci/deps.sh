@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages attnlab needs (build, tests, CLI, plots, benchmarks; clang-format
-# for the format check, LLVM's libomp for the tsan preset, Open MPI for data-parallel training).
+# for the format check, LLVM's libomp for the tsan preset, Open MPI for data-parallel training,
+# oneDNN for the float GEMMs with the OpenCL headers its CMake package asks for).
 # Idempotent: packages already present are skipped, so a ready machine pays nothing.
 set -euo pipefail
 packages=(
@@ -9,6 +10,7 @@ packages=(
   doctest-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev gnuplot-nox
   clang-format libomp-14-dev
   libopenmpi-dev openmpi-bin
+  libdnnl-dev ocl-icd-opencl-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -37,7 +37,8 @@ install(FILES "${PROJECT_BINARY_DIR}/attnlabConfig.cmake"
 
 # pkg-config (attnlab.pc, beside the CMake package): the same usage requirements as attnlab::attnlab
 # (C++20, OpenMP, xtensor with xsimd and its aligned allocator) in flags; a static attnlab also
-# lists OpenBLAS and, with the CUDA backend, attnlab_cuda, cuBLAS and the static CUDA runtime.
+# lists OpenBLAS, oneDNN when it is built in, and, with the CUDA backend, attnlab_cuda, cuBLAS and
+# the static CUDA runtime.
 file(RELATIVE_PATH ATTNLAB_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" ATTNLAB_PC_TO_PREFIX "${ATTNLAB_PC_TO_PREFIX}")
 # xtensor's allocator comes from the installed attnlab/xtensor_config.hpp, forced first into every
@@ -54,6 +55,9 @@ if(ATTNLAB_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
     set(ATTNLAB_PC_LIBS "-lattnlab_cuda -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart_static -ldl -lrt -lpthread")
   endif()
   set(ATTNLAB_PC_REQUIRES "openblas")
+  if(ATTNLAB_WITH_ONEDNN)  # oneDNN ships no pkg-config file
+    string(APPEND ATTNLAB_PC_LIBS " -ldnnl")
+  endif()
   if(ATTNLAB_WITH_MPI)
     string(APPEND ATTNLAB_PC_REQUIRES " ompi-c")
   endif()

@@ -4,9 +4,13 @@
 #include <cblas.h>
 #include <omp.h>
 #include <strings.h>
+#ifdef ATTNLAB_WITH_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <shared_mutex>
@@ -30,16 +34,54 @@ CBLAS_TRANSPOSE to_cblas(bool trans) {
   return trans ? CblasTrans : CblasNoTrans;
 }
 
-void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                 int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+// The engine of float gemms (BlasInfo::engine), set before any gemm runs: by init under the
+// exclusive lock, or by the check of the first gemm; read by every gemm after ensure_checked.
+std::atomic<GemmEngine> float_engine{GemmEngine::openblas};
+
+void openblas_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, to_cblas(trans_a), to_cblas(trans_b), m, n, k, alpha, a, lda, b, ldb,
               beta, c, ldc);
 }
 
-void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
-                 int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+void openblas_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
+                   int lda, const double* b, int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, to_cblas(trans_a), to_cblas(trans_b), m, n, k, alpha, a, lda, b, ldb,
               beta, c, ldc);
+}
+
+#ifdef ATTNLAB_WITH_ONEDNN
+// oneDNN's sgemm on the calling thread alone. Inside an active parallel region oneDNN runs serially
+// by itself; outside one it would start omp_get_max_threads() threads, so the calling thread's
+// OpenMP count is 1 for the call (attnlab splits a gemm across threads itself: gemm_impl). A
+// status other than success (which the arguments attnlab passes never give) falls back to OpenBLAS.
+void onednn_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                 int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const bool serial = !omp_in_parallel();
+  const int previous = serial ? omp_get_max_threads() : 1;
+  if (serial && previous != 1) omp_set_num_threads(1);
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                                          a, lda, b, ldb, beta, c, ldc);
+  if (serial && previous != 1) omp_set_num_threads(previous);
+  if (status != dnnl_success)
+    openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#endif
+
+void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                 int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+#ifdef ATTNLAB_WITH_ONEDNN
+  if (float_engine.load(std::memory_order_relaxed) == GemmEngine::onednn) {
+    onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#endif
+  openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
+                 int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Below this many multiply-adds a gemm runs on one thread: forking costs more than it saves.
@@ -214,8 +256,8 @@ bool switch_core(const std::string& name) {
 // One gemm (37 x 29 x 41, odd on purpose, padded leading dimensions) against a plain loop. Inputs
 // are multiples of 1/4 in [-5/4, 5/4], so every product and partial sum is exact in float: any
 // correct kernel, in any summation order, returns exactly the loop's result.
-template <class T>
-bool gemm_exact(bool trans_a, bool trans_b, bool corrupt) {
+template <class T, class Gemm>
+bool gemm_exact(const Gemm& gemm, bool trans_a, bool trans_b, bool corrupt) {
   constexpr int m = 37, n = 29, k = 41, pad = 3;
   const int lda = (trans_a ? m : k) + pad, ldb = (trans_b ? k : n) + pad, ldc = n + pad;
   auto fill = [](std::vector<T>& x, int shift) {
@@ -238,21 +280,111 @@ bool gemm_exact(bool trans_a, bool trans_b, bool corrupt) {
       expected[i * ldc + j] = T(0.5) * sum + T(0.25) * expected[i * ldc + j];
     }
   }
-  serial_gemm(trans_a, trans_b, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(0.25), c.data(),
-              ldc);
+  gemm(trans_a, trans_b, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(0.25), c.data(), ldc);
   if (corrupt) c[ldc + 1] += 1;  // ATTNLAB_BLAS_SIMULATE_BAD_KERNEL
   return c == expected;
 }
 
+// OpenBLAS's core: its sgemm and dgemm.
 bool self_check() {
   const bool corrupt = env_is_one("ATTNLAB_BLAS_SIMULATE_BAD_KERNEL");
+  const auto sgemm = [](auto... args) { openblas_gemm(args...); };
   for (bool trans_a : {false, true}) {
     for (bool trans_b : {false, true}) {
-      if (!gemm_exact<float>(trans_a, trans_b, corrupt)) return false;
-      if (!gemm_exact<double>(trans_a, trans_b, false)) return false;
+      if (!gemm_exact<float>(sgemm, trans_a, trans_b, corrupt)) return false;
+      if (!gemm_exact<double>(sgemm, trans_a, trans_b, false)) return false;
     }
   }
   return true;
+}
+
+#ifdef ATTNLAB_WITH_ONEDNN
+// oneDNN's sgemm, as the core's.
+bool onednn_self_check() {
+  const bool corrupt = env_is_one("ATTNLAB_BLAS_SIMULATE_BAD_KERNEL");
+  const auto sgemm = [](auto... args) { onednn_gemm(args...); };
+  for (bool trans_a : {false, true})
+    for (bool trans_b : {false, true})
+      if (!gemm_exact<float>(sgemm, trans_a, trans_b, corrupt)) return false;
+  return true;
+}
+
+// "avx512_core_bf16": the kernels oneDNN dispatches to on this CPU.
+const char* onednn_isa_name() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
+std::string onednn_name() {
+  const dnnl_version_t* v = dnnl_version();
+  char text[96];
+  std::snprintf(text, sizeof text, "oneDNN %d.%d.%d, %s kernels", v->major, v->minor, v->patch,
+                onednn_isa_name());
+  return text;
+}
+#endif
+
+void add_warning(BlasInfo& info, const std::string& warning) {
+  info.warning += (info.warning.empty() ? "" : "; ") + warning;
+}
+
+// Fills info's engine fields from ATTNLAB_GEMM and sets float_engine. Changes nothing outside
+// attnlab, so the check of a gemm before init runs it too.
+void select_engine(BlasInfo& info) {
+  const char* env = std::getenv("ATTNLAB_GEMM");
+  const std::string request = env && *env ? env : "auto";
+  info.engine = GemmEngine::openblas;
+  info.engine_name = info.library;
+  const bool built = onednn_built();
+  if (request == "openblas") {
+    info.engine_reason = "ATTNLAB_GEMM=openblas";
+  } else if (request == "auto" || request == "onednn") {
+    if (!built) {
+      info.engine_reason = "built without oneDNN";
+      if (request == "onednn")
+        add_warning(info,
+                    "ATTNLAB_GEMM=onednn ignored: this attnlab was built without oneDNN; "
+                    "float gemms run in " +
+                        info.library);
+    } else {
+#ifdef ATTNLAB_WITH_ONEDNN
+      const std::string why =
+          request == "onednn" ? "ATTNLAB_GEMM=onednn" : "faster than OpenBLAS on a step's shapes";
+      if (onednn_self_check()) {
+        info.engine = GemmEngine::onednn;
+        info.engine_name = onednn_name();
+        info.engine_reason = why;
+      } else {
+        info.engine_reason = "oneDNN failed attnlab's sgemm self-check";
+        add_warning(info, onednn_name() + " failed attnlab's sgemm self-check (" + why +
+                              "); float gemms run in " + info.library);
+      }
+#endif
+    }
+  } else {
+    info.engine_reason = "ATTNLAB_GEMM=" + request + " is not an engine";
+    add_warning(info, "ATTNLAB_GEMM=" + request + " ignored: expected auto, onednn or openblas; " +
+                          "float gemms run in " + info.library);
+  }
+  float_engine.store(info.engine, std::memory_order_relaxed);
 }
 
 // "OpenBLAS 0.3.21" from "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...".
@@ -367,6 +499,7 @@ void ensure_checked() {
   const std::unique_lock<std::shared_mutex> lock(core_mutex());
   if (core_state.load(std::memory_order_relaxed) != CoreState::unchecked) return;
   select_core(info_storage(), false);
+  select_engine(info_storage());
   core_state.store(CoreState::checked, std::memory_order_release);
 }
 
@@ -376,6 +509,7 @@ void init() {
   const std::unique_lock<std::shared_mutex> lock(core_mutex());
   if (core_state.load(std::memory_order_relaxed) == CoreState::initialized) return;
   select_core(info_storage(), true);
+  select_engine(info_storage());
   core_state.store(CoreState::initialized, std::memory_order_release);
 }
 
@@ -409,7 +543,22 @@ const BlasInfo& blas_info() {
 std::string blas_summary(const BlasInfo& info) {
   std::string line = info.library + ", core " + info.core + " (";
   if (info.switched) line += "switched from " + info.openblas_core + ": ";
-  return line + info.reason + ")";
+  line += info.reason + ")";
+  if (!info.engine_name.empty())
+    line += "; float gemm: " + info.engine_name + " (" + info.engine_reason + ")";
+  return line;
+}
+
+const char* to_string(GemmEngine engine) {
+  return engine == GemmEngine::onednn ? "onednn" : "openblas";
+}
+
+bool onednn_built() {
+#ifdef ATTNLAB_WITH_ONEDNN
+  return true;
+#else
+  return false;
+#endif
 }
 
 std::string to_string(const CpuFeatures& cpu) {

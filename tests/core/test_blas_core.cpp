@@ -116,7 +116,7 @@ Probe run_probe(const std::string& assignments, const std::string& mode = "init"
   const test::TempDir dir;
   const std::string cmd =
       "env -u OPENBLAS_CORETYPE -u ATTNLAB_BLAS_CORE -u ATTNLAB_BLAS_SIMULATE_FALLBACK "
-      "-u ATTNLAB_BLAS_SIMULATE_BAD_KERNEL -u OPENBLAS_VERBOSE " +
+      "-u ATTNLAB_BLAS_SIMULATE_BAD_KERNEL -u OPENBLAS_VERBOSE -u ATTNLAB_GEMM " +
       assignments + " '" + ATTNLAB_BLAS_CORE_PROBE_PATH + "' " + mode + " >'" + dir.file("out") +
       "' 2>'" + dir.file("err") + "'";
   const int raw = std::system(cmd.c_str());
@@ -138,6 +138,7 @@ void check_probe_sane(const Probe& p) {
   CHECK(p.status == 0);
   CHECK(p.err.empty());
   CHECK(p["gemm_ok"] == "1");
+  CHECK(p["sgemm_ok"] == "1");
   CHECK(p["core"] == p["corename_now"]);
 }
 
@@ -289,6 +290,58 @@ TEST_CASE("blas core probe: first gemms from 4 threads leave the environment alo
   CHECK(p["env_coretype"] == "(unset)");
   CHECK(p["switched"] == "0");
   CHECK(p["initialized"] == "0");
+}
+
+TEST_CASE("blas core probe: ATTNLAB_GEMM picks the float engine: oneDNN by default where built") {
+  const Probe automatic = run_probe("");
+  check_probe_sane(automatic);
+  CHECK(automatic["warning"].empty());
+  if (onednn_built()) {
+    CHECK(automatic["engine"] == "onednn");
+    CHECK(automatic["engine_name"].rfind("oneDNN ", 0) == 0);
+  } else {
+    CHECK(automatic["engine"] == "openblas");
+    CHECK(automatic["engine_reason"] == "built without oneDNN");
+  }
+  // No init: the engine is chosen by the check of the first gemm all the same.
+  const Probe no_init = run_probe("", "no-init");
+  check_probe_sane(no_init);
+  CHECK(no_init["engine"] == automatic["engine"]);
+
+  const Probe openblas = run_probe("ATTNLAB_GEMM=openblas");
+  check_probe_sane(openblas);
+  CHECK(openblas["engine"] == "openblas");
+  CHECK(openblas["engine_name"] == openblas["library"]);
+  CHECK(openblas["engine_reason"] == "ATTNLAB_GEMM=openblas");
+  CHECK(openblas["warning"].empty());
+
+  const Probe onednn = run_probe("ATTNLAB_GEMM=onednn");
+  check_probe_sane(onednn);
+  if (onednn_built()) {
+    CHECK(onednn["engine"] == "onednn");
+    CHECK(onednn["engine_reason"] == "ATTNLAB_GEMM=onednn");
+    CHECK(onednn["warning"].empty());
+  } else {
+    CHECK(onednn["engine"] == "openblas");
+    CHECK(onednn["warning"].find("built without oneDNN") != std::string::npos);
+  }
+}
+
+TEST_CASE("blas core probe: an unknown ATTNLAB_GEMM, or a failed oneDNN self-check, warns") {
+  const Probe unknown = run_probe("ATTNLAB_GEMM=fastest");
+  check_probe_sane(unknown);
+  CHECK(unknown["engine"] == "openblas");
+  CHECK(unknown["warning"] ==
+        "ATTNLAB_GEMM=fastest ignored: expected auto, onednn or openblas; float gemms run in " +
+            unknown["library"]);
+  if (!onednn_built()) return;
+  // The test-only bad kernel fails every self-check, OpenBLAS's core's and oneDNN's alike.
+  const Probe bad = run_probe("ATTNLAB_GEMM=onednn ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1");
+  check_probe_sane(bad);
+  CHECK(bad["engine"] == "openblas");
+  CHECK(bad["engine_reason"] == "oneDNN failed attnlab's sgemm self-check");
+  CHECK(bad["warning"].find("failed attnlab's sgemm self-check (ATTNLAB_GEMM=onednn); float gemms "
+                            "run in OpenBLAS") != std::string::npos);
 }
 
 TEST_CASE("blas core probe: a mode other than init, no-init or threads is refused") {

@@ -118,6 +118,7 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   }
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
+  j["gemm_engine"] = blas_info().engine_name;  // the float gemms'
   j["world_size"] = r.world_size;
   j["distributed"] = r.distributed;
   if (r.world_size > 1) j["allreduce_seconds_per_step"] = r.allreduce_seconds_per_step;

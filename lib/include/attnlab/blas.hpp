@@ -1,6 +1,8 @@
-// The one place that calls BLAS gemm. Row-major, explicit leading dimensions, float and double.
-// Every matmul in attnlab goes through here: never write a matmul as an xtensor expression.
-// It also makes sure OpenBLAS runs kernels the CPU supports (blas::init, blas_info).
+// The one place that calls a GEMM library. Row-major, explicit leading dimensions, float and
+// double. Every matmul in attnlab goes through here: never write a matmul as an xtensor expression.
+// It also makes sure OpenBLAS runs kernels the CPU supports (blas::init, blas_info), and chooses
+// the engine of float GEMMs: oneDNN where it is built in (faster on the shapes of a training step:
+// tests/bench/README.md), else OpenBLAS. Double GEMMs always run in OpenBLAS (oneDNN has none).
 #pragma once
 
 #include <string>
@@ -15,6 +17,9 @@ struct CpuFeatures {
   bool avx512bf16 = false;
 };
 
+// The library that runs float GEMMs (double ones always run in OpenBLAS).
+enum class GemmEngine { openblas, onednn };
+
 // Which BLAS kernels attnlab runs, and why. Filled by blas::init(), or read-only by the first gemm
 // when init was not called.
 struct BlasInfo {
@@ -24,6 +29,13 @@ struct BlasInfo {
   bool switched = false;      // attnlab moved OpenBLAS from openblas_core to core
   std::string reason;         // why it switched, or why it did not
   CpuFeatures cpu;
+  // The engine of float GEMMs, from ATTNLAB_GEMM (auto | onednn | openblas; auto: oneDNN when it
+  // is built in), its name ("oneDNN 2.6.3, avx512_core_bf16 kernels" or the OpenBLAS library) and
+  // why it was chosen. oneDNN is checked like a switched core (the exact gemm against a plain
+  // loop) and left for OpenBLAS, with a warning, when it fails.
+  GemmEngine engine = GemmEngine::openblas;
+  std::string engine_name;
+  std::string engine_reason;
   std::string warning;  // empty unless something went wrong; the app shows it, the library never
 };
 
@@ -32,8 +44,14 @@ struct BlasInfo {
 const BlasInfo& blas_info();
 
 // One line: "OpenBLAS 0.3.21, core SkylakeX (switched from Prescott: <reason>)" or
-// "OpenBLAS 0.3.21, core Cooperlake (<reason>)".
+// "OpenBLAS 0.3.21, core Cooperlake (<reason>)", then "; float gemm: <engine_name> (<reason>)".
 std::string blas_summary(const BlasInfo& info);
+
+// "onednn" or "openblas".
+const char* to_string(GemmEngine engine);
+
+// True when this attnlab was built with oneDNN (the ATTNLAB_ONEDNN CMake switch).
+bool onednn_built();
 
 // "avx2 fma avx512f ..." (the features present, in this order), or "none".
 std::string to_string(const CpuFeatures& cpu);
@@ -64,9 +82,11 @@ namespace blas {
 //   ATTNLAB_BLAS_CORE=<core>    use this core: Prescott, Core2, Nehalem, Sandybridge, Haswell, Zen,
 //                               SkylakeX or Cooperlake (refused, with a warning, if the CPU lacks
 //                               its instructions);
+//   ATTNLAB_GEMM=auto|onednn|openblas   the engine of float GEMMs (BlasInfo::engine); another
+//                               value, or onednn in a build without it, is ignored with a warning;
 //   ATTNLAB_BLAS_SIMULATE_FALLBACK=1, ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1   for tests only: treat
 //                               the core named by OPENBLAS_CORETYPE as OpenBLAS's own fallback;
-//                               make the self-check fail.
+//                               make the self-check fail (of the core, and of oneDNN).
 // Not safe against BLAS calls made outside attnlab at the same moment (see blas.cpp).
 void init();
 
@@ -79,8 +99,8 @@ bool initialized();
 // (its previous contents, even NaN, are ignored); otherwise it is added to.
 // Called outside a parallel region with num_threads() > 1 (the calling thread's count, threads.hpp)
 // and a large enough product, the rows (or columns) of C are split over that many threads, one
-// single-threaded BLAS call each; deterministic for a fixed thread count. Inside a parallel region
-// it always runs serially.
+// single-threaded BLAS call each; deterministic for a fixed thread count and engine. Inside a
+// parallel region it always runs serially. Float GEMMs run in BlasInfo::engine.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda, const T* b,
           int ldb, T beta, T* c, int ldc);
