@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Training tokens/s of attnlab and PyTorch eager side by side, in one run, on the same model,
-# configuration, data and machine: nanoGPT's CPU Shakespeare run (data/configs/shakespeare_char_cpu.json,
-# corpus from `bash data/fetch_shakespeare.sh`), each side at 1 and 2 threads, then the ratio of the
-# two sides' best. attnlab is `attnlab train`; PyTorch is tests/bench/torch_train.py, which starts
-# from attnlab's initial weights (exported by a 1-step run at lr 1e-12) and draws attnlab's batches,
-# so the last-loss column of both sides should agree to about 1e-3.
+# Training tokens/s of attnlab and PyTorch side by side, in one run, on the same configuration, data
+# and machine: nanoGPT's CPU Shakespeare run (data/configs/shakespeare_char_cpu.json, corpus from
+# `bash data/fetch_shakespeare.sh`), each side at 1 and 2 threads, then the ratio of attnlab's best to
+# PyTorch's. attnlab is `attnlab train`; PyTorch is tests/bench/torch_train.py in the variants of
+# VARIANTS (default "eager compile nanogpt-eager nanogpt-compile"), each its own side in the table:
+#   torch-eager      python/attnlab_torch.py's model (attnlab's, identical), PyTorch eager mode
+#   torch-compile    the same model and loss under torch.compile (default mode, Inductor)
+#   nanogpt-eager    tests/bench/nanogpt_torch.py: nanoGPT's model-code style (fused c_attn,
+#                    F.scaled_dot_product_attention) with attnlab's shapes and biases, same FLOPs
+#   nanogpt-compile  that model under torch.compile
+#   nanogpt-bf16     that model under torch.autocast("cpu", torch.bfloat16) (not in the default)
+# Every variant starts from attnlab's initial weights (exported by a 1-step run at lr 1e-12;
+# nanogpt_torch stacks q, k and v into c_attn) and draws attnlab's batches with the same AdamW,
+# clipping and schedule, so the last-loss column of every side should agree to about 1e-3 (bf16's to
+# about 1e-2). torch.compile compiles in the first warm-up step, outside the timed steps; each
+# compile variant compiles afresh at each thread count in each round (tens of seconds each on a
+# 2-core machine; the "compile" line after the table gives each first step, compile included).
 #
 # A step is timed as summary.json's tokens_per_second times it: forward through optimizer step,
 # without making the batch, evaluating, logging or checkpointing. Both sides train WARMUP_STEPS +
@@ -16,8 +27,8 @@
 # PyTorch runs with OPENBLAS_CORETYPE set to attnlab's core, so that a torch calling OpenBLAS
 # (Debian's python3-torch) uses the same sgemm kernels; pip's torch calls MKL instead.
 #
-# --check first trains CHECK_STEPS (default 10) steps on both sides from the same weights and
-# batches and compares the losses step by step (torch_train.py --check; fails above 1e-3).
+# --check first trains CHECK_STEPS (default 10) steps on attnlab and torch-eager from the same weights
+# and batches and compares the losses step by step (torch_train.py --check; fails above 1e-3).
 #
 # PYTHON (default python3) is any python with torch, e.g. pip's in a venv (python3 -m venv V &&
 # V/bin/pip install torch; on Linux PyPI's torch brings CUDA wheels, GBs) or Debian's
@@ -26,9 +37,13 @@
 # The last line tells whether the machine was quiet: the CPU time other processes used during the
 # run and the hypervisor's steal. On a shared machine, time it alone, e.g. under the builds' lock:
 #   flock /tmp/attnlab_cpu.lock bash tests/bench/compare_torch_train.sh [--check] [ATTNLAB] [PYTHON]
+# The table has a row per side and thread count; then "ratio attnlab/torch" sets attnlab's best
+# (at its best thread count) against the best of every torch variant (each at its best thread count)
+# and names the variant and thread count, then one ratio line per variant.
 # Usage: tests/bench/compare_torch_train.sh [--check] [ATTNLAB_BINARY] [PYTHON]
-#   (env: WARMUP_STEPS, TIMED_STEPS, REPEATS, THREADS="1 2", CHECK_STEPS, CONFIG; attnlab needs
-#   WARMUP_STEPS + TIMED_STEPS >= the config's LR warmup, 100)
+#   (env: WARMUP_STEPS, TIMED_STEPS, REPEATS, THREADS="1 2", VARIANTS, CHECK_STEPS, CONFIG; attnlab
+#   needs WARMUP_STEPS + TIMED_STEPS >= the config's LR warmup, 100; the compile variants need
+#   WARMUP_STEPS >= 1)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 check=0
@@ -47,6 +62,7 @@ warmup=${WARMUP_STEPS:-20}
 timed=${TIMED_STEPS:-100}
 repeats=${REPEATS:-3}
 threads_list=${THREADS:-1 2}
+variants=${VARIANTS:-eager compile nanogpt-eager nanogpt-compile}
 check_steps=${CHECK_STEPS:-10}
 total=$((warmup + timed))
 
@@ -82,7 +98,7 @@ torch_train() {  # tests/bench/torch_train.py under OPENBLAS_CORETYPE=attnlab's 
   if [ -n "$core" ]; then OPENBLAS_CORETYPE=$core "$python" tests/bench/torch_train.py "$@"; else "$python" tests/bench/torch_train.py "$@"; fi
 }
 echo "pytorch: $(torch_train --config "$config" --info | sed -n 's/^# //p') ($python), OPENBLAS_CORETYPE=${core}"
-echo "config: $config, $warmup warm-up + $timed timed steps, best of $repeats, threads: $threads_list"
+echo "config: $config, $warmup warm-up + $timed timed steps, best of $repeats, threads: $threads_list, torch variants: $variants"
 
 # attnlab's initial weights, for PyTorch: one step at lr 1e-12 moves no float32 weight measurably.
 attnlab_train 0 --config "$config" --steps 1 --schedule constant --lr 1e-12 --min-lr 0 --warmup 0 \
@@ -113,9 +129,12 @@ for ((r = 0; r < repeats; ++r)); do
       'BEGIN { print "attnlab", th, (f - s) / n, f / t, l }' >>"$results"
     rm -rf "$tmp/short" "$tmp/full"
   done
-  # shellcheck disable=SC2086  # the thread counts are separate arguments
-  torch_train --config "$config" --init "$tmp/init" --threads $threads_list \
-    --warmup-steps "$warmup" --steps "$timed" | sed -n 's/^train /torch /p' >>"$results"
+  # Each variant its own side: torch-eager, torch-compile, nanogpt-eager, nanogpt-compile, nanogpt-bf16.
+  # shellcheck disable=SC2086  # the thread counts and the variants are separate arguments
+  torch_train --config "$config" --init "$tmp/init" --threads $threads_list --variant $variants \
+    --warmup-steps "$warmup" --steps "$timed" >"$tmp/torch"
+  sed -n 's/^train \(nanogpt-[^ ]*\) /\1 /p; s/^train \([^ ]*\) /torch-\1 /p' "$tmp/torch" >>"$results"
+  sed -n 's/^# compile \([^ ]*\) \([0-9]*\) threads: first step \([^ ]*\) s.*/\1 \2 \3/p' "$tmp/torch" >>"$tmp/compiles"
 done
 
 tokens=$("$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["batch"] * c["task"]["block"])' "$config")
@@ -126,14 +145,26 @@ awk -v tok="$tokens" -v n="$total" '
     if ($4 < all[key]) all[key] = $4
     loss[key] = $5 }
   END {
-    printf "%-8s %7s %9s %9s %18s %12s\n", "side", "threads", "step ms", "tokens/s", "tokens/s all steps", "loss@" n
+    printf "%-16s %7s %9s %9s %18s %12s\n", "side", "threads", "step ms", "tokens/s", "tokens/s all steps", "loss@" n
     for (i = 1; i <= rows; ++i) {
       key = order[i]; split(key, f, " "); rate = tok / step[key]
+      if (!(f[1] in best)) sides[++nsides] = f[1]
       if (rate > best[f[1]]) { best[f[1]] = rate; at[f[1]] = f[2] }
-      printf "%-8s %7d %9.2f %9.0f %18.0f %12.4f\n", f[1], f[2], 1000 * step[key], rate, tok / all[key], loss[key]
+      printf "%-16s %7d %9.2f %9.0f %18.0f %12.4f\n", f[1], f[2], 1000 * step[key], rate, tok / all[key], loss[key]
     }
-    printf "ratio attnlab/torch (each at its best: attnlab %d threads, torch %d threads): %.2f\n", at["attnlab"], at["torch"], best["attnlab"] / best["torch"]
+    top = ""
+    for (i = 1; i <= nsides; ++i)
+      if (sides[i] != "attnlab" && (top == "" || best[sides[i]] > best[top])) top = sides[i]
+    printf "ratio attnlab/torch (each at its best: attnlab %d threads; best torch: %s, %d threads): %.2f\n", at["attnlab"], top, at[top], best["attnlab"] / best[top]
+    for (i = 1; i <= nsides; ++i)
+      if (sides[i] != "attnlab")
+        printf "ratio attnlab/%s (attnlab %d threads, %s %d threads): %.2f\n", sides[i], at["attnlab"], sides[i], at[sides[i]], best["attnlab"] / best[sides[i]]
   }' "$results"
+# torch.compile's first step (compile included; outside the timed steps), per variant and thread count.
+if [ -s "$tmp/compiles" ]; then
+  awk '{ s = s sep (($1 ~ /^nanogpt-/) ? "" : "torch-") $1 " (" $2 " threads) " $3 " s"; sep = ", " }
+    END { print "compile (first step, each round): " s }' "$tmp/compiles"
+fi
 # Whether the measurement had the machine to itself: the CPU time that other processes used
 # meanwhile (busy time less this script's) and the time the hypervisor took (steal).
 read -r busy1 steal1 < <(cpu_ticks)
