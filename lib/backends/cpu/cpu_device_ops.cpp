@@ -27,7 +27,18 @@ namespace attnlab {
 
 namespace {
 
+using detail::for_chunks;
 using detail::for_row_chunks;
+
+// The optimizers' updates take a thread per kMinUpdateChunk elements (element-wise: the same bits
+// for any cut); sum_of_squares sums blocks of kSquaresBlock elements.
+constexpr std::size_t kMinUpdateChunk = 4096;
+constexpr std::size_t kSquaresBlock = 4096;
+
+std::size_t update_chunks(std::size_t n) {
+  const auto threads = static_cast<std::size_t>(num_threads());
+  return std::max<std::size_t>(1, std::min(threads, n / kMinUpdateChunk));
+}
 
 // (B,T,H·D) <-> (B,H,T,D): the head split has no xtensor op of its own.
 template <class T>
@@ -235,27 +246,41 @@ class CpuDeviceOps final : public DeviceOps<T> {
   void check_fused(std::size_t, std::size_t) override {}
 
   // ---- optimizers and norms ------------------------------------------------------------------
+  // The optimizers' element updates read and write four arrays with a square root and a division
+  // per element: worth a thread from kMinUpdateChunk elements (a 128 x 128 weight splits in two).
   void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
                     const kernel_math::AdamWScalars<T>& s) override {
-    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+    for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
       for (std::size_t i = i0; i < i1; ++i)
         kernel_math::adamw_element(param[i], m[i], v[i], grad[i], s);
     });
   }
   void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
                   bool first_step) override {
-    for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
+    for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
       for (std::size_t i = i0; i < i1; ++i) {
         kernel_math::sgd_element(param[i], buf ? buf + i : nullptr, grad[i], lr, momentum,
                                  weight_decay, first_step);
       }
     });
   }
-  // In double, in index order (grad_norm's order): one serial pass, no partials.
+  // In double: blocks of kSquaresBlock elements, each summed in index order, then the blocks'
+  // sums in block order. The blocks do not depend on the thread count, so neither do the bits;
+  // the blocks run in parallel for a large n.
   void sum_of_squares(double* out, double* /*partial*/, const T* x, std::size_t n) override {
+    const std::size_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+    std::vector<double> block_sum(blocks, 0.0);
+    for_row_chunks(blocks, kSquaresBlock, [&](std::size_t b0, std::size_t b1, std::size_t) {
+      for (std::size_t b = b0; b < b1; ++b) {
+        const std::size_t i1 = std::min(n, (b + 1) * kSquaresBlock);
+        double sum = 0;
+        for (std::size_t i = b * kSquaresBlock; i < i1; ++i)
+          sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+        block_sum[b] = sum;
+      }
+    });
     double sum = 0;
-    for (std::size_t i = 0; i < n; ++i)
-      sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (double s : block_sum) sum += s;
     *out = sum;
   }
   std::size_t sum_of_squares_scratch() const override { return 1; }

@@ -1,8 +1,38 @@
 #include "attnlab/nn/module.hpp"
 
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "../parallel_rows.hpp"
 #include "attnlab/attention/dropout.hpp"
 
 namespace attnlab {
+
+template <class T>
+bool all_finite_host(const T* x, std::size_t n) {
+  // A value is not finite exactly when its exponent bits are all ones (inf and NaN).
+  using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr Bits exponent =
+      static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  std::vector<unsigned char> bad(detail::row_chunks(n, 1), 0);
+  detail::for_chunks(n, bad.size(), [&](std::size_t i0, std::size_t i1, std::size_t c) {
+    Bits any = 0;
+    for (std::size_t i = i0; i < i1; ++i) {
+      Bits bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      any |= static_cast<Bits>((bits & exponent) == exponent);
+    }
+    bad[c] = any != 0;
+  });
+  for (unsigned char b : bad)
+    if (b) return false;
+  return true;
+}
+
+template bool all_finite_host<float>(const float*, std::size_t);
+template bool all_finite_host<double>(const double*, std::size_t);
 
 void throw_wrong_backend(std::string_view op, std::string_view arg, const DeviceMemory& expected,
                          const DeviceMemory* actual) {
