@@ -6,8 +6,8 @@
     at.export_run(model, "runs/from_torch", run_config)   # back: `attnlab eval --checkpoint ...`
 
 The module is written independently of attnlab's C++ code, from the definitions in
-lib/include/attnlab/nn/*.hpp (pre-LN blocks, GELU-tanh MLP, no head bias, ...), and covers every
-option of attnlab's TransformerConfig: several input fields, learned / sinusoidal / no positions,
+lib/include/attnlab/nn/*.hpp (pre-LN blocks, a GELU-tanh or ReLU² MLP, no head bias, ...), and covers
+every option of attnlab's TransformerConfig: several input fields, learned / sinusoidal / no positions,
 LayerNorm / RMSNorm / no norm, attention-only blocks, d_k and d_v apart from d_model / heads,
 grouped-query attention (kv_heads), the scaling modes none / sqrt_dk / dk and an explicit scale,
 QK-norm, a learnable per-head scale, causal attention, a sliding window, ALiBi, rotary positions
@@ -305,13 +305,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, C, F_):
+    """fc1 -> activation -> fc2: GELU's tanh form, or ReLU² (max(x, 0)², "mlp": "relu2")."""
+
+    def __init__(self, C, F_, activation="gelu"):
         super().__init__()
+        if activation not in ("gelu", "relu2"):
+            raise ValueError(f"attnlab_torch: mlp expected gelu|relu2, got {activation!r}")
+        self.activation = activation
         self.fc1 = nn.Linear(C, F_)
         self.fc2 = nn.Linear(F_, C)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        h = self.fc1(x)
+        h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h, approximate="tanh")
+        return self.fc2(h)
 
 
 class Block(nn.Module):
@@ -327,7 +334,7 @@ class Block(nn.Module):
         self.attn_only = bool(block.get("attn_only", False))
         if not self.attn_only:
             self.ln2 = _make_norm(norm, C)
-            self.mlp = MLP(C, block.get("d_ff", 0) or 4 * C)
+            self.mlp = MLP(C, block.get("d_ff", 0) or 4 * C, block.get("mlp", "gelu"))
         self.dropout = nn.Dropout(float(block.get("dropout", 0.0)))
 
     def forward(self, x):

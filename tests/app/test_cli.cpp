@@ -569,6 +569,7 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --scale inf", "--scale"},
       {"train --logit-softcap -1", "--logit-softcap"},
       {"train --logit-softcap nan", "--logit-softcap"},
+      {"train --mlp swiglu", "--mlp"},
       {"train --positions rope --rope-theta 0", "--rope-theta"},
       {"train --positions rope --rope-theta -5", "--rope-theta"},
       {"train --positions rope --rope-fraction 0", "--rope-fraction"},

@@ -268,6 +268,11 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.logit_softcap = 0.5;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("ReLU² MLP") {
+    auto c = small_config();
+    c.block.mlp = MlpActivation::relu2;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("rotary positions after QK-norm, partial and interleaved") {
     auto c = small_config();
     c.positions = PositionEncoding::rope;

@@ -15,7 +15,8 @@ What it makes (all paths relative to the repository root):
                                         an independent Philox4x32-10), with GQA, a mask and a bias
   tests/data/golden/softmax.json        row softmax and its backward
   tests/data/golden/optim.json          AdamW and SGD trajectories (torch.optim)
-  tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, softcap, embedding
+  tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, relu_squared, softcap,
+                                        embedding
   tests/data/golden/cross_entropy.json  mean cross-entropy with ignore_index=-100
   tests/data/golden/mha.json            multi-head attention (self, cross, QK-norm, learnable
                                         scale) and a pre-LN transformer block: outputs, attention
@@ -33,9 +34,9 @@ Requires torch, numpy and safetensors (pip install torch numpy safetensors).
 The committed files were made with torch 2.15.0+cu132 (CPU only), numpy 2.4.6,
 safetensors 0.8.0, Python 3.11.7; gqa.json, window.json, alibi.json, bias.json and dropout.json with Debian's python3-torch 1.13 (it needs neither
 F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check when present).
-layers.json's softcap case was added later with the same torch on an AMD EPYC (Zen 4); there the
-linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its committed values
-were kept. rope.json was made with the same torch on the same machine.
+layers.json's softcap and relu_squared cases were added later with the same torch on an AMD EPYC
+(Zen 4); there the linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its
+committed values were kept (the relu_squared case was spliced into the committed file). rope.json was made with the same torch on the same machine.
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -682,6 +683,17 @@ def layer_cases():
     assert (x != 0).all()
     (dx,) = grads_of(y, r, (x,))
     out_cases.append(case("relu", {"seed": 4005}, {"x": x, "r": r, "y": y, "dx": dx}))
+
+    # relu squared max(x, 0)^2 (So et al. 2021; modded-nanogpt's and nanochat's MLP), written as
+    # nanochat writes it; torch differentiates relu and square itself
+    g = gen(4008)
+    x = (2.0 * randn(g, 2, 3, 5)).requires_grad_()
+    r = randn(g, 2, 3, 5)
+    y = F.relu(x).square()
+    assert (x != 0).all()
+    (dx,) = grads_of(y, r, (x,))
+    out_cases.append(case("relu_squared", {"input_scale": 2.0, "seed": 4008},
+                          {"x": x, "r": r, "y": y, "dx": dx}))
 
     # softcap c * tanh(x / c) (Gemma 2; nanochat caps the logits at 15), inputs of scale 20 so
     # that some saturate; torch differentiates tanh itself

@@ -92,7 +92,23 @@ TEST_CASE("module gradcheck: LayerNorm, RMSNorm, Gelu, Relu, FeedForward, Positi
     FeedForward<double> m(6, 10, rng);
     jitter(m, rng);
     CHECK(names_of(m) == std::vector<std::string>{"fc1.w", "fc1.b", "fc2.w", "fc2.b"});
+    CHECK(m.act->type_name() == "Gelu");
     expect_passed(check_module_gradients(m, x), 5);
+  }
+  SUBCASE("FeedForward with ReLU², and ReluSquared alone") {
+    FeedForward<double> m(6, 10, rng, MlpActivation::relu2);
+    jitter(m, rng);
+    CHECK(m.activation() == MlpActivation::relu2);
+    CHECK(m.act->type_name() == "ReluSquared");
+    CHECK(names_of(m) == std::vector<std::string>{"fc1.w", "fc1.b", "fc2.w", "fc2.b"});
+    expect_passed(check_module_gradients(m, x), 5);
+    ReluSquared<double> r(6);
+    expect_passed(check_module_gradients(r, x), 1);
+    CHECK(parse_mlp_activation("relu2") == MlpActivation::relu2);
+    CHECK(to_string(MlpActivation::gelu) == "gelu");
+    CHECK_THROWS_WITH_AS(parse_mlp_activation("swiglu"),
+                         "parse_mlp_activation: mlp expected gelu|relu2, got 'swiglu'",
+                         std::invalid_argument);
   }
   SUBCASE("learned positions") {
     PositionalEncoding<double> m(PositionEncoding::learned, 5, 6, rng);

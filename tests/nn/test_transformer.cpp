@@ -155,6 +155,9 @@ TEST_CASE("Transformer gradcheck: every parameter of the cross-entropy loss, tin
     c.block.attention.rope_fraction = 0.5;
     c.block.attention.rope_interleaved = true;
   }
+  SUBCASE("ReLU² MLP") {
+    c.block.mlp = MlpActivation::relu2;
+  }
   SUBCASE("no norm, scaling dk, one layer") {
     c.block.norm = Norm::none;
     c.block.attention.sdpa.scaling = Scaling::dk;

@@ -93,6 +93,14 @@ TEST_CASE("golden: gelu (tanh and exact) and relu match PyTorch") {
   CHECK(rel_error(relu_backward<double, 3>(r, cache), golden_tensor(c, "dx")) == 0);
 }
 
+TEST_CASE("golden: ReLU² max(x, 0)² and its backward match PyTorch's relu().square()") {
+  const auto& c = layer_case("relu_squared");
+  const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");
+  ReluCache<double, 3> cache;
+  CHECK(rel_error(relu_squared_forward<double, 3>(cache, x), golden_tensor(c, "y")) < kGoldenTol);
+  CHECK(rel_error(relu_squared_backward<double, 3>(r, cache), golden_tensor(c, "dx")) < kGoldenTol);
+}
+
 TEST_CASE("golden: softcap c·tanh(x/c) and its backward match PyTorch's autograd") {
   const auto& c = layer_case("softcap");
   const Tensor3<double> x = golden_tensor(c, "x"), r = golden_tensor(c, "r");

@@ -83,6 +83,11 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model)")
       ->check(CLI::Range(1, 65536));
   cmd.add_option_function<std::string>(
+         "--mlp", [&m](const std::string& s) { m.block.mlp = attnlab::parse_mlp_activation(s); },
+         "the MLP's activation: gelu (tanh form) or relu2, max(x, 0)^2 (modded-nanogpt, nanochat)")
+      ->check(CLI::IsMember({"gelu", "relu2"}))
+      ->default_str(std::string(to_string(m.block.mlp)));
+  cmd.add_option_function<std::string>(
          "--norm", [&m](const std::string& s) { m.block.norm = attnlab::parse_norm(s); },
          "normalisation")
       ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))

@@ -101,7 +101,7 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
   } else if (layer == "rmsnorm") {
     module = std::make_unique<RMSNorm<double>>(C);
   } else if (layer == "ffn") {
-    module = std::make_unique<FeedForward<double>>(C, F, rng);
+    module = std::make_unique<FeedForward<double>>(C, F, rng, block.mlp);
   }
   if (module) {
     jitter(*module, rng);

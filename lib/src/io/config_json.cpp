@@ -54,6 +54,12 @@ void to_json(nlohmann::json& j, Norm v) {
 void from_json(const nlohmann::json& j, Norm& v) {
   enum_from_json(j, v, parse_norm);
 }
+void to_json(nlohmann::json& j, MlpActivation v) {
+  j = std::string(to_string(v));
+}
+void from_json(const nlohmann::json& j, MlpActivation& v) {
+  enum_from_json(j, v, parse_mlp_activation);
+}
 void to_json(nlohmann::json& j, PositionEncoding v) {
   j = std::string(to_string(v));
 }
@@ -90,7 +96,7 @@ void from_json(const nlohmann::json& j, SdpaConfig& v) {
 ATTNLAB_JSON_FIELDS(AttentionConfig, d_model, heads, kv_heads, d_k, d_v, d_context, sdpa, qk_norm,
                     learnable_scale, alibi, dropout, rope, rope_theta, rope_fraction,
                     rope_interleaved)
-ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, norm, dropout)
+ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, mlp, norm, dropout)
 ATTNLAB_JSON_FIELDS(TransformerConfig, vocab_sizes, max_len, layers, out_vocab, positions, block,
                     logit_softcap)
 

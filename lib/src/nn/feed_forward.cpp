@@ -1,11 +1,41 @@
 #include "attnlab/nn/feed_forward.hpp"
 
+#include <stdexcept>
+#include <string>
+
 namespace attnlab {
+
+std::string_view to_string(MlpActivation activation) {
+  switch (activation) {
+    case MlpActivation::gelu:
+      return "gelu";
+    case MlpActivation::relu2:
+      return "relu2";
+  }
+  return "?";
+}
+
+MlpActivation parse_mlp_activation(std::string_view text) {
+  if (text == "gelu") return MlpActivation::gelu;
+  if (text == "relu2") return MlpActivation::relu2;
+  throw std::invalid_argument("parse_mlp_activation: mlp expected gelu|relu2, got '" +
+                              std::string(text) + "'");
+}
 
 template <class T>
 FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng,
                             GeluApproximation approximation)
-    : fc1(dim, hidden, rng, true), act(hidden, approximation), fc2(hidden, dim, rng, true) {}
+    : FeedForward(dim, hidden, rng, MlpActivation::gelu, approximation) {}
+
+template <class T>
+FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng, MlpActivation activation,
+                            GeluApproximation approximation)
+    : fc1(dim, hidden, rng, true),
+      act(activation == MlpActivation::relu2
+              ? std::unique_ptr<SequenceModule<T>>(std::make_unique<ReluSquared<T>>(hidden))
+              : std::make_unique<Gelu<T>>(hidden, approximation)),
+      fc2(hidden, dim, rng, true),
+      activation_(activation) {}
 
 template <class T>
 void FeedForward<T>::collect_parameters(const std::string& prefix, ParameterList<T>& out) {
@@ -15,12 +45,12 @@ void FeedForward<T>::collect_parameters(const std::string& prefix, ParameterList
 
 template <class T>
 Buffer<T> FeedForward<T>::forward_impl(const Buffer<T>& x) {
-  return fc2.forward(act.forward(fc1.forward(x)));  // (B,T,C) -> (B,T,F) -> (B,T,F) -> (B,T,C)
+  return fc2.forward(act->forward(fc1.forward(x)));  // (B,T,C) -> (B,T,F) -> (B,T,F) -> (B,T,C)
 }
 
 template <class T>
 Buffer<T> FeedForward<T>::backward_impl(const Buffer<T>& dy) {
-  return fc1.backward(act.backward(fc2.backward(dy)));
+  return fc1.backward(act->backward(fc2.backward(dy)));
 }
 
 template class FeedForward<float>;

@@ -24,7 +24,8 @@ TransformerBlock<T>::TransformerBlock(const BlockConfig& config, Rng& rng)
       norm2_(config.attn_only ? nullptr : make_norm<T>(config.norm, config.attention.d_model)),
       attn_(config.attention, rng) {
   if (!config_.attn_only) {
-    mlp_ = std::make_unique<FeedForward<T>>(config_.attention.d_model, config_.d_ff, rng);
+    mlp_ =
+        std::make_unique<FeedForward<T>>(config_.attention.d_model, config_.d_ff, rng, config_.mlp);
   }
   this->set_dropout_key(0, 0);  // distinct keys for the attention and the residuals
 }

@@ -35,6 +35,8 @@ void to_json(nlohmann::json& j, SdpaPath v);
 void from_json(const nlohmann::json& j, SdpaPath& v);
 void to_json(nlohmann::json& j, Norm v);
 void from_json(const nlohmann::json& j, Norm& v);
+void to_json(nlohmann::json& j, MlpActivation v);
+void from_json(const nlohmann::json& j, MlpActivation& v);
 void to_json(nlohmann::json& j, PositionEncoding v);
 void from_json(const nlohmann::json& j, PositionEncoding& v);
 // scaling, scale (null: none), causal, path. head_scale and the tile sizes are not config.

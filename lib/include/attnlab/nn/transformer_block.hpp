@@ -18,6 +18,7 @@ struct BlockConfig {
   AttentionConfig attention;
   std::size_t d_ff = 0;  // F, the MLP width (ignored when attn_only)
   bool attn_only = false;
+  MlpActivation mlp = MlpActivation::gelu;  // the MLP's activation: gelu | relu2
   Norm norm = Norm::layernorm;
   // Dropout on the two residual branches (the attention's and the MLP's outputs, before each
   // residual add) in training mode, p in [0, 1); none in eval mode.
