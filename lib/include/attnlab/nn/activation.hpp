@@ -39,61 +39,51 @@ class Gelu : public SequenceModule<T> {
   Buffer<T> x_, y_, dx_;
 };
 
+// ReLU, y = max(x, 0), or with `squared` ReLU² (So et al. 2021, "Primer"; the MLP of
+// modded-nanogpt and nanochat), y = max(x, 0)²: the relu / relu_squared device ops.
 template <class T>
 class Relu : public SequenceModule<T> {
  public:
-  explicit Relu(std::size_t dim) : dim_(dim) {}
+  explicit Relu(std::size_t dim, bool squared = false) : dim_(dim), squared_(squared) {}
 
   void collect_parameters(const std::string&, ParameterList<T>&) override {}
   std::size_t in_features() const override { return dim_; }
   std::size_t out_features() const override { return dim_; }
-  std::string_view type_name() const override { return "Relu"; }
+  std::string_view type_name() const override { return squared_ ? "ReluSquared" : "Relu"; }
+  bool squared() const { return squared_; }
 
  protected:
   Buffer<T> forward_impl(const Buffer<T>& x) override {
     x_ = x;
     Buffer<T>& y = Buffer<T>::reuse(y_, this->ops(), x.shape());
-    this->ops().relu_forward(y.data(), x.data(), x.size());
+    if (squared_) {
+      this->ops().relu_squared_forward(y.data(), x.data(), x.size());
+    } else {
+      this->ops().relu_forward(y.data(), x.data(), x.size());
+    }
     return y;
   }
   Buffer<T> backward_impl(const Buffer<T>& dy) override {
     Buffer<T>& dx = Buffer<T>::reuse(dx_, this->ops(), dy.shape());
-    this->ops().relu_backward(dx.data(), dy.data(), x_.data(), dy.size());
+    if (squared_) {
+      this->ops().relu_squared_backward(dx.data(), dy.data(), x_.data(), dy.size());
+    } else {
+      this->ops().relu_backward(dx.data(), dy.data(), x_.data(), dy.size());
+    }
     return dx;
   }
 
  private:
   std::size_t dim_;
+  bool squared_;
   Buffer<T> x_, y_, dx_;
 };
 
-// ReLU² (So et al. 2021, "Primer"; the MLP of modded-nanogpt and nanochat): y = max(x, 0)².
+// ReLU² as a layer of its own name.
 template <class T>
-class ReluSquared : public SequenceModule<T> {
+class ReluSquared : public Relu<T> {
  public:
-  explicit ReluSquared(std::size_t dim) : dim_(dim) {}
-
-  void collect_parameters(const std::string&, ParameterList<T>&) override {}
-  std::size_t in_features() const override { return dim_; }
-  std::size_t out_features() const override { return dim_; }
-  std::string_view type_name() const override { return "ReluSquared"; }
-
- protected:
-  Buffer<T> forward_impl(const Buffer<T>& x) override {
-    x_ = x;
-    Buffer<T>& y = Buffer<T>::reuse(y_, this->ops(), x.shape());
-    this->ops().relu_squared_forward(y.data(), x.data(), x.size());
-    return y;
-  }
-  Buffer<T> backward_impl(const Buffer<T>& dy) override {
-    Buffer<T>& dx = Buffer<T>::reuse(dx_, this->ops(), dy.shape());
-    this->ops().relu_squared_backward(dx.data(), dy.data(), x_.data(), dy.size());
-    return dx;
-  }
-
- private:
-  std::size_t dim_;
-  Buffer<T> x_, y_, dx_;
+  explicit ReluSquared(std::size_t dim) : Relu<T>(dim, true) {}
 };
 
 }  // namespace attnlab
