@@ -1,5 +1,6 @@
 #include "attnlab/memory.hpp"
 
+#include <cstdio>
 #include <cstdlib>  // defines __GLIBC__ on glibc
 
 #if defined(__GLIBC__)
@@ -7,6 +8,13 @@
 #endif
 
 namespace attnlab {
+
+OutOfMemory::OutOfMemory(std::size_t bytes, const std::string& what_for) : bytes_(bytes) {
+  char size[64];
+  std::snprintf(size, sizeof size, "%.2f GiB (%zu bytes)",
+                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), bytes);
+  message_ = "could not allocate " + what_for + " of " + size;
+}
 
 bool keep_freed_memory() {
 #if defined(__GLIBC__)

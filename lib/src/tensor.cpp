@@ -56,8 +56,17 @@ void check_extents(std::string_view op, std::string_view arg,
 void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,
                std::string_view got) {
   if (!ok) {
+    // A value from a file may be megabytes long: the message shows its start and its length.
+    constexpr std::size_t kMaxShown = 200;
+    std::string shown(got.substr(0, kMaxShown));
+    if (got.size() > kMaxShown) {
+      while (!shown.empty() && (static_cast<unsigned char>(shown.back()) & 0xC0) == 0x80)
+        shown.pop_back();  // no UTF-8 sequence cut in two
+      if (!shown.empty() && static_cast<unsigned char>(shown.back()) >= 0xC0) shown.pop_back();
+      shown += "... (" + std::to_string(got.size()) + " characters)";
+    }
     throw std::invalid_argument(std::string(op) + ": " + std::string(name) + " expected " +
-                                std::string(what) + ", got " + std::string(got));
+                                std::string(what) + ", got " + shown);
   }
 }
 

@@ -488,3 +488,42 @@ TEST_CASE("transformer_flops_per_token: 6 x the matmul weights counted from para
   c.block.attention.heads = 3;  // does not divide 128
   CHECK_THROWS_AS(transformer_flops_per_token(c, 64), std::invalid_argument);
 }
+
+TEST_CASE("transformer_parameter_shapes lists what the built model holds, in its order") {
+  std::vector<TransformerConfig> configs;
+  TransformerConfig c = tiny_config();
+  configs.push_back(c);
+  c.vocab_sizes = {5, 7, 3};
+  c.block.norm = Norm::rmsnorm;
+  c.block.attention.qk_norm = true;
+  c.block.attention.learnable_scale = true;
+  configs.push_back(c);
+  c.block.norm = Norm::none;
+  c.block.attn_only = true;
+  c.positions = PositionEncoding::rope;
+  c.block.attention.heads = 4;
+  c.block.attention.kv_heads = 2;
+  c.block.attention.d_k = 6;
+  c.block.attention.d_v = 3;
+  configs.push_back(c);
+  c = tiny_config();
+  c.layers = 3;
+  c.block.mlp = MlpActivation::relu2;
+  c.positions = PositionEncoding::sinusoidal;
+  configs.push_back(c);
+  for (const TransformerConfig& config : configs) {
+    Rng rng(1);
+    Transformer<float> model(config, rng);
+    std::vector<ParameterShape> built;
+    double count = 0;
+    for (const auto& p : model.parameters()) {
+      built.push_back({p.name, {p.param->value.shape().begin(), p.param->value.shape().end()}});
+      count += static_cast<double>(p.param->value.size());
+    }
+    CHECK(transformer_parameter_shapes(config) == built);
+    CHECK(transformer_parameter_count(config) == count);
+  }
+  TransformerConfig bad = tiny_config();
+  bad.layers = 0;
+  CHECK_THROWS_AS(transformer_parameter_shapes(bad), std::invalid_argument);
+}

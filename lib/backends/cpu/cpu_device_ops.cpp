@@ -11,6 +11,7 @@
 
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/backends/cpu.hpp"
+#include "attnlab/memory.hpp"
 #include "ops/attention_kernels.hpp"
 #include "ops/cross_entropy_kernels.hpp"
 #include "ops/embedding_kernels.hpp"
@@ -68,7 +69,12 @@ class CpuDeviceOps final : public DeviceOps<T> {
 
   // ---- memory -----------------------------------------------------------------------------------
   void* allocate(std::size_t bytes) override {
-    return bytes == 0 ? nullptr : ::operator new(bytes, kAlignment);
+    if (bytes == 0) return nullptr;
+    try {
+      return ::operator new(bytes, kAlignment);
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemory(bytes, "a CPU buffer");
+    }
   }
   void release(void* p) noexcept override {
     if (p != nullptr) ::operator delete(p, kAlignment);

@@ -5,7 +5,24 @@
 // nanoGPT's CPU shape at 1 thread, measured (tests/bench).
 #pragma once
 
+#include <cstddef>
+#include <new>
+#include <string>
+
 namespace attnlab {
+
+// What a failed allocation of one of attnlab's buffers throws: a std::bad_alloc whose what() says
+// how many bytes were asked for, and for what ("a CPU buffer of 1.50 GiB (1610612736 bytes)").
+class OutOfMemory : public std::bad_alloc {
+ public:
+  OutOfMemory(std::size_t bytes, const std::string& what_for);
+  const char* what() const noexcept override { return message_.c_str(); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t bytes_;
+  std::string message_;
+};
 
 // Asks glibc's malloc to keep freed memory for reuse: blocks up to 32 MiB (glibc's largest mmap
 // threshold on 64-bit) come from the heap instead of mmap, and the main heap's top is not trimmed

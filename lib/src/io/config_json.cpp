@@ -1,11 +1,15 @@
 #include "attnlab/io/config_json.hpp"
 
+#include <set>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 namespace attnlab {
 
 ConfigError::ConfigError(std::string path_in, const std::string& problem_in)
-    : std::invalid_argument("config key '" + path_in + "': " + problem_in),
+    : std::invalid_argument(path_in.empty() ? "config: " + problem_in
+                                            : "config key '" + path_in + "': " + problem_in),
       path(std::move(path_in)),
       problem(problem_in) {}
 
@@ -25,6 +29,100 @@ void check_keys(const nlohmann::json& j, std::string_view type,
     throw ConfigError(
         item.key(), "unknown key in " + std::string(type) + " (expected one of: " + expected + ")");
   }
+}
+
+namespace {
+
+// nlohmann's DOM parser with two refusals more: a key given twice in one object (nlohmann keeps the
+// last silently) and nesting deeper than kMaxConfigDepth. sax_parse calls these by name, so they
+// hide the base's.
+class StrictSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
+
+ public:
+  explicit StrictSax(nlohmann::json& result) : Base(result, true) {}
+  bool start_object(std::size_t n) {
+    if (!enter()) return false;
+    frames_.push_back({true, {}, {}});
+    return Base::start_object(n);
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return Base::end_object();
+  }
+  bool start_array(std::size_t n) {
+    if (!enter()) return false;
+    frames_.push_back({false, {}, {}});
+    return Base::start_array(n);
+  }
+  bool end_array() {
+    frames_.pop_back();
+    return Base::end_array();
+  }
+  bool key(std::string& k) {
+    Frame& f = frames_.back();
+    if (!f.seen.insert(k).second) {
+      problem_ = "the key '" + k + "' is given twice" + where() +
+                 " (a key may appear once: which one was meant?)";
+      return false;
+    }
+    f.key = k;
+    return Base::key(k);
+  }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> seen;
+    std::string key;
+  };
+  bool enter() {
+    if (frames_.size() < kMaxConfigDepth) return true;
+    problem_ = "nested deeper than " + std::to_string(kMaxConfigDepth) + " levels" + where();
+    return false;
+  }
+  std::string where() const {
+    std::string path;
+    for (std::size_t i = 0; i + 1 < frames_.size(); ++i)
+      path += frames_[i].object ? (path.empty() ? "" : ".") + frames_[i].key : "[]";
+    return path.empty() ? "" : " in " + path;
+  }
+  std::vector<Frame> frames_;
+  std::string problem_;
+};
+
+}  // namespace
+
+nlohmann::json parse(std::string_view text) {
+  nlohmann::json result;
+  StrictSax sax(result);
+  bool ok = false;
+  try {
+    ok = nlohmann::json::sax_parse(text, &sax);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("config: not valid JSON: ") + e.what());
+  }
+  if (!ok) throw ConfigError("", sax.problem());
+  return result;
+}
+
+std::string join_path(std::string_view key, std::string_view path) {
+  if (path.empty()) return std::string(key);
+  if (path.front() == '[') return std::string(key) + std::string(path);
+  return std::string(key) + "." + std::string(path);
+}
+
+std::string shown(const nlohmann::json& j) {
+  // The replace handler: invalid UTF-8 in a string is shown as U+FFFD instead of throwing.
+  std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  constexpr std::size_t kMax = 64;
+  if (text.size() > kMax) {
+    std::size_t cut = kMax;  // not inside a UTF-8 sequence
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    text = text.substr(0, cut) + "... (" + std::to_string(text.size()) + " characters)";
+  }
+  return text;
 }
 
 }  // namespace config_json

@@ -24,6 +24,57 @@ double transformer_flops_per_token(const TransformerConfig& config, std::size_t 
   return 6 * n + 6 * L * H * T * (D + Dv);
 }
 
+std::vector<ParameterShape> transformer_parameter_shapes(const TransformerConfig& config) {
+  config.validate();
+  const BlockConfig b = config.block_config();
+  const AttentionConfig& a = b.attention;
+  const std::size_t C = a.d_model, H = a.heads, Hkv = a.key_value_heads();
+  const std::size_t D = a.head_dim_k(), Dv = a.head_dim_v(), Cc = a.context_dim();
+  std::vector<ParameterShape> out;
+  const auto norm = [&](const std::string& prefix) {
+    if (b.norm == Norm::none) return;
+    out.push_back({prefix + "gamma", {C}});
+    if (b.norm == Norm::layernorm) out.push_back({prefix + "beta", {C}});
+  };
+  for (std::size_t i = 0; i < config.vocab_sizes.size(); ++i)
+    out.push_back({"embed.fields." + std::to_string(i) + ".table", {config.vocab_sizes[i], C}});
+  if (config.positions == PositionEncoding::learned)
+    out.push_back({"pos.table", {config.max_len, C}});
+  for (std::size_t l = 0; l < config.layers; ++l) {
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    norm(p + "ln1.");
+    out.push_back({p + "attn.w_q", {C, H * D}});
+    out.push_back({p + "attn.w_k", {Cc, Hkv * D}});
+    out.push_back({p + "attn.w_v", {Cc, Hkv * Dv}});
+    out.push_back({p + "attn.w_o", {H * Dv, C}});
+    if (a.qk_norm) {
+      for (const char* n : {"q_norm.gamma", "q_norm.beta", "k_norm.gamma", "k_norm.beta"})
+        out.push_back({p + "attn." + n, {D}});
+    }
+    if (a.learnable_scale) out.push_back({p + "attn.log_scale", {H}});
+    if (!b.attn_only) {
+      norm(p + "ln2.");
+      out.push_back({p + "mlp.fc1.w", {C, b.d_ff}});
+      out.push_back({p + "mlp.fc1.b", {b.d_ff}});
+      out.push_back({p + "mlp.fc2.w", {b.d_ff, C}});
+      out.push_back({p + "mlp.fc2.b", {C}});
+    }
+  }
+  norm("ln_f.");
+  out.push_back({"head.w", {C, config.out_vocab}});
+  return out;
+}
+
+double transformer_parameter_count(const TransformerConfig& config) {
+  double n = 0;
+  for (const ParameterShape& p : transformer_parameter_shapes(config)) {
+    double size = 1;
+    for (const std::size_t d : p.shape) size *= static_cast<double>(d);
+    n += size;
+  }
+  return n;
+}
+
 void TransformerConfig::validate() const {
   constexpr std::string_view op = "TransformerConfig";
   check_arg(!vocab_sizes.empty(), op, "vocab_sizes", "at least one field", "none");

@@ -11,10 +11,15 @@
 // (parsed by their parse_* functions, which reject an unknown name instead of picking the first).
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -51,19 +56,116 @@ void from_json(const nlohmann::json& j, TransformerConfig& v);
 
 namespace config_json {
 
+// The check of ATTNLAB_JSON_FIELDS: none.
+inline void no_check(const nlohmann::json&) {}
+
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+
 // Throws ConfigError unless j is an object whose keys are all in `fields`.
 void check_keys(const nlohmann::json& j, std::string_view type,
                 std::initializer_list<std::string_view> fields);
 
-// Reads j[key] onto value when present; errors below come back with "key." prepended to the path.
+// Config files nest no deeper than this (ours: 5 levels).
+inline constexpr std::size_t kMaxConfigDepth = 64;
+
+// Parses a config file's text: JSON with no key given twice in one object and nesting no deeper
+// than kMaxConfigDepth (ConfigError naming the key or the depth); std::invalid_argument "config:
+// not valid JSON: ..." for a syntax error (an empty file, invalid UTF-8, a truncated text).
+nlohmann::json parse(std::string_view text);
+
+// The path of a nested key: "block" + "heads" -> "block.heads", "groups" + "[0].base" ->
+// "groups[0].base".
+std::string join_path(std::string_view key, std::string_view path);
+
+// A JSON value as the error shows it: its text, cut to 64 characters.
+std::string shown(const nlohmann::json& j);
+
+// "an integer in [lo, hi]" for the integer type T (the bounds of the C++ type; a field's own bounds
+// are checked after).
+template <class T>
+std::string integer_range_text() {
+  return "an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+         std::to_string(std::numeric_limits<T>::max()) + "]";
+}
+
+// The one checked conversion from JSON: a bool must be true or false; an integer field takes an
+// integer (or a float with an integral value, 1e3) within its C++ type's range, so -3 never wraps
+// to a huge count and 1e30 is never converted with undefined behaviour; a floating field takes a
+// finite number; a string a string; a list converts each element, the index in the error path
+// ("[2]"); anything else is the type's own from_json (an object overlay). Errors are ConfigError
+// with the value as written.
+template <class Json, class T>
+void read_value(const Json& j, T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!j.is_boolean()) throw ConfigError("", "expected true or false, got " + shown(j));
+    value = j.template get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    const auto refuse = [&] {
+      throw ConfigError("", "expected " + integer_range_text<T>() + ", got " + shown(j));
+    };
+    if (j.is_number_unsigned()) {
+      const auto u = j.template get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) refuse();
+      value = static_cast<T>(u);
+    } else if (j.is_number_integer()) {
+      const auto i = j.template get<std::int64_t>();
+      if constexpr (std::is_unsigned_v<T>) {
+        if (i < 0 || static_cast<std::uint64_t>(i) > std::numeric_limits<T>::max()) refuse();
+      } else {
+        if (i < std::numeric_limits<T>::min() || i > std::numeric_limits<T>::max()) refuse();
+      }
+      value = static_cast<T>(i);
+    } else if (j.is_number_float()) {
+      // long double holds every 64-bit integer exactly, so the range test is exact.
+      const long double d = j.template get<double>();
+      if (!(d == std::floor(d)) || d < static_cast<long double>(std::numeric_limits<T>::min()) ||
+          d > static_cast<long double>(std::numeric_limits<T>::max()))
+        refuse();
+      value = static_cast<T>(d);
+    } else {
+      refuse();
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!j.is_number()) throw ConfigError("", "expected a number, got " + shown(j));
+    const double d = j.template get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > static_cast<double>(std::numeric_limits<T>::max()))
+      throw ConfigError("", "expected a finite number, got " + shown(j));
+    value = static_cast<T>(d);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!j.is_string()) throw ConfigError("", "expected a string, got " + shown(j));
+    value = j.template get<std::string>();
+  } else if constexpr (is_vector<T>::value) {
+    if (!j.is_array()) throw ConfigError("", "expected a JSON array, got " + shown(j));
+    T out(j.size());
+    for (std::size_t i = 0; i < j.size(); ++i) {
+      const std::string at = "[" + std::to_string(i) + "]";
+      try {
+        read_value(j[i], out[i]);
+      } catch (const ConfigError& e) {
+        throw ConfigError(join_path(at, e.path), e.problem);
+      } catch (const std::exception& e) {  // a JSON type error or a parse_* rejection
+        throw ConfigError(at, e.what());
+      }
+    }
+    value = std::move(out);
+  } else {
+    j.get_to(value);
+  }
+}
+
+// Reads j[key] onto value when present (read_value); errors below come back with "key." prepended
+// to the path.
 template <class Json, class T>
 void read_field(const Json& j, const char* key, T& value) {
   const auto it = j.find(key);
   if (it == j.end()) return;
   try {
-    it->get_to(value);
+    read_value(*it, value);
   } catch (const ConfigError& e) {
-    throw ConfigError(e.path.empty() ? key : std::string(key) + "." + e.path, e.problem);
+    throw ConfigError(join_path(key, e.path), e.problem);
   } catch (const std::exception& e) {  // a JSON type error or a parse_* rejection
     throw ConfigError(key, e.what());
   }
@@ -77,7 +179,12 @@ void read_field(const Json& j, const char* key, T& value) {
   ::attnlab::config_json::read_field(nlohmann_json_j, #field, nlohmann_json_t.field);
 
 // to_json writes every listed field; from_json overlays the present ones and rejects other keys.
-#define ATTNLAB_JSON_FIELDS(Type, ...)                                                      \
+#define ATTNLAB_JSON_FIELDS(Type, ...) \
+  ATTNLAB_JSON_FIELDS_CHECKED(Type, ::attnlab::config_json::no_check, __VA_ARGS__)
+
+// The same, with check(j) called on the object before any field is read (bounds that a field's
+// type cannot say: see lib/README.md, "Input").
+#define ATTNLAB_JSON_FIELDS_CHECKED(Type, check, ...)                                       \
   void to_json(nlohmann::json& nlohmann_json_j, const Type& nlohmann_json_t) {              \
     NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(NLOHMANN_JSON_TO, __VA_ARGS__))                \
   }                                                                                         \
@@ -85,5 +192,6 @@ void read_field(const Json& j, const char* key, T& value) {
     ::attnlab::config_json::check_keys(                                                     \
         nlohmann_json_j, #Type,                                                             \
         {NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(ATTNLAB_JSON_FIELD_NAME, __VA_ARGS__))}); \
+    check(nlohmann_json_j);                                                                 \
     NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(ATTNLAB_JSON_READ_FIELD, __VA_ARGS__))         \
   }

@@ -66,6 +66,21 @@ struct TransformerConfig {
 // seq_len 0. MFU = flops_per_token · tokens/s / the machine's measured peak (blas.hpp).
 double transformer_flops_per_token(const TransformerConfig& config, std::size_t seq_len);
 
+// A parameter's name (as collect_parameters gives it, "blocks.0.attn.w_q") and shape.
+struct ParameterShape {
+  std::string name;
+  std::vector<std::size_t> shape;
+  bool operator==(const ParameterShape&) const = default;
+};
+
+// The parameters a Transformer<T>(config) holds, in collect_parameters' order, worked out from the
+// config without building it: what a checkpoint's tensors are checked against before a model is
+// allocated, and what a memory estimate counts. Validates config.
+std::vector<ParameterShape> transformer_parameter_shapes(const TransformerConfig& config);
+
+// The number of parameters of transformer_parameter_shapes(config), as a double (no overflow).
+double transformer_parameter_count(const TransformerConfig& config);
+
 // The decoding state of a Transformer: one KV cache per block; every block has seen length()
 // tokens, at positions 0 .. length() - 1.
 template <class T>
