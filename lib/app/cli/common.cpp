@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "attnlab/app/config_bounds.hpp"
 #include "attnlab/blas.hpp"
 
 namespace attnlab::cli {
@@ -17,11 +18,41 @@ const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
 
 }  // namespace
 
+std::string printable_line(std::string_view text) {
+  // Long enough for any message of ours; a file's megabyte-long value is cut.
+  constexpr std::size_t kMaxLine = 2000;
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && out.size() < kMaxLine;) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    // The length of a well-formed UTF-8 sequence starting here (0: not one).
+    std::size_t n = c < 0x80                ? 1
+                    : c >= 0xC2 && c < 0xE0 ? 2
+                    : c >= 0xE0 && c < 0xF0 ? 3
+                    : c >= 0xF0 && c < 0xF5 ? 4
+                                            : 0;
+    for (std::size_t k = 1; k < n; ++k)
+      if (i + k >= text.size() || (static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) n = 0;
+    if (n == 0) {
+      out += '?';  // invalid UTF-8 from a file is not sent to the terminal
+      ++i;
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      out += ' ';
+      ++i;
+    } else if (c < 0x20 || c == 0x7F) {
+      out += '?';
+      ++i;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  if (out.size() >= kMaxLine) out += "... (" + std::to_string(text.size()) + " characters)";
+  return out;
+}
+
 int error_line(const CliContext& cli, const std::string& message, int status, bool this_rank_only) {
   if (cli.rank != 0 && !this_rank_only) return status;
-  std::string one = message;
-  for (char& c : one)
-    if (c == '\n' || c == '\r') c = ' ';
+  const std::string one = printable_line(message);
   if (cli.world > 1 && cli.rank != 0 && !one.starts_with("rank "))  // RankFailure names it already
     std::fprintf(stderr, "attnlab: error: rank %d: %s\n", cli.rank, one.c_str());
   else
@@ -48,40 +79,34 @@ const CLI::Validator kFinite(
     },
     "FINITE");
 
-const CLI::Validator kDropProbability(
-    [](std::string& text) {
-      try {
-        std::size_t used = 0;
-        const double v = std::stod(text, &used);
-        if (used == text.size() && v >= 0.0 && v < 1.0) return std::string();
-      } catch (const std::exception&) {
-      }
-      return "value " + text + " is not a probability in [0, 1)";
-    },
-    "PROBABILITY");
+CLI::Validator bounded(std::string_view key) {
+  const app::FieldBound& b = app::field_bound(key);
+  return CLI::Validator([&b](std::string& text) { return app::check_flag_text(b, text); },
+                        app::bound_expectation(b, false));
+}
 
 void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   AttentionConfig& a = m.block.attention;
   cmd.add_option("--d-model", a.d_model, "model width C")
-      ->check(CLI::Range(1, 4096))
+      ->check(bounded("model.block.attention.d_model"))
       ->capture_default_str();
   cmd.add_option("--heads", a.heads, "attention heads H")
-      ->check(CLI::Range(1, 256))
+      ->check(bounded("model.block.attention.heads"))
       ->capture_default_str();
   cmd.add_option("--kv-heads", a.kv_heads,
                  "key/value heads, dividing --heads (grouped-query attention; 1: multi-query; "
                  "default: --heads)")
-      ->check(CLI::Range(1, 256));
+      ->check(bounded("model.block.attention.kv_heads"));
   cmd.add_option("--d-k", a.d_k, "head dim of q and k (default d_model / heads)")
-      ->check(CLI::Range(1, 8192));
+      ->check(bounded("model.block.attention.d_k"));
   cmd.add_option("--d-v", a.d_v, "head dim of v (default d_model / heads)")
-      ->check(CLI::Range(1, 8192));
+      ->check(bounded("model.block.attention.d_v"));
   cmd.add_option("--layers", m.layers, "transformer blocks")
-      ->check(CLI::Range(1, 64))
+      ->check(bounded("model.layers"))
       ->capture_default_str();
   cmd.add_flag("--attn-only", m.block.attn_only, "blocks without the MLP");
   cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model)")
-      ->check(CLI::Range(1, 65536));
+      ->check(bounded("model.block.d_ff"));
   cmd.add_option_function<std::string>(
          "--mlp", [&m](const std::string& s) { m.block.mlp = attnlab::parse_mlp_activation(s); },
          "the MLP's activation: gelu (tanh form) or relu2, max(x, 0)^2 (modded-nanogpt, nanochat)")
@@ -99,14 +124,11 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
       ->check(CLI::IsMember({"learned", "sinusoidal", "none", "rope"}))
       ->default_str(std::string(to_string(m.positions)));
   cmd.add_option("--rope-theta", a.rope_theta, "RoPE's base theta (with --positions rope)")
-      ->check(kFinite)
-      ->check(CLI::PositiveNumber)
+      ->check(bounded("model.block.attention.rope_theta"))
       ->capture_default_str();
   cmd.add_option("--rope-fraction", a.rope_fraction,
                  "the fraction of the head dim RoPE rotates, in (0, 1] (partial RoPE)")
-      ->check(kFinite)
-      ->check(CLI::Range(0.0, 1.0))
-      ->check(CLI::PositiveNumber)
+      ->check(bounded("model.block.attention.rope_fraction"))
       ->capture_default_str();
   cmd.add_flag("--rope-interleaved", a.rope_interleaved,
                "RoPE on pairs (2i, 2i+1), the paper's, instead of GPT-NeoX's (i, i + rot/2)");
@@ -116,13 +138,13 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_flag("--causal", a.sdpa.causal, "causal attention");
   cmd.add_option("--window", a.sdpa.window,
                  "sliding-window attention: each query sees its N latest keys (needs --causal)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(bounded("model.block.attention.sdpa.window"));
   cmd.add_option("--attn-dropout", a.dropout,
                  "dropout on the attention weights in training (0 <= p < 1; none in eval)")
-      ->check(kDropProbability);
+      ->check(bounded("model.block.attention.dropout"));
   cmd.add_option("--dropout", m.block.dropout,
                  "dropout on the residual branches in training (0 <= p < 1; none in eval)")
-      ->check(kDropProbability);
+      ->check(bounded("model.block.dropout"));
   cmd.add_option_function<std::string>(
          "--scaling", [&a](const std::string& s) { a.sdpa.scaling = parse_scaling(s); },
          "attention scale: 1, 1/sqrt(d_k) or 1/d_k")
@@ -131,12 +153,10 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_option_function<double>(
          "--scale", [&a](const double& v) { a.sdpa.scale = v; },
          "explicit attention scale (overrides --scaling)")
-      ->check(kFinite)
-      ->check(CLI::PositiveNumber);
+      ->check(bounded("model.block.attention.sdpa.scale"));
   cmd.add_option("--logit-softcap", m.logit_softcap,
                  "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; 0 = none)")
-      ->check(kFinite)
-      ->check(CLI::NonNegativeNumber);
+      ->check(bounded("model.logit_softcap"));
 }
 
 std::string with_heads_hint(const std::string& message, const TransformerConfig& m) {
@@ -151,25 +171,25 @@ void add_task_flags(CLI::App& cmd, TaskConfig& t) {
       ->check(CLI::IsMember(kTasks))
       ->default_str(std::string(to_string(t.kind)));
   cmd.add_option("--keys", t.keys, "recall/mqar: key symbols")
-      ->check(CLI::Range(1, 100000))
+      ->check(bounded("task.keys"))
       ->capture_default_str();
   cmd.add_option("--values", t.values, "recall/mqar: value symbols")
-      ->check(CLI::Range(1, 100000))
+      ->check(bounded("task.values"))
       ->capture_default_str();
   cmd.add_option("--pairs", t.pairs, "recall/mqar: key-value pairs per example")
-      ->check(CLI::Range(1, 100000))
+      ->check(bounded("task.pairs"))
       ->capture_default_str();
   cmd.add_option("--queries", t.queries, "mqar: queries per example")
-      ->check(CLI::Range(1, 100000))
+      ->check(bounded("task.queries"))
       ->capture_default_str();
   cmd.add_option("--symbols", t.symbols, "reverse/sort: alphabet size")
-      ->check(CLI::Range(2, 100000))
+      ->check(bounded("task.symbols"))
       ->capture_default_str();
   cmd.add_option("--length", t.length, "reverse/sort: sequence length")
-      ->check(CLI::Range(1, 100000))
+      ->check(bounded("task.length"))
       ->capture_default_str();
   cmd.add_option("--block", t.block, "text: tokens per example (the context length)")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(bounded("task.block"))
       ->capture_default_str();
   cmd.add_option("--vocab", t.vocab,
                  "text: char (the characters of --data, stored in the checkpoint) or byte (the "

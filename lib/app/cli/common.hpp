@@ -33,10 +33,16 @@ struct CliContext {
   // agreed on who reports; see PeerFailure), where before it every rank failed alike.
   bool in_train = false;
   bool blas_warning_printed = false;  // print_blas_warning's once per process
+  std::string command = "attnlab";    // the subcommand being run, for messages
 };
 
-// Prints `message` as one line on rank 0 only, unless `this_rank_only` (an error of this rank's
-// alone: then the line names the rank); returns `status`.
+// One line of at most about 2,000 characters: newlines and tabs become spaces, control characters
+// and bytes that are not UTF-8 become '?' (a message may quote a hostile file).
+std::string printable_line(std::string_view text);
+
+// Prints `message` as one line (printable_line) on rank 0 only, unless `this_rank_only` (an error
+// of this rank's alone: then the line names the rank); returns `status`.
+
 int error_line(const CliContext& cli, const std::string& message, int status,
                bool this_rank_only = false);
 
@@ -45,8 +51,9 @@ void print_blas_warning(CliContext& cli);
 
 // Rejects NaN and infinities, which CLI11's Range lets through (every comparison with NaN fails).
 extern const CLI::Validator kFinite;
-// A dropout probability: 0 <= p < 1.
-extern const CLI::Validator kDropProbability;
+// The check of a flag that sets the run config's field `key`: the bound of
+// attnlab/app/config_bounds.hpp, which a file's value of the same key meets too (same message).
+CLI::Validator bounded(std::string_view key);
 
 // Flags shared by train and gradcheck, bound to the model config's own fields (a flag given on the
 // command line overrides what --config or --resume loaded: CLI11 stores the flags after those

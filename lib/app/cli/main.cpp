@@ -107,6 +107,7 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv, const CliContext&
 // Runs the parsed subcommand; what it throws is main's to report.
 int run_command(const CLI::App& app, Commands& c, Communicator& comm, CliContext& cli) {
   if (cli.rank == 0) print_blas_warning(cli);
+  if (!app.get_subcommands().empty()) cli.command = app.get_subcommands().front()->get_name();
   if (cli.world > 1 && !*c.train.cmd)
     throw BadInput(std::string(app.get_subcommands().front()->get_name()) +
                    ": runs in one process; under mpirun only train splits its work across the " +
@@ -140,6 +141,14 @@ int report_failure(const CliContext& cli, Communicator& comm) {
     return error_line(cli, e.what(), kExitBadInput, cli.in_train);
   } catch (const std::invalid_argument& e) {
     return error_line(cli, e.what(), kExitBadInput, cli.in_train);
+  } catch (const std::bad_alloc& e) {  // past the memory estimate's check (see run_config.hpp)
+    const bool sized = dynamic_cast<const OutOfMemory*>(&e) != nullptr;
+    return error_line(cli,
+                      cli.command + ": out of memory: " +
+                          (sized ? e.what() : "a tensor could not be allocated (std::bad_alloc)") +
+                          " (the run's estimate was within ATTNLAB_MEMORY_LIMIT or the memory "
+                          "available when it started)",
+                      kExitFailure, cli.in_train);
   } catch (const std::exception& e) {  // a ReplicaMismatch comes to every rank: rank 0 tells it
     return error_line(cli, e.what(), kExitFailure,
                       cli.in_train && dynamic_cast<const ReplicaMismatch*>(&e) == nullptr);

@@ -68,8 +68,7 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
   train.add_option("--lr", tc.lr, "peak learning rate")
-      ->check(kFinite)
-      ->check(CLI::Range(1e-12, 1e3))
+      ->check(bounded("lr"))
       ->capture_default_str();
   train
       .add_option("--schedule", tc.schedule,
@@ -77,32 +76,28 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->check(CLI::IsMember({"constant", "cosine"}))
       ->capture_default_str();
   train.add_option("--min-lr", tc.min_lr, "cosine: the LR at the end of the decay")
-      ->check(kFinite)
-      ->check(CLI::Range(0.0, 1e3))
+      ->check(bounded("min_lr"))
       ->capture_default_str();
   train.add_option("--beta2", tc.beta2, "AdamW: the second moment's decay")
-      ->check(kFinite)
-      ->check(CLI::Range(0.0, 0.999999))
+      ->check(bounded("beta2"))
       ->capture_default_str();
   train.add_option("--warmup", tc.warmup, "warmup steps")
-      ->check(CLI::Range(0, 100000000))
+      ->check(bounded("warmup"))
       ->capture_default_str();
   train.add_option("--steps", tc.steps, "training steps")
-      ->check(CLI::Range(1, 100000000))
+      ->check(bounded("steps"))
       ->capture_default_str();
   train.add_option("--batch", tc.batch, "examples per step")
-      ->check(CLI::Range(1, 1000000))
+      ->check(bounded("batch"))
       ->capture_default_str();
   train.add_option("--clip", tc.clip, "clip the global grad norm to this (0: off)")
-      ->check(kFinite)
-      ->check(CLI::Range(0.0, 1e12))
+      ->check(bounded("clip"))
       ->capture_default_str();
   train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
-      ->check(kFinite)
-      ->check(CLI::Range(0.0, 1e3))
+      ->check(bounded("weight_decay"))
       ->capture_default_str();
   train.add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
-      ->check(CLI::NonNegativeNumber)
+      ->check(bounded("seed"))
       ->capture_default_str();
 }
 
@@ -120,13 +115,13 @@ void add_run_control_flags(CLI::App& train, TrainCommand& t) {
       ->capture_default_str();
   train.add_option("--out", tc.out, "output directory")->capture_default_str();
   train.add_option("--eval-every", tc.eval_every, "evaluate and log every N steps")
-      ->check(CLI::Range(1, 100000000))
+      ->check(bounded("eval_every"))
       ->capture_default_str();
   train.add_option("--eval-size", tc.eval_size, "examples in the fixed eval set")
-      ->check(CLI::Range(1, 1000000))
+      ->check(bounded("eval_size"))
       ->capture_default_str();
   train.add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
-      ->check(CLI::Range(0, 100000000))
+      ->check(bounded("save_every"))
       ->capture_default_str();
   train.add_flag("--weights-only", tc.weights_only,
                  "checkpoints hold the weights and config only (no optimizer state): smaller "

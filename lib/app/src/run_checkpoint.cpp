@@ -75,7 +75,12 @@ void save_run_checkpoint(const std::string& path, const ParameterList<float>& pa
 }
 
 RunMeta read_run_meta(const std::string& path) {
-  return to_run_meta(path, parse_meta(path, load_safetensors(path)));
+  const SafetensorsFile file = load_safetensors(path);
+  RunMeta meta = to_run_meta(path, parse_meta(path, file));
+  for (const StoredTensor& t : file.tensors)
+    if (!t.name.starts_with(kOptimizerTensorPrefix))
+      meta.model_tensors.emplace_back(t.name, t.shape);
+  return meta;
 }
 
 RunMeta load_run_checkpoint(const std::string& path, ParameterList<float>& params,

@@ -1,11 +1,17 @@
 #include "attnlab/app/run_config.hpp"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/app/config_bounds.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/text.hpp"
 #include "attnlab/io/config_json.hpp"
@@ -24,9 +30,10 @@ void from_json(const json& j, TaskKind& v) {
 
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
                     chars)
-ATTNLAB_JSON_FIELDS(TrainConfig, task, data_file, valid_file, model, optimizer, lr, beta1, beta2,
-                    momentum, weight_decay, clip, schedule, min_lr, warmup, steps, batch, seed,
-                    eval_every, eval_size, out, save_every, weights_only)
+ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
+                            model, optimizer, lr, beta1, beta2, momentum, weight_decay, clip,
+                            schedule, min_lr, warmup, steps, batch, seed, eval_every, eval_size,
+                            out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -147,12 +154,7 @@ std::string to_json_text(const TrainConfig& config) {
 }
 
 void read_json_text(const std::string& text, TrainConfig& config) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(std::string("config: not valid JSON: ") + e.what());
-  }
+  json j = config_json::parse(text);
   if (j.is_object() && j.contains("model") && j.at("model").is_object() &&
       j.at("model").contains("d_model")) {
     try {
@@ -183,12 +185,144 @@ void write_config_file(const std::string& path, const TrainConfig& config) {
 
 void read_run_config(const std::string& run_dir, TrainConfig& config) {
   const std::string path = run_dir + "/model.safetensors";
-  const std::string text = read_run_meta(path).config_json;
+  read_saved_config(read_run_meta(path), path, config);
+}
+
+namespace {
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+void read_saved_config(const RunMeta& meta, const std::string& path, TrainConfig& config) {
+  std::vector<ParameterShape> want;
   try {
-    read_json_text(text, config);
+    read_json_text(meta.config_json, config);
+    want = transformer_parameter_shapes(resolve_model(config.model, task_shape(config.task)));
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(path + ": model_config: " + e.what());
   }
+  // The tensors first: a config that describes another model than the file holds is refused
+  // before a model (of a size the metadata alone decides) is built.
+  const auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument(path + ": model_config disagrees with the file's tensors: " + what);
+  };
+  for (const ParameterShape& p : want) {
+    const auto it = std::find_if(meta.model_tensors.begin(), meta.model_tensors.end(),
+                                 [&](const auto& t) { return t.first == p.name; });
+    if (it == meta.model_tensors.end())
+      refuse("the config's model has '" + p.name + "' " + shape_text(p.shape) +
+             ", which the file does not hold");
+    if (it->second != p.shape)
+      refuse("'" + p.name + "' is " + shape_text(p.shape) + " in the config's model and " +
+             shape_text(it->second) + " in the file");
+  }
+  if (meta.model_tensors.size() != want.size()) {
+    for (const auto& [name, shape] : meta.model_tensors) {
+      const bool known = std::any_of(want.begin(), want.end(),
+                                     [&](const ParameterShape& p) { return p.name == name; });
+      if (!known) refuse("the file holds '" + name + "', which the config's model does not have");
+    }
+  }
+}
+
+MemoryEstimate estimate_memory(const TrainConfig& c) {
+  validate(c);
+  const TransformerConfig m = resolve_model(c.model, task_shape(c.task));
+  const AttentionConfig& a = m.block.attention;
+  constexpr double kFloat = sizeof(float);
+  const double P = transformer_parameter_count(m);
+  const double C = double(a.d_model), H = double(a.heads), F = double(m.block.d_ff);
+  const double D = double(std::max(a.head_dim_k(), a.head_dim_v()));
+  const double T = double(m.max_len), V = double(m.out_vocab), L = double(m.layers);
+  // Per example, in floats: each block keeps its inputs, norms, q, k, v, attention output, the
+  // MLP's hidden activations (with their gradients during the backward) and the attention
+  // weights, scores and q·k products that the eval's statistics read; the embedding and the
+  // logits with their probabilities and gradient.
+  const double per_block = T * (16 * C + 4 * F + 4 * H * D) + 3 * H * T * T;
+  const double per_example = L * per_block + T * (2 * C + 3 * V);
+  MemoryEstimate e;
+  e.parameters = 2 * P * kFloat;
+  e.optimizer = (c.optimizer == "adamw" ? 2 : 1) * P * kFloat;
+  e.activations = std::max(2.0 * c.batch, double(c.eval_size)) * per_example * kFloat;
+  return e;
+}
+
+namespace {
+
+// /proc/meminfo's or /proc/self/status's "Key:   1234 kB" in bytes, or -1.
+double proc_kb(const char* file, const char* key) {
+  std::ifstream in(file);
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(in, line)) {
+    if (!line.starts_with(prefix)) continue;
+    std::istringstream fields(line.substr(prefix.size()));
+    double kb = -1;
+    fields >> kb;
+    return kb >= 0 ? kb * 1024 : -1;
+  }
+  return -1;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+std::optional<MemoryLimit> memory_limit() {
+  if (const char* env = std::getenv("ATTNLAB_MEMORY_LIMIT"); env && *env) {
+    const std::string text = env;
+    if (text == "none") return std::nullopt;
+    std::size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    std::string unit = text.substr(used);
+    const std::string units = "KMGT";
+    double scale = 1;
+    if (unit.size() == 1 && units.find(unit[0]) != std::string::npos)
+      scale = std::pow(1024.0, double(units.find(unit[0]) + 1));
+    else if (!unit.empty())
+      v = -1;
+    check_arg(used > 0 && std::isfinite(v) && v > 0, "memory limit", "ATTNLAB_MEMORY_LIMIT",
+              "a size in bytes, with an optional K, M, G or T suffix, or none", text);
+    return MemoryLimit{v * scale, "ATTNLAB_MEMORY_LIMIT=" + text};
+  }
+  std::optional<MemoryLimit> limit;
+  if (const double avail = proc_kb("/proc/meminfo", "MemAvailable"); avail > 0)
+    limit = MemoryLimit{avail, "MemAvailable in /proc/meminfo"};
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    const double used = std::max(0.0, proc_kb("/proc/self/status", "VmSize"));
+    const double left = std::max(0.0, double(as.rlim_cur) - used);
+    if (!limit || left < limit->bytes)
+      limit = MemoryLimit{left, "the address space left under ulimit -v"};
+  }
+  return limit;
+}
+
+void check_memory(const MemoryEstimate& e, std::string_view what, double copies) {
+  const std::optional<MemoryLimit> limit = memory_limit();
+  if (!limit || copies * e.total() <= limit->bytes) return;
+  std::string need = "about " + gib(copies * e.total());
+  if (copies > 1) need += " (" + std::to_string(long(copies)) + " runs at once)";
+  throw std::invalid_argument(
+      std::string(what) + ": the run would need " + need + " (parameters and gradients " +
+      gib(e.parameters) + ", optimizer state " + gib(e.optimizer) + ", activations " +
+      gib(e.activations) + "), more than the " + gib(limit->bytes) + " available (" +
+      limit->source +
+      "); lower --batch, --eval-size, --block or the model's size, or set ATTNLAB_MEMORY_LIMIT");
 }
 
 }  // namespace attnlab::app

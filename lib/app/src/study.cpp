@@ -791,6 +791,15 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
                                   e.what());
     }
   }
+  {  // the largest run, as many times as run at once
+    MemoryEstimate largest;
+    for (const Job& job : jobs) {
+      const MemoryEstimate e = estimate_memory(job_config(job, options));
+      if (e.total() > largest.total()) largest = e;
+    }
+    check_memory(largest, "study",
+                 double(std::min<std::size_t>(std::size_t(options.jobs), jobs.size())));
+  }
   std::vector<RunRecord> records(jobs.size());
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};

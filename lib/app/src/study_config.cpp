@@ -19,7 +19,7 @@ void read_study_file(const std::string& path, StudyPlan& plan) {
   std::stringstream ss;
   ss << in.rdbuf();
   try {
-    nlohmann::json::parse(ss.str()).get_to(plan);
+    config_json::parse(ss.str()).get_to(plan);
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(path + ": " + e.what());
   } catch (const std::invalid_argument& e) {

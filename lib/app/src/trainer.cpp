@@ -137,11 +137,7 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
                           "optimizer state to resume from; evaluate it instead");
   }
   TrainConfig saved;
-  try {
-    read_json_text(resumed.config_json, saved);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(resume_path + ": model_config: " + e.what());
-  }
+  read_saved_config(resumed, resume_path, saved);
   // The saved config is the recipe; only run control and steps may differ (both resolved, so a
   // run saved before the model recorded its vocabularies compares equal).
   const TaskShape saved_shape = task_shape(saved.task);
@@ -577,6 +573,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   const RunMeta resumed = resuming ? check_resume(config_in, c) : RunMeta{};
   validate(c);
   validate(context, "train");
+  check_memory(estimate_memory(c), "train");
   const ThreadScope threads(context.threads);  // this thread's count, for this run only
   const TaskShape shape = task_shape(c.task);
   c.model = resolve_model(c.model, shape);  // the effective config records what the task decided
@@ -675,11 +672,8 @@ LoadedRun load_run(const std::string& run_dir) {
   const std::string path = run_dir + "/model.safetensors";
   LoadedRun r;
   r.meta = read_run_meta(path);
-  try {
-    read_json_text(r.meta.config_json, r.config);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(path + ": model_config: " + e.what());
-  }
+  read_saved_config(r.meta, path, r.config);
+  check_memory(estimate_memory(r.config), "load " + path);
   Rng rng(r.config.seed);
   r.model = std::make_unique<Model>(resolve_model(r.config.model, task_shape(r.config.task)), rng);
   ParameterList<float> params = r.model->parameters();

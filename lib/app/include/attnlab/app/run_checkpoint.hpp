@@ -29,6 +29,9 @@ struct RunMeta {
   // The file holds the weights only (train --weights-only): metadata "contents" is "weights", else
   // "training state". A weights-only file is evaluated, never resumed.
   bool weights_only = false;
+  // read_run_meta only: the names and shapes of the model's tensors (not the optimizer's), for a
+  // check against the config before a model is built.
+  std::vector<std::pair<std::string, std::vector<std::size_t>>> model_tensors;
 };
 
 // optimizer_state: names as Optimizer::state_tensors() gives them ("optim.<param>.<slot>"); empty

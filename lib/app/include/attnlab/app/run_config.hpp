@@ -8,10 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/nn/transformer.hpp"
 
@@ -93,5 +96,36 @@ void read_config_file(const std::string& path, TrainConfig& config);
 void write_config_file(const std::string& path, const TrainConfig& config);
 // Overlays the config saved in a run directory's checkpoint (DIR/model.safetensors) on `config`.
 void read_run_config(const std::string& run_dir, TrainConfig& config);
+
+// Overlays a checkpoint's model_config (meta, read from `path` by read_run_meta) on `config`, then
+// checks that the model it describes is the one the file's tensors hold (names and shapes), before
+// anything is allocated for it: std::invalid_argument "PATH: model_config: ..." naming the key or
+// the first tensor that differs.
+void read_saved_config(const RunMeta& meta, const std::string& path, TrainConfig& config);
+
+// What a training run allocates, in bytes, estimated from its config before anything is built (the
+// model's float parameters are exact; activations are an upper estimate of what a step keeps).
+struct MemoryEstimate {
+  double parameters = 0;   // the weights and their gradients
+  double optimizer = 0;    // AdamW's two moments, SGD's momentum
+  double activations = 0;  // one training step (batch) or the eval set, whichever is larger
+  double total() const { return parameters + optimizer + activations; }
+};
+// Validates the config first (its task must be prepared: prepare_task).
+MemoryEstimate estimate_memory(const TrainConfig& config);
+
+// The memory a run may use, in bytes, and where that figure came from: ATTNLAB_MEMORY_LIMIT when
+// set (bytes, or with a K, M, G or T suffix, binary; "none" turns the check off), else the smaller
+// of /proc/meminfo's MemAvailable and the address space that ulimit -v leaves this process.
+// nullopt: no limit known.
+struct MemoryLimit {
+  double bytes = 0;
+  std::string source;
+};
+std::optional<MemoryLimit> memory_limit();
+
+// Throws std::invalid_argument "<what>: ..." naming the estimate (times `copies`, the runs that
+// will be in memory at once) and the limit when it exceeds the limit.
+void check_memory(const MemoryEstimate& estimate, std::string_view what, double copies = 1);
 
 }  // namespace attnlab::app
