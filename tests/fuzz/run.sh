@@ -4,7 +4,8 @@
 # build/fuzz/corpus/<target>; a crash is written to build/fuzz/crash-<target>-* and makes the script
 # exit non-zero. Needs clang and libclang-rt-14-dev (Debian 12):
 #   apt-get install -y clang libclang-rt-14-dev libomp-14-dev
-# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]   (targets: safetensors checkpoint ...)
+# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]   (targets: safetensors checkpoint
+# data_file run_config study_config checkpoint_meta)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
@@ -20,10 +21,16 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus"
   echo "== fuzz_$t: ${seconds}s"
   log=build/fuzz/fuzz_$t.log
+  # The config readers take the config dictionary, and any single allocation over 256 MB counts
+  # as a crash (-malloc_limit_mb): a config must never make its reader allocate without bound.
+  case $t in
+    run_config | study_config | checkpoint_meta)
+      limits=(-dict=tests/fuzz/config.dict -malloc_limit_mb=256) ;;
+    *) limits=(-dict=tests/fuzz/safetensors.dict) ;;
+  esac
   build/fuzz/tests/fuzz/fuzz_"$t" "$corpus" "tests/fuzz/corpus/$t" \
-    -max_total_time="$seconds" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-    -dict=tests/fuzz/safetensors.dict -artifact_prefix="build/fuzz/crash-$t-" \
-    -print_final_stats=1 >"$log" 2>&1
+    -max_total_time="$seconds" -max_len=16384 -timeout=10 -rss_limit_mb=2048 "${limits[@]}" \
+    -artifact_prefix="build/fuzz/crash-$t-" -print_final_stats=1 >"$log" 2>&1
   status=$?
   grep -E "INITED|DONE|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written" "$log"
   [ "$status" -eq 0 ] || failed+=("$t")

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 #include <xtensor/xbuilder.hpp>
 
 #include "attnlab/app/data_file.hpp"
+#include "attnlab/app/run_config.hpp"
+#include "attnlab/app/study.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "helpers.hpp"
 
@@ -106,4 +109,54 @@ TEST_CASE("fuzz seeds: the data-file seeds are read or refused as expected") {
     REQUIRE(expected.count(f.filename().string()) == 1);
     CHECK(reads_as_data_file(f.string()) == expected.at(f.filename().string()));
   }
+}
+
+namespace {
+
+std::string text_of(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("fuzz seeds: the config readers' seeds are accepted, validated and estimated") {
+  // tests/fuzz/fuzz_run_config.cpp's checks on its seeds: read, read back from what was written,
+  // validated, a finite memory estimate.
+  const auto runs = files_in(test::data_path("../fuzz/corpus/run_config"));
+  CHECK(runs.size() == 5);
+  for (const auto& f : runs) {
+    CAPTURE(f.string());
+    app::TrainConfig c, back;
+    REQUIRE_NOTHROW(app::read_json_text(text_of(f), c));
+    const std::string written = app::to_json_text(c);
+    app::read_json_text(written, back);
+    CHECK(app::to_json_text(back) == written);
+    CHECK_NOTHROW(app::validate(c));
+    CHECK(app::estimate_memory(c).total() > 0);
+  }
+  const auto plans = files_in(test::data_path("../fuzz/corpus/study_config"));
+  CHECK(plans.size() == 1);
+  for (const auto& f : plans) {
+    app::StudyPlan plan;
+    REQUIRE_NOTHROW(app::read_study_text(text_of(f), plan));
+    CHECK(plan.groups.size() >= 1);
+  }
+  // fuzz_checkpoint_meta's seed describes the tensors that target holds; one layer more does not.
+  const auto metas = files_in(test::data_path("../fuzz/corpus/checkpoint_meta"));
+  REQUIRE(metas.size() == 1);
+  app::TrainConfig seed;
+  app::read_json_text(text_of(metas[0]), seed);
+  app::RunMeta meta;
+  meta.config_json = text_of(metas[0]);
+  for (const ParameterShape& p :
+       transformer_parameter_shapes(app::resolve_model(seed.model, app::task_shape(seed.task))))
+    meta.model_tensors.emplace_back(p.name, p.shape);
+  app::TrainConfig c;
+  CHECK_NOTHROW(app::read_saved_config(meta, "seed.safetensors", c));
+  meta.model_tensors.pop_back();
+  app::TrainConfig d;
+  CHECK_THROWS_WITH_AS(app::read_saved_config(meta, "seed.safetensors", d),
+                       doctest::Contains("disagrees with the file's tensors"),
+                       std::invalid_argument);
 }

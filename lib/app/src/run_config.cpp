@@ -222,7 +222,8 @@ void read_saved_config(const RunMeta& meta, const std::string& path, TrainConfig
              shape_text(it->second) + " in the file");
   }
   if (meta.model_tensors.size() != want.size()) {
-    for (const auto& [name, shape] : meta.model_tensors) {
+    for (const auto& tensor : meta.model_tensors) {
+      const std::string& name = tensor.first;
       const bool known = std::any_of(want.begin(), want.end(),
                                      [&](const ParameterShape& p) { return p.name == name; });
       if (!known) refuse("the file holds '" + name + "', which the config's model does not have");

@@ -19,11 +19,17 @@ void read_study_file(const std::string& path, StudyPlan& plan) {
   std::stringstream ss;
   ss << in.rdbuf();
   try {
-    config_json::parse(ss.str()).get_to(plan);
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(path + ": " + e.what());
+    read_study_text(ss.str(), plan);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(path + ": " + e.what());
+  }
+}
+
+void read_study_text(const std::string& text, StudyPlan& plan) {
+  try {
+    config_json::parse(text).get_to(plan);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(e.what());
   }
 }
 

@@ -85,6 +85,8 @@ StudyOutcome report_study(const StudyPlan& plan, const StudyOptions& options);
 // their path; std::invalid_argument names the file. data/configs/study_micro.json is the micro
 // preset written out.
 void read_study_file(const std::string& path, StudyPlan& plan);
+// The same from JSON text (std::invalid_argument; ConfigError naming the key path).
+void read_study_text(const std::string& text, StudyPlan& plan);
 std::string to_json_text(const StudyPlan& plan);
 
 }  // namespace attnlab::app
