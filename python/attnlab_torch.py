@@ -219,9 +219,13 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def _make_norm(kind, dim):
+def _make_norm(kind, dim, bias=True):
     if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=LAYERNORM_EPS)
+        norm = nn.LayerNorm(dim, eps=LAYERNORM_EPS)
+        if not bias:  # "bias": false: no beta (nn.LayerNorm's bias=False, spelt for torch < 2.1)
+            del norm.bias
+            norm.register_parameter("bias", None)
+        return norm
     if kind == "rmsnorm":
         return RMSNorm(dim)
     if kind == "none":
@@ -307,13 +311,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """fc1 -> activation -> fc2: GELU's tanh form, or ReLU² (max(x, 0)², "mlp": "relu2")."""
 
-    def __init__(self, C, F_, activation="gelu"):
+    def __init__(self, C, F_, activation="gelu", bias=True):
         super().__init__()
         if activation not in ("gelu", "relu2"):
             raise ValueError(f"attnlab_torch: mlp expected gelu|relu2, got {activation!r}")
         self.activation = activation
-        self.fc1 = nn.Linear(C, F_)
-        self.fc2 = nn.Linear(F_, C)
+        self.fc1 = nn.Linear(C, F_, bias=bias)
+        self.fc2 = nn.Linear(F_, C, bias=bias)
 
     def forward(self, x):
         h = self.fc1(x)
@@ -329,12 +333,13 @@ class Block(nn.Module):
         att = block["attention"]
         C = att["d_model"]
         norm = block.get("norm", "layernorm")
-        self.ln1 = _make_norm(norm, C)
+        bias = bool(block.get("bias", True))
+        self.ln1 = _make_norm(norm, C, bias)
         self.attn = Attention(att, rope)
         self.attn_only = bool(block.get("attn_only", False))
         if not self.attn_only:
-            self.ln2 = _make_norm(norm, C)
-            self.mlp = MLP(C, block.get("d_ff", 0) or 4 * C, block.get("mlp", "gelu"))
+            self.ln2 = _make_norm(norm, C, bias)
+            self.mlp = MLP(C, block.get("d_ff", 0) or 4 * C, block.get("mlp", "gelu"), bias)
         self.dropout = nn.Dropout(float(block.get("dropout", 0.0)))
 
     def forward(self, x):
@@ -376,7 +381,7 @@ class Transformer(nn.Module):
             raise ValueError(f"attnlab_torch: positions expected learned|sinusoidal|none|rope, got {self.positions!r}")
         rope = self.positions == "rope"
         self.blocks = nn.ModuleList(Block(block, rope) for _ in range(int(config["layers"])))
-        self.ln_f = _make_norm(block.get("norm", "layernorm"), C)
+        self.ln_f = _make_norm(block.get("norm", "layernorm"), C, bool(block.get("bias", True)))
         self.head = nn.Linear(C, int(config["out_vocab"]), bias=False)
         self.logit_softcap = float(config.get("logit_softcap", 0) or 0)
         if not (self.logit_softcap == 0 or (math.isfinite(self.logit_softcap) and self.logit_softcap > 0)):
@@ -467,10 +472,11 @@ def _attnlab_names(config):
     if config.get("positions", "learned") == "learned":
         names.append("pos.table")
     norm = block.get("norm", "layernorm")
+    bias = bool(block.get("bias", True))
 
     def norm_names(prefix):
         if norm == "layernorm":
-            return [prefix + "gamma", prefix + "beta"]
+            return [prefix + "gamma", prefix + "beta"] if bias else [prefix + "gamma"]
         if norm == "rmsnorm":
             return [prefix + "gamma"]
         return []
@@ -486,7 +492,8 @@ def _attnlab_names(config):
             names.append(p + "attn.log_scale")
         if not block.get("attn_only", False):
             names += norm_names(p + "ln2.")
-            names += [p + "mlp.fc1.w", p + "mlp.fc1.b", p + "mlp.fc2.w", p + "mlp.fc2.b"]
+            names += ([p + "mlp.fc1.w", p + "mlp.fc1.b", p + "mlp.fc2.w", p + "mlp.fc2.b"] if bias
+                      else [p + "mlp.fc1.w", p + "mlp.fc2.w"])
     names += norm_names("ln_f.")
     names.append("head.w")
     return names

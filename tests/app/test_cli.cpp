@@ -649,6 +649,23 @@ TEST_CASE("cli: --positions rope trains, and its effective config carries RoPE's
   CHECK(e.status == 0);
 }
 
+TEST_CASE("cli: --no-bias trains a model without biases, and eval reads it back") {
+  const auto dir = scratch("no_bias_run");
+  const auto out = dir / "run";
+  const Run r = cli(std::string("train ") + kTinySort + " --steps 20 --d-ff 16 --no-bias --out '" +
+                        out.string() + "'",
+                    dir);
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(slurp(out / "config.json"))["model"]["block"]["bias"] == false);
+  const auto file = attnlab::load_safetensors((out / "model.safetensors").string());
+  CHECK(file.find("blocks.0.mlp.fc1.w") != nullptr);
+  CHECK(file.find("blocks.0.mlp.fc1.b") == nullptr);
+  CHECK(file.find("blocks.0.ln1.beta") == nullptr);
+  CHECK(file.find("ln_f.beta") == nullptr);
+  CHECK(file.find("ln_f.gamma") != nullptr);
+  CHECK(cli("eval --checkpoint '" + out.string() + "'", dir).status == 0);
+}
+
 TEST_CASE("cli: every run writes its effective config, and --config reproduces the run from it") {
   const auto dir = scratch("config_round_trip");
   const auto a = dir / "a", b = dir / "b";

@@ -205,6 +205,12 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
   SUBCASE("pre-LN LayerNorm blocks with MLP, sqrt_dk") {
     check_step_matches<Real>(small_config(), ops, false, tolerance);
   }
+  SUBCASE("no biases: the MLP's and the LayerNorms' beta, causal") {
+    auto c = small_config();
+    c.block.bias = false;
+    c.block.attention.sdpa.causal = true;
+    check_step_matches<Real>(c, ops, false, tolerance);
+  }
   SUBCASE("RMSNorm, attention-only, unscaled, key mask") {
     auto c = small_config();
     c.block.norm = Norm::rmsnorm;

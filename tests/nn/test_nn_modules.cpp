@@ -10,6 +10,7 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
+#include <xtensor/xview.hpp>
 
 #include "attnlab/nn/activation.hpp"
 #include "attnlab/nn/embedding.hpp"
@@ -74,6 +75,27 @@ TEST_CASE("module gradcheck: LayerNorm, RMSNorm, Gelu, Relu, FeedForward, Positi
     LayerNorm<double> m(6);
     jitter(m, rng);
     CHECK(names_of(m) == std::vector<std::string>{"gamma", "beta"});
+    expect_passed(check_module_gradients(m, x), 3);
+  }
+  SUBCASE("LayerNorm without bias: gamma alone, the shift stays 0 through training") {
+    LayerNorm<double> m(6, kLayerNormEps, false);
+    jitter(m, rng);
+    CHECK(names_of(m) == std::vector<std::string>{"gamma"});
+    CHECK_FALSE(m.has_bias());
+    expect_passed(check_module_gradients(m, x), 2);
+    m.zero_grad();
+    const auto y = m.forward(x);
+    m.backward(xt::eval(xt::ones_like(y)));
+    CHECK(xt::all(xt::equal(m.beta.value, 0.0)));
+    // Without β, a row of the output has mean 0 when γ is 1 (with β, mean = mean(β)).
+    LayerNorm<double> plain(6, kLayerNormEps, false);
+    const auto z = plain.forward(x);
+    CHECK(std::abs(xt::mean(xt::view(z, 0, 0, xt::all()))()) < 1e-12);
+  }
+  SUBCASE("FeedForward without biases") {
+    FeedForward<double> m(6, 10, rng, MlpActivation::gelu, GeluApproximation::tanh, false);
+    jitter(m, rng);
+    CHECK(names_of(m) == std::vector<std::string>{"fc1.w", "fc2.w"});
     expect_passed(check_module_gradients(m, x), 3);
   }
   SUBCASE("RMSNorm") {

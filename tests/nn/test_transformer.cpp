@@ -116,6 +116,11 @@ TEST_CASE("TransformerBlock gradcheck: layernorm, rmsnorm, no norm, attention-on
     c.attn_only = true;
     expected = {"ln1.gamma", "ln1.beta", "attn.w_q", "attn.w_k", "attn.w_v", "attn.w_o"};
   }
+  SUBCASE("no biases") {
+    c.bias = false;
+    expected = {"ln1.gamma", "attn.w_q",  "attn.w_k",  "attn.w_v",
+                "attn.w_o",  "ln2.gamma", "mlp.fc1.w", "mlp.fc2.w"};
+  }
   TransformerBlock<double> block(c, rng);
   CHECK(names_of(block) == expected);
   jitter_norms(block, rng);
@@ -157,6 +162,9 @@ TEST_CASE("Transformer gradcheck: every parameter of the cross-entropy loss, tin
   }
   SUBCASE("ReLU² MLP") {
     c.block.mlp = MlpActivation::relu2;
+  }
+  SUBCASE("no biases (bias false): the MLP's and the LayerNorms' beta") {
+    c.block.bias = false;
   }
   SUBCASE("no norm, scaling dk, one layer") {
     c.block.norm = Norm::none;
@@ -505,6 +513,10 @@ TEST_CASE("transformer_parameter_shapes lists what the built model holds, in its
   c.block.attention.kv_heads = 2;
   c.block.attention.d_k = 6;
   c.block.attention.d_v = 3;
+  configs.push_back(c);
+  c = tiny_config();
+  c.block.bias = false;
+  c.block.attention.qk_norm = true;
   configs.push_back(c);
   c = tiny_config();
   c.layers = 3;

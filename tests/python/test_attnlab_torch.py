@@ -59,6 +59,9 @@ CASES = [
     ("mqar: causal RoPE, half-split pairs, multi-query",
      ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
      ["--d-model", "16", "--heads", "4", "--kv-heads", "1", "--causal", "--positions", "rope"]),
+    ("recall: no biases (the MLP's and the LayerNorms' beta), causal, 2 layers",
+     ["--task", "recall", "--pairs", "6", "--keys", "12", "--values", "12"],
+     ["--d-model", "16", "--heads", "2", "--causal", "--no-bias", "--layers", "2"]),
 ]
 
 
@@ -140,7 +143,7 @@ class Interop(unittest.TestCase):
                 self.assertEqual(module.config, config["model"])
 
     def test_torch_to_attnlab_eval(self):
-        for name, task, model in CASES[1:3]:
+        for name, task, model in CASES[1:3] + CASES[-1:]:
             with self.subTest(name):
                 run_dir, valid = self.train_case(task, model, steps=1)
                 _, config = at.load_run(run_dir)

@@ -1,6 +1,7 @@
 #include "common.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -132,6 +133,10 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
       ->capture_default_str();
   cmd.add_flag("--rope-interleaved", a.rope_interleaved,
                "RoPE on pairs (2i, 2i+1), the paper's, instead of GPT-NeoX's (i, i + rot/2)");
+  cmd.add_flag_function(
+      "--no-bias", [&m](std::int64_t) { m.block.bias = false; },
+      "no biases (nanoGPT's bias=False): the MLP's and the LayerNorms' beta (QK-norm keeps its "
+      "own)");
   cmd.add_flag("--qk-norm", a.qk_norm, "LayerNorm on q and k per head");
   cmd.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
   cmd.add_flag("--alibi", a.alibi, "ALiBi: a linear distance penalty per head (Press et al. 2022)");

@@ -194,7 +194,7 @@ void from_json(const nlohmann::json& j, SdpaConfig& v) {
 ATTNLAB_JSON_FIELDS(AttentionConfig, d_model, heads, kv_heads, d_k, d_v, d_context, sdpa, qk_norm,
                     learnable_scale, alibi, dropout, rope, rope_theta, rope_fraction,
                     rope_interleaved)
-ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, mlp, norm, dropout)
+ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, mlp, norm, bias, dropout)
 ATTNLAB_JSON_FIELDS(TransformerConfig, vocab_sizes, max_len, layers, out_vocab, positions, block,
                     logit_softcap)
 

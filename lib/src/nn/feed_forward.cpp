@@ -29,12 +29,12 @@ FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng,
 
 template <class T>
 FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng, MlpActivation activation,
-                            GeluApproximation approximation)
-    : fc1(dim, hidden, rng, true),
+                            GeluApproximation approximation, bool bias)
+    : fc1(dim, hidden, rng, bias),
       act(activation == MlpActivation::relu2
               ? std::unique_ptr<SequenceModule<T>>(std::make_unique<ReluSquared<T>>(hidden))
               : std::make_unique<Gelu<T>>(hidden, approximation)),
-      fc2(hidden, dim, rng, true),
+      fc2(hidden, dim, rng, bias),
       activation_(activation) {}
 
 template <class T>

@@ -25,7 +25,8 @@ Norm parse_norm(std::string_view text) {
 }
 
 template <class T>
-LayerNorm<T>::LayerNorm(std::size_t dim, double eps) : dim_(dim), eps_(eps) {
+LayerNorm<T>::LayerNorm(std::size_t dim, double eps, bool bias)
+    : dim_(dim), eps_(eps), has_bias_(bias) {
   check_arg(dim > 0, "LayerNorm", "dim", "> 0", std::to_string(dim));
   gamma = make_parameter<T>(xt::ones<T>({dim}));
   beta = make_parameter<T>(xt::zeros<T>({dim}));
@@ -34,7 +35,7 @@ LayerNorm<T>::LayerNorm(std::size_t dim, double eps) : dim_(dim), eps_(eps) {
 template <class T>
 void LayerNorm<T>::collect_parameters(const std::string& prefix, ParameterList<T>& out) {
   out.push_back({prefix + "gamma", &gamma});
-  out.push_back({prefix + "beta", &beta});
+  if (has_bias_) out.push_back({prefix + "beta", &beta});
 }
 
 template <class T>
@@ -59,7 +60,7 @@ Buffer<T> LayerNorm<T>::backward_impl(const Buffer<T>& dy) {
   ops.layernorm_backward(dx.data(), dgamma.data(), dbeta.data(), dy.data(), x_.data(), mean_.data(),
                          rstd_.data(), gamma.value_data(), rows, dim_);
   add_into(ops, gamma, dgamma);
-  add_into(ops, beta, dbeta);
+  if (has_bias_) add_into(ops, beta, dbeta);
   return dx;
 }
 
@@ -98,10 +99,10 @@ Buffer<T> RMSNorm<T>::backward_impl(const Buffer<T>& dy) {
 }
 
 template <class T>
-std::unique_ptr<SequenceModule<T>> make_norm(Norm norm, std::size_t dim) {
+std::unique_ptr<SequenceModule<T>> make_norm(Norm norm, std::size_t dim, bool bias) {
   switch (norm) {
     case Norm::layernorm:
-      return std::make_unique<LayerNorm<T>>(dim);
+      return std::make_unique<LayerNorm<T>>(dim, kLayerNormEps, bias);
     case Norm::rmsnorm:
       return std::make_unique<RMSNorm<T>>(dim);
     case Norm::none:
@@ -114,7 +115,7 @@ template class LayerNorm<float>;
 template class LayerNorm<double>;
 template class RMSNorm<float>;
 template class RMSNorm<double>;
-template std::unique_ptr<SequenceModule<float>> make_norm<float>(Norm, std::size_t);
-template std::unique_ptr<SequenceModule<double>> make_norm<double>(Norm, std::size_t);
+template std::unique_ptr<SequenceModule<float>> make_norm<float>(Norm, std::size_t, bool);
+template std::unique_ptr<SequenceModule<double>> make_norm<double>(Norm, std::size_t, bool);
 
 }  // namespace attnlab

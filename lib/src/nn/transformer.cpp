@@ -34,7 +34,7 @@ std::vector<ParameterShape> transformer_parameter_shapes(const TransformerConfig
   const auto norm = [&](const std::string& prefix) {
     if (b.norm == Norm::none) return;
     out.push_back({prefix + "gamma", {C}});
-    if (b.norm == Norm::layernorm) out.push_back({prefix + "beta", {C}});
+    if (b.norm == Norm::layernorm && b.bias) out.push_back({prefix + "beta", {C}});
   };
   for (std::size_t i = 0; i < config.vocab_sizes.size(); ++i)
     out.push_back({"embed.fields." + std::to_string(i) + ".table", {config.vocab_sizes[i], C}});
@@ -55,9 +55,9 @@ std::vector<ParameterShape> transformer_parameter_shapes(const TransformerConfig
     if (!b.attn_only) {
       norm(p + "ln2.");
       out.push_back({p + "mlp.fc1.w", {C, b.d_ff}});
-      out.push_back({p + "mlp.fc1.b", {b.d_ff}});
+      if (b.bias) out.push_back({p + "mlp.fc1.b", {b.d_ff}});
       out.push_back({p + "mlp.fc2.w", {b.d_ff, C}});
-      out.push_back({p + "mlp.fc2.b", {C}});
+      if (b.bias) out.push_back({p + "mlp.fc2.b", {C}});
     }
   }
   norm("ln_f.");
@@ -118,7 +118,7 @@ Transformer<T>::Transformer(const TransformerConfig& config, Rng& rng)
         }
         return blocks;
       }()),
-      norm_f_(make_norm<T>(config.block.norm, config.d_model())),
+      norm_f_(make_norm<T>(config.block.norm, config.d_model(), config.block.bias)),
       head_(config.d_model(), config.out_vocab, rng, false) {
   this->set_dropout_key(0, 0);  // every layer its own dropout key
 }

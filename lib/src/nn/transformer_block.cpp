@@ -20,12 +20,13 @@ void BlockConfig::validate(std::string_view op, const std::string& path) const {
 template <class T>
 TransformerBlock<T>::TransformerBlock(const BlockConfig& config, Rng& rng)
     : config_((config.validate(), config)),
-      norm1_(make_norm<T>(config.norm, config.attention.d_model)),
-      norm2_(config.attn_only ? nullptr : make_norm<T>(config.norm, config.attention.d_model)),
+      norm1_(make_norm<T>(config.norm, config.attention.d_model, config.bias)),
+      norm2_(config.attn_only ? nullptr
+                              : make_norm<T>(config.norm, config.attention.d_model, config.bias)),
       attn_(config.attention, rng) {
   if (!config_.attn_only) {
-    mlp_ =
-        std::make_unique<FeedForward<T>>(config_.attention.d_model, config_.d_ff, rng, config_.mlp);
+    mlp_ = std::make_unique<FeedForward<T>>(config_.attention.d_model, config_.d_ff, rng,
+                                            config_.mlp, GeluApproximation::tanh, config_.bias);
   }
   this->set_dropout_key(0, 0);  // distinct keys for the attention and the residuals
 }

@@ -24,9 +24,10 @@ class FeedForward : public SequenceModule<T> {
  public:
   FeedForward(std::size_t dim, std::size_t hidden, Rng& rng,
               GeluApproximation approximation = GeluApproximation::tanh);
-  // With the activation named (the GELU's form applies to gelu only).
+  // With the activation named (the GELU's form applies to gelu only); bias = false: fc1 and fc2
+  // without biases.
   FeedForward(std::size_t dim, std::size_t hidden, Rng& rng, MlpActivation activation,
-              GeluApproximation approximation = GeluApproximation::tanh);
+              GeluApproximation approximation = GeluApproximation::tanh, bool bias = true);
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   std::size_t in_features() const override { return fc1.in_features(); }

@@ -22,7 +22,8 @@ Norm parse_norm(std::string_view text);
 template <class T>
 class LayerNorm : public SequenceModule<T> {
  public:
-  explicit LayerNorm(std::size_t dim, double eps = kLayerNormEps);
+  // bias = false: no β (nanoGPT's bias=False): y = γ · x̂, the shift fixed at 0 and not a parameter.
+  explicit LayerNorm(std::size_t dim, double eps = kLayerNormEps, bool bias = true);
 
   void collect_parameters(const std::string& prefix, ParameterList<T>& out) override;
   std::size_t in_features() const override { return dim_; }
@@ -30,7 +31,8 @@ class LayerNorm : public SequenceModule<T> {
   std::string_view type_name() const override { return "LayerNorm"; }
 
   Parameter<T> gamma;  // (C,)
-  Parameter<T> beta;   // (C,)
+  Parameter<T> beta;   // (C,); zeros, and not collected, without bias
+  bool has_bias() const { return has_bias_; }
 
  protected:
   Buffer<T> forward_impl(const Buffer<T>& x) override;
@@ -39,6 +41,7 @@ class LayerNorm : public SequenceModule<T> {
  private:
   std::size_t dim_;
   double eps_;
+  bool has_bias_;
   Buffer<T> x_, y_, mean_, rstd_, dx_, dgamma_, dbeta_;
 };
 
@@ -66,6 +69,6 @@ class RMSNorm : public SequenceModule<T> {
 
 // A LayerNorm or RMSNorm of width dim, or nullptr for Norm::none.
 template <class T>
-std::unique_ptr<SequenceModule<T>> make_norm(Norm norm, std::size_t dim);
+std::unique_ptr<SequenceModule<T>> make_norm(Norm norm, std::size_t dim, bool bias = true);
 
 }  // namespace attnlab

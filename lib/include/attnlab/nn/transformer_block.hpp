@@ -20,6 +20,10 @@ struct BlockConfig {
   bool attn_only = false;
   MlpActivation mlp = MlpActivation::gelu;  // the MLP's activation: gelu | relu2
   Norm norm = Norm::layernorm;
+  // false: no additive bias in the block (nanoGPT's bias=False): the MLP's fc1 and fc2 lose theirs
+  // and the LayerNorms their β (ln1, ln2, and the Transformer's ln_f). The attention projections
+  // have none either way; QK-norm keeps its per-head β (part of that arm's definition).
+  bool bias = true;
   // Dropout on the two residual branches (the attention's and the MLP's outputs, before each
   // residual add) in training mode, p in [0, 1); none in eval mode.
   double dropout = 0.0;
