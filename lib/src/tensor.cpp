@@ -53,20 +53,18 @@ void check_extents(std::string_view op, std::string_view arg,
   }
 }
 
+std::string shown_text(std::string_view text, std::size_t max) {
+  if (text.size() <= max) return std::string(text);
+  std::size_t cut = max;  // back to the start of the character at `max`
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " characters)";
+}
+
 void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,
                std::string_view got) {
   if (!ok) {
-    // A value from a file may be megabytes long: the message shows its start and its length.
-    constexpr std::size_t kMaxShown = 200;
-    std::string shown(got.substr(0, kMaxShown));
-    if (got.size() > kMaxShown) {
-      while (!shown.empty() && (static_cast<unsigned char>(shown.back()) & 0xC0) == 0x80)
-        shown.pop_back();  // no UTF-8 sequence cut in two
-      if (!shown.empty() && static_cast<unsigned char>(shown.back()) >= 0xC0) shown.pop_back();
-      shown += "... (" + std::to_string(got.size()) + " characters)";
-    }
     throw std::invalid_argument(std::string(op) + ": " + std::string(name) + " expected " +
-                                std::string(what) + ", got " + shown);
+                                std::string(what) + ", got " + shown_text(got, 200));
   }
 }
 

@@ -783,23 +783,20 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
                                   std::to_string(seed) +
                                   (budgets.size() > 1 ? "_n" + std::to_string(steps) : "")});
   }
-  for (const Job& job : jobs) {  // a bad grid fails before any run starts
+  // A bad grid fails before any run starts; so does one whose largest run, as many times as run
+  // at once, would not fit in memory.
+  MemoryEstimate largest;
+  for (const Job& job : jobs) {
     try {
-      validate(job_config(job, options));
+      const MemoryEstimate e = estimate_memory(job_config(job, options));  // validates the config
+      if (e.total() > largest.total()) largest = e;
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument("study: group '" + job.group->name + "', run " + job.dir + ": " +
                                   e.what());
     }
   }
-  {  // the largest run, as many times as run at once
-    MemoryEstimate largest;
-    for (const Job& job : jobs) {
-      const MemoryEstimate e = estimate_memory(job_config(job, options));
-      if (e.total() > largest.total()) largest = e;
-    }
-    check_memory(largest, "study",
-                 double(std::min<std::size_t>(std::size_t(options.jobs), jobs.size())));
-  }
+  check_memory(largest, "study",
+               double(std::min<std::size_t>(std::size_t(options.jobs), jobs.size())));
   std::vector<RunRecord> records(jobs.size());
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};

@@ -70,7 +70,12 @@ void check_shape(std::string_view op, std::string_view arg, const E& tensor,
                 std::vector<std::ptrdiff_t>(expected));
 }
 
-// Throws std::invalid_argument "op: name expected <what>, got <value>" unless ok.
+// A value for a message: `text` whole, or its first `max` bytes (never half a UTF-8 character)
+// followed by "... (N characters)" (a value from a file may be megabytes long).
+std::string shown_text(std::string_view text, std::size_t max);
+
+// Throws std::invalid_argument "op: name expected <what>, got <value>" unless ok (the value
+// through shown_text, 200 bytes).
 void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,
                std::string_view got);
 

@@ -115,14 +115,7 @@ std::string join_path(std::string_view key, std::string_view path) {
 
 std::string shown(const nlohmann::json& j) {
   // The replace handler: invalid UTF-8 in a string is shown as U+FFFD instead of throwing.
-  std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  constexpr std::size_t kMax = 64;
-  if (text.size() > kMax) {
-    std::size_t cut = kMax;  // not inside a UTF-8 sequence
-    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    text = text.substr(0, cut) + "... (" + std::to_string(text.size()) + " characters)";
-  }
-  return text;
+  return shown_text(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 64);
 }
 
 }  // namespace config_json
