@@ -11,7 +11,8 @@ every option of attnlab's TransformerConfig: several input fields, learned / sin
 LayerNorm / RMSNorm / no norm, attention-only blocks, d_k and d_v apart from d_model / heads,
 grouped-query attention (kv_heads), the scaling modes none / sqrt_dk / dk and an explicit scale,
 QK-norm, a learnable per-head scale, causal attention, a sliding window, ALiBi, rotary positions
-(positions "rope": rope_theta, rope_fraction, rope_interleaved), the output-logit softcap, and
+(positions "rope": rope_theta, rope_fraction, rope_interleaved), the attention-score softcap
+(sdpa.softcap: c tanh(s q.k / c) before ALiBi and the mask), the output-logit softcap, and
 dropout on the attention weights and the residual branches (in train() mode; its random draws are
 PyTorch's, not attnlab's Philox masks). Cross-attention (d_context) is not part of the Transformer.
 
@@ -255,6 +256,9 @@ class Attention(nn.Module):
         self.window = int(sdpa.get("window", 0))
         if self.window and not self.causal:
             raise ValueError("attnlab_torch: sdpa.window expected causal attention")
+        self.softcap = float(sdpa.get("softcap", 0.0))
+        if not (math.isfinite(self.softcap) and self.softcap >= 0):
+            raise ValueError(f"attnlab_torch: sdpa.softcap expected a finite cap > 0 or 0, got {self.softcap}")
         self.q_proj = nn.Linear(C, H * D, bias=False)
         self.k_proj = nn.Linear(C, Hkv * D, bias=False)
         self.v_proj = nn.Linear(C, Hkv * Dv, bias=False)
@@ -293,6 +297,8 @@ class Attention(nn.Module):
         else:
             scale = self.fixed_scale
         s = (q @ k.transpose(-1, -2)) * scale
+        if self.softcap:  # c tanh(s q.k / c), before ALiBi and the mask, as attnlab
+            s = self.softcap * torch.tanh(s / self.softcap)
         i = torch.arange(T, device=x.device)[:, None]
         j = torch.arange(T, device=x.device)[None, :]
         if self.alibi:  # -m_h (i - j) at the visible keys

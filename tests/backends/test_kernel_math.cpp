@@ -193,8 +193,8 @@ TEST_CASE("attention score rule: causal bounds agree with key_visible, for any q
 }
 
 TEST_CASE(
-    "attention score rule: score_row equals score element by element, with window, ALiBi and "
-    "bias") {
+    "attention score rule: score_row equals score element by element, with window, ALiBi, bias "
+    "and softcap") {
   Rng rng(5);
   const std::size_t Tq = 6, Tk = 23;
   std::vector<unsigned char> mask(2 * Tk);
@@ -205,8 +205,8 @@ TEST_CASE(
   for (bool causal : {false, true}) {
     for (std::size_t offset : {0, 4, 30}) {
       for (bool masked : {false, true}) {
-        // plain, window 3, ALiBi, ALiBi and bias
-        for (std::size_t variant = 0; variant < 4; ++variant) {
+        // plain, window 3, ALiBi, ALiBi and bias, ALiBi and bias and softcap 0.9
+        for (std::size_t variant = 0; variant < 5; ++variant) {
           if (!causal && offset != 0) continue;
           if (!causal && variant == 1) continue;
           AttentionParams<double> p = rule_params(Tq, Tk, causal, offset);
@@ -214,7 +214,8 @@ TEST_CASE(
           p.key_mask = masked ? mask.data() : nullptr;
           if (variant == 1) p.window = 3;
           if (variant >= 2) p.alibi_slopes = &slope;
-          if (variant == 3) p.bias = bias.data(), p.bias_batch_stride = Tq * Tk;
+          if (variant >= 3) p.bias = bias.data(), p.bias_batch_stride = Tq * Tk;
+          if (variant == 4) p.softcap = 0.9;
           CAPTURE(variant);
           for (std::size_t b = 0; b < 2; ++b) {
             for (std::size_t i = 0; i < Tq; ++i) {

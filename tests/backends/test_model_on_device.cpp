@@ -274,6 +274,23 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.logit_softcap = 0.5;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("attention softcap with ALiBi and a learnable scale, causal, key mask") {
+    auto c = small_config();
+    c.block.attention.sdpa.softcap = 0.6;
+    c.block.attention.sdpa.causal = true;
+    c.block.attention.alibi = true;
+    c.block.attention.learnable_scale = true;
+    c.positions = PositionEncoding::none;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
+  SUBCASE("attention softcap on the fused path, grouped-query") {
+    auto c = small_config();
+    c.block.attention.sdpa.softcap = 0.6;
+    c.block.attention.heads = 4;
+    c.block.attention.kv_heads = 2;
+    c.block.attention.sdpa.path = SdpaPath::fused;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("ReLU² MLP") {
     auto c = small_config();
     c.block.mlp = MlpActivation::relu2;

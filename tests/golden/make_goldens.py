@@ -25,6 +25,9 @@ What it makes (all paths relative to the repository root):
                                         LLaMA writes it): the op with offsets, partial and
                                         interleaved pairs; attention layers with RoPE (after
                                         QK-norm, GQA, a key mask)
+  tests/data/golden/softcap.json        the attention-score softcap c tanh(s q.k / c) with ALiBi,
+                                        a bias (and its gradient), GQA, causal with an offset and
+                                        a key mask
   tests/data/interop/torch_written.safetensors  file written by the Python safetensors package
 
 How to run (from the repository root):
@@ -37,6 +40,7 @@ F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check wh
 layers.json's softcap and relu_squared cases were added later with the same torch on an AMD EPYC
 (Zen 4); there the linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its
 committed values were kept (the relu_squared case was spliced into the committed file). rope.json was made with the same torch on the same machine.
+softcap.json was made with Debian's python3-torch 1.13 on an AMD EPYC (Zen 4).
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -406,6 +410,71 @@ def bias_cases():
         if mask is not None:
             tensors["mask"] = mask
         tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_, "dbias": dbias})
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+SOFTCAP_CASES = [
+    # name, B, H, Hkv, Tq, Tk, D, Dv, causal, query offset, mask-kind, cap, alibi, bias, scale
+    ("softcap_bidirectional",     2, 2, 2, 4, 5, 3, 2, False, 0, None,        0.8, False, False, 3.0),
+    ("softcap_causal_mask_alibi", 2, 4, 4, 4, 4, 4, 3, True,  0, "first_key", 1.5, True,  False, 2.0),
+    ("softcap_gqa_offset_bias",   2, 4, 2, 3, 5, 3, 2, True,  2, None,        0.6, False, True,  1.5),
+    ("softcap_all",               2, 2, 1, 4, 4, 3, 3, True,  0, "first_key", 2.0, True,  True,  2.5),
+]
+
+
+def softcap_cases():
+    """Score softcap (Gemma 2, FlashAttention's softcap): S = c tanh(s q.k / c),
+    then ALiBi's -m_h (i + o - j) and an additive bias (1, H, Tq, Tk), then the
+    mask; gradients by autograd, dbias included. A large explicit scale s pushes
+    the dots into the tanh's curve."""
+    out_cases = []
+    for idx, (name, b, h, hkv, tq, tk, d, dv, causal, o, mkind, cap, alibi, has_bias,
+              sc) in enumerate(SOFTCAP_CASES):
+        seed = 2100 + idx
+        g = gen(seed)
+        q, k, v = randn(g, b, h, tq, d), randn(g, b, hkv, tk, d), randn(g, b, hkv, tk, dv)
+        r = randn(g, b, h, tq, dv)
+        bias = randn(g, 1, h, tq, tk) if has_bias else None
+        mask = torch.tensor(SDPA_MASKS[mkind], dtype=torch.bool) if mkind else None
+        i = torch.arange(tq, dtype=DT)[:, None] + o
+        j = torch.arange(tk, dtype=DT)[None, :]
+        vis = torch.ones(b, h, tq, tk, dtype=torch.bool)
+        if causal:
+            vis &= (j <= i)[None, None]
+        if mask is not None:
+            vis &= mask[:, None, None, :]
+        slopes = [2.0 ** (-8.0 * (hh + 1) / h) for hh in range(h)]
+        q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+        if bias is not None:
+            bias.requires_grad_()
+        group = h // hkv
+        kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        s = cap * torch.tanh(sc * (q @ kk.transpose(-2, -1)) / cap)
+        if alibi:
+            s = s - torch.tensor(slopes, dtype=DT)[:, None, None] * (i - j)
+        if bias is not None:
+            s = s + bias
+        row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        e = torch.where(vis, torch.exp(torch.where(vis, s - row_max, torch.zeros_like(s))),
+                        torch.zeros_like(s))
+        denom = e.sum(-1, keepdim=True)
+        p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+        out = p @ vv
+        inputs = (q, k, v) + ((bias,) if bias is not None else ())
+        grads = torch.autograd.grad((out * r).sum(), inputs)
+        config = {"heads": h, "kv_heads": hkv, "causal": causal, "offset": o, "softcap": cap,
+                  "scale": sc, "slopes": slopes if alibi else [], "has_mask": mask is not None,
+                  "seed": seed}
+        tensors = {"q": q, "k": k, "v": v, "r": r}
+        if bias is not None:
+            tensors["bias"] = bias
+        if mask is not None:
+            tensors["mask"] = mask
+        tensors.update({"out": out, "p": p, "dq": grads[0], "dk": grads[1], "dv": grads[2]})
+        if bias is not None:
+            tensors["dbias"] = grads[3]
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -1049,6 +1118,7 @@ def main():
         "cross_entropy.json": cross_entropy_cases,
         "mha.json": mha_cases,
         "rope.json": rope_cases,
+        "softcap.json": softcap_cases,
     }
     wanted = sys.argv[1:] or list(makers) + ["interop"]
     for name in wanted:

@@ -62,6 +62,10 @@ CASES = [
     ("recall: no biases (the MLP's and the LayerNorms' beta), causal, 2 layers",
      ["--task", "recall", "--pairs", "6", "--keys", "12", "--values", "12"],
      ["--d-model", "16", "--heads", "2", "--causal", "--no-bias", "--layers", "2"]),
+    ("mqar: attention scores capped at 0.8 with a large scale, ALiBi, learnable scale, causal",
+     ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
+     ["--d-model", "16", "--heads", "2", "--causal", "--attn-softcap", "0.8", "--scale", "3",
+      "--alibi", "--positions", "none", "--learnable-scale"]),
 ]
 
 

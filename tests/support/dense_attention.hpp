@@ -1,8 +1,9 @@
 // Attention written out element by element, with no library code: the definition the variant tests
 // compare every path against. softmax over the visible keys of s · q·k + ALiBi's term, times v:
 //   visible(b, i, j) = mask(b, j) && (!causal || (j <= i + o && (!w || j + w > i + o)))
-//   score(i, j) = s_h · q_i·k_j - m_h · (i + o - j) + bias(b, h, i, j)
-// (the second term with ALiBi slopes m, the third with a bias of shape (1|B, 1|H, Tq, Tk)).
+//   score(i, j) = cap(s_h · q_i·k_j) - m_h · (i + o - j) + bias(b, h, i, j)
+// (the second term with ALiBi slopes m, the third with a bias of shape (1|B, 1|H, Tq, Tk); cap(u)
+// = c · tanh(u / c) with options.softcap = c > 0, u without).
 // With options.dropout_p > 0 and a keep mask (B,H,Tq,Tk), each weight is multiplied by
 // keep / (1 − p) after the softmax.
 // Query head h reads K/V head h / (H / Hkv). A row with no visible key gives 0.
@@ -42,6 +43,8 @@ inline Tensor4<double> dense_attention(const Tensor4<double>& q, const Tensor4<d
           double dot = 0;
           for (std::size_t c = 0; c < D; ++c) dot += q(b, h, i, c) * k(b, kv, j, c);
           score[j] = s * dot;
+          if (options.softcap > 0)
+            score[j] = options.softcap * std::tanh(score[j] / options.softcap);
           if (!options.alibi_slopes.empty()) {
             score[j] -= options.alibi_slopes[h] * (double(i + o) - double(j));
           }

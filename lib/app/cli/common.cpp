@@ -159,6 +159,10 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
          "--scale", [&a](const double& v) { a.sdpa.scale = v; },
          "explicit attention scale (overrides --scaling)")
       ->check(bounded("model.block.attention.sdpa.scale"));
+  cmd.add_option("--attn-softcap", a.sdpa.softcap,
+                 "cap the attention scores smoothly: c * tanh(s * q.k / c), before ALiBi and the "
+                 "mask (Gemma 2: 50)")
+      ->check(bounded("model.block.attention.sdpa.softcap"));
   cmd.add_option("--logit-softcap", m.logit_softcap,
                  "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; 0 = none)")
       ->check(bounded("model.logit_softcap"));

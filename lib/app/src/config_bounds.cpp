@@ -47,6 +47,7 @@ const std::vector<FieldBound>& train_config_bounds() {
       {"model.block.attention.rope_fraction", "--rope-fraction", false, 0, 1, true},
       {"model.block.attention.sdpa.window", "--window", true, 1, 1 << 20, false, "no window"},
       {"model.block.attention.sdpa.scale", "--scale", false, 0, kMaxReal, true},
+      {"model.block.attention.sdpa.softcap", "--attn-softcap", false, 0, kMaxReal, true, "no cap"},
       {"lr", "--lr", false, 1e-12, 1e3},
       {"beta1", "", false, 0, 0.999999},
       {"beta2", "--beta2", false, 0, 0.999999},

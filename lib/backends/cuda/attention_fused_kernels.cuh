@@ -9,8 +9,9 @@
 //              log-sum-exp (LSE) of each row.
 //   row_dot    D = rowsum(dO ⊙ O) (= rowsum(dP ⊙ P)), one warp per row.
 //   dK/dV      one block per (key tile, b·h): loop over the query tiles that can see the keys,
-//              recompute P = exp(s·Q Kᵀ − LSE), dV += Pᵀ dO, dP = dO Vᵀ, dS = s·P ⊙ (dP − D),
-//              dK += dSᵀ Q; dS/s to AttentionParams::dscores when set (the bias gradient).
+//              recompute P = exp(s·Q Kᵀ − LSE), dV += Pᵀ dO, dP = dO Vᵀ, dS = s·P ⊙ (dP − D)
+//              (⊙ the softcap's slope 1 − tanh²(s·q·k/c) with a cap), dK += dSᵀ Q; dS/s before
+//              the slope to AttentionParams::dscores when set (the bias gradient).
 //   dQ         one block per (query tile, b·h): loop over key tiles, dQ += dS K.
 // Every output element has exactly one writer: deterministic, no atomics, no zeroed memory needed
 // (except dscores, whose tiles hidden from every query of a tile are skipped). Dropout multiplies
@@ -282,12 +283,13 @@ __device__ inline void load_row_stats(T* lse_s, T* dot_s, const T* lse, const T*
 }
 
 // P = exp(s·Q Kᵀ − LSE) at the thread's own elements of the tile pair (queries i0 + r, keys
-// j0 + c), with Q and K in shared memory; 0 at hidden positions and beyond Tq or Tk.
+// j0 + c), with Q and K in shared memory; 0 at hidden positions and beyond Tq or Tk. slope gets
+// the softcap's slope 1 − tanh²(u/c) at u = s·q·k (1 without a cap: attention::capped_slope).
 template <class T, int MI, int NS>
-__device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, int ldd, int dp,
-                                    const T* lse_s, const AttentionParams<T>& a, std::size_t b,
-                                    std::size_t h, T s, std::size_t i0, std::size_t j0, int ty,
-                                    int tx) {
+__device__ inline void tile_weights(T (&p)[MI][NS], T (&slope)[MI][NS], const T* qs, const T* ks,
+                                    int ldd, int dp, const T* lse_s, const AttentionParams<T>& a,
+                                    std::size_t b, std::size_t h, T s, std::size_t i0,
+                                    std::size_t j0, int ty, int tx) {
   fill(p, T(0));
   micro_gemm(p, qs, ldd, 1, ks, 1, ldd, dp, ty, tx, 0);  // Q Kᵀ  (TILE,dp) x (dp,TILE)
 #pragma unroll
@@ -295,21 +297,27 @@ __device__ inline void tile_weights(T (&p)[MI][NS], const T* qs, const T* ks, in
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
       const int r = ty + kSide * i, c = tx + kSide * j;
+      const T capped = attention::capped(a, s * p[i][j]);
+      slope[i][j] = attention::capped_slope(a, capped);
+      const std::size_t qi = i0 + r, kj = j0 + c;
+      const T score = qi < a.Tq && kj < a.Tk ? attention::score_of_capped(a, b, h, qi, kj, capped)
+                                             : cm::negative_infinity<T>();
       // weight_from_lse gives 0 for a hidden score (-inf)
-      p[i][j] = cm::weight_from_lse(tile_score(a, b, h, i0 + r, j0 + c, s, p[i][j]), lse_s[r]);
+      p[i][j] = cm::weight_from_lse(score, lse_s[r]);
     }
   }
 }
 
-// s·dS, dS = P ⊙ (dP − D) with dP = dO Vᵀ (dO and V in shared memory), written to ds at the
-// thread's own elements. D = rowsum(dO ⊙ O) equals rowsum(dP ⊙ P). dS itself goes to dscores (the
-// tile's first element in a (rows, Tk) matrix; `rows` x `cols` of the tile are in range) when it is
-// not null: the bias gradient.
+// s·dS ⊙ slope, dS = P ⊙ (dP − D) with dP = dO Vᵀ (dO and V in shared memory), written to ds at
+// the thread's own elements; slope is the softcap's (tile_weights). D = rowsum(dO ⊙ O) equals
+// rowsum(dP ⊙ P). dS itself goes to dscores (the tile's first element in a (rows, Tk) matrix;
+// `rows` x `cols` of the tile are in range) when it is not null: the bias gradient.
 template <class T, int MI, int NS>
-__device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* dos, const T* vs,
-                               int lddv, int dvp, const T* dot_s, T s, int ty, int tx,
-                               const AttentionParams<T>& a, std::size_t bh, std::size_t i0,
-                               std::size_t j0, T* dscores, std::size_t rows, std::size_t cols) {
+__device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T (&slope)[MI][NS],
+                               const T* dos, const T* vs, int lddv, int dvp, const T* dot_s, T s,
+                               int ty, int tx, const AttentionParams<T>& a, std::size_t bh,
+                               std::size_t i0, std::size_t j0, T* dscores, std::size_t rows,
+                               std::size_t cols) {
   T dp_acc[MI][NS];
   fill(dp_acc, T(0));
   micro_gemm(dp_acc, dos, lddv, 1, vs, 1, lddv, dvp, ty, tx, 0);  // dO Vᵀ (TILE,dvp) x (dvp,TILE)
@@ -327,7 +335,7 @@ __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T* do
           static_cast<std::size_t>(c) < cols) {
         dscores[r * a.Tk + c] = element;
       }
-      ds[r * lds + c] = s * element;
+      ds[r * lds + c] = s * element * slope[i][j];
     }
   }
 }
@@ -384,8 +392,8 @@ __global__ void __launch_bounds__(kThreads)
       load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
       __syncthreads();
       // P = exp(s·Q Kᵀ − LSE), kept in registers for dS and stored for dV
-      T p[MI][NS];
-      tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
+      T p[MI][NS], slope[MI][NS];
+      tile_weights(p, slope, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
 #pragma unroll
       for (int i = 0; i < MI; ++i) {
 #pragma unroll
@@ -419,7 +427,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();  // P is no longer read: overwrite it with dS
       // dS of the tile to a.dscores (the bias gradient) in this pass only: one writer per element
       T* dscores = a.dscores == nullptr ? nullptr : a.dscores + (bh * a.Tq + i0) * a.Tk + j0;
-      tile_ds(ps, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0, dscores,
+      tile_ds(ps, g.lds, p, slope, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0, dscores,
               std::min<std::size_t>(TILE, a.Tq - i0), std::min<std::size_t>(TILE, a.Tk - j0));
       __syncthreads();
       // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
@@ -500,9 +508,9 @@ __global__ void __launch_bounds__(kThreads)
     load_tile(vs, g.lddv, a.v + kv * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
     __syncthreads();
     {
-      T p[MI][MI];
-      tile_weights(p, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
-      tile_ds(ds, g.lds, p, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0,
+      T p[MI][MI], slope[MI][MI];
+      tile_weights(p, slope, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
+      tile_ds(ds, g.lds, p, slope, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0,
               static_cast<T*>(nullptr), 0, 0);
     }
     __syncthreads();

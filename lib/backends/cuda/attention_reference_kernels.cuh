@@ -53,14 +53,15 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // One block per row: s_h · dS, with dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place over dP; dS itself
-// (the bias gradient) to dscores (B,H,Tq,Tk) too when it is not null.
+// (the bias gradient) to dscores (B,H,Tq,Tk) too when it is not null. With a softcap (a.softcap >
+// 0), dots (B,H,Tq,Tk) are the unscaled Q Kᵀ and the result is s_h · dS ⊙ (1 − tanh²(u/c)) at
+// u = s_h · q·k (the score rule's capped_slope); dots is not read without one.
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    softmax_backward_rows(T* dp, T* dscores, const T* p, const T* scale, std::size_t H,
-                          std::size_t Tq, std::size_t Tk) {
+    softmax_backward_rows(T* dp, T* dscores, const T* p, const T* dots, AttentionParams<T> a) {
   ATTNLAB_STATIC_SHARED(T, scratch, 32);
-  const std::size_t row = blockIdx.x;
-  const T s = scale[cm::head_of(row / Tq, H)];
+  const std::size_t row = blockIdx.x, Tk = a.Tk;
+  const T s = a.scale[cm::head_of(row / a.Tq, a.H)];
   T* g = dp + row * Tk;
   const T* w = p + row * Tk;
   T dot = 0;
@@ -70,7 +71,9 @@ __global__ void __launch_bounds__(kRowThreads)
   for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
     const T ds = cm::softmax_backward_element(w[j], g[j], dot);
     if (d != nullptr) d[j] = ds;
-    g[j] = s * ds;
+    g[j] = a.softcap == 0
+               ? s * ds
+               : s * ds * attention::capped_slope(a, attention::capped(a, s * dots[row * Tk + j]));
   }
 }
 

@@ -262,9 +262,15 @@ class KernelDeviceOps final : public DeviceOps<T> {
       per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", ds,
               static_cast<const T*>(ds), a);
     }
-    // s_h · dS, dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores when set
+    // With a softcap, the backward needs U = s · Q Kᵀ again: Q Kᵀ, unscaled, once more
+    Scratch<T> dots(rt_, a.softcap != 0 ? rows * a.Tk : 0);
+    for (std::size_t r = 0; a.softcap != 0 && r < g; ++r) {
+      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
+                           s.d, s.sk, T(0), dots.data + r * s.sp, s.n, s.g * s.sp, s.batch);
+    }
+    // s_h · dS (⊙ the cap's slope), dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores
     per_row(reference::softmax_backward_rows<T>, rows, "sdpa_reference_backward", ds, a.dscores, p,
-            a.scale, a.H, a.Tq, a.Tk);
+            static_cast<const T*>(dots.data), a);
     for (std::size_t r = 0; r < g; ++r) {
       const T beta = r == 0 ? T(0) : T(1);
       const T* dsr = ds + r * s.sp;

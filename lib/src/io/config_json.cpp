@@ -164,14 +164,17 @@ void to_json(nlohmann::json& j, const SdpaConfig& v) {
        {"scale", v.scale ? nlohmann::json(*v.scale) : nlohmann::json(nullptr)},
        {"causal", v.causal},
        {"window", v.window},
+       {"softcap", v.softcap},
        {"path", v.path}};
 }
 
 void from_json(const nlohmann::json& j, SdpaConfig& v) {
-  config_json::check_keys(j, "SdpaConfig", {"scaling", "scale", "causal", "window", "path"});
+  config_json::check_keys(j, "SdpaConfig",
+                          {"scaling", "scale", "causal", "window", "softcap", "path"});
   config_json::read_field(j, "scaling", v.scaling);
   config_json::read_field(j, "causal", v.causal);
   config_json::read_field(j, "window", v.window);
+  config_json::read_field(j, "softcap", v.softcap);
   config_json::read_field(j, "path", v.path);
   if (const auto it = j.find("scale"); it != j.end()) {
     if (it->is_null()) {

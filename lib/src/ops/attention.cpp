@@ -119,6 +119,7 @@ SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, Attention
   call.spec.window = options.window;
   call.spec.dropout_p = options.dropout_p;
   call.spec.dropout_seed = options.dropout_seed;
+  call.spec.softcap = options.softcap;
   check_attention_spec(call.spec, std::string(op).c_str(), prefix);
   call.scale =
       options.head_scale.empty()

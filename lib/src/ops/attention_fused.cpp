@@ -14,7 +14,8 @@
 //   then O_i /= l and lse_i = m + log l (−inf, and O_i = 0, for a row that sees no key).
 //   backward, with D_i = rowsum(dO_i ⊙ O_i) and P = exp(S − lse) recomputed per tile:
 //     dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ⊙ (dP − D_i),
-//     dQ_i += s · dS K_j,  dK_j += s · dSᵀ Q_i.
+//     dQ_i += s · dS K_j,  dK_j += s · dSᵀ Q_i
+// (with a softcap, dS ⊙ (1 − tanh²(U/c)) in the last two, the slope kept from the recomputed tile).
 // (rowsum(dP ⊙ P) = rowsum(dO ⊙ P V) = rowsum(dO ⊙ O) = D_i: the reference's softmax-Jacobian
 // term without the full row of P.) The score rule (attnlab/attention/score_rule.hpp) scores and
 // hides each tile row; key tiles that no row of a row block can see (causal) are skipped.
@@ -187,6 +188,9 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
     // (Br,Bc) P ⊙ M / (1 − p), with dropout only
     const bool dropout = p.dropout_p != 0;
     std::vector<T> pdb(dropout ? dpb.size() : 0);
+    // (Br,Bc) the softcap's slope 1 − tanh²(U/c) at U = s · Q_i K_jᵀ, with a softcap only
+    const bool capped = p.softcap != 0;
+    std::vector<T> slb(capped ? dpb.size() : 0);
     std::vector<T> delta(Tq);  // (Tq,) D_i = rowsum(dO ⊙ O)
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
@@ -222,7 +226,14 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
             // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
             blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                           sb.data(), cols);
-            score_tile(sb.data(), p, b, h, i0, br, j0, bc);
+            if (capped) {  // the score rule in its two steps, keeping the cap's slope
+              for (std::size_t r = 0; r < br; ++r) {
+                attention::cap_row(p, bc, sb.data() + r * bc, slb.data() + r * bc);
+                attention::score_row_capped(p, b, h, i0 + r, j0, bc, sb.data() + r * bc);
+              }
+            } else {
+              score_tile(sb.data(), p, b, h, i0, br, j0, bc);
+            }
             for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
               T* row = sb.data() + r * bc;
               const T row_lse = lsep[i0 + r];
@@ -257,6 +268,8 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                 std::copy_n(dpb.data() + r * bc, bc, p.dscores + (bh * Tq + i0 + r) * Tk + j0);
               }
             }
+            // dU = dS ⊙ (1 − tanh²(U/c)) with a softcap
+            for (std::size_t e = 0; capped && e < br * bc; ++e) dpb[e] *= slb[e];
             // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
             blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
                           dqp + i0 * D, d);

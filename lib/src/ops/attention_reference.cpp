@@ -3,8 +3,10 @@
 //   S = s · Q Kᵀ (the score rule, attnlab/attention/score_rule.hpp), P = softmax(S), O = P V;
 //   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = s · dS K, dK = s · dSᵀ Q;
 //   with grouped-query attention dK and dV sum over the query heads that share a K/V head; dS goes
-//   to p.dscores when set (the bias gradient). Dropout: O = Pd V with Pd = P ⊙ M / (1 − p), and
-//   dV = Pdᵀ dO, dP = (dO Vᵀ) ⊙ M / (1 − p), the mask regenerated (attnlab/attention/dropout.hpp).
+//   to p.dscores when set (the bias gradient). With a softcap c, S = c·tanh(U/c) + ... for
+//   U = s · Q Kᵀ, and dQ, dK take dU = dS ⊙ (1 − tanh²(U/c)), U recomputed by one more GEMM.
+//   Dropout: O = Pd V with Pd = P ⊙ M / (1 − p), and dV = Pdᵀ dO, dP = (dO Vᵀ) ⊙ M / (1 − p), the
+//   mask regenerated (attnlab/attention/dropout.hpp).
 #include <algorithm>
 #include <cstddef>
 #include <memory>
@@ -89,9 +91,10 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
   {
     // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
     // With dropout, the dropped weights Pd too.
-    const bool dropout = p.dropout_p != 0;
+    const bool dropout = p.dropout_p != 0, capped = p.softcap != 0;
     const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
     const std::unique_ptr<T[]> pd(dropout ? new T[Tq * Tk] : nullptr);
+    const std::unique_ptr<T[]> slope(capped ? new T[Tq * Tk] : nullptr);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
       const auto kv = static_cast<std::size_t>(kv_index);
@@ -117,6 +120,12 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
         // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
         softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
         if (p.dscores != nullptr) std::copy_n(ds.get(), Tq * Tk, p.dscores + bh * Tq * Tk);
+        if (capped) {
+          // dU = dS ⊙ (1 − tanh²(U/c)), U = s · Q Kᵀ        (Tq,D) x (D,Tk) -> (Tq,Tk)
+          blas::gemm<T>(false, true, m, n, d, s, qp, d, kp, d, T(0), slope.get(), n);
+          attention::cap_row(p, Tq * Tk, slope.get(), slope.get());
+          for (std::size_t e = 0; e < Tq * Tk; ++e) ds[e] *= slope[e];
+        }
         // dQ = s · dS K                                  (Tq,Tk) x (Tk,D) -> (Tq,D)
         blas::gemm<T>(false, false, m, d, n, s, ds.get(), n, kp, d, T(0), dqp, d);
         // dK (+)= s · dSᵀ Q                              (Tk,Tq) x (Tq,D) -> (Tk,D)

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -37,6 +38,10 @@ struct AttentionSpec {
   // [0, 1); 0 = no dropout.
   double dropout_p = 0.0;
   std::uint64_t dropout_seed = 0;
+  // Score softcap c (Gemma 2, FlashAttention's `softcap`): the scaled dot u = s_h · q·k becomes
+  // c · tanh(u / c) before ALiBi's term and the bias are added (attnlab/attention/score_rule.hpp);
+  // the backward multiplies dS by 1 − tanh²(u / c). Finite and >= 0; 0 = no cap.
+  double softcap = 0.0;
 
   // The query heads per K/V head (1 without grouped-query attention).
   ATTNLAB_HD std::size_t group() const { return H / Hkv; }
@@ -69,7 +74,8 @@ struct AttentionParams : AttentionSpec {
   std::size_t bias_batch_stride = 0, bias_head_stride = 0;
 
   // Backward output, optional: when set, the backward writes dS = dL/dS (B,H,Tq,Tk), the gradient
-  // of the scores before the scale, which is the gradient of an additive bias before the sums
+  // of the scores before the scale (and after the softcap: the cap's slope is not in it), which is
+  // the gradient of an additive bias before the sums
   // over its broadcast axes. The fused paths write the tiles they visit and leave the rest (keys
   // the rule hides from a whole tile): pass zeroed memory.
   T* dscores = nullptr;
@@ -115,6 +121,9 @@ inline void check_attention_spec(const AttentionSpec& s, const char* op,
   }
   if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0)) {
     fail("dropout_p", "a probability in [0, 1), got " + std::to_string(s.dropout_p));
+  }
+  if (!(s.softcap >= 0.0 && s.softcap <= std::numeric_limits<double>::max())) {
+    fail("softcap", "a finite cap > 0, or 0 for none, got " + std::to_string(s.softcap));
   }
 }
 

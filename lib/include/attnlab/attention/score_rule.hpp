@@ -3,16 +3,23 @@
 // and fused in lib/backends/cuda). __host__ __device__ under nvcc, plain inline C++ otherwise.
 //
 //   visible(b, i, j) = key_mask(b, j) && (!causal || j <= i + o) && (!w || j > i + o - w)
-//   S_ij = s_h · q_i·k_j [- m_h · (i + o - j) with ALiBi] [+ bias(b,h,i,j)] when visible, -inf
+//   u_ij = s_h · q_i·k_j                                  the scaled dot
+//   S_ij = cap(u_ij) [- m_h · (i + o - j) with ALiBi] [+ bias(b,h,i,j)] when visible, -inf
 //          (excluded from the softmax) otherwise
+//   cap(u) = c · tanh(u / c) with a softcap c > 0 (Gemma 2), u without
 //
 // with o the query offset and w the sliding window (causal only: query i sees its w latest keys,
-// itself included). A variant changes these helpers only: ALiBi and the additive bias add their
-// terms in score_of_scaled() and score_row(), grouped-query attention maps heads with kv_head_of
-// (params.hpp). The tile bounds (key_begin, key_end, query_begin, query_end) let the fused paths
-// skip whole tiles that the rule hides.
+// itself included). The order is FlashAttention's (flash_fwd_kernel: apply_softcap, then the
+// mask's ALiBi): the cap bounds the content term s_h · q·k alone, so ALiBi's distance penalty, a
+// bias and the mask keep their full size. The backward's dS (the gradient of S, hence of a bias)
+// becomes the gradient of u by the cap's slope 1 − (cap(u) / c)² (softcap_slope), before dQ, dK
+// and ds_h. A variant changes these helpers only: the softcap, ALiBi and the additive bias add
+// their terms in score_of_capped(), score_of_scaled() and score_row(), grouped-query attention
+// maps heads with kv_head_of (params.hpp). The tile bounds (key_begin, key_end, query_begin,
+// query_end) let the fused paths skip whole tiles that the rule hides.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include "attnlab/attention/params.hpp"
@@ -79,16 +86,37 @@ ATTNLAB_HD inline T bias_term(const AttentionParams<T>& p, std::size_t b, std::s
   return p.bias[b * p.bias_batch_stride + h * p.bias_head_stride + i * p.Tk + j];
 }
 
-// The score the softmax sees for query i and key j of batch b, head h, from the scaled dot
-// scaled_dot = s_h · q_i·k_j: itself plus ALiBi's term and the bias when key j is visible to
-// query i, -inf when hidden. A NaN at a visible key stays NaN.
+// The softcap of a scaled dot u: c · tanh(u / c) with p.softcap = c > 0, u itself without.
+template <class T>
+ATTNLAB_HD inline T capped(const AttentionSpec& p, T scaled_dot) {
+  if (p.softcap == 0) return scaled_dot;
+  return kernel_math::softcap_element(scaled_dot, static_cast<T>(p.softcap));
+}
+
+// The cap's slope d cap(u) / du = 1 − (cap(u) / c)², from the capped value; 1 without a cap.
+template <class T>
+ATTNLAB_HD inline T capped_slope(const AttentionSpec& p, T capped_dot) {
+  if (p.softcap == 0) return T(1);
+  return kernel_math::softcap_slope(capped_dot, static_cast<T>(p.softcap));
+}
+
+// The score the softmax sees for query i and key j of batch b, head h, from the capped dot
+// capped_dot = cap(s_h · q_i·k_j): itself plus ALiBi's term and the bias when key j is visible
+// to query i, -inf when hidden. A NaN at a visible key stays NaN.
+template <class T>
+ATTNLAB_HD inline T score_of_capped(const AttentionParams<T>& p, std::size_t b, std::size_t h,
+                                    std::size_t i, std::size_t j, T capped_dot) {
+  if (!key_visible(p, b, i, j)) return kernel_math::negative_infinity<T>();
+  if (p.alibi_slopes != nullptr) capped_dot += alibi_term(p, h, i, j);
+  if (p.bias != nullptr) capped_dot += bias_term(p, b, h, i, j);
+  return capped_dot;
+}
+
+// The same from the scaled dot scaled_dot = s_h · q_i·k_j (the cap applied first).
 template <class T>
 ATTNLAB_HD inline T score_of_scaled(const AttentionParams<T>& p, std::size_t b, std::size_t h,
                                     std::size_t i, std::size_t j, T scaled_dot) {
-  if (!key_visible(p, b, i, j)) return kernel_math::negative_infinity<T>();
-  if (p.alibi_slopes != nullptr) scaled_dot += alibi_term(p, h, i, j);
-  if (p.bias != nullptr) scaled_dot += bias_term(p, b, h, i, j);
-  return scaled_dot;
+  return score_of_capped(p, b, h, i, j, capped(p, scaled_dot));
 }
 
 // The same from dot = q_i·k_j and scale = s_h (p.scale[h], passed in so that a kernel loads it
@@ -99,14 +127,28 @@ ATTNLAB_HD inline T score(const AttentionParams<T>& p, std::size_t b, std::size_
   return score_of_scaled(p, b, h, i, j, scale * dot);
 }
 
-// score_of_scaled() over n consecutive keys j0.. of query i, in place over their scaled dots (the
-// CPU paths get s_h · Q Kᵀ of a tile from one GEMM with alpha = s_h). The same numbers as
-// score_of_scaled() element by element (tests/backends/test_kernel_math.cpp checks it), in loops
-// that touch only the hidden keys (and, with ALiBi, the shown ones): nothing when the row hides
-// none.
+// capped() over n scaled dots in place; with slope != nullptr, capped_slope() of each to slope
+// (which may be row: the slope then replaces the capped dot). Every element, hidden or not.
 template <class T>
-inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i,
-                      std::size_t j0, std::size_t n, T* scaled_row) {
+inline void cap_row(const AttentionSpec& p, std::size_t n, T* row, T* slope = nullptr) {
+  if (p.softcap == 0) {
+    if (slope != nullptr) std::fill_n(slope, n, T(1));
+    return;
+  }
+  const T c = static_cast<T>(p.softcap);
+  for (std::size_t e = 0; e < n; ++e) {
+    const T y = kernel_math::softcap_element(row[e], c);
+    row[e] = y;
+    if (slope != nullptr) slope[e] = kernel_math::softcap_slope(y, c);
+  }
+}
+
+// score_of_capped() over n consecutive keys j0.. of query i, in place over their capped dots. The
+// same numbers as score_of_capped() element by element, in loops that touch only the hidden keys
+// (and, with ALiBi or a bias, the shown ones): nothing when the row hides none.
+template <class T>
+inline void score_row_capped(const AttentionParams<T>& p, std::size_t b, std::size_t h,
+                             std::size_t i, std::size_t j0, std::size_t n, T* scaled_row) {
   const std::size_t begin = key_begin(p, i), end = key_end(p, i);
   // Columns [first, shown) of the row are keys in [begin, end); the rest are hidden.
   const std::size_t first = begin <= j0 ? 0 : (begin - j0 < n ? begin - j0 : n);
@@ -127,6 +169,17 @@ inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h,
     }
   }
   for (std::size_t c = shown > first ? shown : first; c < n; ++c) scaled_row[c] = hidden;
+}
+
+// score_of_scaled() over n consecutive keys j0.. of query i, in place over their scaled dots (the
+// CPU paths get s_h · Q Kᵀ of a tile from one GEMM with alpha = s_h): cap_row, then
+// score_row_capped. The same numbers as score_of_scaled() element by element
+// (tests/backends/test_kernel_math.cpp checks it).
+template <class T>
+inline void score_row(const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i,
+                      std::size_t j0, std::size_t n, T* scaled_row) {
+  cap_row(p, n, scaled_row);
+  score_row_capped(p, b, h, i, j0, n, scaled_row);
 }
 
 }  // namespace attnlab::attention

@@ -17,6 +17,11 @@
 // PyTorch's scaled_dot_product_attention(..., enable_gqa=True). The backward sums dK and dV over
 // the H / Hkv query heads of each group; dk and dv are (B,Hkv,Tk,·).
 //
+// Softcap (Gemma 2; FlashAttention's softcap): with SdpaConfig::softcap = c > 0 the scores are
+// S = c · tanh(s · Q Kᵀ / c) [+ ALiBi] [+ bias], so |S| ≤ c before the position terms; the backward
+// multiplies dS by 1 − tanh²(s · q·k / c) before dQ, dK and the scale's gradient. dBias is dS
+// itself (the bias is added after the cap).
+//
 // Additive bias (relative-position and learned biases; PyTorch's float attn_mask): the scores
 // become S = s · Q Kᵀ + bias, with the bias of shape (1|B, 1|H, Tq, Tk) broadcast over the axes of
 // extent 1. Its gradient dBias is dS = dL/dS summed over those axes, and every path gives it
@@ -104,6 +109,10 @@ struct SdpaConfig {
   // latest, itself included; Beltagy et al. 2020, Mistral). 0 = no window. The fused paths skip
   // the key tiles outside the band.
   std::size_t window = 0;
+  // Score softcap c > 0 (Gemma 2 uses 50; FlashAttention's `softcap`): the scaled dot u = s · q·k
+  // becomes c · tanh(u / c) before ALiBi's term and a bias are added and the mask applied (the
+  // score rule, attnlab/attention/score_rule.hpp), on every path. 0 = none; finite and >= 0.
+  double softcap = 0;
   SdpaPath path = SdpaPath::automatic;
   // Fused path tiles: query rows x keys per tile; 0 = the tuned default (128 x 512). Results agree
   // to rounding for any tile size; tests use small tiles to cross tile edges on small inputs.
