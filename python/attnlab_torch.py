@@ -314,20 +314,35 @@ class Attention(nn.Module):
         return self.out_proj(o.transpose(1, 2).reshape(B, T, H * Dv))
 
 
+def default_mlp_width(C, activation):
+    """4C, or for SwiGLU LLaMA's rule: int(2 * 4C / 3) rounded up to a multiple of 16."""
+    if activation != "swiglu":
+        return 4 * C
+    return (8 * C // 3 + 15) // 16 * 16
+
+
 class MLP(nn.Module):
-    """fc1 -> activation -> fc2: GELU's tanh form, or ReLU² (max(x, 0)², "mlp": "relu2")."""
+    """fc1 -> activation -> fc2: GELU's tanh form, ReLU² (max(x, 0)², "mlp": "relu2"), or SwiGLU
+    ("mlp": "swiglu": fc1 is (C -> 2F) = [gate | up], silu(gate) * up; LLaMA's w1 and w3 side by
+    side)."""
 
     def __init__(self, C, F_, activation="gelu", bias=True):
         super().__init__()
-        if activation not in ("gelu", "relu2"):
-            raise ValueError(f"attnlab_torch: mlp expected gelu|relu2, got {activation!r}")
+        if activation not in ("gelu", "relu2", "swiglu"):
+            raise ValueError(f"attnlab_torch: mlp expected gelu|relu2|swiglu, got {activation!r}")
         self.activation = activation
-        self.fc1 = nn.Linear(C, F_, bias=bias)
+        self.fc1 = nn.Linear(C, 2 * F_ if activation == "swiglu" else F_, bias=bias)
         self.fc2 = nn.Linear(F_, C, bias=bias)
 
     def forward(self, x):
         h = self.fc1(x)
-        h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h, approximate="tanh")
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
+        else:
+            h = F.gelu(h, approximate="tanh")
         return self.fc2(h)
 
 
@@ -345,7 +360,9 @@ class Block(nn.Module):
         self.attn_only = bool(block.get("attn_only", False))
         if not self.attn_only:
             self.ln2 = _make_norm(norm, C, bias)
-            self.mlp = MLP(C, block.get("d_ff", 0) or 4 * C, block.get("mlp", "gelu"), bias)
+            activation = block.get("mlp", "gelu")
+            self.mlp = MLP(C, block.get("d_ff", 0) or default_mlp_width(C, activation), activation,
+                           bias)
         self.dropout = nn.Dropout(float(block.get("dropout", 0.0)))
 
     def forward(self, x):

@@ -581,7 +581,7 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --attn-softcap 0", "--attn-softcap: expected a number in (0, "},
       {"train --attn-softcap -2", "--attn-softcap"},
       {"train --attn-softcap inf", "--attn-softcap"},
-      {"train --mlp swiglu", "--mlp"},
+      {"train --mlp geglu", "--mlp"},
       {"train --positions rope --rope-theta 0", "--rope-theta"},
       {"train --positions rope --rope-theta -5", "--rope-theta"},
       {"train --positions rope --rope-fraction 0", "--rope-fraction"},
@@ -690,6 +690,23 @@ TEST_CASE("cli: --attn-softcap caps the attention scores of a run, and eval read
               dir)
               .status == 0);
   CHECK(loss(again) == loss(capped));
+}
+
+TEST_CASE("cli: --mlp swiglu trains LLaMA's MLP at its default width, and eval reads it back") {
+  const auto dir = scratch("swiglu_run");
+  const auto out = dir / "run";
+  REQUIRE(cli(std::string("train ") + kTinySort + " --steps 10 --mlp swiglu --out '" +
+                  out.string() + "'",
+              dir)
+              .status == 0);
+  const auto config = nlohmann::json::parse(slurp(out / "config.json"));
+  CHECK(config["model"]["block"]["mlp"] == "swiglu");
+  CHECK(config["model"]["block"]["d_ff"] == 32);  // int(8 · 8 / 3) = 21, up to a multiple of 16
+  const auto file = attnlab::load_safetensors((out / "model.safetensors").string());
+  REQUIRE(file.find("blocks.0.mlp.fc1.w") != nullptr);
+  CHECK(file.find("blocks.0.mlp.fc1.w")->shape == std::vector<std::size_t>{8, 64});  // [gate | up]
+  CHECK(file.find("blocks.0.mlp.fc2.w")->shape == std::vector<std::size_t>{32, 8});
+  CHECK(cli("eval --checkpoint '" + out.string() + "'", dir).status == 0);
 }
 
 TEST_CASE("cli: every run writes its effective config, and --config reproduces the run from it") {

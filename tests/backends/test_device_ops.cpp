@@ -15,6 +15,7 @@
 
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
+#include <xtensor/xview.hpp>
 
 #include "attnlab/backends/emulated.hpp"
 #include "attnlab/cuda.hpp"
@@ -30,6 +31,7 @@
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/ops/rope.hpp"
 #include "attnlab/ops/softcap.hpp"
+#include "attnlab/ops/swiglu.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
@@ -263,6 +265,21 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(test::rel_error(y_dev, y_cpu) < tol);
     CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
     CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
+  }
+  {
+    INFO("swiglu");
+    // x (rows, C) read as h (rows, 2F) with F = C / 2; dy (rows, F) from the first half of dy.
+    REQUIRE(C % 2 == 0);
+    const std::size_t F = C / 2;
+    const Tensor2<double> dyh = xt::view(dy, xt::all(), xt::range(0, F));
+    SwigluCache<double, 2> cache;
+    const auto y_cpu = swiglu_forward(cache, x);
+    const auto dh_cpu = swiglu_backward(dyh, cache);
+    DeviceVector<T, T> y(ops, rows * F), dh(ops, rows * C), dyv(ops, values<T>(dyh));
+    ops.swiglu_forward(y.get(), dx_in.get(), rows, F);
+    ops.swiglu_backward(dh.get(), dyv.get(), dx_in.get(), rows, F);
+    CHECK(test::rel_error(y.host(), y_cpu) < tol);
+    CHECK(test::rel_error(dh.host(), dh_cpu) < tol);
   }
   {
     INFO("softcap");

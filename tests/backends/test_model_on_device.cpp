@@ -291,6 +291,12 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.attention.sdpa.path = SdpaPath::fused;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("SwiGLU MLP without biases") {
+    auto c = small_config();
+    c.block.mlp = MlpActivation::swiglu;
+    c.block.bias = false;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("ReLU² MLP") {
     auto c = small_config();
     c.block.mlp = MlpActivation::relu2;

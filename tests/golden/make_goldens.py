@@ -28,6 +28,9 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/softcap.json        the attention-score softcap c tanh(s q.k / c) with ALiBi,
                                         a bias (and its gradient), GQA, causal with an offset and
                                         a key mask
+  tests/data/golden/swiglu.json         SwiGLU: the op silu(a) * b on [a | b], and LLaMA's MLP
+                                        w2(silu(w1 x) * w3 x) with and without biases, its weights
+                                        stored as attnlab's fused fc1.w = [W_gate | W_up]
   tests/data/interop/torch_written.safetensors  file written by the Python safetensors package
 
 How to run (from the repository root):
@@ -40,7 +43,7 @@ F.scaled_dot_product_attention nor enable_gqa, which it uses as a cross-check wh
 layers.json's softcap and relu_squared cases were added later with the same torch on an AMD EPYC
 (Zen 4); there the linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its
 committed values were kept (the relu_squared case was spliced into the committed file). rope.json was made with the same torch on the same machine.
-softcap.json was made with Debian's python3-torch 1.13 on an AMD EPYC (Zen 4).
+softcap.json and swiglu.json were made with Debian's python3-torch 1.13 on an AMD EPYC (Zen 4).
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -476,6 +479,48 @@ def softcap_cases():
         if bias is not None:
             tensors["dbias"] = grads[3]
         out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+def swiglu_cases():
+    """SwiGLU (Shazeer 2020; LLaMA's MLP): the op y = silu(a) * b on h = [a | b]
+    (h.chunk(2, -1)), inputs of scale 3 so that the gate reaches both tails; and
+    the MLP fc2(silu(x W_gate) * (x W_up)) with LLaMA's separate w1 / w3 weights,
+    which attnlab stores side by side as fc1.w = [W_gate | W_up] (in, 2F), with
+    and without biases. torch differentiates silu itself."""
+    out_cases = []
+    g = gen(4100)
+    h = (3.0 * randn(g, 2, 3, 8)).requires_grad_()
+    r = randn(g, 2, 3, 4)
+    a, b = h.chunk(2, dim=-1)
+    y = F.silu(a) * b
+    close(y, a * torch.sigmoid(a) * b)
+    (dh,) = grads_of(y, r, (h,))
+    out_cases.append(case("swiglu_op", {"F": 4, "input_scale": 3.0, "seed": 4100},
+                          {"h": h, "r": r, "y": y, "dh": dh}))
+    for seed, bias in [(4101, True), (4102, False)]:
+        g = gen(seed)
+        C, F_ = 5, 6
+        x = randn(g, 2, 3, C).requires_grad_()
+        w1 = randn(g, F_, C).div(math.sqrt(C)).requires_grad_()   # torch layout (out, in)
+        w3 = randn(g, F_, C).div(math.sqrt(C)).requires_grad_()
+        w2 = randn(g, C, F_).div(math.sqrt(F_)).requires_grad_()
+        b13 = randn(g, 2 * F_).requires_grad_() if bias else None
+        b2 = randn(g, C).requires_grad_() if bias else None
+        r = randn(g, 2, 3, C)
+        gate = F.linear(x, w1, b13[:F_] if bias else None)
+        up = F.linear(x, w3, b13[F_:] if bias else None)
+        y = F.linear(F.silu(gate) * up, w2, b2)
+        inputs = (x, w1, w3, w2) + ((b13, b2) if bias else ())
+        grads = grads_of(y, r, inputs)
+        tensors = {"x": x, "fc1_w": torch.cat([w1.t(), w3.t()], dim=1), "fc2_w": w2.t(),
+                   "r": r, "y": y, "dx": grads[0],
+                   "dfc1_w": torch.cat([grads[1].t(), grads[2].t()], dim=1),
+                   "dfc2_w": grads[3].t()}
+        if bias:
+            tensors.update({"fc1_b": b13, "fc2_b": b2, "dfc1_b": grads[4], "dfc2_b": grads[5]})
+        out_cases.append(case("swiglu_mlp_bias" if bias else "swiglu_mlp_no_bias",
+                              {"C": C, "F": F_, "bias": bias, "seed": seed}, tensors))
     return out_cases
 
 
@@ -1119,6 +1164,7 @@ def main():
         "mha.json": mha_cases,
         "rope.json": rope_cases,
         "softcap.json": softcap_cases,
+        "swiglu.json": swiglu_cases,
     }
     wanted = sys.argv[1:] or list(makers) + ["interop"]
     for name in wanted:

@@ -128,9 +128,35 @@ TEST_CASE("module gradcheck: LayerNorm, RMSNorm, Gelu, Relu, FeedForward, Positi
     expect_passed(check_module_gradients(r, x), 1);
     CHECK(parse_mlp_activation("relu2") == MlpActivation::relu2);
     CHECK(to_string(MlpActivation::gelu) == "gelu");
-    CHECK_THROWS_WITH_AS(parse_mlp_activation("swiglu"),
-                         "parse_mlp_activation: mlp expected gelu|relu2, got 'swiglu'",
+    CHECK_THROWS_WITH_AS(parse_mlp_activation("geglu"),
+                         "parse_mlp_activation: mlp expected gelu|relu2|swiglu, got 'geglu'",
                          std::invalid_argument);
+  }
+  SUBCASE("FeedForward with SwiGLU, with and without biases, and Swiglu alone") {
+    for (bool bias : {true, false}) {
+      CAPTURE(bias);
+      FeedForward<double> m(6, 10, rng, MlpActivation::swiglu, GeluApproximation::tanh, bias);
+      jitter(m, rng);
+      CHECK(m.activation() == MlpActivation::swiglu);
+      CHECK(m.act->type_name() == "Swiglu");
+      CHECK(m.fc1.out_features() == 20);  // [gate | up]
+      CHECK(m.act->in_features() == 20);
+      CHECK(m.act->out_features() == 10);
+      CHECK(names_of(m) == (bias ? std::vector<std::string>{"fc1.w", "fc1.b", "fc2.w", "fc2.b"}
+                                 : std::vector<std::string>{"fc1.w", "fc2.w"}));
+      expect_passed(check_module_gradients(m, x), bias ? 5 : 3);
+    }
+    Swiglu<double> s(3);
+    expect_passed(check_module_gradients(s, x), 1);
+    CHECK(parse_mlp_activation("swiglu") == MlpActivation::swiglu);
+    CHECK(to_string(MlpActivation::swiglu) == "swiglu");
+    // LLaMA's width rule: int(2 · 4C / 3), rounded up to a multiple of 16; 4C for the others.
+    CHECK(default_mlp_width(384, MlpActivation::swiglu) == 1024);
+    CHECK(default_mlp_width(64, MlpActivation::swiglu) == 176);
+    CHECK(default_mlp_width(8, MlpActivation::swiglu) == 32);
+    CHECK(default_mlp_width(4096, MlpActivation::swiglu) == 10928);
+    CHECK(default_mlp_width(64, MlpActivation::relu2) == 256);
+    CHECK(default_mlp_width(64, MlpActivation::gelu) == 256);
   }
   SUBCASE("learned positions") {
     PositionalEncoding<double> m(PositionEncoding::learned, 5, 6, rng);

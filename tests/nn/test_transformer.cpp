@@ -166,6 +166,14 @@ TEST_CASE("Transformer gradcheck: every parameter of the cross-entropy loss, tin
   SUBCASE("no biases (bias false): the MLP's and the LayerNorms' beta") {
     c.block.bias = false;
   }
+  SUBCASE("SwiGLU MLP") {
+    c.block.mlp = MlpActivation::swiglu;
+  }
+  SUBCASE("attention softcap 0.3 with an explicit scale 3, causal") {
+    c.block.attention.sdpa.softcap = 0.3;
+    c.block.attention.sdpa.scale = 3.0;
+    c.block.attention.sdpa.causal = true;
+  }
   SUBCASE("no norm, scaling dk, one layer") {
     c.block.norm = Norm::none;
     c.block.attention.sdpa.scaling = Scaling::dk;
@@ -522,6 +530,11 @@ TEST_CASE("transformer_parameter_shapes lists what the built model holds, in its
   c.layers = 3;
   c.block.mlp = MlpActivation::relu2;
   c.positions = PositionEncoding::sinusoidal;
+  configs.push_back(c);
+  c = tiny_config();
+  c.block.mlp = MlpActivation::swiglu;  // fc1 is (C, 2F): [gate | up]
+  configs.push_back(c);
+  c.block.bias = false;
   configs.push_back(c);
   for (const TransformerConfig& config : configs) {
     Rng rng(1);

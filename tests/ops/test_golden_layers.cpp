@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
+#include "attnlab/nn/feed_forward.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/ops/embedding.hpp"
 #include "attnlab/ops/gelu.hpp"
@@ -14,6 +15,7 @@
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/ops/softcap.hpp"
+#include "attnlab/ops/swiglu.hpp"
 #include "helpers.hpp"
 
 using namespace attnlab;
@@ -91,6 +93,43 @@ TEST_CASE("golden: gelu (tanh and exact) and relu match PyTorch") {
   ReluCache<double, 3> cache;
   CHECK(rel_error(relu_forward<double, 3>(cache, x), golden_tensor(c, "y")) == 0);
   CHECK(rel_error(relu_backward<double, 3>(r, cache), golden_tensor(c, "dx")) == 0);
+}
+
+TEST_CASE("golden: SwiGLU silu(a)·b and LLaMA's MLP match PyTorch, biases or not") {
+  // tests/golden/make_goldens.py swiglu.json: F.silu(a) * b on h.chunk(2), and
+  // w2(silu(w1 x) * w3 x) with attnlab's fused fc1.w = [W_gate | W_up].
+  const auto& file = golden_file("swiglu.json");
+  const auto& op = file.at("cases").at(0);
+  REQUIRE(op.at("name") == "swiglu_op");
+  const Tensor3<double> h = golden_tensor(op, "h"), r = golden_tensor(op, "r");
+  SwigluCache<double, 3> cache;
+  CHECK(rel_error(swiglu_forward<double, 3>(cache, h), golden_tensor(op, "y")) < kGoldenTol);
+  CHECK(rel_error(swiglu_backward<double, 3>(r, cache), golden_tensor(op, "dh")) < kGoldenTol);
+  for (std::size_t i = 1; i < 3; ++i) {
+    const auto& c = file.at("cases").at(i);
+    CAPTURE(c.at("name").get<std::string>());
+    const std::size_t C = c.at("config").at("C"), F = c.at("config").at("F");
+    const bool bias = c.at("config").at("bias");
+    Rng rng(1);
+    FeedForward<double> m(C, F, rng, MlpActivation::swiglu, GeluApproximation::tanh, bias);
+    m.fc1.w.value = golden_tensor(c, "fc1_w");
+    m.fc2.w.value = golden_tensor(c, "fc2_w");
+    if (bias) {
+      m.fc1.b.value = golden_tensor(c, "fc1_b");
+      m.fc2.b.value = golden_tensor(c, "fc2_b");
+    }
+    const Tensor3<double> x = golden_tensor(c, "x");
+    CHECK(rel_error(m.forward(x), golden_tensor(c, "y")) < kGoldenTol);
+    m.zero_grad();
+    CHECK(rel_error(m.backward(Tensor3<double>(golden_tensor(c, "r"))), golden_tensor(c, "dx")) <
+          kGoldenTol);
+    CHECK(rel_error(m.fc1.w.grad, golden_tensor(c, "dfc1_w")) < kGoldenTol);
+    CHECK(rel_error(m.fc2.w.grad, golden_tensor(c, "dfc2_w")) < kGoldenTol);
+    if (bias) {
+      CHECK(rel_error(m.fc1.b.grad, golden_tensor(c, "dfc1_b")) < kGoldenTol);
+      CHECK(rel_error(m.fc2.b.grad, golden_tensor(c, "dfc2_b")) < kGoldenTol);
+    }
+  }
 }
 
 TEST_CASE("golden: ReLU² max(x, 0)² and its backward match PyTorch's relu().square()") {

@@ -19,6 +19,7 @@
 #include "attnlab/ops/relu.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
 #include "attnlab/ops/softcap.hpp"
+#include "attnlab/ops/swiglu.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
 #include "helpers.hpp"
@@ -255,6 +256,48 @@ TEST_CASE("relu_squared: max(x, 0)² against the formula, gradcheck, and bad inp
   Tensor3<double> wrong({2, 3, 6});
   wrong.fill(0.0);
   CHECK_THROWS_AS(((void)relu_squared_backward<double, 3>(wrong, cache)), ShapeError);
+}
+
+TEST_CASE("swiglu: silu(a)·b against the formula, gradcheck, the tails, and bad input named") {
+  Rng rng(17);
+  auto h = randn<double, 3>({2, 3, 8}, rng, 3.0);  // (…, 2F) = [a | b], F = 4
+  const auto r = randn<double, 3>({2, 3, 4}, rng);
+  SwigluCache<double, 3> cache;
+  const auto y = swiglu_forward<double, 3>(cache, h);
+  REQUIRE(y.shape()[2] == 4);
+  for (std::size_t b = 0; b < 2; ++b)
+    for (std::size_t t = 0; t < 3; ++t)
+      for (std::size_t c = 0; c < 4; ++c) {
+        const double a = h(b, t, c), u = h(b, t, 4 + c);
+        CHECK(y(b, t, c) == doctest::Approx(a / (1 + std::exp(-a)) * u).epsilon(1e-14));
+      }
+  const auto loss = [&] {
+    SwigluCache<double, 3> c;
+    return dot(swiglu_forward<double, 3>(c, h), r);
+  };
+  const auto dh = swiglu_backward<double, 3>(r, cache);
+  REQUIRE(dh.shape() == h.shape());
+  expect_passed(check_gradients({{"dh", h.data(), dh.data(), {2, 3, 8}}}, loss));
+  // Far tails: finite, silu(-1000) = 0 with slope 0, silu(1000) = 1000 with slope 1.
+  Tensor2<double> tails = {{-1000.0, 1000.0, 2.0, 3.0}};
+  SwigluCache<double, 2> tc;
+  const auto ty = swiglu_forward<double, 2>(tc, tails);
+  CHECK(ty(0, 0) == 0.0);
+  CHECK(ty(0, 1) == 3000.0);
+  const auto tdh = swiglu_backward<double, 2>(Tensor2<double>{{1.0, 1.0}}, tc);
+  CHECK(tdh(0, 0) == 0.0);  // gate slope 0
+  CHECK(tdh(0, 1) == 3.0);  // gate slope 1, times b
+  CHECK(tdh(0, 2) == 0.0);  // silu(-1000)
+  CHECK(tdh(0, 3) == 1000.0);
+  SwigluCache<double, 3> empty;
+  CHECK_THROWS_WITH_AS(((void)swiglu_backward<double, 3>(r, empty)),
+                       "swiglu_backward: the cache is empty: call swiglu_forward first",
+                       std::logic_error);
+  CHECK_THROWS_AS(((void)swiglu_backward<double, 3>(h, cache)), ShapeError);
+  Tensor3<double> odd({2, 3, 7});
+  odd.fill(0.0);
+  CHECK_THROWS_WITH_AS(((void)swiglu_forward<double, 3>(cache, odd)),
+                       doctest::Contains("(the last extent even and nonzero"), ShapeError);
 }
 
 TEST_CASE("softcap: c·tanh(x/c) bounded by c, slope 1 at 0, gradcheck, and bad input named") {

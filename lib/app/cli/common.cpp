@@ -106,12 +106,14 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
       ->check(bounded("model.layers"))
       ->capture_default_str();
   cmd.add_flag("--attn-only", m.block.attn_only, "blocks without the MLP");
-  cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model)")
+  cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model; swiglu: 8/3 * d_model)")
       ->check(bounded("model.block.d_ff"));
   cmd.add_option_function<std::string>(
          "--mlp", [&m](const std::string& s) { m.block.mlp = attnlab::parse_mlp_activation(s); },
-         "the MLP's activation: gelu (tanh form) or relu2, max(x, 0)^2 (modded-nanogpt, nanochat)")
-      ->check(CLI::IsMember({"gelu", "relu2"}))
+         "the MLP's activation: gelu (tanh form), relu2, max(x, 0)^2 (modded-nanogpt, nanochat), "
+         "or swiglu, silu(x W_gate) * (x W_up) (LLaMA; --d-ff then defaults to 8/3 d_model, "
+         "rounded up to a multiple of 16)")
+      ->check(CLI::IsMember({"gelu", "relu2", "swiglu"}))
       ->default_str(std::string(to_string(m.block.mlp)));
   cmd.add_option_function<std::string>(
          "--norm", [&m](const std::string& s) { m.block.norm = attnlab::parse_norm(s); },

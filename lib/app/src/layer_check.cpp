@@ -56,7 +56,7 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
   c.vocab_sizes = {5, 4};
   c.max_len = T;
   c.out_vocab = 6;
-  if (c.block.d_ff == 0) c.block.d_ff = 4 * c.d_model();
+  if (c.block.d_ff == 0) c.block.d_ff = default_mlp_width(c.d_model(), c.block.mlp);
   c.validate();
   const BlockConfig block = c.block_config();  // with positions = rope, the layers rotate
   const AttentionConfig& attn = block.attention;

@@ -66,7 +66,7 @@ TransformerConfig resolve_model(const TransformerConfig& model, const TaskShape&
   m.vocab_sizes = vocab;
   agree(m.max_len, shape.seq_len, "max_len");
   agree(m.out_vocab, shape.output_vocab, "out_vocab");
-  if (m.block.d_ff == 0) m.block.d_ff = 4 * m.d_model();
+  if (m.block.d_ff == 0) m.block.d_ff = default_mlp_width(m.d_model(), m.block.mlp);
   m.validate();
   return m;
 }
@@ -244,7 +244,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c) {
   // MLP's hidden activations (with their gradients during the backward) and the attention
   // weights, scores and q·k products that the eval's statistics read; the embedding and the
   // logits with their probabilities and gradient.
-  const double per_block = T * (16 * C + 4 * F + 4 * H * D) + 3 * H * T * T;
+  const double mlp = m.block.mlp == MlpActivation::swiglu ? 7 * F : 4 * F;  // SwiGLU: 2F + F
+  const double per_block = T * (16 * C + mlp + 4 * H * D) + 3 * H * T * T;
   const double per_example = L * per_block + T * (2 * C + 3 * V);
   MemoryEstimate e;
   e.parameters = 2 * P * kFloat;

@@ -22,6 +22,7 @@
 #include "ops/rope_kernels.hpp"
 #include "ops/row_kernels.hpp"
 #include "ops/softcap_kernels.hpp"
+#include "ops/swiglu_kernels.hpp"
 #include "parallel_rows.hpp"
 
 namespace attnlab {
@@ -185,6 +186,12 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
     detail::relu_backward_elements(dx, dy, x, n, true);
+  }
+  void swiglu_forward(T* y, const T* h, std::size_t rows, std::size_t F) override {
+    detail::swiglu_forward_rows(y, h, rows, F);
+  }
+  void swiglu_backward(T* dh, const T* dy, const T* h, std::size_t rows, std::size_t F) override {
+    detail::swiglu_backward_rows(dh, dy, h, rows, F);
   }
   void softcap_forward(T* y, const T* x, std::size_t n, T cap) override {
     detail::softcap_forward_elements(y, x, n, cap);

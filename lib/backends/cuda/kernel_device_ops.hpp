@@ -160,6 +160,14 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
     if (n > 0) elements(train::relu_squared_backward_kernel<T>, n, dx, dy, x, n);
   }
+  void swiglu_forward(T* y, const T* h, std::size_t rows, std::size_t F) override {
+    if (rows * F > 0) elements(train::swiglu_forward_kernel<T>, rows * F, y, h, rows * F, F);
+  }
+  void swiglu_backward(T* dh, const T* dy, const T* h, std::size_t rows, std::size_t F) override {
+    if (rows * F > 0) {
+      elements(train::swiglu_backward_kernel<T>, rows * F, dh, dy, h, rows * F, F);
+    }
+  }
   void softcap_forward(T* y, const T* x, std::size_t n, T cap) override {
     if (n > 0) elements(train::softcap_forward_kernel<T>, n, y, x, n, cap);
   }

@@ -185,6 +185,27 @@ __global__ void __launch_bounds__(kElementThreads)
     dx[i] = x[i] > T(0) ? (T(2) * x[i]) * dy[i] : T(0);
 }
 
+// SwiGLU over n = rows · F outputs, element i = (row i / F, column i % F) of h (rows, 2F) = [a |
+// b], with the CPU core's arithmetic (kernel_math::silu_element, swiglu_gate_slope): the same bits.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    swiglu_forward_kernel(T* y, const T* h, std::size_t n, std::size_t F) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const std::size_t a = i / F * 2 * F + i % F;
+    y[i] = cm::silu_element(h[a]) * h[a + F];
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    swiglu_backward_kernel(T* dh, const T* dy, const T* h, std::size_t n, std::size_t F) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const std::size_t a = i / F * 2 * F + i % F;
+    dh[a] = dy[i] * h[a + F] * cm::swiglu_gate_slope(h[a]);
+    dh[a + F] = dy[i] * cm::silu_element(h[a]);
+  }
+}
+
 // Softcapping, with the CPU core's arithmetic (kernel_math::softcap_element, softcap_slope).
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)

@@ -42,6 +42,7 @@
 #include "attnlab/ops/rope.hpp"
 #include "attnlab/ops/softcap.hpp"
 #include "attnlab/ops/softmax.hpp"
+#include "attnlab/ops/swiglu.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/clip.hpp"
 #include "attnlab/optim/optimizer.hpp"

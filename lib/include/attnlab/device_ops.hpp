@@ -115,6 +115,10 @@ class DeviceOps : public DeviceMemory {
   // ReLU²: y = max(x, 0)²; dx = 2x · dy where x > 0, else 0.
   virtual void relu_squared_forward(T* y, const T* x, std::size_t n) = 0;
   virtual void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) = 0;
+  // SwiGLU (attnlab/ops/swiglu.hpp) on rows of h (rows, 2F) = [a | b]: y (rows, F) = silu(a) ⊙ b;
+  // dh (rows, 2F) = [dy ⊙ b ⊙ silu'(a) | dy ⊙ silu(a)].
+  virtual void swiglu_forward(T* y, const T* h, std::size_t rows, std::size_t F) = 0;
+  virtual void swiglu_backward(T* dh, const T* dy, const T* h, std::size_t rows, std::size_t F) = 0;
   // Softcapping (attnlab/ops/softcap.hpp): y = cap · tanh(x / cap) (y may be x); dx = dy · (1 −
   // (y / cap)²) from the forward's output (dx may be dy). cap > 0 (the callers check it).
   virtual void softcap_forward(T* y, const T* x, std::size_t n, T cap) = 0;

@@ -217,6 +217,21 @@ ATTNLAB_HD inline T gelu_derivative(T x, bool exact) {
   return s + x * s * one_minus_s * T(2) * c * (T(1) + T(3 * 0.044715) * x * x);
 }
 
+// SiLU (swish) a · σ(a), σ(a) = 1 / (1 + e^(−a)), and its derivative σ(a) (1 + a (1 − σ(a))), with
+// 1 − σ(a) = e^(−a) σ(a) for a > 0 (no cancellation in the upper tail): SwiGLU's gate
+// (attnlab/ops/swiglu.hpp). Both are 0 (signed) far in the lower tail, never NaN.
+template <class T>
+ATTNLAB_HD inline T silu_element(T a) {
+  return a / (T(1) + exp_of(-a));
+}
+template <class T>
+ATTNLAB_HD inline T swiglu_gate_slope(T a) {
+  const T e = exp_of(-a);
+  const T s = T(1) / (T(1) + e);
+  const T one_minus_s = a > T(0) ? e * s : T(1) - s;
+  return s * (T(1) + a * one_minus_s);
+}
+
 // The normalisation backward of one element (LayerNorm and RMSNorm): with g = dy ⊙ γ,
 //   dx = rstd · (g − mean_g − x̂ · mean_g_xhat)
 // (RMSNorm passes mean_g = 0: no centring).

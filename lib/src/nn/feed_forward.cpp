@@ -11,6 +11,8 @@ std::string_view to_string(MlpActivation activation) {
       return "gelu";
     case MlpActivation::relu2:
       return "relu2";
+    case MlpActivation::swiglu:
+      return "swiglu";
   }
   return "?";
 }
@@ -18,9 +20,34 @@ std::string_view to_string(MlpActivation activation) {
 MlpActivation parse_mlp_activation(std::string_view text) {
   if (text == "gelu") return MlpActivation::gelu;
   if (text == "relu2") return MlpActivation::relu2;
-  throw std::invalid_argument("parse_mlp_activation: mlp expected gelu|relu2, got '" +
+  if (text == "swiglu") return MlpActivation::swiglu;
+  throw std::invalid_argument("parse_mlp_activation: mlp expected gelu|relu2|swiglu, got '" +
                               std::string(text) + "'");
 }
+
+std::size_t default_mlp_width(std::size_t C, MlpActivation activation) {
+  if (activation != MlpActivation::swiglu) return 4 * C;
+  const std::size_t F = 8 * C / 3;  // int(2 · 4C / 3), as LLaMA's FeedForward
+  return (F + kSwigluWidthMultiple - 1) / kSwigluWidthMultiple * kSwigluWidthMultiple;
+}
+
+namespace {
+
+template <class T>
+std::unique_ptr<SequenceModule<T>> make_activation(MlpActivation activation, std::size_t hidden,
+                                                   GeluApproximation approximation) {
+  switch (activation) {
+    case MlpActivation::relu2:
+      return std::make_unique<ReluSquared<T>>(hidden);
+    case MlpActivation::swiglu:
+      return std::make_unique<Swiglu<T>>(hidden);
+    case MlpActivation::gelu:
+      break;
+  }
+  return std::make_unique<Gelu<T>>(hidden, approximation);
+}
+
+}  // namespace
 
 template <class T>
 FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng,
@@ -30,10 +57,8 @@ FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng,
 template <class T>
 FeedForward<T>::FeedForward(std::size_t dim, std::size_t hidden, Rng& rng, MlpActivation activation,
                             GeluApproximation approximation, bool bias)
-    : fc1(dim, hidden, rng, bias),
-      act(activation == MlpActivation::relu2
-              ? std::unique_ptr<SequenceModule<T>>(std::make_unique<ReluSquared<T>>(hidden))
-              : std::make_unique<Gelu<T>>(hidden, approximation)),
+    : fc1(dim, activation == MlpActivation::swiglu ? 2 * hidden : hidden, rng, bias),
+      act(make_activation<T>(activation, hidden, approximation)),
       fc2(hidden, dim, rng, bias),
       activation_(activation) {}
 

@@ -19,8 +19,9 @@ double transformer_flops_per_token(const TransformerConfig& config, std::size_t 
   const double cc = static_cast<double>(a.context_dim());
   const double Hkv = static_cast<double>(a.key_value_heads());
   double per_block = C * H * D + cc * Hkv * D + cc * Hkv * Dv + H * Dv * C;  // w_q, w_k, w_v, w_o
-  if (!config.block.attn_only) per_block += 2 * C * F;                       // fc1.w, fc2.w
-  const double n = L * per_block + C * V;                                    // + head.w
+  const double mlp_matrices = config.block.mlp == MlpActivation::swiglu ? 3 : 2;
+  if (!config.block.attn_only) per_block += mlp_matrices * C * F;  // fc1.w (gate, up), fc2.w
+  const double n = L * per_block + C * V;                          // + head.w
   return 6 * n + 6 * L * H * T * (D + Dv);
 }
 
@@ -54,8 +55,9 @@ std::vector<ParameterShape> transformer_parameter_shapes(const TransformerConfig
     if (a.learnable_scale) out.push_back({p + "attn.log_scale", {H}});
     if (!b.attn_only) {
       norm(p + "ln2.");
-      out.push_back({p + "mlp.fc1.w", {C, b.d_ff}});
-      if (b.bias) out.push_back({p + "mlp.fc1.b", {b.d_ff}});
+      const std::size_t fc1 = b.mlp == MlpActivation::swiglu ? 2 * b.d_ff : b.d_ff;
+      out.push_back({p + "mlp.fc1.w", {C, fc1}});
+      if (b.bias) out.push_back({p + "mlp.fc1.b", {fc1}});
       out.push_back({p + "mlp.fc2.w", {b.d_ff, C}});
       if (b.bias) out.push_back({p + "mlp.fc2.b", {C}});
     }

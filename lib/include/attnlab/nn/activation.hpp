@@ -1,4 +1,4 @@
-// Elementwise activations as layers (the arithmetic of ops/gelu.hpp, ops/relu.hpp, on the
+// Activations as layers (the arithmetic of ops/gelu.hpp, ops/relu.hpp, ops/swiglu.hpp, on the
 // module's backend). No parameters.
 #pragma once
 
@@ -77,6 +77,38 @@ class Relu : public SequenceModule<T> {
   std::size_t dim_;
   bool squared_;
   Buffer<T> x_, y_, dx_;
+};
+
+// SwiGLU's gate (attnlab/ops/swiglu.hpp; LLaMA's MLP): (..., 2F) = [a | b] -> (..., F) =
+// silu(a) ⊙ b, the swiglu device op. in_features 2F, out_features F.
+template <class T>
+class Swiglu : public SequenceModule<T> {
+ public:
+  explicit Swiglu(std::size_t width) : width_(width) {}
+
+  void collect_parameters(const std::string&, ParameterList<T>&) override {}
+  std::size_t in_features() const override { return 2 * width_; }
+  std::size_t out_features() const override { return width_; }
+  std::string_view type_name() const override { return "Swiglu"; }
+
+ protected:
+  Buffer<T> forward_impl(const Buffer<T>& h) override {
+    h_ = h;
+    auto shape = h.shape();
+    shape.back() = width_;
+    Buffer<T>& y = Buffer<T>::reuse(y_, this->ops(), shape);
+    this->ops().swiglu_forward(y.data(), h.data(), y.size() / width_, width_);
+    return y;
+  }
+  Buffer<T> backward_impl(const Buffer<T>& dy) override {
+    Buffer<T>& dh = Buffer<T>::reuse(dh_, this->ops(), h_.shape());
+    this->ops().swiglu_backward(dh.data(), dy.data(), h_.data(), dy.size() / width_, width_);
+    return dh;
+  }
+
+ private:
+  std::size_t width_;
+  Buffer<T> h_, y_, dh_;
 };
 
 // ReLU² as a layer of its own name.

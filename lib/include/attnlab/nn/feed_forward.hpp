@@ -1,7 +1,10 @@
-// The transformer MLP: Linear(C, F) -> activation -> Linear(F, C), both with bias. The activation
-// is GELU (tanh form by default; GPT-2's) or ReLU² (So et al. 2021; modded-nanogpt's and
-// nanochat's), y = max(x, 0)².
-// Parameters: "fc1.w" (C, F), "fc1.b" (F,), "fc2.w" (F, C), "fc2.b" (C,); weights N(0, 1/fan_in).
+// The transformer MLP: Linear(C, F) -> activation -> Linear(F, C), with biases unless bias =
+// false. The activation is GELU (tanh form by default; GPT-2's), ReLU² (So et al. 2021;
+// modded-nanogpt's and nanochat's), y = max(x, 0)², or SwiGLU (Shazeer 2020; LLaMA's), whose fc1
+// is Linear(C, 2F) = [W_gate | W_up] side by side (one GEMM for both projections) and whose
+// activation silu(a) ⊙ b maps its 2F columns to F.
+// Parameters: "fc1.w" (C, F) (C, 2F with SwiGLU), "fc1.b" (F,) (2F,), "fc2.w" (F, C), "fc2.b" (C,);
+// weights N(0, 1/fan_in).
 #pragma once
 
 #include <memory>
@@ -12,12 +15,20 @@
 
 namespace attnlab {
 
-enum class MlpActivation { gelu, relu2 };
+enum class MlpActivation { gelu, relu2, swiglu };
 
-// "gelu" | "relu2"; parse throws std::invalid_argument "parse_mlp_activation: mlp expected
-// gelu|relu2, got 'x'".
+// "gelu" | "relu2" | "swiglu"; parse throws std::invalid_argument "parse_mlp_activation: mlp
+// expected gelu|relu2|swiglu, got 'x'".
 std::string_view to_string(MlpActivation activation);
 MlpActivation parse_mlp_activation(std::string_view text);
+
+// The multiple that SwiGLU's default width is rounded up to: one AVX-512 vector of floats.
+inline constexpr std::size_t kSwigluWidthMultiple = 16;
+
+// The default MLP width F for model width C: 4C, or for SwiGLU LLaMA's rule, 2/3 of 4C (floored)
+// rounded up to a multiple of kSwigluWidthMultiple, which keeps its three matrices near the
+// parameter count of a 4C two-matrix MLP (C = 384: 1024; C = 64: 176).
+std::size_t default_mlp_width(std::size_t C, MlpActivation activation);
 
 template <class T>
 class FeedForward : public SequenceModule<T> {
@@ -37,7 +48,7 @@ class FeedForward : public SequenceModule<T> {
   MlpActivation activation() const { return activation_; }
 
   Linear<T> fc1;
-  std::unique_ptr<SequenceModule<T>> act;  // Gelu or ReluSquared
+  std::unique_ptr<SequenceModule<T>> act;  // Gelu, ReluSquared or Swiglu
   Linear<T> fc2;
 
  protected:
