@@ -996,3 +996,33 @@ TEST_CASE("config input: a run that would not fit in memory is refused before it
 }
 
 #endif  // ATTNLAB_CLI_PATH
+
+TEST_CASE("cli: --tie-embeddings trains a model whose head is the token table, and eval reads it") {
+  const auto dir = scratch("tied_run");
+  const auto out = dir / "run";
+  const Run r = cli(std::string("train ") + kTinySort + " --steps 20 --d-ff 16 --tie-embeddings " +
+                        "--out '" + out.string() + "'",
+                    dir);
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(slurp(out / "config.json"))["model"]["tie_embeddings"] == true);
+  const auto file = attnlab::load_safetensors((out / "model.safetensors").string());
+  CHECK(file.find("embed.fields.0.table") != nullptr);
+  CHECK(file.find("head.w") == nullptr);
+  CHECK(cli("eval --checkpoint '" + out.string() + "'", dir).status == 0);
+  // Two input fields (recall: keys and values) have no one table to share.
+  check_bad_input(std::string("train --tie-embeddings ") + kTinyRecall, dir,
+                  "vocab_sizes expected one token field when tie_embeddings is set");
+  // A checkpoint whose config says the other kind: refused, naming head.w.
+  const fs::path untied_as_tied = run_with_edited_meta(
+      dir, "untied", [](nlohmann::json& c) { c["model"]["tie_embeddings"] = true; });
+  check_bad_input("eval --checkpoint '" + untied_as_tied.string() + "'", dir,
+                  "the file holds 'head.w', which the config's model does not have");
+  const std::string path = (out / "model.safetensors").string();
+  attnlab::SafetensorsFile tied = attnlab::load_safetensors(path);
+  auto config = nlohmann::json::parse(tied.metadata.at("model_config"));
+  config["model"]["tie_embeddings"] = false;
+  tied.metadata["model_config"] = config.dump();
+  attnlab::save_safetensors(path, tied.tensors, tied.metadata);
+  check_bad_input("eval --checkpoint '" + out.string() + "'", dir,
+                  "the config's model has 'head.w' (8, 6), which the file does not hold");
+}

@@ -269,6 +269,13 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.attention.sdpa.query_offset = 2;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("tied embedding and head, causal") {
+    auto c = small_config();
+    c.out_vocab = c.vocab_sizes[0];
+    c.tie_embeddings = true;
+    c.block.attention.sdpa.causal = true;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("output-logit softcap") {
     auto c = small_config();
     c.logit_softcap = 0.5;

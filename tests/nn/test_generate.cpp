@@ -82,6 +82,8 @@ TransformerConfig lm_config(const std::string& variant, SdpaPath path) {
     c.block.attention.kv_heads = 1;
   } else if (variant == "softcap") {
     c.logit_softcap = 2.0;  // the output cap runs in every forward, cached or not
+  } else if (variant == "tied") {
+    c.tie_embeddings = true;  // the head reads the token table
   }
   return c;
 }
@@ -124,8 +126,8 @@ double cache_error(Transformer<T>& model, const TokenIds& ids, std::size_t promp
   return worst;
 }
 
-const char* const kVariants[] = {"plain",   "gqa",  "mqa-window",          "alibi",
-                                 "softcap", "rope", "rope-interleaved-gqa"};
+const char* const kVariants[] = {"plain",   "gqa",  "mqa-window",           "alibi",
+                                 "softcap", "rope", "rope-interleaved-gqa", "tied"};
 
 }  // namespace
 
