@@ -1026,3 +1026,37 @@ TEST_CASE("cli: --tie-embeddings trains a model whose head is the token table, a
   check_bad_input("eval --checkpoint '" + out.string() + "'", dir,
                   "the config's model has 'head.w' (8, 6), which the file does not hold");
 }
+
+TEST_CASE("cli: --decay-params matrices decays the 2-D parameters only, and resumes exactly") {
+  const auto dir = scratch("decay_params");
+  const std::string common = std::string("train ") + kTinyRecall +
+                             " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --weight-decay 0.5";
+  const Run full =
+      cli(common + " --decay-params matrices --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  // recall, one attention-only layer, C 16: the tables (8 + 8 + 5 rows), w_q, w_k, w_v, w_o and
+  // the head are decayed; ln1's and ln_f's gamma and beta (4 × 16 values) are not.
+  CHECK(full.out.find("weight decay 0.5 (decay_params matrices): 8 of 12 parameter tensors, 1488 "
+                      "of 1552 values") != std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "config.json"))["decay_params"] == "matrices");
+  const Run first = cli(
+      common + " --decay-params matrices --stop-after 15 --out '" + (dir / "split").string() + "'",
+      dir);
+  CHECK(first.status == 130);
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  CHECK(second.out.find("decay_params matrices") != std::string::npos);  // kept by the checkpoint
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  CHECK(metrics.size() > 100);
+  CHECK(metrics == slurp(dir / "split" / "metrics.csv"));
+  // The default decays every parameter: another run.
+  const Run all = cli(common + " --out '" + (dir / "all").string() + "'", dir);
+  REQUIRE(all.status == 0);
+  CHECK(all.out.find("(decay_params all): 12 of 12 parameter tensors") != std::string::npos);
+  CHECK(slurp(dir / "all" / "metrics.csv") != metrics);
+  check_bad_input("train --decay-params biases", dir, "--decay-params");
+  check_bad_input("train --resume '" + (dir / "full").string() + "' --decay-params all", dir,
+                  "--decay-params cannot be given with --resume");
+  std::ofstream(dir / "bad.json") << R"({"decay_params": "some"})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir, "decay_params");
+}
