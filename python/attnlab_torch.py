@@ -12,8 +12,9 @@ LayerNorm / RMSNorm / no norm, attention-only blocks, d_k and d_v apart from d_m
 grouped-query attention (kv_heads), the scaling modes none / sqrt_dk / dk and an explicit scale,
 QK-norm, a learnable per-head scale, causal attention, a sliding window, ALiBi, rotary positions
 (positions "rope": rope_theta, rope_fraction, rope_interleaved), the attention-score softcap
-(sdpa.softcap: c tanh(s q.k / c) before ALiBi and the mask), the output-logit softcap, and
-dropout on the attention weights and the residual branches (in train() mode; its random draws are
+(sdpa.softcap: c tanh(s q.k / c) before ALiBi and the mask), the output-logit softcap, the tied
+embedding and head (tie_embeddings: head.weight is embed.fields.0.weight), and dropout on the
+attention weights and the residual branches (in train() mode; its random draws are
 PyTorch's, not attnlab's Philox masks). Cross-attention (d_context) is not part of the Transformer.
 
 Names: attnlab stores Linear weights as (in, out) and calls them "w"; PyTorch stores (out, in) and
@@ -23,7 +24,8 @@ calls them "weight". The mapping (to_torch_name) renames and transposes:
     *.gamma / *.beta        <-> *.weight / *.bias            (norms)
     attn.w_q|w_k|w_v|w_o    <-> attn.q_proj|k_proj|v_proj|out_proj.weight   (transposed)
     mlp.fc<i>.w / .b        <-> mlp.fc<i>.weight / .bias     (weight transposed)
-    head.w                  <-> head.weight                  (transposed)
+    head.w                  <-> head.weight                  (transposed; absent when tied, where
+                                                              head.weight is embed.fields.0.weight)
     attn.log_scale          <-> attn.log_scale
 
 Files are safetensors, read and written by the small codec below (the format is an 8-byte header
@@ -406,6 +408,13 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(block, rope) for _ in range(int(config["layers"])))
         self.ln_f = _make_norm(block.get("norm", "layernorm"), C, bool(block.get("bias", True)))
         self.head = nn.Linear(C, int(config["out_vocab"]), bias=False)
+        self.tie_embeddings = bool(config.get("tie_embeddings", False))
+        if self.tie_embeddings:  # nanoGPT's wte.weight = lm_head.weight: one Parameter, (V, C)
+            if len(self.embed.fields) != 1 or config["vocab_sizes"][0] != int(config["out_vocab"]):
+                raise ValueError("attnlab_torch: tie_embeddings expected one field whose vocabulary "
+                                 f"is out_vocab, got vocab_sizes {config['vocab_sizes']} and "
+                                 f"out_vocab {config['out_vocab']}")
+            self.head.weight = self.embed.fields[0].weight
         self.logit_softcap = float(config.get("logit_softcap", 0) or 0)
         if not (self.logit_softcap == 0 or (math.isfinite(self.logit_softcap) and self.logit_softcap > 0)):
             raise ValueError(f"attnlab_torch: logit_softcap expected a finite cap > 0 (or 0), got {self.logit_softcap}")
@@ -518,7 +527,8 @@ def _attnlab_names(config):
             names += ([p + "mlp.fc1.w", p + "mlp.fc1.b", p + "mlp.fc2.w", p + "mlp.fc2.b"] if bias
                       else [p + "mlp.fc1.w", p + "mlp.fc2.w"])
     names += norm_names("ln_f.")
-    names.append("head.w")
+    if not config.get("tie_embeddings", False):  # tied: the head is embed.fields.0.table
+        names.append("head.w")
     return names
 
 
@@ -539,6 +549,12 @@ def load_run(path, dtype=torch.float32):
     run_config = json.loads(meta["model_config"])
     model = Transformer(run_config["model"]).to(dtype)
     state = to_torch_state(tensors, dtype)
+    if model.tie_embeddings:  # one tensor, two names; a separate head.w is not this model's
+        if "head.weight" in state:
+            raise ValueError(f"load_run: {file}: parameters do not match the config: unexpected "
+                             "['head.w'] (tie_embeddings: the head is embed.fields.0.table)")
+        if "embed.fields.0.weight" in state:
+            state["head.weight"] = state["embed.fields.0.weight"]
     expected = set(model.state_dict().keys())
     missing, extra = sorted(expected - state.keys()), sorted(state.keys() - expected)
     if missing or extra:

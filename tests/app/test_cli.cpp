@@ -1039,3 +1039,67 @@ TEST_CASE("config input: a run that would not fit in memory is refused before it
 }
 
 #endif  // ATTNLAB_CLI_PATH
+
+TEST_CASE("cli: --tie-embeddings trains a model whose head is the token table, and eval reads it") {
+  const auto dir = scratch("tied_run");
+  const auto out = dir / "run";
+  const Run r = cli(std::string("train ") + kTinySort + " --steps 20 --d-ff 16 --tie-embeddings " +
+                        "--out '" + out.string() + "'",
+                    dir);
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(slurp(out / "config.json"))["model"]["tie_embeddings"] == true);
+  const auto file = attnlab::load_safetensors((out / "model.safetensors").string());
+  CHECK(file.find("embed.fields.0.table") != nullptr);
+  CHECK(file.find("head.w") == nullptr);
+  CHECK(cli("eval --checkpoint '" + out.string() + "'", dir).status == 0);
+  // Two input fields (recall: keys and values) have no one table to share.
+  check_bad_input(std::string("train --tie-embeddings ") + kTinyRecall, dir,
+                  "vocab_sizes expected one token field when tie_embeddings is set");
+  // A checkpoint whose config says the other kind: refused, naming head.w.
+  const fs::path untied_as_tied = run_with_edited_meta(
+      dir, "untied", [](nlohmann::json& c) { c["model"]["tie_embeddings"] = true; });
+  check_bad_input("eval --checkpoint '" + untied_as_tied.string() + "'", dir,
+                  "the file holds 'head.w', which the config's model does not have");
+  const std::string path = (out / "model.safetensors").string();
+  attnlab::SafetensorsFile tied = attnlab::load_safetensors(path);
+  auto config = nlohmann::json::parse(tied.metadata.at("model_config"));
+  config["model"]["tie_embeddings"] = false;
+  tied.metadata["model_config"] = config.dump();
+  attnlab::save_safetensors(path, tied.tensors, tied.metadata);
+  check_bad_input("eval --checkpoint '" + out.string() + "'", dir,
+                  "the config's model has 'head.w' (8, 6), which the file does not hold");
+}
+
+TEST_CASE("cli: --decay-params matrices decays the 2-D parameters only, and resumes exactly") {
+  const auto dir = scratch("decay_params");
+  const std::string common = std::string("train ") + kTinyRecall +
+                             " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --weight-decay 0.5";
+  const Run full =
+      cli(common + " --decay-params matrices --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  // recall, one attention-only layer, C 16: the tables (8 + 8 + 5 rows), w_q, w_k, w_v, w_o and
+  // the head are decayed; ln1's and ln_f's gamma and beta (4 × 16 values) are not.
+  CHECK(full.out.find("weight decay 0.5 (decay_params matrices): 8 of 12 parameter tensors, 1488 "
+                      "of 1552 values") != std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "config.json"))["decay_params"] == "matrices");
+  const Run first = cli(
+      common + " --decay-params matrices --stop-after 15 --out '" + (dir / "split").string() + "'",
+      dir);
+  CHECK(first.status == 130);
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  CHECK(second.out.find("decay_params matrices") != std::string::npos);  // kept by the checkpoint
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  CHECK(metrics.size() > 100);
+  CHECK(metrics == slurp(dir / "split" / "metrics.csv"));
+  // The default decays every parameter: another run.
+  const Run all = cli(common + " --out '" + (dir / "all").string() + "'", dir);
+  REQUIRE(all.status == 0);
+  CHECK(all.out.find("(decay_params all): 12 of 12 parameter tensors") != std::string::npos);
+  CHECK(slurp(dir / "all" / "metrics.csv") != metrics);
+  check_bad_input("train --decay-params biases", dir, "--decay-params");
+  check_bad_input("train --resume '" + (dir / "full").string() + "' --decay-params all", dir,
+                  "--decay-params cannot be given with --resume");
+  std::ofstream(dir / "bad.json") << R"({"decay_params": "some"})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir, "decay_params");
+}

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <xtensor/xbuilder.hpp>
+#include <xtensor/xmanipulation.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xview.hpp>
 
@@ -345,6 +346,20 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     ops.linear_backward(nullptr, dw2.get(), nullptr, ddyl.get(), dx_in.get(), dw_in.get(), rows, C,
                         hidden);
     CHECK(dw2.host() == dw.host());
+    // W stored (Out, In) (a tied head reads the embedding table so): the CPU op on Wᵀ, with dW
+    // returned (Out, In).
+    LinearCache<double, 2> cache;
+    const auto y_cpu = linear_forward(cache, x, w);
+    const auto g = linear_backward(dyl, cache, w, false);
+    const Tensor2<double> w_out_in = xt::transpose(w);      // (hidden, C)
+    const Tensor2<double> dw_out_in = xt::transpose(g.dw);  // (hidden, C)
+    DeviceVector<T, T> wt_in(ops, values<T>(w_out_in)), dwt(ops, hidden * C);
+    ops.linear_forward(y.get(), dx_in.get(), wt_in.get(), nullptr, rows, C, hidden, true);
+    ops.linear_backward(dx.get(), dwt.get(), nullptr, ddyl.get(), dx_in.get(), wt_in.get(), rows, C,
+                        hidden, true);
+    CHECK(test::rel_error(y.host(), y_cpu) < tol);
+    CHECK(test::rel_error(dx.host(), g.dx) < tol);
+    CHECK(test::rel_error(dwt.host(), dw_out_in) < tol);
   }
   {
     INFO("softmax cross-entropy");

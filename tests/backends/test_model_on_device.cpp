@@ -269,6 +269,13 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.attention.sdpa.query_offset = 2;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("tied embedding and head, causal") {
+    auto c = small_config();
+    c.out_vocab = c.vocab_sizes[0];
+    c.tie_embeddings = true;
+    c.block.attention.sdpa.causal = true;
+    check_step_matches<Real>(c, ops, true, tolerance);
+  }
   SUBCASE("output-logit softcap") {
     auto c = small_config();
     c.logit_softcap = 0.5;
@@ -324,7 +331,7 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
 // batches; returns the per-step losses of both and checks the final weights and optimizer state.
 template <class Real>
 void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss_tol,
-                          double weight_tol) {
+                          double weight_tol, DecayParams decay = DecayParams::all) {
   auto config = small_config();
   config.vocab_sizes = {6, 3};
   Rng rng(3);
@@ -334,11 +341,11 @@ void check_training_curve(DeviceOps<Real>& ops, int steps, bool sgd, double loss
   std::unique_ptr<Optimizer<Real>> opt, dopt;  // the same optimizer class on each backend
   const double base_lr = sgd ? 0.1 : 3e-3;
   if (sgd) {
-    const SgdOptions o{base_lr, 0.9, 1e-3};
+    const SgdOptions o{base_lr, 0.9, 1e-3, decay};
     opt = std::make_unique<SGD<Real>>(params, o);
     dopt = std::make_unique<SGD<Real>>(dev.net().parameters(), o);
   } else {
-    const AdamWOptions o{base_lr, 0.9, 0.95, 1e-8, 0.01};
+    const AdamWOptions o{base_lr, 0.9, 0.95, 1e-8, 0.01, decay};
     opt = std::make_unique<AdamW<Real>>(params, o);
     dopt = std::make_unique<AdamW<Real>>(dev.net().parameters(), o);
   }
@@ -476,6 +483,13 @@ TEST_CASE_TEMPLATE("one model on a device: SGD with momentum and weight decay, d
   const auto device = Backend::template make<double>();
   auto& ops = *device;
   check_training_curve<double>(ops, 20, true, 1e-10, 1e-10);
+}
+
+TEST_CASE_TEMPLATE("one model on a device: AdamW decaying the matrices only, double", Backend,
+                   test::EmulatedBackend, test::CpuBackend) {
+  const auto device = Backend::template make<double>();
+  auto& ops = *device;
+  check_training_curve<double>(ops, 50, false, 1e-10, 1e-10, DecayParams::matrices);
 }
 
 TEST_CASE("one model on a device (CUDA): one step matches the CPU model") {

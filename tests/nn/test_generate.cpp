@@ -86,6 +86,8 @@ TransformerConfig lm_config(const std::string& variant, SdpaPath path) {
     c.block.attention.sdpa.softcap = 0.5;  // the score cap, before ALiBi's distance term
     c.block.attention.alibi = true;
     c.positions = PositionEncoding::none;
+  } else if (variant == "tied") {
+    c.tie_embeddings = true;  // the head reads the token table
   }
   return c;
 }
@@ -129,7 +131,8 @@ double cache_error(Transformer<T>& model, const TokenIds& ids, std::size_t promp
 }
 
 const char* const kVariants[] = {"plain",   "gqa",  "mqa-window",           "alibi",
-                                 "softcap", "rope", "rope-interleaved-gqa", "attn-softcap-alibi"};
+                                 "softcap", "rope", "rope-interleaved-gqa", "attn-softcap-alibi",
+                                 "tied"};
 
 }  // namespace
 

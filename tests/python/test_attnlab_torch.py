@@ -70,6 +70,9 @@ CASES = [
      ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
      ["--d-model", "16", "--heads", "2", "--causal", "--attn-softcap", "0.8", "--scale", "3",
       "--alibi", "--positions", "none", "--learnable-scale"]),
+    ("mqar: tied embedding and head (lm_head.weight = wte.weight), causal, 2 layers",
+     ["--task", "mqar", "--pairs", "4", "--queries", "3", "--keys", "8", "--values", "8"],
+     ["--d-model", "16", "--heads", "2", "--causal", "--tie-embeddings", "--layers", "2"]),
 ]
 
 
@@ -151,7 +154,7 @@ class Interop(unittest.TestCase):
                 self.assertEqual(module.config, config["model"])
 
     def test_torch_to_attnlab_eval(self):
-        for name, task, model in CASES[1:3] + CASES[-1:]:
+        for name, task, model in CASES[1:3] + CASES[-2:]:
             with self.subTest(name):
                 run_dir, valid = self.train_case(task, model, steps=1)
                 _, config = at.load_run(run_dir)
@@ -161,6 +164,8 @@ class Interop(unittest.TestCase):
                     for p in module.parameters():
                         p.add_(0.3 * torch.randn_like(p))
                 module.eval()
+                if module.tie_embeddings:  # one Parameter under two names, moved once
+                    self.assertIs(module.head.weight, module.embed.fields[0].weight)
                 out = os.path.join(self.work, "from_torch")
                 run_config = {k: v for k, v in config.items() if k in ("task", "seed")}
                 at.export_run(module, out, run_config)
@@ -223,6 +228,26 @@ class Interop(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("do not match the config", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.work, "x.safetensors")))
+
+    def test_tied_and_untied_checkpoints_are_not_interchangeable(self):
+        name, task, model = CASES[-1]
+        run_dir, _ = self.train_case(task, model, steps=1)
+        tensors, meta = at.read_safetensors(os.path.join(run_dir, "model.safetensors"))
+        self.assertNotIn("head.w", tensors)
+        module, _ = at.load_run(run_dir)
+        self.assertIs(module.head.weight, module.embed.fields[0].weight)
+        config = json.loads(meta["model_config"])
+        config["model"]["tie_embeddings"] = False
+        untied_meta = dict(meta, model_config=json.dumps(config))
+        bad = os.path.join(self.work, "untied.safetensors")
+        at.write_safetensors(bad, tensors, untied_meta)
+        with self.assertRaisesRegex(ValueError, r"missing \['head\.weight'\]"):
+            at.load_run(bad)
+        tensors["head.w"] = tensors["embed.fields.0.table"].t().contiguous()
+        bad = os.path.join(self.work, "extra.safetensors")
+        at.write_safetensors(bad, tensors, meta)
+        with self.assertRaisesRegex(ValueError, r"unexpected \['head\.w'\]"):
+            at.load_run(bad)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,10 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_option("--logit-softcap", m.logit_softcap,
                  "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; 0 = none)")
       ->check(bounded("model.logit_softcap"));
+  cmd.add_flag("--tie-embeddings", m.tie_embeddings,
+               "the head shares the token embedding table (logits = h W_e^T; nanoGPT's "
+               "wte.weight = lm_head.weight); needs one input field whose vocabulary is the "
+               "output's");
 }
 
 std::string with_heads_hint(const std::string& message, const TransformerConfig& m) {

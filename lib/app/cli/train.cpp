@@ -96,6 +96,13 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
   train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
       ->check(bounded("weight_decay"))
       ->capture_default_str();
+  train
+      .add_option("--decay-params", tc.decay_params,
+                  "the parameters --weight-decay applies to: all (one group), or matrices (rank "
+                  ">= 2: weights, embedding and position tables, head; not biases, norms and "
+                  "per-head scales, as nanoGPT groups them)")
+      ->check(CLI::IsMember({"all", "matrices"}))
+      ->capture_default_str();
   train.add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
       ->check(bounded("seed"))
       ->capture_default_str();
@@ -177,6 +184,12 @@ void print_done(const TrainResult& r, const TrainConfig& config) {
                  r.tokens_per_second, r.world_size, 1e3 * r.allreduce_seconds_per_step);
   else
     print_throughput(r);
+  if (config.weight_decay > 0)
+    std::fprintf(stdout,
+                 "weight decay %g (decay_params %s): %zu of %zu parameter tensors, %zu of %zu "
+                 "values\n",
+                 config.weight_decay, config.decay_params.c_str(), r.decayed_tensors,
+                 r.param_tensors, r.decayed_values, r.param_values);
   const char* out = config.out.c_str();
   std::fprintf(stdout,
                "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "

@@ -31,9 +31,9 @@ void from_json(const json& j, TaskKind& v) {
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
-                            model, optimizer, lr, beta1, beta2, momentum, weight_decay, clip,
-                            schedule, min_lr, warmup, steps, batch, seed, eval_every, eval_size,
-                            out, save_every, weights_only)
+                            model, optimizer, lr, beta1, beta2, momentum, weight_decay,
+                            decay_params, clip, schedule, min_lr, warmup, steps, batch, seed,
+                            eval_every, eval_size, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -92,6 +92,8 @@ void validate(const TrainConfig& c) {
             c.optimizer);
   check_arg(c.schedule == "constant" || c.schedule == "cosine", op, "schedule", "constant|cosine",
             c.schedule);
+  check_arg(c.decay_params == "all" || c.decay_params == "matrices", op, "decay_params",
+            "all|matrices", c.decay_params);
   check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
   check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
   check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));

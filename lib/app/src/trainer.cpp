@@ -215,10 +215,11 @@ struct TrainData {
 
 std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
                                                  const ParameterList<float>& params) {
+  const DecayParams decay = parse_decay_params(c.decay_params);
   if (c.optimizer == "adamw")
     return std::make_unique<AdamW<float>>(
-        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay});
-  return std::make_unique<SGD<float>>(params, SgdOptions{c.lr, c.momentum, c.weight_decay});
+        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, decay});
+  return std::make_unique<SGD<float>>(params, SgdOptions{c.lr, c.momentum, c.weight_decay, decay});
 }
 
 // The labelled positions (targets != kIgnoreIndex) of rows [begin, end) of `targets`.
@@ -538,6 +539,15 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
       transformer_flops_per_token(p.c.model, static_cast<std::size_t>(shape.seq_len));
   result.world_size = p.comm.size();
   result.distributed = p.comm.name();
+  for (std::size_t i = 0; i < p.params.size(); ++i) {
+    const std::size_t n = p.params[i].param->size();
+    result.param_tensors += 1;
+    result.param_values += n;
+    if (p.opt.decays(i)) {
+      result.decayed_tensors += 1;
+      result.decayed_values += n;
+    }
+  }
   if (steps_run > 0)
     result.allreduce_seconds_per_step = s.allreduce_seconds / static_cast<double>(steps_run);
   if (p.c.measure_peaks && steps_run > 0 && p.context.backend == Backend::cpu &&

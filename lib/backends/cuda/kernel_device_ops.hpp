@@ -182,23 +182,32 @@ class KernelDeviceOps final : public DeviceOps<T> {
                std::uint32_t stream) override {
     if (n > 0) elements(train::dropout_kernel<T>, n, y, x, n, p, key, stream);
   }
+  // With w_transposed, W (and dW) are stored (Out,In): the same GEMMs with W's transpose flag
+  // flipped and its leading dimension In, and dW as dyᵀ x.
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
-                      std::size_t out) override {
+                      std::size_t out, bool w_transposed) override {
     if (rows == 0 || out == 0) return;
     const int m = as_int(rows, "linear_forward"), k = as_int(in, "linear_forward"),
               n = as_int(out, "linear_forward");
     // y = x W                                               (rows,In) x (In,Out) -> (rows,Out)
-    rt_.template gemm<T>(false, false, m, n, k, T(1), x, k, 0, w, n, 0, T(0), y, n, 0, 1);
+    rt_.template gemm<T>(false, w_transposed, m, n, k, T(1), x, k, 0, w, w_transposed ? k : n, 0,
+                         T(0), y, n, 0, 1);
     if (b) add_bias(y, b, rows, out);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
-                       std::size_t in, std::size_t out) override {
+                       std::size_t in, std::size_t out, bool w_transposed) override {
     const int m = as_int(rows, "linear_backward"), k = as_int(in, "linear_backward"),
               n = as_int(out, "linear_backward");
     // dx = dy Wᵀ                                            (rows,Out) x (Out,In) -> (rows,In)
-    if (dx) rt_.template gemm<T>(false, true, m, k, n, T(1), dy, n, 0, w, n, 0, T(0), dx, k, 0, 1);
-    // dW = xᵀ dy                                            (In,rows) x (rows,Out) -> (In,Out)
-    rt_.template gemm<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, T(0), dw, n, 0, 1);
+    if (dx) {
+      rt_.template gemm<T>(false, !w_transposed, m, k, n, T(1), dy, n, 0, w, w_transposed ? k : n,
+                           0, T(0), dx, k, 0, 1);
+    }
+    if (w_transposed) {  // dW = dyᵀ x                       (Out,rows) x (rows,In) -> (Out,In)
+      rt_.template gemm<T>(true, false, n, k, m, T(1), dy, n, 0, x, k, 0, T(0), dw, k, 0, 1);
+    } else {  // dW = xᵀ dy                                  (In,rows) x (rows,Out) -> (In,Out)
+      rt_.template gemm<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, T(0), dw, n, 0, 1);
+    }
     if (db && out > 0) column_sum(db, dy, rows, out);
   }
   void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits, const int* targets,

@@ -20,11 +20,11 @@
 // assigned (never accumulated) unless stated; every reduction runs in a fixed order (deterministic,
 // no atomics). Each op mirrors a CPU op and its contract: embedding (attnlab/ops/embedding.hpp,
 // kNoToken = -1: zero row, no gradient), layernorm (biased variance, eps inside the root), rmsnorm,
-// gelu (tanh approximation or exact), linear (W stored (In, Out)), cross-entropy (fused softmax,
-// ignore index, mean over labelled), adamw (torch.optim.AdamW's order of operations), and attention
-// (attnlab/ops/attention.hpp, on the one parameter struct AttentionParams of
-// attnlab/attention/params.hpp). Calls may be asynchronous; download() and the functions returning
-// host values synchronise. No CUDA type appears here.
+// gelu (tanh approximation or exact), linear (W stored (In, Out), or (Out, In) with w_transposed),
+// cross-entropy (fused softmax, ignore index, mean over labelled), adamw (torch.optim.AdamW's order
+// of operations), and attention (attnlab/ops/attention.hpp, on the one parameter struct
+// AttentionParams of attnlab/attention/params.hpp). Calls may be asynchronous; download() and the
+// functions returning host values synchronise. No CUDA type appears here.
 #pragma once
 
 #include <cstddef>
@@ -132,12 +132,15 @@ class DeviceOps : public DeviceMemory {
   // backend. Dropout's backward is the same call on the gradient.
   virtual void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                        std::uint32_t stream) = 0;
-  // y = x W (+ b); W stored (In, Out); b may be null.
+  // y = x W (+ b); W stored (In, Out); b may be null. With w_transposed, W is stored (Out, In)
+  // (y = x Wᵀ + b: a tied head reads the embedding table (V, C) as it lies).
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows,
-                              std::size_t in, std::size_t out) = 0;
+                              std::size_t in, std::size_t out, bool w_transposed = false) = 0;
   // dx = dy Wᵀ (skipped when dx is null), dW = xᵀ dy, db = Σ_rows dy (skipped when db is null).
+  // With w_transposed, W and dW are stored (Out, In): dx = dy W, dW = dyᵀ x.
   virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
-                               std::size_t rows, std::size_t in, std::size_t out) = 0;
+                               std::size_t rows, std::size_t in, std::size_t out,
+                               bool w_transposed = false) = 0;
   // Fused softmax cross-entropy over logits (rows, V), targets (rows,) in [0, V) or ignore_index:
   // loss (1 device value) = mean over labelled rows of −log softmax[target] (0 when none is
   // labelled); dlogits = (softmax − onehot) / n on labelled rows, 0 elsewhere; row_loss (rows,) is

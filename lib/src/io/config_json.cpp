@@ -192,6 +192,6 @@ ATTNLAB_JSON_FIELDS(AttentionConfig, d_model, heads, kv_heads, d_k, d_v, d_conte
                     rope_interleaved)
 ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, mlp, norm, bias, dropout)
 ATTNLAB_JSON_FIELDS(TransformerConfig, vocab_sizes, max_len, layers, out_vocab, positions, block,
-                    logit_softcap)
+                    logit_softcap, tie_embeddings)
 
 }  // namespace attnlab

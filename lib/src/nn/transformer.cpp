@@ -21,7 +21,7 @@ double transformer_flops_per_token(const TransformerConfig& config, std::size_t 
   double per_block = C * H * D + cc * Hkv * D + cc * Hkv * Dv + H * Dv * C;  // w_q, w_k, w_v, w_o
   const double mlp_matrices = config.block.mlp == MlpActivation::swiglu ? 3 : 2;
   if (!config.block.attn_only) per_block += mlp_matrices * C * F;  // fc1.w (gate, up), fc2.w
-  const double n = L * per_block + C * V;                          // + head.w
+  const double n = L * per_block + C * V;  // + head.w (or the tied table's use as the head)
   return 6 * n + 6 * L * H * T * (D + Dv);
 }
 
@@ -63,7 +63,7 @@ std::vector<ParameterShape> transformer_parameter_shapes(const TransformerConfig
     }
   }
   norm("ln_f.");
-  out.push_back({"head.w", {C, config.out_vocab}});
+  if (!config.tie_embeddings) out.push_back({"head.w", {C, config.out_vocab}});
   return out;
 }
 
@@ -92,6 +92,15 @@ void TransformerConfig::validate() const {
             "false (positions = rope turns RoPE on in every block)", "true");
   block_config().validate(op, "block.");
   if (logit_softcap != 0) check_softcap(op, "logit_softcap", logit_softcap);
+  if (tie_embeddings) {  // the head reads table 0 as (out_vocab, C): one field, one vocabulary
+    check_arg(vocab_sizes.size() == 1, op, "vocab_sizes",
+              "one token field when tie_embeddings is set (the head shares that field's table)",
+              std::to_string(vocab_sizes.size()) + " fields");
+    check_arg(vocab_sizes[0] == out_vocab, op, "out_vocab",
+              "vocab_sizes[0] = " + std::to_string(vocab_sizes[0]) +
+                  " when tie_embeddings is set (the head's classes are the table's tokens)",
+              std::to_string(out_vocab));
+  }
 }
 
 BlockConfig TransformerConfig::block_config() const {
@@ -121,7 +130,11 @@ Transformer<T>::Transformer(const TransformerConfig& config, Rng& rng)
         return blocks;
       }()),
       norm_f_(make_norm<T>(config.block.norm, config.d_model(), config.block.bias)),
-      head_(config.d_model(), config.out_vocab, rng, false) {
+      head_(config.tie_embeddings
+                ? nullptr
+                : std::make_unique<Linear<T>>(config.d_model(), config.out_vocab, rng, false)) {
+  if (config.tie_embeddings)  // N(0, 1) -> N(0, 1/C), the head's init
+    embed_.field(0).table.value *= static_cast<T>(1 / std::sqrt(double(config.d_model())));
   this->set_dropout_key(0, 0);  // every layer its own dropout key
 }
 
@@ -133,7 +146,7 @@ void Transformer<T>::collect_parameters(const std::string& prefix, ParameterList
     blocks_[l]->collect_parameters(prefix + "blocks." + std::to_string(l) + ".", out);
   }
   if (norm_f_) norm_f_->collect_parameters(prefix + "ln_f.", out);
-  head_.collect_parameters(prefix + "head.", out);
+  if (head_) head_->collect_parameters(prefix + "head.", out);  // tied: listed once, by embed
 }
 
 template <class T>
@@ -149,7 +162,35 @@ void Transformer<T>::for_each_child(const std::function<void(Module<T>&)>& visit
   visit(pos_);
   for (auto& b : blocks_) visit(*b);
   if (norm_f_) visit(*norm_f_);
-  visit(head_);
+  if (head_) visit(*head_);
+}
+
+template <class T>
+Buffer<T> Transformer<T>::head_forward(const Buffer<T>& x) {
+  if (head_) return head_->forward(x);
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t C = config_.d_model(), V = config_.out_vocab;
+  tied_x_ = x;  // (B,T,C), kept for dW_e
+  Buffer<T>& y = Buffer<T>::reuse(tied_y_, ops, {x.dim(0), x.dim(1), V});
+  //                                               (B·T,C) x (V,C)ᵀ -> (B·T,V)
+  ops.linear_forward(y.data(), x.data(), embed_.field(0).table.value_data(), nullptr,
+                     x.dim(0) * x.dim(1), C, V, /*w_transposed=*/true);
+  return y;
+}
+
+template <class T>
+Buffer<T> Transformer<T>::head_backward(const Buffer<T>& dy) {
+  if (head_) return head_->backward(dy);
+  DeviceOps<T>& ops = this->ops();
+  const std::size_t C = config_.d_model(), V = config_.out_vocab;
+  Parameter<T>& table = embed_.field(0).table;
+  Buffer<T>& dx = Buffer<T>::reuse(tied_dx_, ops, {dy.dim(0), dy.dim(1), C});
+  Buffer<T>& dw = Buffer<T>::reuse(tied_dw_, ops, {V, C});
+  // dx = dy W_e (B·T,V) x (V,C);  dW_e = dyᵀ x (V,B·T) x (B·T,C), added to the embedding's use
+  ops.linear_backward(dx.data(), dw.data(), nullptr, dy.data(), tied_x_.data(), table.value_data(),
+                      dy.dim(0) * dy.dim(1), C, V, /*w_transposed=*/true);
+  add_into(ops, table, dw);
+  return dx;
 }
 
 template <class T>
@@ -240,8 +281,8 @@ Buffer<T> Transformer<T>::run(const char* op, const std::vector<Buffer<int>>& id
   }
   if (norm_f_) x = norm_f_->forward(x);
   note(x, "ln_f");
-  Buffer<T> logits = head_.forward(x);  // (B,T,C) x (C,V) -> (B,T,V)
-  if (config_.logit_softcap != 0) {     // into a buffer of the model's: the head keeps its output
+  Buffer<T> logits = head_forward(x);  // (B,T,C) x (C,V) -> (B,T,V)
+  if (config_.logit_softcap != 0) {    // into a buffer of the model's: the head keeps its output
     Buffer<T>& capped = Buffer<T>::reuse(capped_, this->ops(), logits.shape());
     this->ops().softcap_forward(capped.data(), logits.data(), logits.size(),
                                 static_cast<T>(config_.logit_softcap));
@@ -268,17 +309,17 @@ void Transformer<T>::backward(const Tensor3<T>& dlogits) {
 template <class T>
 void Transformer<T>::backward(const Buffer<T>& dlogits) {
   if (!has_forward_) throw std::logic_error("Transformer::backward: called before forward");
+  check_buffer("Transformer::backward", "dlogits", dlogits, this->ops(),
+               {static_cast<std::ptrdiff_t>(batch_), static_cast<std::ptrdiff_t>(length_),
+                static_cast<std::ptrdiff_t>(config_.out_vocab)});
   Buffer<T> dx;
   if (config_.logit_softcap != 0) {  // through the cap: dlogits · (1 − (capped / c)²)
-    check_buffer("Transformer::backward", "dlogits", dlogits, this->ops(),
-                 {static_cast<std::ptrdiff_t>(batch_), static_cast<std::ptrdiff_t>(length_),
-                  static_cast<std::ptrdiff_t>(config_.out_vocab)});
     Buffer<T>& draw = Buffer<T>::reuse(dcapped_, this->ops(), dlogits.shape());
     this->ops().softcap_backward(draw.data(), dlogits.data(), capped_.data(), draw.size(),
                                  static_cast<T>(config_.logit_softcap));
-    dx = head_.backward(draw);
+    dx = head_backward(draw);
   } else {
-    dx = head_.backward(dlogits);
+    dx = head_backward(dlogits);
   }
   note(dx, "head (gradient)");
   if (norm_f_) dx = norm_f_->backward(dx);

@@ -43,15 +43,15 @@ std::size_t linear_chunks(std::size_t rows) {
 
 template <class T>
 void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
-                         std::size_t out) {
+                         std::size_t out, bool w_transposed) {
   const std::size_t chunks = linear_chunks(rows);
 #pragma omp parallel for num_threads(int(chunks)) schedule(static)
   for (std::size_t c = 0; c < chunks; ++c) {
     const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
     if (r1 == r0) continue;
-    //                                                 (r,In) x (In,Out) -> (r,Out)
-    blas::gemm<T>(false, false, int(r1 - r0), int(out), int(in), T(1), x + r0 * in, int(in), w,
-                  int(out), T(0), y + r0 * out, int(out));
+    //                          (r,In) x (In,Out) -> (r,Out), or x wᵀ: (r,In) x (Out,In)ᵀ -> (r,Out)
+    blas::gemm<T>(false, w_transposed, int(r1 - r0), int(out), int(in), T(1), x + r0 * in, int(in),
+                  w, int(w_transposed ? in : out), T(0), y + r0 * out, int(out));
     if (b) {
       for (std::size_t r = r0; r < r1; ++r) {
         T* row = y + r * out;
@@ -63,7 +63,8 @@ void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t r
 
 template <class T>
 void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
-                          std::size_t rows, std::size_t in, std::size_t out, T* partial_dw) {
+                          std::size_t rows, std::size_t in, std::size_t out, T* partial_dw,
+                          bool w_transposed) {
   const std::size_t chunks = linear_chunks(rows);
   if (rows == 0) std::fill(dw, dw + in * out, T(0));
     // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
@@ -74,13 +75,17 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
     if (r == 0) continue;  // only when rows = 0
     // dx = dy Wᵀ                                     (r,Out) x (Out,In) -> (r,In)
     if (dx) {
-      blas::gemm<T>(false, true, r, int(in), int(out), T(1), dy + r0 * out, int(out), w, int(out),
-                    T(0), dx + r0 * in, int(in));
+      blas::gemm<T>(false, !w_transposed, r, int(in), int(out), T(1), dy + r0 * out, int(out), w,
+                    int(w_transposed ? in : out), T(0), dx + r0 * in, int(in));
     }
-    // dW = xᵀ dy                                     (In,r) x (r,Out) -> (In,Out)
     T* dwc = c == 0 ? dw : partial_dw + (c - 1) * in * out;
-    blas::gemm<T>(true, false, int(in), int(out), r, T(1), x + r0 * in, int(in), dy + r0 * out,
-                  int(out), T(0), dwc, int(out));
+    if (w_transposed) {  // dW stored (Out,In): dyᵀ x    (Out,r) x (r,In) -> (Out,In)
+      blas::gemm<T>(true, false, int(out), int(in), r, T(1), dy + r0 * out, int(out), x + r0 * in,
+                    int(in), T(0), dwc, int(in));
+    } else {  // dW = xᵀ dy                           (In,r) x (r,Out) -> (In,Out)
+      blas::gemm<T>(true, false, int(in), int(out), r, T(1), x + r0 * in, int(in), dy + r0 * out,
+                    int(out), T(0), dwc, int(out));
+    }
   }
   // The partials and db are sums over chunks / rows; cut over their elements instead, each element
   // summed in chunk / row order, so the bits do not depend on this second cut.
@@ -104,15 +109,15 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
 }
 
 template void linear_forward_rows<float>(float*, const float*, const float*, const float*,
-                                         std::size_t, std::size_t, std::size_t);
+                                         std::size_t, std::size_t, std::size_t, bool);
 template void linear_forward_rows<double>(double*, const double*, const double*, const double*,
-                                          std::size_t, std::size_t, std::size_t);
+                                          std::size_t, std::size_t, std::size_t, bool);
 template void linear_backward_rows<float>(float*, float*, float*, const float*, const float*,
                                           const float*, std::size_t, std::size_t, std::size_t,
-                                          float*);
+                                          float*, bool);
 template void linear_backward_rows<double>(double*, double*, double*, const double*, const double*,
                                            const double*, std::size_t, std::size_t, std::size_t,
-                                           double*);
+                                           double*, bool);
 
 }  // namespace detail
 

@@ -9,16 +9,19 @@
 
 namespace attnlab::detail {
 
-// y (rows,Out) = x (rows,In) · w (In,Out) + b (Out,); b may be null.
+// y (rows,Out) = x (rows,In) · w (In,Out) + b (Out,); b may be null. With w_transposed, w is
+// stored (Out,In) and y = x · wᵀ + b (a tied head reading the embedding table (V, C)).
 template <class T>
 void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
-                         std::size_t out);
+                         std::size_t out, bool w_transposed = false);
 
 // dx = dy wᵀ (skipped when dx is null), dw = xᵀ dy, db = Σ_rows dy (skipped when db is null).
+// With w_transposed, w and dw are stored (Out,In): dx = dy w, dw = dyᵀ x.
 // partial_dw holds (linear_chunks(rows) − 1) · in · out values (may be null when that is 0).
 template <class T>
 void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
-                          std::size_t rows, std::size_t in, std::size_t out, T* partial_dw);
+                          std::size_t rows, std::size_t in, std::size_t out, T* partial_dw,
+                          bool w_transposed = false);
 
 // The number of row chunks (threads) the linear kernels use for `rows` rows.
 std::size_t linear_chunks(std::size_t rows);

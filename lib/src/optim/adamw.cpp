@@ -32,7 +32,8 @@ void validate(const AdamWOptions& options) {
 
 template <class T>
 AdamW<T>::AdamW(ParameterList<T> params, const AdamWOptions& options)
-    : Optimizer<T>("AdamW", std::move(params), options.lr), options_(options) {
+    : Optimizer<T>("AdamW", std::move(params), options.lr, options.decay_params),
+      options_(options) {
   validate(options_);
   exp_avg_slot_ = this->add_slot("exp_avg");
   exp_avg_sq_slot_ = this->add_slot("exp_avg_sq");
@@ -40,12 +41,12 @@ AdamW<T>::AdamW(ParameterList<T> params, const AdamWOptions& options)
 
 template <class T>
 void AdamW<T>::update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
-                      std::size_t t) {
+                      std::size_t t, bool decay) {
   // Scalars are formed in double, as PyTorch forms them in Python, then used in T; the element
   // update is torch's, in its order (kernel_math::adamw_element).
   ops.adamw_update(value, state[exp_avg_slot_], state[exp_avg_sq_slot_], grad, n,
                    adamw_scalars<T>(this->lr(), options_.beta1, options_.beta2, options_.eps,
-                                    options_.weight_decay, t));
+                                    decay ? options_.weight_decay : 0.0, t));
 }
 
 template class AdamW<float>;

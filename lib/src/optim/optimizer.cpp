@@ -10,6 +10,17 @@
 
 namespace attnlab {
 
+std::string_view to_string(DecayParams v) {
+  return v == DecayParams::matrices ? "matrices" : "all";
+}
+
+DecayParams parse_decay_params(std::string_view text) {
+  if (text == "all") return DecayParams::all;
+  if (text == "matrices") return DecayParams::matrices;
+  check_arg(false, "optimizer", "decay_params", "all|matrices", std::string(text));
+  return DecayParams::all;
+}
+
 std::string optim_state_name(const std::string& param, const std::string& slot) {
   return "optim." + param + "." + slot;
 }
@@ -34,7 +45,7 @@ std::vector<std::ptrdiff_t> to_expected(const std::vector<std::size_t>& shape) {
 }  // namespace
 
 template <class T>
-Optimizer<T>::Optimizer(std::string name, ParameterList<T> params, double lr)
+Optimizer<T>::Optimizer(std::string name, ParameterList<T> params, double lr, DecayParams decay)
     : name_(std::move(name)), params_(std::move(params)) {
   check_arg(!params_.empty(), name_, "parameters", "a non-empty list", "an empty list");
   std::set<std::string> names;
@@ -53,6 +64,11 @@ Optimizer<T>::Optimizer(std::string name, ParameterList<T> params, double lr)
     shapes_.push_back(shape);
     offsets_.push_back(total_);
     total_ += np.param->value.size();
+    decays_.push_back(decay == DecayParams::all || shape.size() >= 2);
+    if (runs_.empty() || decays_[runs_.back().first] != decays_.back())
+      runs_.push_back({decays_.size() - 1, decays_.size()});
+    else
+      runs_.back().last = decays_.size();
   }
   set_lr(lr);
   state_ops_ = &backend();
@@ -118,10 +134,13 @@ void Optimizer<T>::step() {
   const auto run = [&](std::size_t i, std::size_t n) {
     for (std::size_t s = 0; s < slots_.size(); ++s) state[s] = slots_[s].data() + offsets_[i];
     Parameter<T>& p = *params_[i].param;
-    update(ops, p.value_data(), p.grad_data(), state.data(), n, t);
+    update(ops, p.value_data(), p.grad_data(), state.data(), n, t, decays_[i]);
   };
-  if (contiguous) {
-    run(0, total_);
+  if (contiguous) {  // one call per run of like parameters (one run for DecayParams::all)
+    for (const Run& r : runs_) {
+      const std::size_t end = r.last < params_.size() ? offsets_[r.last] : total_;
+      run(r.first, end - offsets_[r.first]);
+    }
   } else {
     for (std::size_t i = 0; i < params_.size(); ++i) run(i, params_[i].param->size());
   }

@@ -26,19 +26,19 @@ void validate(const SgdOptions& options) {
 
 template <class T>
 SGD<T>::SGD(ParameterList<T> params, const SgdOptions& options)
-    : Optimizer<T>("SGD", std::move(params), options.lr), options_(options) {
+    : Optimizer<T>("SGD", std::move(params), options.lr, options.decay_params), options_(options) {
   validate(options_);
   if (options_.momentum != 0) buffer_slot_ = this->add_slot("momentum_buffer");
 }
 
 template <class T>
 void SGD<T>::update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
-                    std::size_t t) {
+                    std::size_t t, bool decay) {
   // torch's order (kernel_math::sgd_element): d = g + wd·p; buf = d, then buf·momentum + d; p -=
   // lr·d.
   ops.sgd_update(value, options_.momentum != 0 ? state[buffer_slot_] : nullptr, grad, n,
                  static_cast<T>(this->lr()), static_cast<T>(options_.momentum),
-                 static_cast<T>(options_.weight_decay), t == 1);
+                 static_cast<T>(decay ? options_.weight_decay : 0.0), t == 1);
 }
 
 template class SGD<float>;

@@ -6,9 +6,20 @@
 // Parameters: "embed.fields.<i>.table", "pos.table" (learned positions), "blocks.<l>.*",
 // "ln_f.*", "head.w" (C, V), no head bias.
 //
+// Tied embedding and head (tie_embeddings; nanoGPT's and llm.c's wte.weight = lm_head.weight,
+// Press & Wolf 2017): the head reads the token table W_e (V, C) as its weight,
+//   logits = norm_f(x) W_eᵀ                      (B,T,C) x (V,C)ᵀ -> (B,T,V)
+// through the linear op with its weight stored (Out, In) (no transposed copy). There is no
+// "head.w": W_e is listed once ("embed.fields.0.table"), so the optimiser, the checkpoint and the
+// grad norm see it once, and its grad is the sum of its two uses (the embedding's scatter-add and
+// the head's dW = dlogitsᵀ h, each added in by the backward). Needs one token field whose
+// vocabulary is the head's (vocab_sizes = {out_vocab}).
+//
 // Initialisation (explicit, documented, independent of the attention options): from one Rng, in
 // this order: the field tables N(0, 1), the learned position table N(0, 1), then per block
 // w_q, w_k, w_v, w_o, mlp.fc1.w, mlp.fc2.w from N(0, 1/fan_in), then head.w from N(0, 1/C).
+// Tied: the shared table is drawn N(0, 1) and scaled to N(0, 1/C), the head's variance (logits
+// start at unit variance; nanoGPT draws both at 0.02 ≈ 1/√768), and there is no head.w draw.
 // Biases and norm shifts start at 0, norm gains at 1, log_scale at log of the mode's scale.
 // The scaling mode, explicit scale, causal flag, qk_norm and learnable_scale never change a draw,
 // so one seed gives every scaling mode identical initial weights.
@@ -41,6 +52,8 @@ struct TransformerConfig {
   // Output-logit softcap c: logits = c · tanh(logits / c) (attnlab/ops/softcap.hpp), in every
   // forward (training, evaluation, generation); 0 = none. Finite and > 0 when set.
   double logit_softcap = 0;
+  // The head shares the token table (see above): one field, vocab_sizes[0] == out_vocab.
+  bool tie_embeddings = false;
 
   // Throws std::invalid_argument whose message names the field by its path, e.g.
   // "TransformerConfig: block.attention.d_model expected divisible by heads (4) when d_k is 0
@@ -58,8 +71,9 @@ struct TransformerConfig {
 // nanoGPT's estimate_mfu formula with N restricted to the matmul weights, as the PaLM paper counts
 // them (Chowdhery et al. 2022, appendix B):
 //   6 · N + 6 · L · H · T · (D + Dv)
-// N: the weights of every matmul (w_q, w_k, w_v, w_o, the MLP's fc1.w and fc2.w, head.w; not the
-// embedding and position tables, which are lookups, nor biases and norms); the second term is QKᵀ
+// N: the weights of every matmul (w_q, w_k, w_v, w_o, the MLP's fc1.w and fc2.w, head.w, or the
+// tied table in its use as the head; not the embedding and position tables in their use as
+// lookups, nor biases and norms); the second term is QKᵀ
 // and PV (2 · T · D and 2 · T · Dv multiply-adds per query and head, times 3 for the backward), at
 // the full T even when attention is causal (the convention; causal kernels do about half). For
 // D = Dv it is nanoGPT's 6N + 12·L·H·D·T. Throws std::invalid_argument for an invalid config or
@@ -144,13 +158,19 @@ class Transformer : public Module<T> {
   Buffer<T> run(const char* op, const std::vector<Buffer<int>>& ids,
                 const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache);
   void note(const Buffer<T>& t, const std::string& where);
+  // The head: Linear, or the tied table read as (V, C) = (Out, In).
+  Buffer<T> head_forward(const Buffer<T>& x);
+  Buffer<T> head_backward(const Buffer<T>& dy);
 
   TransformerConfig config_;
   MultiFieldEmbedding<T> embed_;
   PositionalEncoding<T> pos_;
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::unique_ptr<SequenceModule<T>> norm_f_;  // nullptr for Norm::none
-  Linear<T> head_;
+  std::unique_ptr<Linear<T>> head_;            // nullptr when tied (the tied_* buffers)
+  // The tied head (config.tie_embeddings): its input of the last forward (B,T,C), its output
+  // (B,T,V), and the backward's dx (B,T,C) and dW_e (V,C).
+  Buffer<T> tied_x_, tied_y_, tied_dx_, tied_dw_;
   // With logit_softcap: the capped logits of the last forward (the backward reads them) and the
   // gradient before the cap.
   Buffer<T> capped_, dcapped_;

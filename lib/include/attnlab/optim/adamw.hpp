@@ -21,6 +21,8 @@ struct AdamWOptions {
   double beta2 = 0.999;        // in [0, 1)
   double eps = 1e-8;           // finite, > 0
   double weight_decay = 1e-2;  // finite, >= 0 (PyTorch's default)
+  // The parameters weight_decay applies to: all (one group) or matrices (rank >= 2; nanoGPT).
+  DecayParams decay_params = DecayParams::all;
 };
 
 // Throws std::invalid_argument "AdamW: <field> expected ..., got ..." for a bad field.
@@ -35,7 +37,7 @@ class AdamW final : public Optimizer<T> {
 
  private:
   void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
-              std::size_t t) override;
+              std::size_t t, bool decay) override;
   AdamWOptions options_;
   std::size_t exp_avg_slot_ = 0;
   std::size_t exp_avg_sq_slot_ = 0;

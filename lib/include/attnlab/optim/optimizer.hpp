@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,15 @@
 #include "attnlab/nn/parameter.hpp"
 
 namespace attnlab {
+
+// Which parameters the weight decay applies to. all: every one (one group, torch.optim's default
+// when a model's parameters() are passed). matrices: those of rank >= 2 (weights, the embedding
+// and position tables, the head), not biases, norm gains and shifts or per-head scales: nanoGPT's
+// configure_optimizers groups, `p.dim() >= 2` decayed and the rest with weight_decay 0.
+enum class DecayParams { all, matrices };
+std::string_view to_string(DecayParams v);
+// "all" | "matrices"; std::invalid_argument "decay_params expected all|matrices, got ..." else.
+DecayParams parse_decay_params(std::string_view text);
 
 // One named state tensor, e.g. {"optim.blocks.0.attn.w_q.exp_avg", (C, C)}.
 template <class T>
@@ -54,6 +64,8 @@ class Optimizer {
   const ParameterList<T>& parameters() const { return params_; }
   // "SGD" or "AdamW"; the op name in error messages.
   const std::string& name() const { return name_; }
+  // Whether the weight decay applies to parameters()[i] (DecayParams above).
+  bool decays(std::size_t i) const { return decays_.at(i); }
 
   // Every state tensor, named optim_state_name(param, slot), in parameter order then slot order.
   // The step count is separate: step_count(). The tensors are copies.
@@ -65,16 +77,19 @@ class Optimizer {
 
  protected:
   // Validates the list: non-empty, no null Parameter, no empty or duplicate name, no Parameter
-  // listed twice, every grad shaped like its value. Errors name the parameter.
-  Optimizer(std::string name, ParameterList<T> params, double lr);
+  // listed twice, every grad shaped like its value. Errors name the parameter. `decay` decides
+  // which parameters update() is asked to decay.
+  Optimizer(std::string name, ParameterList<T> params, double lr,
+            DecayParams decay = DecayParams::all);
 
   // Adds a zero-initialised state tensor per parameter, shaped like the parameter; returns its
   // slot.
   std::size_t add_slot(const std::string& slot);
   // Updates the n values at `value` (backend memory) from `grad`; state[s] points at the same run
-  // of slot s. t is the 1-based number of this step.
+  // of slot s. t is the 1-based number of this step; decay: whether the weight decay applies to
+  // these values (update as with weight_decay 0 otherwise).
   virtual void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
-                      std::size_t t) = 0;
+                      std::size_t t, bool decay) = 0;
 
  private:
   // The parameters' backend; moves the state there first if it is elsewhere.
@@ -85,8 +100,15 @@ class Optimizer {
   std::vector<std::vector<std::size_t>> shapes_;  // shape of each parameter at construction
   std::vector<std::size_t> offsets_;              // where parameter i starts in a slot's arena
   std::size_t total_ = 0;                         // scalars over all parameters
-  std::vector<std::string> slot_names_;           // e.g. {"exp_avg", "exp_avg_sq"}
-  std::vector<Buffer<T>> slots_;                  // one arena per slot, on state_ops_
+  std::vector<bool> decays_;                      // per parameter: decayed?
+  // Maximal runs of consecutive parameters alike in decays_: [first, last) parameters; the update
+  // of parameters lying in order in one arena is one call per run (one, for DecayParams::all).
+  struct Run {
+    std::size_t first, last;
+  };
+  std::vector<Run> runs_;
+  std::vector<std::string> slot_names_;  // e.g. {"exp_avg", "exp_avg_sq"}
+  std::vector<Buffer<T>> slots_;         // one arena per slot, on state_ops_
   DeviceOps<T>* state_ops_ = nullptr;
   double lr_ = 0;
   std::size_t step_ = 0;

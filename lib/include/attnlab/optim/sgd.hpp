@@ -16,6 +16,8 @@ struct SgdOptions {
   double lr = 1e-2;         // finite, >= 0
   double momentum = 0;      // in [0, 1)
   double weight_decay = 0;  // finite, >= 0
+  // The parameters weight_decay applies to: all (one group) or matrices (rank >= 2; nanoGPT).
+  DecayParams decay_params = DecayParams::all;
 };
 
 // Throws std::invalid_argument "SGD: <field> expected ..., got ..." for a bad field.
@@ -30,7 +32,7 @@ class SGD final : public Optimizer<T> {
 
  private:
   void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
-              std::size_t t) override;
+              std::size_t t, bool decay) override;
   SgdOptions options_;
   std::size_t buffer_slot_ = 0;
 };

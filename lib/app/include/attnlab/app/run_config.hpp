@@ -34,6 +34,9 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.95;
   double momentum = 0.9;  // sgd
   double weight_decay = 0;
+  // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
+  // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
+  std::string decay_params = "all";
   double clip = 0;                  // 0: no clipping
   std::string schedule = "cosine";  // constant | cosine
   double min_lr = 0;                // cosine: the LR it decays to (nanoGPT: lr / 10)

@@ -66,6 +66,9 @@ struct TrainResult {
   int world_size = 1;                     // processes the batch was split across (context.comm)
   std::string distributed;                // the communicator's name
   double allreduce_seconds_per_step = 0;  // this rank's mean time in the gradient allreduce
+  // The weight decay's reach (TrainConfig::decay_params): the parameter tensors and values the
+  // optimizer decays, out of all.
+  std::size_t decayed_tensors = 0, decayed_values = 0, param_tensors = 0, param_values = 0;
 };
 
 // Data-parallel runs (context.comm of size N > 1; see attnlab/distributed.hpp). Every rank holds
