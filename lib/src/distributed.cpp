@@ -140,6 +140,13 @@ Shard shard_rows(std::size_t batch, int rank, int size, const std::string& what)
   return {batch * r / n, batch * (r + 1) / n};
 }
 
+double labelled_share(std::size_t labelled, std::size_t rows, std::size_t total_labelled,
+                      std::size_t total_rows) {
+  if (total_labelled > 0)
+    return static_cast<double>(labelled) / static_cast<double>(total_labelled);
+  return total_rows > 0 ? static_cast<double>(rows) / static_cast<double>(total_rows) : 0.0;
+}
+
 template <class T>
 void allreduce_gradients(Communicator& comm, const ParameterList<T>& params, double weight,
                          std::vector<T>& staging, std::size_t bucket_bytes) {

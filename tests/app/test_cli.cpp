@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -865,7 +866,7 @@ TEST_CASE("config input: negative counts, huge sizes and out-of-range numbers na
        "got -3"},
       {R"({"model": {"block": {"d_ff": -1}}})",
        "config key 'model.block.d_ff': expected an "
-       "integer in [1, 65536] or 0 (4 * d_model), got -1"},
+       "integer in [1, 65536] or 0 (4 * d_model; swiglu: 8/3 * d_model), got -1"},
       {R"({"steps": 1e30})",
        "config key 'steps': expected an integer in [1, 100000000], got 1e+30"},
       {R"({"steps": 2.5})", "config key 'steps': expected an integer in [1, 100000000], got 2.5"},
@@ -1102,4 +1103,107 @@ TEST_CASE("cli: --decay-params matrices decays the 2-D parameters only, and resu
                   "--decay-params cannot be given with --resume");
   std::ofstream(dir / "bad.json") << R"({"decay_params": "some"})";
   check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir, "decay_params");
+}
+
+namespace {
+
+const char* kAccumRecall =
+    "--task recall --keys 8 --values 8 --pairs 4 --d-model 16 --heads 1 --attn-only "
+    "--eval-size 64 --threads 1 --quiet --steps 30 --eval-every 5 --lr 0.01 --seed 3";
+
+// metrics.csv as rows of named columns.
+std::vector<std::map<std::string, std::string>> csv_rows(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  std::vector<std::string> names;
+  std::vector<std::map<std::string, std::string>> rows;
+  const auto split = [](const std::string& s) {
+    std::vector<std::string> parts;
+    std::stringstream ss(s);
+    std::string part;
+    while (std::getline(ss, part, ',')) parts.push_back(part);
+    return parts;
+  };
+  std::getline(in, line);
+  names = split(line);
+  while (std::getline(in, line)) {
+    const auto values = split(line);
+    REQUIRE(values.size() == names.size());
+    std::map<std::string, std::string> row;
+    for (std::size_t i = 0; i < names.size(); ++i) row[names[i]] = values[i];
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("cli: --z-loss adds the z_loss column beside the cross-entropy, bad values exit 2") {
+  const auto dir = scratch("z_loss");
+  const std::string common = std::string("train ") + kAccumRecall + " --batch 16";
+  REQUIRE(cli(common + " --z-loss 1e-3 --out '" + (dir / "z").string() + "'", dir).status == 0);
+  REQUIRE(cli(common + " --out '" + (dir / "plain").string() + "'", dir).status == 0);
+  const auto z = csv_rows(slurp(dir / "z" / "metrics.csv"));
+  const auto plain = csv_rows(slurp(dir / "plain" / "metrics.csv"));
+  REQUIRE(z.size() == 7);  // steps 0, 5, ..., 30
+  REQUIRE(plain.size() == z.size());
+  CHECK(plain[0].count("z_loss") == 0);  // a run without z-loss keeps its columns
+  REQUIRE(z[0].count("z_loss") == 1);
+  CHECK(z[0].at("z_loss") == "nan");  // no training step yet
+  // The same weights at step 0: the eval loss is the cross-entropy alone in both runs.
+  CHECK(z[0].at("eval_loss") == plain[0].at("eval_loss"));
+  for (std::size_t i = 1; i < z.size(); ++i) {
+    const double z_term = std::stod(z[i].at("z_loss")), ce = std::stod(z[i].at("loss"));
+    CAPTURE(i);
+    CHECK(z_term > 0);
+    CHECK(std::isfinite(z_term));
+    CHECK(std::isfinite(ce));
+  }
+  CHECK(z.back().at("loss") != plain.back().at("loss"));  // the term trained the model
+  const std::string jsonl = slurp(dir / "z" / "metrics.jsonl");
+  CHECK(nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n'))).contains("z_loss"));
+  CHECK(slurp(dir / "z" / "config.json").find("\"z_loss\": 0.001") != std::string::npos);
+  check_bad_input("train --z-loss -1e-4", dir, "--z-loss: expected a number in [0, 1], got -1e-4");
+  check_bad_input("train --z-loss nan", dir, "--z-loss");
+}
+
+TEST_CASE("cli: --grad-accum 2 resumes exactly, and follows one batch of twice the rows") {
+  const auto dir = scratch("grad_accum");
+  const std::string accum = std::string("train ") + kAccumRecall + " --batch 8 --grad-accum 2";
+  REQUIRE(cli(accum + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  const Run first = cli(accum + " --stop-after 15 --out '" + (dir / "split").string() + "'", dir);
+  CHECK(first.status == 130);  // stopped mid-run, checkpoint saved
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  const std::string full = slurp(dir / "full" / "metrics.csv");
+  CHECK(full.size() > 100);
+  CHECK(full == slurp(dir / "split" / "metrics.csv"));
+  CHECK(slurp(dir / "full" / "metrics.jsonl") == slurp(dir / "split" / "metrics.jsonl"));
+  CHECK(slurp(dir / "full" / "config.json").find("\"grad_accum\": 2") != std::string::npos);
+
+  // Micro-batch k holds rows [8k, 8k + 8) of the 16 rows a step of --batch 16 draws: the same
+  // data and the gradient of the same mean, so the runs agree to float rounding.
+  REQUIRE(cli(std::string("train ") + kAccumRecall + " --batch 16 --out '" +
+                  (dir / "one").string() + "'",
+              dir)
+              .status == 0);
+  const auto a = csv_rows(full), b = csv_rows(slurp(dir / "one" / "metrics.csv"));
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 1; i < a.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::stod(a[i].at("loss")) == doctest::Approx(std::stod(b[i].at("loss"))).epsilon(1e-4));
+    CHECK(std::stod(a[i].at("eval_loss")) ==
+          doctest::Approx(std::stod(b[i].at("eval_loss"))).epsilon(1e-4));
+  }
+  // Without accumulation, --batch 8 sees half the data per step: another run.
+  REQUIRE(cli(std::string("train ") + kAccumRecall + " --batch 8 --out '" +
+                  (dir / "half").string() + "'",
+              dir)
+              .status == 0);
+  CHECK(std::stod(csv_rows(slurp(dir / "half" / "metrics.csv")).back().at("loss")) !=
+        doctest::Approx(std::stod(a.back().at("loss"))).epsilon(1e-4));
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "summary.json")).at("steps_done") == 30);
+  check_bad_input("train --grad-accum 0", dir,
+                  "--grad-accum: expected an integer in [1, 4096], got 0");
+  check_bad_input("train --grad-accum 1.5", dir, "--grad-accum");
 }

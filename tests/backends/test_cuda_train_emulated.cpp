@@ -158,35 +158,41 @@ TEST_CASE("cuda train kernels (CPU emulation): GELU, bias and column sums") {
   }
 }
 
-TEST_CASE("cuda train kernels (CPU emulation): fused softmax cross-entropy") {
+TEST_CASE("cuda train kernels (CPU emulation): fused softmax cross-entropy with z-loss") {
   const std::size_t rows = 7, V = 90;
   Rng rng(9);
   auto logits = randn<double, 2>({rows, V}, rng, 3.0);
   logits(2, 5) = 1e4;  // a saturated row stays finite
   const xt::xtensor<int, 1> targets = {3, kIgnoreIndex, 5, 89, 0, kIgnoreIndex, 17};
-  const auto result = softmax_cross_entropy(logits, targets);
   const std::vector<int> t(targets.begin(), targets.end());
-  auto row_loss = nan_vector<double>(rows), dlogits = nan_vector<double>(rows * V);
-  auto loss = nan_vector<double>(1), inv_n = nan_vector<double>(1);
-  emu::launch(tk::cross_entropy_rows_kernel<double>, dim3(rows), kRowBlock, 0, row_loss.data(),
-              dlogits.data(), logits.data(), t.data(), V, kIgnoreIndex);
-  emu::launch(tk::cross_entropy_mean_kernel<double>, dim3(1), kRowBlock, 0, loss.data(),
-              inv_n.data(), static_cast<const double*>(row_loss.data()), t.data(), rows, V,
-              kIgnoreIndex);
-  emu::launch(tk::scale_kernel<double>, dim3(2), dim3(64), 0, dlogits.data(),
-              static_cast<const double*>(inv_n.data()), rows * V);
-  CHECK(loss[0] == doctest::Approx(result.loss).epsilon(1e-14));
-  CHECK(inv_n[0] == doctest::Approx(1.0 / 5));
-  CHECK(rel(dlogits, result.dlogits) < 1e-14);
-  for (std::size_t j = 0; j < V; ++j) CHECK(dlogits[1 * V + j] == 0.0);  // ignored row
+  auto row_loss = nan_vector<double>(2 * rows), dlogits = nan_vector<double>(rows * V);
+  auto loss = nan_vector<double>(2), inv_n = nan_vector<double>(1);
+  for (const double z_loss : {0.0, 1e-4}) {  // log Z = 1e4 on row 2: the z-loss term is 1e4
+    CAPTURE(z_loss);
+    const auto result = softmax_cross_entropy(logits, targets, kIgnoreIndex, z_loss);
+    emu::launch(tk::cross_entropy_rows_kernel<double>, dim3(rows), kRowBlock, 0, row_loss.data(),
+                dlogits.data(), logits.data(), t.data(), rows, V, kIgnoreIndex, z_loss);
+    emu::launch(tk::cross_entropy_mean_kernel<double>, dim3(1), kRowBlock, 0, loss.data(),
+                inv_n.data(), static_cast<const double*>(row_loss.data()), t.data(), rows, V,
+                kIgnoreIndex);
+    emu::launch(tk::scale_kernel<double>, dim3(2), dim3(64), 0, dlogits.data(),
+                static_cast<const double*>(inv_n.data()), rows * V);
+    CHECK(loss[0] == doctest::Approx(result.cross_entropy).epsilon(1e-14));
+    CHECK(loss[1] == doctest::Approx(result.z_term).epsilon(1e-14));
+    CHECK((z_loss > 0 ? loss[1] > 1e3 : loss[1] == 0.0));
+    CHECK(inv_n[0] == doctest::Approx(1.0 / 5));
+    CHECK(rel(dlogits, result.dlogits) < 1e-14);
+    for (std::size_t j = 0; j < V; ++j) CHECK(dlogits[1 * V + j] == 0.0);  // ignored row
+  }
   // No labelled row: loss 0 and gradient 0, never NaN.
   const std::vector<int> none(rows, kIgnoreIndex);
   emu::launch(tk::cross_entropy_rows_kernel<double>, dim3(rows), kRowBlock, 0, row_loss.data(),
-              dlogits.data(), logits.data(), none.data(), V, kIgnoreIndex);
+              dlogits.data(), logits.data(), none.data(), rows, V, kIgnoreIndex, 1e-4);
   emu::launch(tk::cross_entropy_mean_kernel<double>, dim3(1), kRowBlock, 0, loss.data(),
               inv_n.data(), static_cast<const double*>(row_loss.data()), none.data(), rows, V,
               kIgnoreIndex);
   CHECK(loss[0] == 0.0);
+  CHECK(loss[1] == 0.0);
   CHECK(inv_n[0] == 0.0);
 }
 

@@ -361,17 +361,20 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(test::rel_error(dx.host(), g.dx) < tol);
     CHECK(test::rel_error(dwt.host(), dw_out_in) < tol);
   }
-  {
-    INFO("softmax cross-entropy");
+  for (const T z_loss : {T(0), T(0.05)}) {
+    INFO("softmax cross-entropy, z-loss " << z_loss);
     const auto logits = random<T, 2>({rows, V}, rng, 3.0);
     const xt::xtensor<int, 1> targets = {3, kIgnoreIndex, 5, 10, 0, kIgnoreIndex, 1, 2, 2, 7};
-    const auto result = softmax_cross_entropy(logits, targets);
-    DeviceVector<T, T> dlogits_in(ops, values<T>(logits)), loss(ops, 1), dlogits(ops, rows * V),
-        row_loss(ops, rows);
+    const auto result =
+        softmax_cross_entropy(logits, targets, kIgnoreIndex, static_cast<double>(z_loss));
+    DeviceVector<T, T> dlogits_in(ops, values<T>(logits)), loss(ops, 2), dlogits(ops, rows * V),
+        row_loss(ops, 2 * rows);
     DeviceVector<int, T> dtargets(ops, std::vector<int>(targets.begin(), targets.end()));
     ops.softmax_cross_entropy(loss.get(), dlogits.get(), row_loss.get(), dlogits_in.get(),
-                              dtargets.get(), rows, V, kIgnoreIndex);
-    CHECK(loss.host()[0] == doctest::Approx(result.loss).epsilon(tol));
+                              dtargets.get(), rows, V, kIgnoreIndex, z_loss);
+    CHECK(loss.host()[0] == doctest::Approx(result.cross_entropy).epsilon(tol));
+    CHECK(loss.host()[1] == doctest::Approx(result.z_term).epsilon(tol));
+    CHECK((z_loss == T(0) ? result.z_term == T(0) : result.z_term > T(0)));
     CHECK(test::rel_error(dlogits.host(), result.dlogits) < tol);
   }
 }

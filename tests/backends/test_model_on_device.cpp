@@ -10,13 +10,17 @@
 // elsewhere.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <xtensor/xmath.hpp>
+
 #include "attnlab/backends/emulated.hpp"
+#include "attnlab/distributed.hpp"
 #include "attnlab/gradcheck.hpp"
 #include "attnlab/nn/cross_entropy.hpp"
 #include "attnlab/nn/transformer.hpp"
@@ -81,8 +85,8 @@ Batch random_batch(const TransformerConfig& c, std::size_t B, std::size_t T, Rng
 template <class Real>
 class OnBackend {
  public:
-  OnBackend(Transformer<Real>& source, DeviceOps<Real>& ops)
-      : rng_(0), net_(source.config(), rng_) {
+  OnBackend(Transformer<Real>& source, DeviceOps<Real>& ops, double z_loss = 0)
+      : rng_(0), net_(source.config(), rng_), loss_(z_loss) {
     copy_values(source.parameters(), net_.parameters());
     net_.to(ops);
   }
@@ -112,13 +116,14 @@ class OnBackend {
     logits_ = net_.forward(net_.upload_fields(fields), key_mask ? &mask : nullptr);
   }
   Tensor3<Real> logits() const { return to_tensor<Real, 3>(logits_); }
-  double loss(const TokenIds& targets) {
+  double loss(const TokenIds& targets, double weight = 1) {
     if (logits_.empty()) throw std::logic_error("loss before forward");
-    return loss_.forward(net_.ops(), logits_, targets);
+    return loss_.forward(net_.ops(), logits_, targets, weight);
   }
-  void backward() {
+  // accumulate: add to the gradients instead of replacing them.
+  void backward(bool accumulate = false) {
     const Buffer<Real>& dlogits = loss_.dlogits();  // std::logic_error before loss
-    net_.zero_grad();
+    if (!accumulate) net_.zero_grad();
     net_.backward(dlogits);
   }
   double grad_norm() { return attnlab::grad_norm(net_.parameters()); }
@@ -152,16 +157,17 @@ class OnBackend {
 // logits, the loss and every gradient.
 template <class Real>
 void check_step_matches(const TransformerConfig& config, DeviceOps<Real>& ops, bool use_mask,
-                        double tolerance) {
+                        double tolerance, double z_loss = 0) {
   Rng rng(11);
   Transformer<Real> cpu(config, rng);
-  OnBackend<Real> dev(cpu, ops);
+  OnBackend<Real> dev(cpu, ops, z_loss);
   Rng data(5);
   const Batch b = random_batch(config, 3, 6, data, use_mask);
   const KeyMask* mask = use_mask ? &b.mask : nullptr;
 
   const Tensor3<Real> logits = cpu.forward(b.fields, mask);
-  auto ce = softmax_cross_entropy<Real, 3>(logits, b.targets);
+  auto ce = softmax_cross_entropy<Real, 3>(logits, b.targets, kIgnoreIndex, Real(z_loss));
+  CHECK((z_loss > 0 ? ce.z_term > 0 : ce.z_term == 0));
   cpu.zero_grad();
   cpu.backward(ce.dlogits);
 
@@ -304,6 +310,11 @@ void check_variants(DeviceOps<Real>& ops, double tolerance) {
     c.block.bias = false;
     check_step_matches<Real>(c, ops, true, tolerance);
   }
+  SUBCASE("z-loss on softcapped logits, key mask") {
+    auto c = small_config();
+    c.logit_softcap = 2.0;
+    check_step_matches<Real>(c, ops, true, tolerance, 0.05);
+  }
   SUBCASE("ReLU² MLP") {
     auto c = small_config();
     c.block.mlp = MlpActivation::relu2;
@@ -439,7 +450,7 @@ TEST_CASE_TEMPLATE("one model on a device: central-difference gradient check of 
   c.block.attention.sdpa.causal = true;
   Rng rng(21);
   Transformer<double> host(c, rng);
-  OnBackend<double> dev(host, ops);
+  OnBackend<double> dev(host, ops, 0.05);  // with a z-loss
   Rng data(4);
   const Batch b = random_batch(c, 2, 3, data, true);
   const ParameterList<double> params = host.parameters();
@@ -468,6 +479,97 @@ TEST_CASE_TEMPLATE("one model on a device: central-difference gradient check of 
       CHECK(r.rel_error < 1e-6);
       CHECK(r.analytic_norm > 0);
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("gradient accumulation: 3 weighted micro-batches give one batch's gradients",
+                   Backend, test::EmulatedBackend, test::CpuBackend) {
+  // Three micro-batches with uneven key masks and label counts, each backward adding its
+  // gradient weighted by labelled_share (what the trainer and the MPI path weight by), against
+  // the gradient of the mean loss of the one batch that concatenates them: equal to 1e-12 in
+  // double, with and without a z-loss.
+  const auto device = Backend::template make<double>();
+  auto& ops = *device;
+  auto config = small_config();
+  config.block.attention.sdpa.causal = true;
+  const std::size_t N = 3, B = 2, T = 6;
+  Rng data(31);
+  std::vector<Batch> micro;
+  for (std::size_t k = 0; k < N; ++k) micro.push_back(random_batch(config, B, T, data, true));
+  for (std::size_t t = 0; t < T; ++t) micro[1].targets(0, t) = kIgnoreIndex;  // uneven counts
+  micro[2].targets(1, 0) = micro[2].targets(1, 1) = kIgnoreIndex;
+  micro[2].mask(1, 2) = false;
+  // The one batch: the micro-batches' rows in order.
+  Batch all;
+  all.fields.resize(micro[0].fields.size());
+  for (std::size_t f = 0; f < all.fields.size(); ++f) {
+    all.fields[f] = TokenIds::from_shape({N * B, T});
+    for (std::size_t k = 0; k < N; ++k)
+      std::copy(micro[k].fields[f].begin(), micro[k].fields[f].end(),
+                all.fields[f].begin() + static_cast<std::ptrdiff_t>(k * B * T));
+  }
+  all.targets = TokenIds::from_shape({N * B, T});
+  all.mask = KeyMask::from_shape({N * B, T});
+  std::vector<std::size_t> labelled(N, 0);
+  for (std::size_t k = 0; k < N; ++k) {
+    std::copy(micro[k].targets.begin(), micro[k].targets.end(),
+              all.targets.begin() + static_cast<std::ptrdiff_t>(k * B * T));
+    std::copy(micro[k].mask.begin(), micro[k].mask.end(),
+              all.mask.begin() + static_cast<std::ptrdiff_t>(k * B * T));
+    for (const int t : micro[k].targets) labelled[k] += t != kIgnoreIndex;
+  }
+  const std::size_t total = labelled[0] + labelled[1] + labelled[2];
+  CHECK(labelled[0] != labelled[1]);
+  CHECK(labelled[1] != labelled[2]);
+
+  for (const double z_loss : {0.0, 0.05}) {
+    CAPTURE(z_loss);
+    Rng rng(13);
+    Transformer<double> source(config, rng);
+    OnBackend<double> dev(source, ops, z_loss);
+    const auto gradients = [&] {
+      Rng again(13);
+      Transformer<double> holder(config, again);
+      dev.download_gradients(holder.parameters());
+      std::vector<xt::xarray<double>> g;
+      for (const auto& p : holder.parameters()) g.push_back(p.param->grad);
+      return g;
+    };
+    dev.forward(all.fields, &all.mask);
+    const double loss_all = dev.loss(all.targets);
+    dev.backward();
+    const auto want = gradients();
+
+    double loss_sum = 0;
+    for (std::size_t k = 0; k < N; ++k) {
+      const double w = labelled_share(labelled[k], B, total, N * B);
+      dev.forward(micro[k].fields, &micro[k].mask);
+      loss_sum += w * dev.loss(micro[k].targets, w);
+      dev.backward(k > 0);  // adds from the second on
+    }
+    const auto got = gradients();
+    CHECK(std::abs(loss_sum - loss_all) <= 1e-13 * loss_all);
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(xt::amax(xt::abs(want[i]))() > 0);
+      worst = std::max(worst, rel_error(got[i], want[i]));
+    }
+    MESSAGE(ops.name() << ", z-loss " << z_loss << ": worst relative gradient error " << worst);
+    CHECK(worst < 1e-12);
+
+    // The weighting matters: equal weights (1/3 each) give another gradient.
+    for (std::size_t k = 0; k < N; ++k) {
+      dev.forward(micro[k].fields, &micro[k].mask);
+      dev.loss(micro[k].targets, 1.0 / N);
+      dev.backward(k > 0);
+    }
+    const auto unweighted = gradients();
+    double unweighted_error = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      unweighted_error = std::max(unweighted_error, rel_error(unweighted[i], want[i]));
+    CHECK(unweighted_error > 1e-3);
   }
 }
 

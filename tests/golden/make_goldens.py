@@ -18,6 +18,8 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/layers.json         linear, layernorm, rmsnorm, gelu, relu, relu_squared, softcap,
                                         embedding
   tests/data/golden/cross_entropy.json  mean cross-entropy with ignore_index=-100
+  tests/data/golden/z_loss.json         cross-entropy + PaLM's z-loss z * logsumexp(logits)^2
+                                        (mean over labelled positions), also after a softcap
   tests/data/golden/mha.json            multi-head attention (self, cross, QK-norm, learnable
                                         scale) and a pre-LN transformer block: outputs, attention
                                         weights, input and parameter gradients
@@ -44,6 +46,7 @@ layers.json's softcap and relu_squared cases were added later with the same torc
 (Zen 4); there the linear case comes out up to 7e-16 different (MKL's GEMM on another CPU), and its
 committed values were kept (the relu_squared case was spliced into the committed file). rope.json was made with the same torch on the same machine.
 softcap.json and swiglu.json were made with Debian's python3-torch 1.13 on an AMD EPYC (Zen 4).
+z_loss.json was made with Debian's python3-torch 1.13 (/usr/bin/python3 z_loss.json).
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -870,6 +873,50 @@ def cross_entropy_cases():
     return out_cases
 
 
+def z_loss_cases():
+    """loss = F.cross_entropy + z * mean over labelled positions of logsumexp(logits)^2, by autograd.
+    The softcap case caps raw logits first (c * tanh(x / c)) and differentiates w.r.t. the raw
+    ones, as a model with logit_softcap trains."""
+    specs = [  # name, logits kind, z, softcap (0: none), positions (b, t) set to ignore_index
+        ("palm_1e-4_with_ignore", "normal", 1e-4, 0.0, [(0, 1), (1, 3), (1, 4)]),
+        ("shifted_z0.1", "shifted", 0.1, 0.0, [(0, 0), (1, 2)]),
+        ("softcap10_z0.01", "uniform30", 0.01, 10.0, [(1, 0)]),
+    ]
+    out_cases = []
+    for idx, (name, kind, z, cap, ignored) in enumerate(specs):
+        seed = 5100 + idx
+        g = gen(seed)
+        if kind == "normal":
+            raw = randn(g, 2, 5, 6)
+        elif kind == "shifted":  # log Z far from 0, so the z-loss term weighs in
+            raw = randn(g, 2, 5, 6) * 2 + 4
+        else:  # uniform in [-30, 30]
+            raw = (torch.rand(2, 5, 6, generator=g, dtype=DT) * 2 - 1) * 30
+        raw.requires_grad_()
+        targets = torch.randint(0, 6, (2, 5), generator=g, dtype=torch.int64)
+        for bt in ignored:
+            targets[bt] = -100
+        logits = cap * torch.tanh(raw / cap) if cap > 0 else raw
+        keep = targets != -100
+        ce = F.cross_entropy(logits.reshape(-1, 6), targets.reshape(-1),
+                             ignore_index=-100, reduction="mean")
+        log_z = torch.logsumexp(logits, -1)
+        z_term = z * (log_z[keep] ** 2).mean()
+        loss = ce + z_term
+        (dlogits,) = torch.autograd.grad(loss, raw)
+        # cross-check: the definition with log-softmax written out
+        lp = logits - log_z[..., None]
+        manual = (-lp[keep].gather(-1, targets[keep][:, None]).squeeze(-1)
+                  + z * log_z[keep] ** 2).mean()
+        close(loss, manual)
+        out_cases.append(case(name, {"ignore_index": -100, "reduction": "mean", "z_loss": z,
+                                     "softcap": cap, "logits_kind": kind,
+                                     "num_labelled": int(keep.sum()), "seed": seed},
+                              {"logits": raw, "targets": targets, "loss": loss,
+                               "cross_entropy": ce, "z_term": z_term, "dlogits": dlogits}))
+    return out_cases
+
+
 # --------------------------------------------------------------------------
 # 6. safetensors interop file
 # --------------------------------------------------------------------------
@@ -1161,6 +1208,7 @@ def main():
         "optim.json": optim_cases,
         "layers.json": layer_cases,
         "cross_entropy.json": cross_entropy_cases,
+        "z_loss.json": z_loss_cases,
         "mha.json": mha_cases,
         "rope.json": rope_cases,
         "softcap.json": softcap_cases,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CLI's data-parallel training under `mpirun -np 2` (issue 15's checks), one case per call:
 #   run_mpi_tests.sh ATTNLAB_CLI MPI_TEST_BINARY CASE
-# CASE: lib | equivalence | eval | resume | killed | rank-error | bad-input. Exit 77 (ctest: skipped) when the
+# CASE: lib | equivalence | grad-accum | eval | resume | killed | rank-error | bad-input. Exit 77 (ctest: skipped) when the
 # CLI was built without MPI or mpirun is missing. Needs no Python.
 #
 # Open MPI as root (CI runs as root) needs its two permission variables; 2 ranks on a 2-core machine
@@ -63,6 +63,23 @@ equivalence)
   [ "$(json_field one/summary.json world_size)" = 1 ] || fail "summary.json lacks world_size 1"
   [ "$(grep -c '^done:' two.txt)" = 1 ] || fail "expected one done line (rank 0's): $(cat two.txt)"
   grep -q '^done: .*2 processes' two.txt || fail "the done line does not say 2 processes"
+  ;;
+grad-accum)
+  # Each rank accumulates its shards of 2 micro-batches of 16, then the one all-reduce: -np 2 with
+  # --batch 16 --grad-accum 2 follows one process with --batch 32 (the same 32 rows per step) and
+  # one process with --grad-accum 2, to float rounding; with --z-loss, its column too.
+  acc=(--task recall --steps 50 --eval-every 5 --threads 1 --quiet --z-loss 1e-3)
+  "$cli" train "${acc[@]}" --batch 32 --out one > /dev/null
+  "$cli" train "${acc[@]}" --batch 16 --grad-accum 2 --out accum > /dev/null
+  mpi 2 "$cli" train "${acc[@]}" --batch 16 --grad-accum 2 --out two > /dev/null
+  same_curves one/metrics.csv two/metrics.csv 1e-5
+  same_curves accum/metrics.csv two/metrics.csv 1e-5
+  head -1 two/metrics.csv | grep -q ',z_loss$' || fail "no z_loss column under mpirun"
+  paste -d, <(awk -F, 'NR > 2 { print $NF }' one/metrics.csv) \
+    <(awk -F, 'NR > 2 { print $NF }' two/metrics.csv) |
+    awk -F, '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "z_loss " $1 " vs " $2; bad = 1 } }
+      END { exit bad }' || fail "the z_loss column differs under 2 processes"
+  [ "$(json_field two/summary.json world_size)" = 2 ] || fail "summary.json lacks world_size 2"
   ;;
 eval)
   # The sharded eval (uneven shards: 509 examples) equals one process's on the same weights: the

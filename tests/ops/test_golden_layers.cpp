@@ -181,3 +181,29 @@ TEST_CASE("golden: cross-entropy with ignore_index and logits of +-50 matches Py
           kGoldenTol);
   }
 }
+
+TEST_CASE("golden: cross-entropy with PaLM's z-loss, also after a softcap, matches PyTorch") {
+  // torch: F.cross_entropy + z · mean over labelled positions of logsumexp(logits)², by autograd.
+  const auto& file = golden_file("z_loss.json");
+  REQUIRE(file.at("cases").size() >= 3);
+  for (const auto& c : file.at("cases")) {
+    const std::string name = c.at("name");
+    CAPTURE(name);
+    const auto& config = c.at("config");
+    const double z = config.at("z_loss"), cap = config.at("softcap");
+    const Tensor3<double> raw = golden_tensor(c, "logits");
+    const TokenIds targets = xt::cast<int>(golden_tensor(c, "targets"));
+    SoftcapCache<double, 3> capped;
+    const Tensor3<double> logits = cap > 0 ? softcap_forward<double, 3>(capped, raw, cap) : raw;
+    CrossEntropyCache<double, 3> cache;
+    const double loss = cross_entropy_forward<double, 3>(cache, logits, targets, kIgnoreIndex, z);
+    CHECK(cache.labelled == config.at("num_labelled").get<std::size_t>());
+    CHECK(loss == doctest::Approx(golden_tensor(c, "loss")()).epsilon(1e-13));
+    CHECK(cache.cross_entropy ==
+          doctest::Approx(golden_tensor(c, "cross_entropy")()).epsilon(1e-13));
+    CHECK(cache.z_term == doctest::Approx(golden_tensor(c, "z_term")()).epsilon(1e-13));
+    Tensor3<double> dlogits = cross_entropy_backward<double, 3>(cache);
+    if (cap > 0) dlogits = softcap_backward<double, 3>(dlogits, capped);
+    CHECK(rel_error(dlogits, golden_tensor(c, "dlogits")) < kGoldenTol);
+  }
+}

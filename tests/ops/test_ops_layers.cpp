@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <xtensor/xarray.hpp>
@@ -427,6 +428,74 @@ TEST_CASE("cross-entropy gradcheck with ignored positions, rank 2 and 3") {
   };
   const auto r2 = softmax_cross_entropy<double, 2>(logits2, targets2);
   expect_passed(check_gradients({{"dlogits", logits2.data(), r2.dlogits.data(), {3, 4}}}, loss2));
+}
+
+TEST_CASE("cross-entropy with z-loss: the definition, gradcheck with ignored positions, bad z") {
+  Rng rng(18);
+  // Logits shifted by 3 so that log Z is far from 0 and the z-loss term carries weight.
+  Tensor3<double> logits = randn<double, 3>({2, 4, 5}, rng, 2.0) + 3.0;
+  const TokenIds targets = {{1, kIgnoreIndex, 4, 0}, {2, 2, kIgnoreIndex, kIgnoreIndex}};
+  const double z = 0.05;
+  const auto loss = [&] {
+    CrossEntropyCache<double, 3> c;
+    return cross_entropy_forward<double, 3>(c, logits, targets, kIgnoreIndex, z);
+  };
+  const auto result = softmax_cross_entropy<double, 3>(logits, targets, kIgnoreIndex, z);
+  const auto plain = softmax_cross_entropy<double, 3>(logits, targets);
+  // The definition, written out: CE as without z-loss, plus z · mean over labelled rows of log Z².
+  double sum_log_z2 = 0;
+  for (std::size_t b = 0; b < 2; ++b)
+    for (std::size_t t = 0; t < 4; ++t) {
+      if (targets(b, t) == kIgnoreIndex) continue;
+      double sum = 0;
+      for (std::size_t v = 0; v < 5; ++v) sum += std::exp(logits(b, t, v));
+      sum_log_z2 += std::log(sum) * std::log(sum);
+    }
+  CHECK(result.labelled == 5);
+  CHECK(result.cross_entropy == doctest::Approx(plain.loss).epsilon(1e-15));
+  CHECK(result.z_term == doctest::Approx(z * sum_log_z2 / 5).epsilon(1e-13));
+  CHECK(result.z_term > 0.1 * result.cross_entropy);  // a term that the gradient check can see
+  CHECK(result.loss == doctest::Approx(result.cross_entropy + result.z_term).epsilon(1e-15));
+  CHECK(result.loss == doctest::Approx(loss()).epsilon(1e-15));
+  for (std::size_t v = 0; v < 5; ++v) {
+    CHECK(result.dlogits(0, 1, v) == 0.0);  // ignored positions: no gradient
+    CHECK(result.dlogits(1, 3, v) == 0.0);
+  }
+  CHECK(test::rel_error(result.dlogits, plain.dlogits) > 1e-2);  // the z-loss moves the gradient
+  expect_passed(
+      check_gradients({{"dlogits", logits.data(), result.dlogits.data(), {2, 4, 5}}}, loss));
+
+  // The backward's dloss scales it; rank 2 too.
+  CrossEntropyCache<double, 3> cache;
+  cross_entropy_forward<double, 3>(cache, logits, targets, kIgnoreIndex, z);
+  CHECK(test::rel_error(cross_entropy_backward<double, 3>(cache, 0.25),
+                        Tensor3<double>(0.25 * result.dlogits)) < 1e-15);
+  auto logits2 = randn<double, 2>({3, 4}, rng, 3.0);
+  const xt::xtensor<int, 1> targets2 = {3, kIgnoreIndex, 1};
+  const auto loss2 = [&] {
+    CrossEntropyCache<double, 2> c;
+    return cross_entropy_forward<double, 2>(c, logits2, targets2, kIgnoreIndex, 1.0);
+  };
+  const auto r2 = softmax_cross_entropy<double, 2>(logits2, targets2, kIgnoreIndex, 1.0);
+  expect_passed(check_gradients({{"dlogits", logits2.data(), r2.dlogits.data(), {3, 4}}}, loss2));
+
+  // No labelled position: 0 and 0, never NaN.
+  const TokenIds none = xt::ones<int>({2, 4}) * kIgnoreIndex;
+  const auto empty = softmax_cross_entropy<double, 3>(logits, none, kIgnoreIndex, z);
+  CHECK(empty.loss == 0.0);
+  CHECK(empty.z_term == 0.0);
+  CHECK(xt::all(xt::equal(empty.dlogits, 0.0)));
+
+  for (const double bad : {-1e-4, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    CAPTURE(bad);
+    try {
+      softmax_cross_entropy<double, 3>(logits, targets, kIgnoreIndex, bad);
+      FAIL("no exception");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("cross_entropy_forward: z_loss expected a finite number "
+                                       ">= 0, got") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("cross-entropy edge cases: no labelled position, huge logits, bad targets") {

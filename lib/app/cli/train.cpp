@@ -87,11 +87,23 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
   train.add_option("--steps", tc.steps, "training steps")
       ->check(bounded("steps"))
       ->capture_default_str();
-  train.add_option("--batch", tc.batch, "examples per step")
+  train.add_option("--batch", tc.batch, "examples per micro-batch (per step without --grad-accum)")
       ->check(bounded("batch"))
+      ->capture_default_str();
+  train
+      .add_option("--grad-accum", tc.grad_accum,
+                  "gradient accumulation: N micro-batches of --batch per step, with the gradient "
+                  "of the N * batch rows' mean loss")
+      ->check(bounded("grad_accum"))
       ->capture_default_str();
   train.add_option("--clip", tc.clip, "clip the global grad norm to this (0: off)")
       ->check(bounded("clip"))
+      ->capture_default_str();
+  train
+      .add_option("--z-loss", tc.z_loss,
+                  "PaLM's z-loss: add z * logsumexp(logits)^2 per position (1e-4 is usual; 0: "
+                  "off); metrics.csv's z_loss column")
+      ->check(bounded("z_loss"))
       ->capture_default_str();
   train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
       ->check(bounded("weight_decay"))

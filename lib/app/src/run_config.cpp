@@ -32,8 +32,8 @@ ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, len
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
                             model, optimizer, lr, beta1, beta2, momentum, weight_decay,
-                            decay_params, clip, schedule, min_lr, warmup, steps, batch, seed,
-                            eval_every, eval_size, out, save_every, weights_only)
+                            decay_params, clip, z_loss, schedule, min_lr, warmup, steps, batch,
+                            grad_accum, seed, eval_every, eval_size, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -97,6 +97,9 @@ void validate(const TrainConfig& c) {
   check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
   check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
   check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));
+  check_arg(c.grad_accum >= 1, op, "grad_accum", ">= 1", std::to_string(c.grad_accum));
+  check_arg(std::isfinite(c.z_loss) && c.z_loss >= 0, op, "z_loss", "finite and >= 0",
+            std::to_string(c.z_loss));
   check_arg(c.warmup >= 0 && c.warmup <= c.steps, op, "warmup", "in [0, steps]",
             std::to_string(c.warmup));
   check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));

@@ -14,8 +14,8 @@ double tensor_norm(const xt::xarray<float>& a) {
   return std::sqrt(s);
 }
 
-TrainBackend::TrainBackend(Model& model, Optimizer<float>& optimizer)
-    : model_(model), opt_(optimizer), params_(model.parameters()) {}
+TrainBackend::TrainBackend(Model& model, Optimizer<float>& optimizer, double z_loss)
+    : model_(model), opt_(optimizer), params_(model.parameters()), loss_(z_loss) {}
 
 std::string TrainBackend::name() const {
   return model_.ops().name();
@@ -30,13 +30,17 @@ void TrainBackend::set_step(std::uint64_t seed, std::uint64_t step) {
   step_ = step;
 }
 
-double TrainBackend::forward_loss(const Batch& batch) {
+TrainBackend::Loss TrainBackend::forward_loss(const Batch& batch, double weight) {
   model_.train_mode(seed_, step_);
-  return loss_.forward(model_.ops(), model_.forward_on_backend(batch), batch.targets);
+  loss_.forward(model_.ops(), model_.forward_on_backend(batch), batch.targets, weight);
+  return {loss_.cross_entropy(), loss_.z_term()};
+}
+
+void TrainBackend::zero_grad() {
+  model_.zero_grad();
 }
 
 void TrainBackend::backward() {
-  model_.zero_grad();
   model_.backward(loss_.dlogits());
 }
 

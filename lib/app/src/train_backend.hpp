@@ -22,16 +22,25 @@ struct LayerAttention {
 
 class TrainBackend {
  public:
-  // `model` already on its backend; `optimizer` over model.parameters().
-  TrainBackend(Model& model, Optimizer<float>& optimizer);
+  // `model` already on its backend; `optimizer` over model.parameters(); z_loss the loss's z-loss
+  // coefficient (0: none).
+  TrainBackend(Model& model, Optimizer<float>& optimizer, double z_loss = 0);
 
   std::string name() const;  // the backend's name: "cpu", "cuda: ...", "emulated (CPU)"
   void set_lr(double lr);
   // The run's seed and the step of the next forward_loss: they key its dropout masks.
   void set_step(std::uint64_t seed, std::uint64_t step);
-  // Training forward (train mode) and mean loss of the batch (may be non-finite; NaN then).
-  double forward_loss(const Batch& batch);
-  // Gradients of the last forward_loss (previous grads replaced).
+  // The loss of one forward: the mean cross-entropy and the mean z-loss term (each NaN when
+  // non-finite).
+  struct Loss {
+    double cross_entropy = 0, z_term = 0;
+    double total() const { return cross_entropy + z_term; }
+  };
+  // Training forward (train mode) and mean loss of the batch. The next backward adds `weight`
+  // times its gradient (a micro-batch's or a shard's share of the step's batch).
+  Loss forward_loss(const Batch& batch, double weight = 1);
+  void zero_grad();
+  // Adds the gradients of the last forward_loss, times its weight, to the parameters' grads.
   void backward();
   double grad_norm(const std::string& parameter);
   void clip_grad_norm(double max_norm);

@@ -16,7 +16,7 @@ namespace {
 
 constexpr double kTargetAccuracy = 0.95;
 
-std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
+std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool z_loss) {
   std::ostringstream os;
   os << "step,loss,eval_loss,eval_acc,lr";
   for (std::size_t l = 0; l < layers; ++l)
@@ -37,6 +37,7 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall) {
     os << ',' << p << "wq_grad_norm," << p << "wk_grad_norm," << p << "wq_norm," << p << "wk_norm";
   }
   os << ",jacobian_mean";
+  if (z_loss) os << ",z_loss";
   return os.str();
 }
 
@@ -178,8 +179,8 @@ nlohmann::json json_number(double x) {
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
-                       const std::string& resume_csv, std::size_t resumed_step)
-    : path_(path), heads_(heads), recall_(recall) {
+                       const std::string& resume_csv, std::size_t resumed_step, bool z_loss)
+    : path_(path), heads_(heads), recall_(recall), z_loss_(z_loss) {
   std::vector<std::string> kept_json;
   if (!resume_csv.empty()) {  // the JSON rows of the resumed run, up to the resumed step
     std::ifstream in(jsonl_path(resume_csv));
@@ -213,7 +214,7 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
         steps_to_target_ = static_cast<int>(step);
     }
   }
-  csv_ = csv_header(layers, heads, recall) + '\n';
+  csv_ = csv_header(layers, heads, recall, z_loss) + '\n';
   for (const auto& row : kept) csv_ += row + '\n';
   flush();
 }
@@ -224,7 +225,7 @@ void MetricsLog::flush() {
 }
 
 void MetricsLog::write(std::size_t step, double train_loss, double lr, const EvalStats& st,
-                       const LayerNorms& norms) {
+                       const LayerNorms& norms, double train_z_term) {
   std::ostringstream row_csv;
   row_csv << step << ',' << csv_number(train_loss) << ',' << csv_number(st.loss) << ','
           << csv_number(st.accuracy) << ',' << csv_number(lr);
@@ -241,7 +242,9 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
             << csv_number(norms.wq[l]) << ',' << csv_number(norms.wk[l]);
   const double jacobian_mean =
       st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size());
-  row_csv << ',' << csv_number(jacobian_mean) << '\n';
+  row_csv << ',' << csv_number(jacobian_mean);
+  if (z_loss_) row_csv << ',' << csv_number(train_z_term);
+  row_csv << '\n';
   csv_ += row_csv.str();
 
   nlohmann::json row = {{"step", step},
@@ -250,6 +253,7 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
                         {"eval_acc", json_number(st.accuracy)},
                         {"lr", json_number(lr)},
                         {"jacobian_mean", json_number(jacobian_mean)}};
+  if (z_loss_) row["z_loss"] = json_number(train_z_term);
   nlohmann::json heads = nlohmann::json::array(), layers = nlohmann::json::array();
   for (std::size_t i = 0; i < st.health.size(); ++i) {
     const auto& h = st.health[i];

@@ -230,15 +230,6 @@ std::size_t labelled_rows(const TokenIds& targets, std::size_t begin, std::size_
   return n;
 }
 
-// This rank's share of the global batch's loss normaliser: its labelled positions over all of them
-// (its rows over all rows when none is labelled). The weight of allreduce_gradients.
-double loss_share(const Batch& global, const Shard& shard) {
-  const std::size_t labelled = labelled_rows(global.targets, 0, global.size());
-  if (labelled == 0) return static_cast<double>(shard.size()) / static_cast<double>(global.size());
-  return static_cast<double>(labelled_rows(global.targets, shard.begin, shard.end)) /
-         static_cast<double>(labelled);
-}
-
 // Rows [begin, end) of a batch.
 Batch shard_of(const Batch& batch, const Shard& shard) {
   if (shard.begin == 0 && shard.end == batch.size()) return batch;
@@ -321,7 +312,8 @@ std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model,
     std::filesystem::create_directories(c.out);
     write_config_file(c.out + "/config.json", c);
     log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
-                c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start);
+                c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start,
+                c.z_loss > 0);
   }
   return log;
 }
@@ -358,9 +350,10 @@ struct LoopState {
   EvalStats st;  // the latest eval
   // This invocation's first eval: its example attention goes into OUT/attention.json.
   EvalStats first_st;
-  std::size_t eval_step = 0;  // the step of the eval in `st`
-  std::size_t step = 0;       // the next step to take
-  double last_loss = std::numeric_limits<double>::quiet_NaN();
+  std::size_t eval_step = 0;                                      // the step of the eval in `st`
+  std::size_t step = 0;                                           // the next step to take
+  double last_loss = std::numeric_limits<double>::quiet_NaN();    // the cross-entropy
+  double last_z_term = std::numeric_limits<double>::quiet_NaN();  // the z-loss term
   double step_seconds = 0;  // the training steps' wall time (no evals, metrics, checkpoints)
   double allreduce_seconds = 0;
   LayerNorms norms;            // the logged step's gradient and weight norms (metrics.csv)
@@ -375,13 +368,13 @@ EvalStats eval_all(const RunParts& p) {
 
 // One row of metrics.csv: the eval `st`, the step's gradient norms (already in `norms`) and the
 // weight norms now, read from the host copy.
-void log_row(const RunParts& p, LayerNorms& norms, std::size_t step, double train_loss, double lr,
-             const EvalStats& st) {
+void log_row(const RunParts& p, LayerNorms& norms, std::size_t step, double train_loss,
+             double train_z_term, double lr, const EvalStats& st) {
   for (std::size_t l = 0; l < p.model.layers(); ++l) {
     norms.wq[l] = tensor_norm(find_param(p.params, p.model.w_q_name(l))->value);
     norms.wk[l] = tensor_norm(find_param(p.params, p.model.w_k_name(l))->value);
   }
-  if (p.log) p.log->write(step, train_loss, lr, st, norms);
+  if (p.log) p.log->write(step, train_loss, lr, st, norms, train_z_term);
 }
 
 void diverge(TrainResult& result, std::size_t step, std::string where, const char* fallback) {
@@ -403,7 +396,8 @@ void first_eval(const RunParts& p, LoopState& s, bool resuming) {
   result.init_eval_loss =
       resuming && p.log ? p.log->kept_init_eval_loss().value_or(s.st.loss) : s.st.loss;
   if (!resuming)
-    log_row(p, s.norms, 0, std::numeric_limits<double>::quiet_NaN(), p.schedule.lr_at(0), s.st);
+    log_row(p, s.norms, 0, std::numeric_limits<double>::quiet_NaN(),
+            std::numeric_limits<double>::quiet_NaN(), p.schedule.lr_at(0), s.st);
   result.final_eval_loss = s.st.loss;
   result.final_eval_acc = s.st.accuracy;
 }
@@ -417,17 +411,50 @@ bool stop_before(const RunParts& p, std::size_t step) {
 
 // With several ranks, the global loss (NaN if any rank's is) from this rank's `loss` and its
 // `weight`, and whether any rank must stop (nullopt then). One process: `loss` as it is.
-std::optional<double> agreed_loss(const RunParts& p, double loss, double weight) {
+std::optional<TrainBackend::Loss> agreed_loss(const RunParts& p, const TrainBackend::Loss& loss,
+                                              double weight) {
   if (p.comm.size() == 1) return loss;
-  double agreed[2] = {loss * weight, p.context.stop_requested() ? 1.0 : 0.0};
-  p.comm.allreduce_sum(agreed, 2);
-  if (agreed[1] > 0) return std::nullopt;
-  return agreed[0];
+  double agreed[3] = {loss.cross_entropy * weight, loss.z_term * weight,
+                      p.context.stop_requested() ? 1.0 : 0.0};
+  p.comm.allreduce_sum(agreed, 3);
+  if (agreed[2] > 0) return std::nullopt;
+  return TrainBackend::Loss{agreed[0], agreed[1]};
 }
 
-// The gradients of the step's forward, summed over the ranks with their loss shares as weights.
-void backward(const RunParts& p, LoopState& s, double weight) {
-  p.backend.backward();
+// A step's data, as the lib/README.md's gradient accumulation defines it: the step draws N · B rows
+// (N = grad_accum, B = batch) from the data stream, as one batch of N · B would; micro-batch k is
+// rows [kB, (k+1)B) of them, and this rank trains on its shard of each. Each micro-batch's gradient
+// is that of its own mean loss, weighted by its share of this rank's labelled positions, and the
+// rank's sum by the rank's share of the step's (the weight of allreduce_gradients): the gradient of
+// the N · B rows' mean loss, whatever their masks.
+struct StepData {
+  std::vector<Batch> micro;    // this rank's rows of each micro-batch
+  std::vector<double> weight;  // each one's share of this rank's labelled positions
+  double rank_weight = 1;      // this rank's share of the step's
+};
+
+StepData step_data(const RunParts& p) {
+  const auto B = static_cast<std::size_t>(p.c.batch), N = static_cast<std::size_t>(p.c.grad_accum);
+  const Batch all = p.data.next(N * B, p.data_rng);
+  StepData d;
+  std::vector<std::size_t> labelled(N);
+  std::size_t rank_labelled = 0;
+  for (std::size_t k = 0; k < N; ++k) {
+    const Shard rows{k * B + p.shard.begin, k * B + p.shard.end};
+    d.micro.push_back(shard_of(all, rows));
+    labelled[k] = labelled_rows(all.targets, rows.begin, rows.end);
+    rank_labelled += labelled[k];
+  }
+  const std::size_t rank_rows = N * p.shard.size();
+  d.rank_weight = labelled_share(rank_labelled, rank_rows,
+                                 labelled_rows(all.targets, 0, all.size()), all.size());
+  for (std::size_t k = 0; k < N; ++k)
+    d.weight.push_back(labelled_share(labelled[k], p.shard.size(), rank_labelled, rank_rows));
+  return d;
+}
+
+// The gradients of the step's micro-batches, summed over the ranks with their shares as weights.
+void reduce_gradients(const RunParts& p, LoopState& s, double weight) {
   p.backend.synchronize();
   if (p.comm.size() > 1) {
     const auto t = Clock::now();
@@ -452,13 +479,13 @@ void update_weights(const RunParts& p) {
 
 // A logged step after its update: the replicas agree, the eval, metrics.csv's row. False when the
 // eval loss is non-finite (the run diverged).
-bool log_step(const RunParts& p, LoopState& s, double loss, double lr) {
+bool log_step(const RunParts& p, LoopState& s, double lr) {
   const std::size_t step = s.step;
   p.backend.sync_host();  // the weight norms of the row and the checksum read the host copy
   check_replicas(p.comm, p.params, step + 1);
   s.st = eval_all(p);
   s.eval_step = step + 1;
-  log_row(p, s.norms, step + 1, loss, lr, s.st);
+  log_row(p, s.norms, step + 1, s.last_loss, s.last_z_term, lr, s.st);
   s.result.final_eval_loss = s.st.loss;
   s.result.final_eval_acc = s.st.accuracy;
   if (!std::isfinite(s.st.loss)) {
@@ -480,28 +507,42 @@ void report_progress(const RunParts& p, const LoopState& s, double loss, double 
 // done.
 bool train_step(const RunParts& p, LoopState& s) {
   const std::size_t step = s.step;
-  const bool distributed = p.comm.size() > 1;
   const double lr = p.schedule.lr_at(step);
   p.backend.set_lr(lr);
-  const Batch global = p.data.next(static_cast<std::size_t>(p.c.batch), p.data_rng);
-  const Batch sharded = distributed ? shard_of(global, p.shard) : Batch{};
-  const Batch& batch = distributed ? sharded : global;
-  const double weight = distributed ? loss_share(global, p.shard) : 1.0;
+  const StepData d = step_data(p);
+  const std::size_t N = d.micro.size();
+  // The dropout masks' key: one per micro-batch (the step's own when N = 1).
+  const auto dropout_step = [&](std::size_t k) { return static_cast<std::uint64_t>(step * N + k); };
   auto step_start = Clock::now();
-  p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), step);  // keys the dropout masks
-  const std::optional<double> agreed = agreed_loss(p, p.backend.forward_loss(batch), weight);
+  TrainBackend::Loss local;  // this rank's: the micro-batches' losses, weighted
+  std::size_t failed = 0;    // the micro-batch whose loss was non-finite (if one was)
+  p.backend.zero_grad();
+  for (std::size_t k = 0; k < N; ++k) {
+    p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), dropout_step(k));
+    const TrainBackend::Loss loss = p.backend.forward_loss(d.micro[k], d.weight[k]);
+    local.cross_entropy += d.weight[k] * loss.cross_entropy;
+    local.z_term += d.weight[k] * loss.z_term;
+    if (!std::isfinite(loss.total())) {
+      failed = k;
+      local.cross_entropy = std::numeric_limits<double>::quiet_NaN();
+      break;
+    }
+    p.backend.backward();  // adds d.weight[k] times its gradient
+  }
+  const std::optional<TrainBackend::Loss> agreed = agreed_loss(p, local, d.rank_weight);
   if (!agreed) {
     s.result.interrupted = true;
     return false;
   }
-  const double loss = *agreed;
-  if (!std::isfinite(loss)) {
-    diverge(s.result, step + 1, p.backend.locate_nonfinite(batch), "loss");
+  if (!std::isfinite(agreed->total())) {
+    p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), dropout_step(failed));
+    diverge(s.result, step + 1, p.backend.locate_nonfinite(d.micro[failed]), "loss");
     s.last_loss = std::numeric_limits<double>::quiet_NaN();
     return false;
   }
-  s.last_loss = loss;
-  backward(p, s, weight);
+  s.last_loss = agreed->cross_entropy;
+  s.last_z_term = agreed->z_term;
+  reduce_gradients(p, s, d.rank_weight);
   s.step_seconds += seconds_since(step_start);
   const bool log_now =
       (step + 1) % static_cast<std::size_t>(p.c.eval_every) == 0 || step + 1 == p.steps;
@@ -509,13 +550,13 @@ bool train_step(const RunParts& p, LoopState& s) {
   step_start = Clock::now();
   update_weights(p);
   s.step_seconds += seconds_since(step_start);
-  if (log_now && !log_step(p, s, loss, lr)) {
+  if (log_now && !log_step(p, s, lr)) {
     ++s.step;  // the diverged step was taken
     return false;
   }
   if (p.c.save_every > 0 && (step + 1) % static_cast<std::size_t>(p.c.save_every) == 0)
     p.saver.save(step + 1, p.backend, p.opt, p.params, p.data_rng);
-  if (p.progress) report_progress(p, s, loss, lr, log_now);
+  if (p.progress) report_progress(p, s, s.last_loss, lr, log_now);
   return true;
 }
 
@@ -533,6 +574,7 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
   const std::size_t steps_run = step > p.start ? step - p.start : 0;
   if (steps_run > 0 && s.step_seconds > 0)
     result.tokens_per_second = static_cast<double>(steps_run * static_cast<std::size_t>(p.c.batch) *
+                                                   static_cast<std::size_t>(p.c.grad_accum) *
                                                    static_cast<std::size_t>(shape.seq_len)) /
                                s.step_seconds;
   result.flops_per_token =
@@ -604,7 +646,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   const std::size_t start = resuming ? resumed.step : 0;
   if (resuming) restore_training_state(c, resumed, params, *opt, data_rng);
   model.to(*ops);  // after the resume load (into the host copy); the optimizer follows
-  TrainBackend backend(model, *opt);
+  TrainBackend backend(model, *opt, c.z_loss);
 
   std::optional<MetricsLog> log = open_outputs(c, model, lead, resuming, start);
   const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint && lead,

@@ -219,13 +219,15 @@ class CpuDeviceOps final : public DeviceOps<T> {
   }
   void softmax_cross_entropy(T* loss, T* dlogits, T* /*row_loss: kept in double here*/,
                              const T* logits, const int* targets, std::size_t rows, std::size_t V,
-                             int ignore_index) override {
+                             int ignore_index, T z_loss) override {
     // p is written into dlogits, then turned into the gradient in place.
-    const std::size_t labelled = detail::cross_entropy_forward_rows(
-        loss, dlogits, row_loss(), logits, targets, rows, V, ignore_index);
-    detail::cross_entropy_backward_rows(dlogits, static_cast<const T*>(dlogits), targets, rows, V,
-                                        ignore_index,
-                                        labelled ? T(1) / static_cast<T>(labelled) : T(0));
+    const double z = static_cast<double>(z_loss);
+    const std::size_t labelled =
+        detail::cross_entropy_forward_rows(loss, loss + 1, dlogits, row_loss(), row_log_z(), logits,
+                                           targets, rows, V, ignore_index, z);
+    detail::cross_entropy_backward_rows(
+        dlogits, static_cast<const T*>(dlogits), targets, rows, V, ignore_index,
+        labelled ? T(1) / static_cast<T>(labelled) : T(0), row_log_z().data(), z);
   }
 
   // ---- attention: the CPU paths; dL/ds per slice goes to scratch (the device model uses head_dot)
@@ -311,6 +313,10 @@ class CpuDeviceOps final : public DeviceOps<T> {
     return buffer;
   }
   static std::vector<double>& row_loss() {
+    thread_local std::vector<double> buffer;
+    return buffer;
+  }
+  static std::vector<double>& row_log_z() {
     thread_local std::vector<double> buffer;
     return buffer;
   }

@@ -211,11 +211,11 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (db && out > 0) column_sum(db, dy, rows, out);
   }
   void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits, const int* targets,
-                             std::size_t rows, std::size_t V, int ignore_index) override {
+                             std::size_t rows, std::size_t V, int ignore_index, T z_loss) override {
     Scratch<T> inv_n(rt_, 1);  // 1 / #labelled, written by the mean kernel
     if (rows > 0 && V > 0) {
       per_row(train::cross_entropy_rows_kernel<T>, rows, "softmax_cross_entropy", row_loss, dlogits,
-              logits, targets, V, ignore_index);
+              logits, targets, rows, V, ignore_index, z_loss);
     }
     rt_.launch(train::cross_entropy_mean_kernel<T>, dim3(1), dim3(train::kRowThreads), 0, loss,
                inv_n.data, static_cast<const T*>(row_loss), targets, rows, V, ignore_index);

@@ -141,13 +141,15 @@ class DeviceOps : public DeviceMemory {
   virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                                std::size_t rows, std::size_t in, std::size_t out,
                                bool w_transposed = false) = 0;
-  // Fused softmax cross-entropy over logits (rows, V), targets (rows,) in [0, V) or ignore_index:
-  // loss (1 device value) = mean over labelled rows of −log softmax[target] (0 when none is
-  // labelled); dlogits = (softmax − onehot) / n on labelled rows, 0 elsewhere; row_loss (rows,) is
-  // scratch. Out-of-range targets count as unlabelled (the host API validates them).
+  // Fused softmax cross-entropy with PaLM's z-loss (attnlab/ops/cross_entropy.hpp) over logits
+  // (rows, V), targets (rows,) in [0, V) or ignore_index, with log Z = logsumexp of the row: loss
+  // (2 device values) = [mean over labelled rows of −log softmax[target], z_loss · mean of log Z²]
+  // (0 when none is labelled); dlogits = (softmax · (1 + 2 z_loss log Z) − onehot) / n on labelled
+  // rows, 0 elsewhere; row_loss (2 · rows) is scratch. Out-of-range targets count as unlabelled
+  // (the host API validates them).
   virtual void softmax_cross_entropy(T* loss, T* dlogits, T* row_loss, const T* logits,
                                      const int* targets, std::size_t rows, std::size_t V,
-                                     int ignore_index) = 0;
+                                     int ignore_index, T z_loss) = 0;
 
   // ---- attention ----------------------------------------------------------------------------
   // The CPU op's contract (attnlab/ops/attention.hpp): S = s_h · Q Kᵀ, P = softmax(S) over the

@@ -72,6 +72,14 @@ struct Shard {
 };
 Shard shard_rows(std::size_t batch, int rank, int size, const std::string& what = "batch");
 
+// The weight of one piece of a batch (a rank's shard, a micro-batch of gradient accumulation, or
+// both) whose gradient is that of its own mean loss, such that the weighted sum over the pieces is
+// the gradient of the whole batch's mean loss (mean over its labelled positions): the piece's
+// labelled positions over the batch's, labelled / total_labelled; when the batch has none (every
+// gradient is then 0), its rows' share, rows / total_rows (0 when total_rows is 0).
+double labelled_share(std::size_t labelled, std::size_t rows, std::size_t total_labelled,
+                      std::size_t total_rows);
+
 // Sums the gradients of `params` over the ranks, in place, after scaling this rank's by `weight`.
 // With weight = (this rank's labelled positions) / (the global batch's), and each rank's gradient
 // that of its shard's mean loss, every rank ends with the gradient of the global batch's mean loss.

@@ -37,12 +37,18 @@ struct TrainConfig {
   // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
   // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
   std::string decay_params = "all";
-  double clip = 0;                  // 0: no clipping
+  double clip = 0;  // 0: no clipping
+  // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
+  // its (softcapped) logits (Wortsman et al. 2023: 1e-4). 0: none.
+  double z_loss = 0;
   std::string schedule = "cosine";  // constant | cosine
   double min_lr = 0;                // cosine: the LR it decays to (nanoGPT: lr / 10)
   int warmup = 0;
   int steps = 1000;
   int batch = 32;
+  // Gradient accumulation: a step trains on grad_accum micro-batches of `batch` rows (an
+  // effective batch of grad_accum · batch) with the gradient of their mean loss (lib/README.md).
+  int grad_accum = 1;
   std::uint64_t seed = 0;
   int eval_every = 50;
   int eval_size = 512;
