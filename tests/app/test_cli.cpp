@@ -579,6 +579,7 @@ TEST_CASE("cli: table of bad values for every flag: one line, status 2") {
       {"train --scale inf", "--scale"},
       {"train --logit-softcap -1", "--logit-softcap"},
       {"train --logit-softcap nan", "--logit-softcap"},
+      {"train --logit-softcap 0", "--logit-softcap: expected a number in (0, "},
       {"train --attn-softcap 0", "--attn-softcap: expected a number in (0, "},
       {"train --attn-softcap -2", "--attn-softcap"},
       {"train --attn-softcap inf", "--attn-softcap"},

@@ -166,7 +166,7 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
                  "mask (Gemma 2: 50)")
       ->check(bounded("model.block.attention.sdpa.softcap"));
   cmd.add_option("--logit-softcap", m.logit_softcap,
-                 "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; 0 = none)")
+                 "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; > 0)")
       ->check(bounded("model.logit_softcap"));
   cmd.add_flag("--tie-embeddings", m.tie_embeddings,
                "the head shares the token embedding table (logits = h W_e^T; nanoGPT's "

@@ -33,7 +33,7 @@ const std::vector<FieldBound>& train_config_bounds() {
       {"model.max_len", "", true, 0, 1 << 20},
       {"model.layers", "--layers", true, 1, 64},
       {"model.out_vocab", "", true, 0, 1 << 24},
-      {"model.logit_softcap", "--logit-softcap", false, 0, kMaxReal},
+      {"model.logit_softcap", "--logit-softcap", false, 0, kMaxReal, true, "no cap"},
       {"model.block.d_ff", "--d-ff", true, 1, 65536, false, "4 * d_model; swiglu: 8/3 * d_model"},
       {"model.block.dropout", "--dropout", false, 0, 0.999999},
       {"model.block.attention.d_model", "--d-model", true, 1, 4096},
