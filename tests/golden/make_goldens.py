@@ -161,6 +161,13 @@ def masked_attention(q, k, v, scale, vis, bias=None):
     s = scale * (q @ k.transpose(-2, -1))
     if bias is not None:
         s = s + bias
+    p = masked_softmax(s, vis)
+    return p @ v, p
+
+
+def masked_softmax(s, vis):
+    """softmax of the scores s over the visible keys; 0 for hidden keys and in
+    rows with none visible, with zero (not NaN) gradients."""
     row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     # masked entries are shifted to exactly 0 (exp = 1) and then dropped by
@@ -168,8 +175,7 @@ def masked_attention(q, k, v, scale, vis, bias=None):
     shifted = torch.where(vis, s - row_max, torch.zeros_like(s))
     e = torch.where(vis, torch.exp(shifted), torch.zeros_like(s))
     denom = e.sum(-1, keepdim=True)
-    p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
-    return p @ v, p
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 SDPA_CASES = [
@@ -355,12 +361,7 @@ def alibi_cases():
         q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
         sc = 1.0 / math.sqrt(d)
         s = sc * (q @ k.transpose(-2, -1)) + bias
-        row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        e = torch.where(vis, torch.exp(torch.where(vis, s - row_max, torch.zeros_like(s))),
-                        torch.zeros_like(s))
-        denom = e.sum(-1, keepdim=True)
-        p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+        p = masked_softmax(s, vis)
         out = p @ v
         dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
         config = {"causal": causal, "offset": o, "slopes": slopes, "has_mask": mask is not None,
@@ -461,12 +462,7 @@ def softcap_cases():
             s = s - torch.tensor(slopes, dtype=DT)[:, None, None] * (i - j)
         if bias is not None:
             s = s + bias
-        row_max = s.detach().masked_fill(~vis, -math.inf).amax(-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        e = torch.where(vis, torch.exp(torch.where(vis, s - row_max, torch.zeros_like(s))),
-                        torch.zeros_like(s))
-        denom = e.sum(-1, keepdim=True)
-        p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+        p = masked_softmax(s, vis)
         out = p @ vv
         inputs = (q, k, v) + ((bias,) if bias is not None else ())
         grads = torch.autograd.grad((out * r).sum(), inputs)

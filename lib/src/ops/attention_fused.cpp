@@ -62,11 +62,14 @@ void subtract_times(T* x, const T* p, T shift, std::size_t n) {
 }
 
 // S = the score rule over the tile's scaled dots, row by row: rows [i0, i0 + br), keys [j0, j0 +
-// bc).
+// bc). With slope (br, bc) set, the softcap's slope of each dot goes there too (the backward's).
 template <class T>
 void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i0,
-                std::size_t br, std::size_t j0, std::size_t bc) {
-  for (std::size_t r = 0; r < br; ++r) attention::score_row(p, b, h, i0 + r, j0, bc, sb + r * bc);
+                std::size_t br, std::size_t j0, std::size_t bc, T* slope = nullptr) {
+  for (std::size_t r = 0; r < br; ++r) {
+    attention::cap_row(p, bc, sb + r * bc, slope == nullptr ? nullptr : slope + r * bc);
+    attention::score_row_capped(p, b, h, i0 + r, j0, bc, sb + r * bc);
+  }
 }
 
 std::size_t tile_or_default(std::size_t tile, std::size_t fallback) {
@@ -226,14 +229,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
             // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
             blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                           sb.data(), cols);
-            if (capped) {  // the score rule in its two steps, keeping the cap's slope
-              for (std::size_t r = 0; r < br; ++r) {
-                attention::cap_row(p, bc, sb.data() + r * bc, slb.data() + r * bc);
-                attention::score_row_capped(p, b, h, i0 + r, j0, bc, sb.data() + r * bc);
-              }
-            } else {
-              score_tile(sb.data(), p, b, h, i0, br, j0, bc);
-            }
+            score_tile(sb.data(), p, b, h, i0, br, j0, bc, capped ? slb.data() : nullptr);
             for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
               T* row = sb.data() + r * bc;
               const T row_lse = lsep[i0 + r];
