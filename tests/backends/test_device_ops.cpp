@@ -534,6 +534,87 @@ void check_optimizers(DeviceOps<T>& ops, double tol) {
   }
 }
 
+// Muon's four ops against plain loops in double: gemm (every transpose, padded strides, alpha and
+// beta), the momentum, the normalisation by a device norm, and y = a y + b x.
+template <class T>
+void check_muon_ops(DeviceOps<T>& ops, double tol) {
+  Rng rng(77);
+  {
+    INFO("gemm");
+    const std::size_t m = 5, n = 7, k = 3, pad = 2;
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const std::size_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+        const std::size_t lda = ac + pad, ldb = bc + pad, ldc = n + pad;
+        auto a = random<T, 1>({ar * lda}, rng), b = random<T, 1>({br * ldb}, rng);
+        auto c = random<T, 1>({m * ldc}, rng);
+        DeviceVector<T, T> da(ops, values<T>(a)), db(ops, values<T>(b)), dc(ops, values<T>(c));
+        const double alpha = 0.75, beta = -1.5;
+        ops.gemm(ta, tb, m, n, k, T(alpha), da.get(), lda, db.get(), ldb, T(beta), dc.get(), ldc);
+        const std::vector<T> got = dc.host();
+        for (std::size_t i = 0; i < m; ++i) {
+          for (std::size_t j = 0; j < n; ++j) {
+            double sum = 0;
+            for (std::size_t l = 0; l < k; ++l)
+              sum +=
+                  (ta ? a(l * lda + i) : a(i * lda + l)) * (tb ? b(j * ldb + l) : b(l * ldb + j));
+            const double want = alpha * sum + beta * c(i * ldc + j);
+            CHECK(static_cast<double>(got[i * ldc + j]) ==
+                  doctest::Approx(want).epsilon(tol).scale(1));
+          }
+          for (std::size_t j = n; j < ldc; ++j)  // the padding is left alone
+            CHECK(static_cast<double>(got[i * ldc + j]) == c(i * ldc + j));
+        }
+      }
+    }
+  }
+  const std::size_t n = 1000;
+  {
+    INFO("muon momentum");
+    for (const bool nesterov : {true, false}) {
+      CAPTURE(nesterov);
+      auto m = random<T, 1>({n}, rng), g = random<T, 1>({n}, rng);
+      DeviceVector<T, T> dm(ops, values<T>(m)), dg(ops, values<T>(g)), du(ops, n);
+      const double beta = 0.95;
+      ops.muon_momentum(du.get(), dm.get(), dg.get(), n, T(beta), T(1 - beta), nesterov);
+      const std::vector<T> u = du.host(), m1 = dm.host();
+      for (std::size_t i = 0; i < n; i += 37) {
+        const double mm = m(i) + (1 - beta) * (g(i) - m(i));
+        CHECK(static_cast<double>(m1[i]) == doctest::Approx(mm).epsilon(tol).scale(1));
+        const double want = nesterov ? g(i) + beta * (mm - g(i)) : mm;
+        CHECK(static_cast<double>(u[i]) == doctest::Approx(want).epsilon(tol).scale(1));
+      }
+    }
+  }
+  {
+    INFO("divide by norm, axpby");
+    auto x = random<T, 1>({n}, rng), y = random<T, 1>({n}, rng);
+    DeviceVector<T, T> dx(ops, values<T>(x)), dy(ops, values<T>(y));
+    DeviceVector<double, T> norm(ops, 1), partial(ops, ops.sum_of_squares_scratch());
+    ops.sum_of_squares(norm.get(), partial.get(), dx.get(), n);
+    ops.divide_by_norm(dx.get(), norm.get(), n, T(1e-7));
+    double sum = 0;
+    for (double v : x) sum += v * v;
+    const std::vector<T> xs = dx.host();
+    double unit = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      CHECK(static_cast<double>(xs[i]) ==
+            doctest::Approx(x(i) / (std::sqrt(sum) + 1e-7)).epsilon(tol).scale(1));
+      unit += static_cast<double>(xs[i]) * static_cast<double>(xs[i]);
+    }
+    const double shrunk = std::sqrt(sum) / (std::sqrt(sum) + 1e-7);  // the eps's share
+    CHECK(unit == doctest::Approx(shrunk * shrunk).epsilon(100 * tol));
+    ops.axpby(dy.get(), dx.get(), n, T(0.9), T(-0.25));
+    const std::vector<T> ys = dy.host();
+    for (std::size_t i = 0; i < n; i += 13) {
+      CHECK(static_cast<double>(ys[i]) ==
+            doctest::Approx(0.9 * y(i) - 0.25 * static_cast<double>(xs[i])).epsilon(tol).scale(1));
+    }
+  }
+}
+
 template <class T>
 void check_all(DeviceOps<T>& ops, double tol, bool fused_limited = true) {
   CAPTURE(ops.name());
@@ -543,6 +624,7 @@ void check_all(DeviceOps<T>& ops, double tol, bool fused_limited = true) {
   check_layers(ops, tol);
   check_attention(ops, tol, fused_limited);
   check_optimizers(ops, tol);
+  check_muon_ops(ops, tol);
   ops.synchronize();
 }
 

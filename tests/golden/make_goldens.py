@@ -720,6 +720,108 @@ def optim_cases():
     return out_cases
 
 
+def zeropower_via_newtonschulz5(G, steps, coefficients, eps):
+    """KellerJordan/Muon's muon.py, in the tensor's own dtype (float64 here; the
+    reference casts to bfloat16 first)."""
+    a, b, c = coefficients
+    X = G
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+class ReferenceMuon(torch.optim.Optimizer):
+    """The published algorithm (muon.py's muon_update and Muon.step) on torch's
+    (Out, In) weights, with the two update scales attnlab offers and its
+    independent weight decay (Wortsman et al. 2023: p *= 1 - (lr_t / lr0) wd)."""
+
+    def __init__(self, params, lr, momentum, nesterov, ns_steps, weight_decay, scale,
+                 decay, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+        super().__init__(params, dict(lr=lr, lr0=lr, momentum=momentum, nesterov=nesterov,
+                                      ns_steps=ns_steps, weight_decay=weight_decay,
+                                      scale=scale, decay=decay))
+        self.coefficients, self.eps = coefficients, eps
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad = p.grad.clone()
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                momentum = state["momentum_buffer"]
+                beta = group["momentum"]
+                momentum.lerp_(grad, 1 - beta)
+                update = grad.lerp_(momentum, beta) if group["nesterov"] else momentum
+                update = zeropower_via_newtonschulz5(update, group["ns_steps"],
+                                                     self.coefficients, self.eps)
+                fan_out, fan_in = p.size(-2), p.size(-1)
+                if group["scale"] == "spectral":
+                    update = update * max(1, fan_out / fan_in) ** 0.5
+                else:  # Moonshot's "Muon is Scalable": match AdamW's update RMS
+                    update = update * (0.2 * max(fan_out, fan_in) ** 0.5)
+                if group["decay"] == "decoupled":
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                else:
+                    p.mul_(1 - group["lr"] / group["lr0"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"])
+
+
+MUON_SHAPES = [(6, 10), (12, 5), (7, 7)]   # attnlab's (In, Out): wide, tall, square
+MUON_STEPS = 4
+
+
+def muon_cases():
+    """Muon against ReferenceMuon: each case trains three matrices (stored
+    (In, Out) as attnlab stores them; the reference updates their transposes,
+    torch's (Out, In)) for MUON_STEPS steps with the lr of step t lrs[t]."""
+    specs = [
+        ("nesterov_spectral_wd0.1", dict(momentum=0.95, nesterov=True, ns_steps=5,
+                                         weight_decay=0.1, scale="spectral",
+                                         decay="decoupled"), [0.02] * MUON_STEPS),
+        ("plain_momentum_ns3", dict(momentum=0.9, nesterov=False, ns_steps=3, weight_decay=0.0,
+                                    scale="spectral", decay="decoupled"), [0.05] * MUON_STEPS),
+        ("rms_scale", dict(momentum=0.95, nesterov=True, ns_steps=5, weight_decay=0.01,
+                           scale="rms", decay="decoupled"), [3e-3] * MUON_STEPS),
+        ("independent_decay_schedule", dict(momentum=0.95, nesterov=True, ns_steps=5,
+                                            weight_decay=0.05, scale="spectral",
+                                            decay="independent"), [0.02, 0.015, 0.01, 0.004]),
+    ]
+    out_cases = []
+    for idx, (name, cfg, lrs) in enumerate(specs):
+        seed = 3100 + idx
+        g = gen(seed)
+        inits = [randn(g, *s) for s in MUON_SHAPES]
+        grads = [randn(g, MUON_STEPS, *s) for s in MUON_SHAPES]
+        params = [torch.nn.Parameter(p.T.clone()) for p in inits]
+        opt = ReferenceMuon(params, lr=lrs[0], **cfg)
+        traj = [[] for _ in params]
+        for t in range(MUON_STEPS):
+            for group in opt.param_groups:
+                group["lr"] = lrs[t]
+            for p, gr in zip(params, grads):
+                p.grad = gr[t].T.clone()
+            opt.step()
+            for i, p in enumerate(params):
+                traj[i].append(p.detach().T.clone())
+        tensors = {}
+        for i in range(len(MUON_SHAPES)):
+            tensors[f"p{i}_init"] = inits[i]
+            tensors[f"p{i}_grads"] = grads[i]
+            tensors[f"p{i}_traj"] = torch.stack(traj[i])
+        tensors["lrs"] = torch.tensor(lrs, dtype=torch.float64)
+        out_cases.append(case(name, dict(cfg, steps=MUON_STEPS, seed=seed), tensors))
+    return out_cases
+
+
 # --------------------------------------------------------------------------
 # 4. layers
 # --------------------------------------------------------------------------
@@ -1202,6 +1304,7 @@ def main():
         "dropout.json": dropout_cases,
         "softmax.json": softmax_cases,
         "optim.json": optim_cases,
+        "muon.json": muon_cases,
         "layers.json": layer_cases,
         "cross_entropy.json": cross_entropy_cases,
         "z_loss.json": z_loss_cases,

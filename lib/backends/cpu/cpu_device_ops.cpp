@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/backends/cpu.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/memory.hpp"
 #include "ops/attention_kernels.hpp"
 #include "ops/cross_entropy_kernels.hpp"
@@ -299,6 +303,37 @@ class CpuDeviceOps final : public DeviceOps<T> {
     *out = sum;
   }
   std::size_t sum_of_squares_scratch() const override { return 1; }
+
+  // ---- Muon ------------------------------------------------------------------------------------
+  void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
+            const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
+            std::size_t ldc) override {
+    const auto as_int = [](std::size_t v) {
+      if (v > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        throw std::invalid_argument("gemm: extent " + std::to_string(v) + " too large for a GEMM");
+      return static_cast<int>(v);
+    };
+    blas::gemm<T>(trans_a, trans_b, as_int(m), as_int(n), as_int(k), alpha, a, as_int(lda), b,
+                  as_int(ldb), beta, c, as_int(ldc));
+  }
+  void muon_momentum(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
+                     bool nesterov) override {
+    for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i)
+        u[i] = kernel_math::muon_momentum_element(m[i], g[i], beta, one_minus_beta, nesterov);
+    });
+  }
+  void divide_by_norm(T* x, const double* sum_of_squares, std::size_t n, T eps) override {
+    const T denom = static_cast<T>(std::sqrt(*sum_of_squares)) + eps;
+    for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i) x[i] = x[i] / denom;
+    });
+  }
+  void axpby(T* y, const T* x, std::size_t n, T a, T b) override {
+    for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (std::size_t i = i0; i < i1; ++i) y[i] = y[i] * a + b * x[i];
+    });
+  }
 
   void synchronize() override {}
 

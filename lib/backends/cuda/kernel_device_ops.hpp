@@ -353,6 +353,26 @@ class KernelDeviceOps final : public DeviceOps<T> {
   }
   std::size_t sum_of_squares_scratch() const override { return Runtime::kSumBlocks; }
 
+  // ---- Muon ------------------------------------------------------------------------------------
+  void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
+            const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
+            std::size_t ldc) override {
+    rt_.template gemm<T>(trans_a, trans_b, as_int(m, "gemm"), as_int(n, "gemm"), as_int(k, "gemm"),
+                         alpha, a, as_int(lda, "gemm"), 0, b, as_int(ldb, "gemm"), 0, beta, c,
+                         as_int(ldc, "gemm"), 0, 1);
+  }
+  void muon_momentum(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
+                     bool nesterov) override {
+    if (n > 0)
+      elements(train::muon_momentum_kernel<T>, n, u, m, g, n, beta, one_minus_beta, nesterov);
+  }
+  void divide_by_norm(T* x, const double* sum_of_squares, std::size_t n, T eps) override {
+    if (n > 0) elements(train::divide_by_norm_kernel<T>, n, x, sum_of_squares, n, eps);
+  }
+  void axpby(T* y, const T* x, std::size_t n, T a, T b) override {
+    if (n > 0) elements(train::axpby_kernel<T>, n, y, x, n, a, b);
+  }
+
  private:
   // Device scratch for the length of one call, released on return (after the queued work: the
   // runtimes' release is stream-ordered or synchronous).

@@ -334,6 +334,30 @@ __global__ void __launch_bounds__(kElementThreads)
   }
 }
 
+// ---- Muon ---------------------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    muon_momentum_kernel(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
+                         bool nesterov) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    u[i] = cm::muon_momentum_element(m[i], g[i], beta, one_minus_beta, nesterov);
+}
+
+// x /= (√s + eps), s the device double sum_of_squares wrote.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    divide_by_norm_kernel(T* x, const double* sum_of_squares, std::size_t n, T eps) {
+  const T denom = static_cast<T>(cm::sqrt_of(*sum_of_squares)) + eps;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) x[i] = x[i] / denom;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    axpby_kernel(T* y, const T* x, std::size_t n, T a, T b) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = y[i] * a + b * x[i];
+}
+
 // ---- softmax cross-entropy ----------------------------------------------------------------------
 
 // One block per row: row_loss[r] = −log softmax(x)[target], row_loss[rows + r] = z · log Z² (log Z

@@ -45,6 +45,7 @@
 #include "attnlab/ops/swiglu.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/clip.hpp"
+#include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/optimizer.hpp"
 #include "attnlab/optim/schedule.hpp"
 #include "attnlab/optim/sgd.hpp"

@@ -179,6 +179,22 @@ class DeviceOps : public DeviceMemory {
   // doubles.
   virtual void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) = 0;
   virtual std::size_t sum_of_squares_scratch() const = 0;
+
+  // ---- Muon (attnlab/optim/muon.hpp) ---------------------------------------------------------
+  // C = alpha · op(A) op(B) + beta · C, row-major with row strides lda, ldb, ldc: blas::gemm's
+  // contract (attnlab/blas.hpp) on backend memory; C aliases neither A nor B; beta 0 ignores C.
+  virtual void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                    T alpha, const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
+                    std::size_t ldc) = 0;
+  // Muon's momentum (kernel_math::muon_momentum_element): m ← lerp(m, g, 1 − β), then
+  // u ← lerp(g, m, β) with Nesterov, u ← m without; 1 − β formed in double by the caller. u may
+  // not alias m or g.
+  virtual void muon_momentum(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
+                             bool nesterov) = 0;
+  // x ← x / (√s + eps) with s the one device double that sum_of_squares wrote.
+  virtual void divide_by_norm(T* x, const double* sum_of_squares, std::size_t n, T eps) = 0;
+  // y ← a · y + b · x (two roundings, in that order: p·(1 − decay), then + (−step)·x).
+  virtual void axpby(T* y, const T* x, std::size_t n, T a, T b) = 0;
 };
 
 // A new CUDA backend, owned by the caller (a run makes one and keeps it for its lifetime; instances

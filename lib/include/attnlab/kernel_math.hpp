@@ -299,13 +299,27 @@ struct AdamWScalars {
   bool decays;  // weight_decay != 0
 };
 
+// torch.lerp(a, b, w) = a + w (b − a), in the form that is exact at both ends (torch's kernel).
+template <class T>
+ATTNLAB_HD inline T lerp(T a, T b, T w) {
+  return w < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w);
+}
+
+// One element of Muon's momentum (Keller Jordan's muon_update): m ← lerp(m, g, 1 − β); the update
+// is lerp(g, m, β) with Nesterov (g + β (m − g)), m itself without. 1 − β comes formed in double,
+// as PyTorch forms it in Python.
+template <class T>
+ATTNLAB_HD inline T muon_momentum_element(T& m, T g, T beta, T one_minus_beta, bool nesterov) {
+  m = lerp(m, g, one_minus_beta);
+  return nesterov ? lerp(g, m, beta) : m;
+}
+
 // One element of AdamW, in torch's order: p ← p·decay; m ← lerp(m, g, 1−β1);
 // v ← v·β2 + (1−β2) g²; p ← p − step_size · m / (√v / √(1−β2^t) + eps).
 template <class T>
 ATTNLAB_HD inline void adamw_element(T& p, T& m, T& v, T g, const AdamWScalars<T>& s) {
   if (s.decays) p = p * s.decay;
-  const T w = s.one_minus_beta1;  // torch.lerp(m, g, w), the form that is exact at both ends
-  m = w < T(0.5) ? m + w * (g - m) : g - (g - m) * (T(1) - w);
+  m = lerp(m, g, s.one_minus_beta1);
   v = v * s.beta2 + s.one_minus_beta2 * g * g;
   const T denom = sqrt_of(v) / s.bias_correction2_sqrt + s.eps;
   p = p + (-s.step_size) * m / denom;

@@ -21,6 +21,22 @@ DecayParams parse_decay_params(std::string_view text) {
   return DecayParams::all;
 }
 
+std::string_view to_string(WeightDecayMode v) {
+  return v == WeightDecayMode::independent ? "independent" : "decoupled";
+}
+
+WeightDecayMode parse_weight_decay_mode(std::string_view text) {
+  if (text == "decoupled") return WeightDecayMode::decoupled;
+  if (text == "independent") return WeightDecayMode::independent;
+  check_arg(false, "optimizer", "decay", "decoupled|independent", std::string(text));
+  return WeightDecayMode::decoupled;
+}
+
+double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay) {
+  if (mode == WeightDecayMode::decoupled) return lr * weight_decay;
+  return base_lr > 0 ? lr / base_lr * weight_decay : 0.0;
+}
+
 std::string optim_state_name(const std::string& param, const std::string& slot) {
   return "optim." + param + "." + slot;
 }
@@ -134,9 +150,14 @@ void Optimizer<T>::step() {
   const auto run = [&](std::size_t i, std::size_t n) {
     for (std::size_t s = 0; s < slots_.size(); ++s) state[s] = slots_[s].data() + offsets_[i];
     Parameter<T>& p = *params_[i].param;
-    update(ops, p.value_data(), p.grad_data(), state.data(), n, t, decays_[i]);
+    if (per_parameter()) {
+      update_matrix(ops, shapes_[i], p.value_data(), p.grad_data(), state.data(), t, decays_[i]);
+    } else {
+      update(ops, p.value_data(), p.grad_data(), state.data(), n, t, decays_[i]);
+    }
   };
-  if (contiguous) {  // one call per run of like parameters (one run for DecayParams::all)
+  if (contiguous &&
+      !per_parameter()) {  // one call per run of like parameters (one run for DecayParams::all)
     for (const Run& r : runs_) {
       const std::size_t end = r.last < params_.size() ? offsets_[r.last] : total_;
       run(r.first, end - offsets_[r.first]);
@@ -145,6 +166,14 @@ void Optimizer<T>::step() {
     for (std::size_t i = 0; i < params_.size(); ++i) run(i, params_[i].param->size());
   }
   step_ = t;
+}
+
+template <class T>
+void Optimizer<T>::update_matrix(DeviceOps<T>& ops, const std::vector<std::size_t>& shape, T* value,
+                                 const T* grad, T* const* state, std::size_t t, bool decay) {
+  std::size_t n = 1;
+  for (const std::size_t d : shape) n *= d;
+  update(ops, value, grad, state, n, t, decay);
 }
 
 template <class T>

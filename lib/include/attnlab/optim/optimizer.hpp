@@ -35,6 +35,19 @@ std::string_view to_string(DecayParams v);
 // "all" | "matrices"; std::invalid_argument "decay_params expected all|matrices, got ..." else.
 DecayParams parse_decay_params(std::string_view text);
 
+// How the weight decay scales with the learning rate. decoupled: p ← p · (1 − lr_t · λ)
+// (torch.optim.AdamW; Loshchilov and Hutter's AdamW as implemented everywhere); independent:
+// p ← p · (1 − (lr_t / lr₀) · λ), λ not scaled by the base lr lr₀ (Wortsman et al. 2023, §3.2.2;
+// Loshchilov and Hutter's original form): only the schedule's multiplier s_t = lr_t / lr₀ scales
+// it.
+enum class WeightDecayMode { decoupled, independent };
+std::string_view to_string(WeightDecayMode v);
+// "decoupled" | "independent"; std::invalid_argument naming decay otherwise.
+WeightDecayMode parse_weight_decay_mode(std::string_view text);
+// The decay a step applies, 1 − factor being the multiplier: lr · λ (decoupled) or
+// (lr / base_lr) · λ (independent; 0 when base_lr is 0).
+double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay);
+
 // One named state tensor, e.g. {"optim.blocks.0.attn.w_q.exp_avg", (C, C)}.
 template <class T>
 using NamedTensor = std::pair<std::string, xt::xarray<T>>;
@@ -90,6 +103,13 @@ class Optimizer {
   // these values (update as with weight_decay 0 otherwise).
   virtual void update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
                       std::size_t t, bool decay) = 0;
+  // An optimizer whose update needs each parameter's shape (Muon: a matrix at a time) returns true
+  // here; step() then calls update_matrix once per parameter, never over a run of several.
+  virtual bool per_parameter() const { return false; }
+  virtual void update_matrix(DeviceOps<T>& ops, const std::vector<std::size_t>& shape, T* value,
+                             const T* grad, T* const* state, std::size_t t, bool decay);
+  // The shape parameters()[i] had at construction.
+  const std::vector<std::size_t>& shape(std::size_t i) const { return shapes_.at(i); }
 
  private:
   // The parameters' backend; moves the state there first if it is elsewhere.
