@@ -13,9 +13,11 @@
 namespace attnlab {
 
 struct FmaPeak {
-  double gflops = 0;   // float FLOP/s of the team, in GFLOP/s (an FMA counts 2)
-  int threads = 0;     // the OpenMP threads that ran (fewer inside a parallel region)
-  std::string vector;  // the loop that gave it: "avx512 zmm", "avx2 ymm", "sse xmm" or "scalar"
+  double gflops = 0;  // float FLOP/s of the team, in GFLOP/s (an FMA counts 2)
+  int threads = 0;    // the OpenMP threads that ran (fewer inside a parallel region)
+  // The widest loop within 3% of the fastest (a tie keeps the wider name): "avx512 zmm",
+  // "avx2 ymm", "sse xmm" or "scalar".
+  std::string vector;
 };
 
 // `threads` OpenMP threads (>= 1, std::invalid_argument otherwise) each run the loop for about
