@@ -15,11 +15,13 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attnlab/backends/emulated.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/param_groups.hpp"
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
+#include "helpers.hpp"
 
 using namespace attnlab;
 
@@ -566,4 +568,45 @@ TEST_CASE("param groups: load_state names a foreign or missing tensor and assign
   REQUIRE(after.size() == before.size());
   for (std::size_t i = 0; i < after.size(); ++i) CHECK(after[i].second == before[i].second);
   CHECK(groups.step_count() == 1);
+}
+
+TEST_CASE("param groups: on the emulated device, in the model's arena, as on the CPU") {
+  // The groups' parameters are scattered over the arena: each group's optimizer updates them one
+  // call each; the state follows the model there and back.
+  const auto device = emulated::make_device_ops<double>();  // outlives the models on it
+  const std::vector<ParamGroupSpec> specs = {
+      spec("hidden", {.pattern = "blocks.*.attn.w_*"}, "sgd", 3.0, 0.0),
+      spec("norms", {.kind = "norm"}, "adamw", 0.5)};
+  std::map<std::string, xt::xarray<double>> result[2];
+  std::vector<NamedTensor<double>> state[2];
+  for (const bool on_device : {false, true}) {
+    Fresh fresh;
+    if (on_device) fresh.model.to(*device);
+    OptimizerGroups<double> groups =
+        build_param_groups<double>(fresh.params, specs, "adamw", 0.1, factory());
+    Rng grads(6);
+    for (int step = 0; step < 4; ++step) {
+      fill_grads(fresh.params, grads);
+      if (on_device)
+        for (const auto& p : fresh.params)
+          device->upload(p.param->device_grad.data(), p.param->grad.data(),
+                         p.param->size() * sizeof(double));
+      groups.step();
+    }
+    fresh.model.copy_to_host();
+    result[on_device] = values(fresh.params);
+    state[on_device] = groups.state_tensors();
+  }
+  const auto init = initial_values();
+  for (const auto& [name, value] : result[0]) {
+    CAPTURE(name);
+    CHECK(value != init.at(name));
+    CHECK(test::rel_error(result[1].at(name), value) < 1e-14);
+  }
+  REQUIRE(state[0].size() == state[1].size());
+  for (std::size_t i = 0; i < state[0].size(); ++i) {
+    CAPTURE(state[0][i].first);
+    CHECK(state[0][i].first == state[1][i].first);
+    CHECK(test::rel_error(state[1][i].second, state[0][i].second) < 1e-14);
+  }
 }
