@@ -1106,6 +1106,72 @@ TEST_CASE("cli: --decay-params matrices decays the 2-D parameters only, and resu
   check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir, "decay_params");
 }
 
+TEST_CASE("cli: param_groups in a config file: the groups are printed, and a resume is exact") {
+  const auto dir = scratch("param_groups");
+  std::ofstream(dir / "groups.json") << R"({"param_groups": [
+    {"name": "hidden", "match": {"pattern": "blocks.*.attn.w_*", "rank": 2}, "lr_mult": 10,
+     "weight_decay": 0}]})";
+  // kTinyRecall without --quiet: the groups line is progress output.
+  const std::string common =
+      "train --config '" + (dir / "groups.json").string() +
+      "' --task recall --keys 8 --values 8 --pairs 4 --d-model 16 --heads 1 --attn-only "
+      "--batch 16 --eval-size 64 --threads 1 --steps 30 --eval-every 5 --lr 0.01 --seed 3 "
+      "--weight-decay 0.5";
+  const std::string groups_line =
+      "param groups: hidden adamw lr×10 wd 0: 4 tensors (1,024 values); default adamw lr×1 wd "
+      "0.5: 8 tensors (528 values)\n";
+  const Run full = cli(common + " --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  const std::size_t at = full.out.find(groups_line);
+  CHECK(at != std::string::npos);
+  CHECK(full.out.find("param groups:", at + 1) == std::string::npos);  // once
+  // The 8 parameters of "default" decay; "hidden" has weight decay 0.
+  CHECK(full.out.find("8 of 12 parameter tensors, 528 of 1552 values") != std::string::npos);
+  const auto config = nlohmann::json::parse(slurp(dir / "full" / "config.json"));
+  CHECK(config["param_groups"][0]["name"] == "hidden");
+  CHECK(config["param_groups"][0]["lr_mult"] == 10);
+  // Stopped and resumed (its config, groups included, from the checkpoint): the same metrics.
+  const Run first =
+      cli(common + " --stop-after 15 --quiet --out '" + (dir / "split").string() + "'", dir);
+  CHECK(first.status == 130);
+  CHECK(first.out.find("param groups:") == std::string::npos);  // --quiet
+  const Run second = cli("train --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  CHECK(second.out.find(groups_line) != std::string::npos);
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  CHECK(metrics.size() > 100);
+  CHECK(metrics == slurp(dir / "split" / "metrics.csv"));
+  // Without groups the run differs.
+  const Run plain = cli(std::string("train ") + kTinyRecall +
+                            " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --weight-decay 0.5 "
+                            "--out '" +
+                            (dir / "plain").string() + "'",
+                        dir);
+  REQUIRE(plain.status == 0);
+  CHECK(plain.out.find("param groups:") == std::string::npos);
+  CHECK(slurp(dir / "plain" / "metrics.csv") != metrics);
+  // Bad groups: one line, status 2, naming the key and the value.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"([{"name": "x", "match": {"pattern": "blocks.*.mlp.*"}}])",
+       "train: param_groups[0].match (group 'x') expected a selector that matches a parameter, "
+       "got {pattern \"blocks.*.mlp.*\"}: it matched none of the 12 parameters"},
+      {R"([{"name": "x", "match": {"rank": 2}, "lr_mult": -1}])",
+       "param_groups[0].lr_mult (group 'x') expected a finite value >= 0, got -1"},
+      {R"([{"name": "x", "match": {"rank": 2}, "optimizer": "muon"}])",
+       "param_groups[0].optimizer (group 'x') expected adamw|sgd"},
+      {R"([{"name": "x", "lr": 2}])", "config key 'param_groups[0].lr': unknown key"},
+      {R"([{"name": "x", "match": {"kind": "weights"}}])", "param_groups[0].match.kind"},
+  };
+  int i = 0;
+  for (const auto& [groups, needle] : bad) {
+    const fs::path file = dir / ("bad" + std::to_string(i++) + ".json");
+    std::ofstream(file) << R"({"param_groups": )" << groups << "}";
+    check_bad_input(
+        std::string("train ") + kTinyRecall + " --steps 2 --config '" + file.string() + "'", dir,
+        needle);
+  }
+}
+
 namespace {
 
 const char* kAccumRecall =

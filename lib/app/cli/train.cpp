@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/param_groups.hpp"
 #include "attnlab/blas.hpp"
 #include "commands.hpp"
 
@@ -38,7 +39,9 @@ void add_config_sources(CLI::App& train, TrainConfig& tc) {
   train
       .add_option_function<std::string>(
           "--config", [&tc](const std::string& path) { read_config_file(path, tc); },
-          "load a run config (JSON, e.g. a run's OUT/config.json); flags override it")
+          "load a run config (JSON, e.g. a run's OUT/config.json); flags override it. "
+          "Parameter groups (param_groups: per-group optimizer, lr_mult, weight_decay) are set "
+          "here only")
       ->check(CLI::ExistingFile);
   train
       .add_option_function<std::string>(
@@ -265,6 +268,10 @@ int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
   }
   t.context.backend = parse_backend(t.device, "train", "--device");
   t.context.comm = &comm;
+  if (!tc.param_groups.empty() && !t.quiet && cli.rank == 0) {  // for the user to check them
+    std::fprintf(stdout, "%s\n", param_groups_text(plan_param_groups(tc)).c_str());
+    std::fflush(stdout);
+  }
   return run_train(tc, t.context, cli);
 }
 

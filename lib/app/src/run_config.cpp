@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/app/config_bounds.hpp"
+#include "attnlab/app/param_groups.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/text.hpp"
 #include "attnlab/io/config_json.hpp"
@@ -32,8 +33,9 @@ ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, len
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
                             model, optimizer, lr, beta1, beta2, momentum, weight_decay,
-                            decay_params, clip, z_loss, schedule, min_lr, warmup, steps, batch,
-                            grad_accum, seed, eval_every, eval_size, out, save_every, weights_only)
+                            decay_params, param_groups, clip, z_loss, schedule, min_lr, warmup,
+                            steps, batch, grad_accum, seed, eval_every, eval_size, out, save_every,
+                            weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -118,6 +120,7 @@ void validate(const TrainConfig& c) {
                                 "causal): its target at position i depends on later tokens");
   check_arg(std::isfinite(c.min_lr) && c.min_lr >= 0 && c.min_lr <= c.lr, op, "min_lr",
             "in [0, lr]", std::to_string(c.min_lr));
+  check_param_groups(c);
 }
 
 namespace {
@@ -254,7 +257,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c) {
   const double per_example = L * per_block + T * (2 * C + 3 * V);
   MemoryEstimate e;
   e.parameters = 2 * P * kFloat;
-  e.optimizer = (c.optimizer == "adamw" ? 2 : 1) * P * kFloat;
+  e.optimizer = optimizer_state_values(plan_param_groups(c)) * kFloat;  // AdamW 2, SGD 1 per value
   e.activations = std::max(2.0 * c.batch, double(c.eval_size)) * per_example * kFloat;
   return e;
 }

@@ -14,7 +14,7 @@ double tensor_norm(const xt::xarray<float>& a) {
   return std::sqrt(s);
 }
 
-TrainBackend::TrainBackend(Model& model, Optimizer<float>& optimizer, double z_loss)
+TrainBackend::TrainBackend(Model& model, OptimizerGroups<float>& optimizer, double z_loss)
     : model_(model), opt_(optimizer), params_(model.parameters()), loss_(z_loss) {}
 
 std::string TrainBackend::name() const {

@@ -10,7 +10,7 @@
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/nn/cross_entropy.hpp"
-#include "attnlab/optim/optimizer.hpp"
+#include "attnlab/optim/param_groups.hpp"
 
 namespace attnlab::app {
 
@@ -22,9 +22,9 @@ struct LayerAttention {
 
 class TrainBackend {
  public:
-  // `model` already on its backend; `optimizer` over model.parameters(); z_loss the loss's z-loss
-  // coefficient (0: none).
-  TrainBackend(Model& model, Optimizer<float>& optimizer, double z_loss = 0);
+  // `model` already on its backend; `optimizer` the groups over model.parameters(); z_loss the
+  // loss's z-loss coefficient (0: none).
+  TrainBackend(Model& model, OptimizerGroups<float>& optimizer, double z_loss = 0);
 
   std::string name() const;  // the backend's name: "cpu", "cuda: ...", "emulated (CPU)"
   void set_lr(double lr);
@@ -59,7 +59,7 @@ class TrainBackend {
 
  private:
   Model& model_;
-  Optimizer<float>& opt_;
+  OptimizerGroups<float>& opt_;
   ParameterList<float> params_;
   CrossEntropyLoss<float> loss_;
   std::uint64_t seed_ = 0, step_ = 0;

@@ -10,7 +10,7 @@ RunSaver::RunSaver(std::string path, std::string config_json, bool enabled, bool
       enabled_(enabled),
       weights_only_(weights_only) {}
 
-void RunSaver::save(std::size_t step, TrainBackend& backend, Optimizer<float>& optimizer,
+void RunSaver::save(std::size_t step, TrainBackend& backend, OptimizerGroups<float>& optimizer,
                     const ParameterList<float>& params, const Rng& data_rng) const {
   if (!enabled_) return;
   backend.sync_host();

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "attnlab/optim/optimizer.hpp"
+#include "attnlab/optim/param_groups.hpp"
 #include "attnlab/random.hpp"
 #include "train_backend.hpp"
 
@@ -18,7 +18,7 @@ class RunSaver {
   RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only = false);
 
   // Brings the host mirror up to date from the backend, then writes atomically.
-  void save(std::size_t step, TrainBackend& backend, Optimizer<float>& optimizer,
+  void save(std::size_t step, TrainBackend& backend, OptimizerGroups<float>& optimizer,
             const ParameterList<float>& params, const Rng& data_rng) const;
 
  private:

@@ -18,6 +18,7 @@
 #include "attnlab/app/data_file.hpp"
 #include "attnlab/app/loss.hpp"
 #include "attnlab/app/model.hpp"
+#include "attnlab/app/param_groups.hpp"
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/text.hpp"
@@ -26,9 +27,7 @@
 #include "attnlab/cuda.hpp"
 #include "attnlab/distributed.hpp"
 #include "attnlab/io/safetensors.hpp"
-#include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/schedule.hpp"
-#include "attnlab/optim/sgd.hpp"
 #include "attnlab/threads.hpp"
 #include "train_backend.hpp"
 #include "train_metrics.hpp"
@@ -213,15 +212,6 @@ struct TrainData {
   Batch eval;
 };
 
-std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
-                                                 const ParameterList<float>& params) {
-  const DecayParams decay = parse_decay_params(c.decay_params);
-  if (c.optimizer == "adamw")
-    return std::make_unique<AdamW<float>>(
-        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, decay});
-  return std::make_unique<SGD<float>>(params, SgdOptions{c.lr, c.momentum, c.weight_decay, decay});
-}
-
 // The labelled positions (targets != kIgnoreIndex) of rows [begin, end) of `targets`.
 std::size_t labelled_rows(const TokenIds& targets, std::size_t begin, std::size_t end) {
   const std::size_t T = targets.shape()[1];
@@ -295,7 +285,8 @@ LrSchedule make_schedule(const TrainConfig& c, std::size_t steps) {
 // A resumed run's state from its checkpoint: the weights and the optimizer state (into the host
 // copy, before the model moves to its backend) and the data stream's position.
 void restore_training_state(const TrainConfig& c, const RunMeta& resumed,
-                            ParameterList<float>& params, Optimizer<float>& opt, Rng& data_rng) {
+                            ParameterList<float>& params, OptimizerGroups<float>& opt,
+                            Rng& data_rng) {
   StateTensors state;
   for (auto& t : opt.state_tensors()) state.emplace_back(t.first, std::move(t.second));
   load_run_checkpoint(c.resume + "/model.safetensors", params, &state);
@@ -328,7 +319,7 @@ struct RunParts {
   const Batch& eval;   // this rank's rows of the eval set
   Model& model;
   const ParameterList<float>& params;
-  Optimizer<float>& opt;
+  OptimizerGroups<float>& opt;  // the run's parameter groups (one, "default", unless configured)
   TrainBackend& backend;
   const LrSchedule& schedule;
   std::optional<MetricsLog>& log;  // rank 0 only
@@ -581,13 +572,17 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
       transformer_flops_per_token(p.c.model, static_cast<std::size_t>(shape.seq_len));
   result.world_size = p.comm.size();
   result.distributed = p.comm.name();
-  for (std::size_t i = 0; i < p.params.size(); ++i) {
-    const std::size_t n = p.params[i].param->size();
-    result.param_tensors += 1;
-    result.param_values += n;
-    if (p.opt.decays(i)) {
-      result.decayed_tensors += 1;
-      result.decayed_values += n;
+  const std::vector<ParamGroupPlan> plan = plan_param_groups(p.c);  // in p.opt's group order
+  for (std::size_t g = 0; g < p.opt.size(); ++g) {
+    const Optimizer<float>& opt = *p.opt.group(g).optimizer;
+    for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
+      const std::size_t n = opt.parameters()[i].param->size();
+      result.param_tensors += 1;
+      result.param_values += n;
+      if (opt.decays(i) && plan.at(g).weight_decay > 0) {
+        result.decayed_tensors += 1;
+        result.decayed_values += n;
+      }
     }
   }
   if (steps_run > 0)
@@ -640,7 +635,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);
   ParameterList<float> params = model.parameters();
-  const auto opt = make_optimizer(c, params);
+  const auto opt = std::make_unique<OptimizerGroups<float>>(make_optimizer_groups(c, params));
   const auto steps = static_cast<std::size_t>(c.steps);
   const LrSchedule schedule = make_schedule(c, steps);
   const std::size_t start = resuming ? resumed.step : 0;

@@ -194,4 +194,44 @@ ATTNLAB_JSON_FIELDS(BlockConfig, attention, d_ff, attn_only, mlp, norm, bias, dr
 ATTNLAB_JSON_FIELDS(TransformerConfig, vocab_sizes, max_len, layers, out_vocab, positions, block,
                     logit_softcap, tie_embeddings)
 
+ATTNLAB_JSON_FIELDS(ParamSelector, pattern, rank, kind)
+
+namespace {
+// null: not set; else a finite number (read_value's check).
+void read_optional(const nlohmann::json& j, const char* key, std::optional<double>& v) {
+  const auto it = j.find(key);
+  if (it == j.end()) return;
+  if (it->is_null()) {
+    v.reset();
+    return;
+  }
+  double x = 0;
+  config_json::read_field(j, key, x);
+  v = x;
+}
+
+nlohmann::json optional_json(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+}  // namespace
+
+// By hand: lr_mult and weight_decay are null or a number, as SdpaConfig's scale.
+void to_json(nlohmann::json& j, const ParamGroupSpec& v) {
+  j = {{"name", v.name},
+       {"match", v.match},
+       {"optimizer", v.optimizer},
+       {"lr_mult", optional_json(v.lr_mult)},
+       {"weight_decay", optional_json(v.weight_decay)}};
+}
+
+void from_json(const nlohmann::json& j, ParamGroupSpec& v) {
+  config_json::check_keys(j, "ParamGroupSpec",
+                          {"name", "match", "optimizer", "lr_mult", "weight_decay"});
+  config_json::read_field(j, "name", v.name);
+  config_json::read_field(j, "match", v.match);
+  config_json::read_field(j, "optimizer", v.optimizer);
+  read_optional(j, "lr_mult", v.lr_mult);
+  read_optional(j, "weight_decay", v.weight_decay);
+}
+
 }  // namespace attnlab

@@ -199,16 +199,23 @@ std::vector<NamedTensor<T>> Optimizer<T>::state_tensors() const {
 }
 
 template <class T>
-void Optimizer<T>::load_state(const std::vector<NamedTensor<T>>& tensors, std::size_t step_count) {
-  const std::string op = name_ + ".load_state";
-  // name -> (slot, param)
-  std::vector<const xt::xarray<T>*> found(slots_.size() * params_.size(), nullptr);
-  std::vector<std::string> expected_names(found.size());
+std::vector<std::string> Optimizer<T>::state_names() const {
+  std::vector<std::string> names;
+  names.reserve(params_.size() * slots_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    for (std::size_t s = 0; s < slots_.size(); ++s) {
-      expected_names[i * slots_.size() + s] = optim_state_name(params_[i].name, slot_names_[s]);
-    }
+    for (std::size_t s = 0; s < slots_.size(); ++s)
+      names.push_back(optim_state_name(params_[i].name, slot_names_[s]));
   }
+  return names;
+}
+
+template <class T>
+std::vector<const xt::xarray<T>*> Optimizer<T>::match_state(
+    const std::vector<NamedTensor<T>>& tensors) const {
+  const std::string op = name_ + ".load_state";
+  // [i * slots + s]: the tensor of parameter i's slot s
+  const std::vector<std::string> expected_names = state_names();
+  std::vector<const xt::xarray<T>*> found(expected_names.size(), nullptr);
   for (const auto& [name, tensor] : tensors) {
     std::size_t index = found.size();
     for (std::size_t j = 0; j < expected_names.size(); ++j) {
@@ -226,6 +233,17 @@ void Optimizer<T>::load_state(const std::vector<NamedTensor<T>>& tensors, std::s
     check_arg(found[j] != nullptr, op, "state tensor '" + expected_names[j] + "'", "present",
               "missing");
   }
+  return found;
+}
+
+template <class T>
+void Optimizer<T>::check_state(const std::vector<NamedTensor<T>>& tensors) const {
+  match_state(tensors);
+}
+
+template <class T>
+void Optimizer<T>::load_state(const std::vector<NamedTensor<T>>& tensors, std::size_t step_count) {
+  const std::vector<const xt::xarray<T>*> found = match_state(tensors);
   DeviceOps<T>& ops = backend();
   for (std::size_t j = 0; j < found.size(); ++j) {
     const std::size_t s = j % slots_.size(), i = j / slots_.size();

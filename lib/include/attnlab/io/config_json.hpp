@@ -24,6 +24,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "attnlab/nn/transformer.hpp"
+#include "attnlab/optim/param_groups.hpp"
 
 namespace attnlab {
 
@@ -53,6 +54,12 @@ void to_json(nlohmann::json& j, const BlockConfig& v);
 void from_json(const nlohmann::json& j, BlockConfig& v);
 void to_json(nlohmann::json& j, const TransformerConfig& v);
 void from_json(const nlohmann::json& j, TransformerConfig& v);
+// Parameter groups (optim/param_groups.hpp): pattern, rank, kind; name, match, optimizer, lr_mult
+// and weight_decay, the last two null when not set (the default group's value; 1 for lr_mult).
+void to_json(nlohmann::json& j, const ParamSelector& v);
+void from_json(const nlohmann::json& j, ParamSelector& v);
+void to_json(nlohmann::json& j, const ParamGroupSpec& v);
+void from_json(const nlohmann::json& j, ParamGroupSpec& v);
 
 namespace config_json {
 

@@ -83,10 +83,15 @@ class Optimizer {
   // Every state tensor, named optim_state_name(param, slot), in parameter order then slot order.
   // The step count is separate: step_count(). The tensors are copies.
   std::vector<NamedTensor<T>> state_tensors() const;
+  // The names of state_tensors(), in its order, without copying the tensors.
+  std::vector<std::string> state_names() const;
   // Restores what state_tensors() and step_count() returned, for the same parameters (same names
   // and shapes). All checks run before anything is assigned: a missing, unknown or duplicate name
   // throws std::invalid_argument naming the tensor, a wrong shape throws ShapeError.
   void load_state(const std::vector<NamedTensor<T>>& tensors, std::size_t step_count);
+  // The checks of load_state alone: throws as it would, assigns nothing (OptimizerGroups checks
+  // every child before it loads any).
+  void check_state(const std::vector<NamedTensor<T>>& tensors) const;
 
  protected:
   // Validates the list: non-empty, no null Parameter, no empty or duplicate name, no Parameter
@@ -114,6 +119,8 @@ class Optimizer {
  private:
   // The parameters' backend; moves the state there first if it is elsewhere.
   DeviceOps<T>& backend();
+  // load_state's checks: the tensor for state_names()[j] at [j]; throws as load_state documents.
+  std::vector<const xt::xarray<T>*> match_state(const std::vector<NamedTensor<T>>& tensors) const;
 
   std::string name_;
   ParameterList<T> params_;

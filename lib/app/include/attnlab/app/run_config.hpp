@@ -11,12 +11,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/nn/transformer.hpp"
+#include "attnlab/optim/param_groups.hpp"
 
 namespace attnlab::app {
 
@@ -37,6 +39,12 @@ struct TrainConfig {
   // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
   // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
   std::string decay_params = "all";
+  // Parameter groups (config file only; lib/README.md, "Parameter groups"): a parameter joins the
+  // first group whose match selects it and is updated by that group's optimizer (adamw | sgd; ""
+  // this config's), at lr · lr_mult, with the group's weight_decay (none: this config's); the rest
+  // form the group "default" with the fields above. decay_params applies within every group.
+  // Empty: one group, as before. Recorded in the checkpoint, so a resume forms the same groups.
+  std::vector<ParamGroupSpec> param_groups;
   double clip = 0;  // 0: no clipping
   // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
   // its (softcapped) logits (Wortsman et al. 2023: 1e-4). 0: none.

@@ -1,0 +1,147 @@
+#include "attnlab/app/param_groups.hpp"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "attnlab/app/config_bounds.hpp"
+#include "attnlab/optim/adamw.hpp"
+#include "attnlab/optim/sgd.hpp"
+
+namespace attnlab::app {
+
+namespace {
+
+// The kinds a group may name: this app's optimizers.
+bool known_optimizer(const std::string& kind) {
+  return kind == "adamw" || kind == "sgd";
+}
+
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// 49152 -> "49,152".
+std::string with_commas(std::size_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The model's parameter names and shapes, worked out from the config.
+std::vector<ParameterShape> model_shapes(const TrainConfig& c) {
+  return transformer_parameter_shapes(resolve_model(c.model, task_shape(c.task)));
+}
+
+// check_param_groups' work; the partition when it passes.
+std::vector<std::size_t> checked_assignment(const TrainConfig& c,
+                                            const std::vector<ParameterShape>& shapes) {
+  const char* op = "train";
+  const FieldBound& decay_bound = field_bound("weight_decay");
+  for (std::size_t i = 0; i < c.param_groups.size(); ++i) {
+    const ParamGroupSpec& g = c.param_groups[i];
+    const std::string key = "param_groups[" + std::to_string(i) + "].";
+    const std::string group = g.name.empty() ? "" : " (group '" + g.name + "')";
+    check_arg(g.optimizer.empty() || known_optimizer(g.optimizer), op, key + "optimizer" + group,
+              "adamw|sgd, or \"\" (the config's, " + c.optimizer + ")", "'" + g.optimizer + "'");
+    if (g.weight_decay) {
+      const std::string problem =
+          bound_problem(decay_bound, *g.weight_decay, number(*g.weight_decay), true);
+      if (!problem.empty())
+        throw std::invalid_argument(std::string(op) + ": " + key + "weight_decay" + group + " " +
+                                    problem);
+    }
+  }
+  std::vector<std::string> names;
+  std::vector<std::size_t> ranks;
+  for (const ParameterShape& p : shapes) {
+    names.push_back(p.name);
+    ranks.push_back(p.shape.size());
+  }
+  try {
+    return assign_param_groups(c.param_groups, names, ranks);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(op) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+void check_param_groups(const TrainConfig& c) {
+  if (c.param_groups.empty()) return;
+  checked_assignment(c, model_shapes(c));
+}
+
+std::vector<ParamGroupPlan> plan_param_groups(const TrainConfig& c) {
+  const std::vector<ParameterShape> shapes = model_shapes(c);
+  const std::vector<std::size_t> assigned = checked_assignment(c, shapes);
+  const std::size_t n = c.param_groups.size();
+  std::vector<ParamGroupPlan> plan(n + 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ParamGroupSpec& g = c.param_groups[i];
+    plan[i] = {g.name,
+               g.optimizer.empty() ? c.optimizer : g.optimizer,
+               g.lr_mult.value_or(1.0),
+               g.weight_decay.value_or(c.weight_decay),
+               {},
+               0};
+  }
+  plan[n] = {std::string(kDefaultParamGroup), c.optimizer, 1.0, c.weight_decay, {}, 0};
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    std::size_t size = 1;
+    for (const std::size_t d : shapes[p].shape) size *= d;
+    plan[assigned[p]].parameters.push_back(shapes[p].name);
+    plan[assigned[p]].values += size;
+  }
+  if (n > 0 && plan[n].parameters.empty()) plan.pop_back();  // every parameter is in a group
+  return plan;
+}
+
+std::string param_groups_text(const std::vector<ParamGroupPlan>& plan) {
+  std::string out = "param groups:";
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const ParamGroupPlan& g = plan[i];
+    const std::size_t tensors = g.parameters.size();
+    out += (i ? "; " : " ") + g.name + " " + g.optimizer + " lr×" + number(g.lr_mult) + " wd " +
+           number(g.weight_decay) + ": " + std::to_string(tensors) +
+           (tensors == 1 ? " tensor (" : " tensors (") + with_commas(g.values) + " values)";
+  }
+  return out;
+}
+
+double optimizer_state_values(const std::vector<ParamGroupPlan>& plan) {
+  double floats = 0;
+  for (const ParamGroupPlan& g : plan)
+    floats += (g.optimizer == "adamw" ? 2.0 : 1.0) * static_cast<double>(g.values);
+  return floats;
+}
+
+std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c,
+                                                       const std::string& kind,
+                                                       ParameterList<float> params,
+                                                       double weight_decay) {
+  const DecayParams decay = parse_decay_params(c.decay_params);
+  if (kind == "adamw")
+    return std::make_unique<AdamW<float>>(
+        std::move(params), AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, weight_decay, decay});
+  if (kind == "sgd")
+    return std::make_unique<SGD<float>>(std::move(params),
+                                        SgdOptions{c.lr, c.momentum, weight_decay, decay});
+  check_arg(false, "train", "optimizer", "adamw|sgd", "'" + kind + "'");
+  return nullptr;
+}
+
+OptimizerGroups<float> make_optimizer_groups(const TrainConfig& c,
+                                             const ParameterList<float>& params) {
+  return build_param_groups<float>(
+      params, c.param_groups, c.optimizer, c.weight_decay,
+      [&c](const std::string& kind, ParameterList<float> list, double weight_decay) {
+        return make_group_optimizer(c, kind, std::move(list), weight_decay);
+      });
+}
+
+}  // namespace attnlab::app
