@@ -1106,6 +1106,49 @@ TEST_CASE("cli: --decay-params matrices decays the 2-D parameters only, and resu
   check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir, "decay_params");
 }
 
+TEST_CASE(
+    "cli: --optimizer muon: Muon for the hidden matrices, AdamW for the rest, resumed exactly") {
+  const auto dir = scratch("muon");
+  const std::string common =
+      "train --task recall --keys 8 --values 8 --pairs 4 --d-model 16 --heads 1 --attn-only "
+      "--batch 16 --eval-size 64 --threads 1 --steps 30 --eval-every 5 --lr 0.01 --seed 3 "
+      "--optimizer muon --muon-lr 0.05";
+  // The four attention matrices (16 x 16) to Muon at 0.05 = 5 x lr; tables, head, norms to AdamW.
+  const std::string groups_line =
+      "param groups: muon muon lr×5 wd 0: 4 tensors (1,024 values); default adamw lr×1 wd 0: 8 "
+      "tensors (528 values)\n";
+  const Run full = cli(common + " --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  CHECK(full.out.find(groups_line) != std::string::npos);
+  const auto config = nlohmann::json::parse(slurp(dir / "full" / "config.json"));
+  CHECK(config["optimizer"] == "muon");
+  CHECK(config["muon_lr"] == 0.05);
+  CHECK(config["muon_ns_steps"] == 5);
+  // Stopped and resumed: the momentum buffers travel in the checkpoint, so the metrics agree.
+  const Run first =
+      cli(common + " --stop-after 15 --quiet --out '" + (dir / "split").string() + "'", dir);
+  CHECK(first.status == 130);
+  const Run second = cli("train --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  CHECK(metrics.size() > 100);
+  CHECK(metrics == slurp(dir / "split" / "metrics.csv"));
+  // AdamW alone trains otherwise.
+  const Run adamw = cli(std::string("train ") + kTinyRecall +
+                            " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --out '" +
+                            (dir / "adamw").string() + "'",
+                        dir);
+  REQUIRE(adamw.status == 0);
+  CHECK(slurp(dir / "adamw" / "metrics.csv") != metrics);
+  // Bad values: one line, status 2, naming the flag and the value.
+  const std::string tiny = std::string("train ") + kTinyRecall + " --steps 2 --optimizer muon ";
+  check_bad_input(tiny + "--muon-momentum -0.1", dir, "--muon-momentum");
+  check_bad_input(tiny + "--muon-ns-steps 0", dir, "--muon-ns-steps");
+  check_bad_input(tiny + "--muon-scale spectal", dir, "--muon-scale");
+  check_bad_input(tiny + "--muon-lr 0", dir, "--muon-lr");
+  check_bad_input(std::string("train ") + kTinyRecall + " --optimizer lion", dir, "--optimizer");
+}
+
 TEST_CASE("cli: param_groups in a config file: the groups are printed, and a resume is exact") {
   const auto dir = scratch("param_groups");
   std::ofstream(dir / "groups.json") << R"({"param_groups": [
@@ -1157,8 +1200,11 @@ TEST_CASE("cli: param_groups in a config file: the groups are printed, and a res
        "got {pattern \"blocks.*.mlp.*\"}: it matched none of the 12 parameters"},
       {R"([{"name": "x", "match": {"rank": 2}, "lr_mult": -1}])",
        "param_groups[0].lr_mult (group 'x') expected a finite value >= 0, got -1"},
-      {R"([{"name": "x", "match": {"rank": 2}, "optimizer": "muon"}])",
-       "param_groups[0].optimizer (group 'x') expected adamw|sgd"},
+      {R"([{"name": "x", "match": {"rank": 2}, "optimizer": "lion"}])",
+       "param_groups[0].optimizer (group 'x') expected adamw|sgd|muon"},
+      {R"([{"name": "x", "match": {"rank": 1}, "optimizer": "muon"}])",
+       "param_groups[0].match (group 'x') expected matrices only for optimizer muon (route the "
+       "rest to adamw), got '"},
       {R"([{"name": "x", "lr": 2}])", "config key 'param_groups[0].lr': unknown key"},
       {R"([{"name": "x", "match": {"kind": "weights"}}])", "param_groups[0].match.kind"},
   };

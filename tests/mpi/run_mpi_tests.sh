@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CLI's data-parallel training under `mpirun -np 2` (issue 15's checks), one case per call:
 #   run_mpi_tests.sh ATTNLAB_CLI MPI_TEST_BINARY CASE
-# CASE: lib | equivalence | grad-accum | eval | resume | killed | rank-error | bad-input. Exit 77 (ctest: skipped) when the
+# CASE: lib | equivalence | grad-accum | muon | eval | resume | killed | rank-error | bad-input. Exit 77 (ctest: skipped) when the
 # CLI was built without MPI or mpirun is missing. Needs no Python.
 #
 # Open MPI as root (CI runs as root) needs its two permission variables; 2 ranks on a 2-core machine
@@ -80,6 +80,15 @@ grad-accum)
     awk -F, '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "z_loss " $1 " vs " $2; bad = 1 } }
       END { exit bad }' || fail "the z_loss column differs under 2 processes"
   [ "$(json_field two/summary.json world_size)" = 2 ] || fail "summary.json lacks world_size 2"
+  ;;
+muon)
+  # Muon's Newton–Schulz iteration runs on each rank over the all-reduced gradient: -np 2 follows
+  # one process on the same 32 rows per step (the hidden matrices through Muon, the rest AdamW).
+  args=(--task recall --steps 40 --eval-every 5 --threads 1 --quiet --optimizer muon --layers 2
+        --heads 2 --d-model 16)
+  "$cli" train "${args[@]}" --batch 32 --out one > /dev/null
+  mpi 2 "$cli" train "${args[@]}" --batch 32 --out two > /dev/null
+  same_curves one/metrics.csv two/metrics.csv 1e-5
   ;;
 eval)
   # The sharded eval (uneven shards: 509 examples) equals one process's on the same weights: the

@@ -67,8 +67,30 @@ void add_data_flags(CLI::App& train, TrainConfig& tc) {
 }
 
 void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
-  train.add_option("--optimizer", tc.optimizer, "optimizer")
-      ->check(CLI::IsMember({"adamw", "sgd"}))
+  train
+      .add_option("--optimizer", tc.optimizer,
+                  "optimizer (muon: Muon for the hidden matrices at --muon-lr, AdamW for "
+                  "embeddings, head, norms, biases and scales at --lr)")
+      ->check(CLI::IsMember({"adamw", "sgd", "muon"}))
+      ->capture_default_str();
+  train.add_option("--muon-lr", tc.muon_lr, "Muon: the hidden matrices' peak learning rate")
+      ->check(bounded("muon_lr"))
+      ->capture_default_str();
+  train.add_option("--muon-momentum", tc.muon_momentum, "Muon: the momentum (muon.py's 0.95)")
+      ->check(bounded("muon_momentum"))
+      ->capture_default_str();
+  train
+      .add_option("--muon-nesterov", tc.muon_nesterov,
+                  "Muon: Nesterov momentum (true, muon.py's default) or plain")
+      ->capture_default_str();
+  train.add_option("--muon-ns-steps", tc.muon_ns_steps, "Muon: Newton-Schulz steps")
+      ->check(bounded("muon_ns_steps"))
+      ->capture_default_str();
+  train
+      .add_option("--muon-scale", tc.muon_scale,
+                  "Muon: the update scale, spectral (sqrt(max(1, fan_out/fan_in)), muon.py) or "
+                  "rms (0.2 sqrt(max(fan_in, fan_out)), matching AdamW's update RMS)")
+      ->check(CLI::IsMember({"spectral", "rms"}))
       ->capture_default_str();
   train.add_option("--lr", tc.lr, "peak learning rate")
       ->check(bounded("lr"))
@@ -268,7 +290,8 @@ int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
   }
   t.context.backend = parse_backend(t.device, "train", "--device");
   t.context.comm = &comm;
-  if (!tc.param_groups.empty() && !t.quiet && cli.rank == 0) {  // for the user to check them
+  if ((!tc.param_groups.empty() || tc.optimizer == "muon") && !t.quiet &&
+      cli.rank == 0) {  // for the user to check them
     std::fprintf(stdout, "%s\n", param_groups_text(plan_param_groups(tc)).c_str());
     std::fflush(stdout);
   }

@@ -1,10 +1,12 @@
 #include "attnlab/app/param_groups.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
 #include "attnlab/app/config_bounds.hpp"
 #include "attnlab/optim/adamw.hpp"
+#include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/sgd.hpp"
 
 namespace attnlab::app {
@@ -13,7 +15,7 @@ namespace {
 
 // The kinds a group may name: this app's optimizers.
 bool known_optimizer(const std::string& kind) {
-  return kind == "adamw" || kind == "sgd";
+  return kind == "adamw" || kind == "sgd" || kind == "muon";
 }
 
 std::string number(double x) {
@@ -37,9 +39,51 @@ std::vector<ParameterShape> model_shapes(const TrainConfig& c) {
   return transformer_parameter_shapes(resolve_model(c.model, task_shape(c.task)));
 }
 
-// check_param_groups' work; the partition when it passes.
-std::vector<std::size_t> checked_assignment(const TrainConfig& c,
-                                            const std::vector<ParameterShape>& shapes) {
+// The Muon hybrid's group: every block's matrices (attention and MLP weights), at muon_lr.
+ParamGroupSpec muon_group(const TrainConfig& c) {
+  ParamGroupSpec g;
+  g.name = "muon";
+  g.match.pattern = "blocks.*";
+  g.match.rank = 2;
+  g.optimizer = "muon";
+  g.lr_mult = c.muon_lr / c.lr;
+  return g;
+}
+
+// The groups a run forms: c.param_groups, then with optimizer muon the group "muon" when it still
+// claims a parameter (the user's groups may have taken every hidden matrix), and the default
+// group's optimizer (AdamW when the config's optimizer is muon: Muon takes matrices only).
+struct EffectiveGroups {
+  std::vector<ParamGroupSpec> specs;
+  std::string default_optimizer;
+};
+
+EffectiveGroups effective_groups(const TrainConfig& c, const std::vector<std::string>& names,
+                                 const std::vector<std::size_t>& ranks) {
+  EffectiveGroups e{c.param_groups, c.optimizer};
+  if (c.optimizer != "muon") return e;
+  e.default_optimizer = "adamw";
+  const ParamGroupSpec hidden = muon_group(c);
+  if (std::any_of(c.param_groups.begin(), c.param_groups.end(),
+                  [](const ParamGroupSpec& g) { return g.name == "muon"; }))
+    return e;  // the user named a group "muon": theirs is the Muon group
+  const std::vector<std::size_t> before = assign_param_groups(c.param_groups, names, ranks);
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    if (before[p] == c.param_groups.size() && matches(hidden.match, names[p], ranks[p])) {
+      e.specs.push_back(hidden);
+      break;
+    }
+  }
+  return e;
+}
+
+// check_param_groups' work: the groups and the partition when they pass.
+struct Assignment {
+  EffectiveGroups groups;
+  std::vector<std::size_t> assigned;  // per parameter: its group, or specs.size() for default
+};
+
+Assignment checked_assignment(const TrainConfig& c, const std::vector<ParameterShape>& shapes) {
   const char* op = "train";
   const FieldBound& decay_bound = field_bound("weight_decay");
   for (std::size_t i = 0; i < c.param_groups.size(); ++i) {
@@ -47,7 +91,8 @@ std::vector<std::size_t> checked_assignment(const TrainConfig& c,
     const std::string key = "param_groups[" + std::to_string(i) + "].";
     const std::string group = g.name.empty() ? "" : " (group '" + g.name + "')";
     check_arg(g.optimizer.empty() || known_optimizer(g.optimizer), op, key + "optimizer" + group,
-              "adamw|sgd, or \"\" (the config's, " + c.optimizer + ")", "'" + g.optimizer + "'");
+              "adamw|sgd|muon, or \"\" (the config's, " + c.optimizer + ")",
+              "'" + g.optimizer + "'");
     if (g.weight_decay) {
       const std::string problem =
           bound_problem(decay_bound, *g.weight_decay, number(*g.weight_decay), true);
@@ -62,40 +107,58 @@ std::vector<std::size_t> checked_assignment(const TrainConfig& c,
     names.push_back(p.name);
     ranks.push_back(p.shape.size());
   }
+  Assignment a;
   try {
-    return assign_param_groups(c.param_groups, names, ranks);
+    a.groups = effective_groups(c, names, ranks);
+    a.assigned = assign_param_groups(a.groups.specs, names, ranks);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string(op) + ": " + e.what());
   }
+  // Muon takes matrices only: a Muon group that claims another rank is named with its parameter.
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    const std::size_t g = a.assigned[p];
+    if (g == a.groups.specs.size() || ranks[p] == 2) continue;
+    const ParamGroupSpec& spec = a.groups.specs[g];
+    const std::string& kind = spec.optimizer.empty() ? a.groups.default_optimizer : spec.optimizer;
+    if (kind != "muon") continue;
+    const std::string key =
+        g < c.param_groups.size() ? "param_groups[" + std::to_string(g) + "].match" : "optimizer";
+    check_arg(false, op, key + " (group '" + spec.name + "')",
+              "matrices only for optimizer muon (route the rest to adamw)",
+              "'" + names[p] + "' of rank " + std::to_string(ranks[p]));
+  }
+  return a;
 }
 
 }  // namespace
 
 void check_param_groups(const TrainConfig& c) {
-  if (c.param_groups.empty()) return;
+  if (c.param_groups.empty() && c.optimizer != "muon") return;
   checked_assignment(c, model_shapes(c));
 }
 
 std::vector<ParamGroupPlan> plan_param_groups(const TrainConfig& c) {
   const std::vector<ParameterShape> shapes = model_shapes(c);
-  const std::vector<std::size_t> assigned = checked_assignment(c, shapes);
-  const std::size_t n = c.param_groups.size();
+  const Assignment a = checked_assignment(c, shapes);
+  const std::vector<ParamGroupSpec>& specs = a.groups.specs;
+  const std::string& fallback = a.groups.default_optimizer;
+  const std::size_t n = specs.size();
   std::vector<ParamGroupPlan> plan(n + 1);
   for (std::size_t i = 0; i < n; ++i) {
-    const ParamGroupSpec& g = c.param_groups[i];
+    const ParamGroupSpec& g = specs[i];
     plan[i] = {g.name,
-               g.optimizer.empty() ? c.optimizer : g.optimizer,
+               g.optimizer.empty() ? fallback : g.optimizer,
                g.lr_mult.value_or(1.0),
                g.weight_decay.value_or(c.weight_decay),
                {},
                0};
   }
-  plan[n] = {std::string(kDefaultParamGroup), c.optimizer, 1.0, c.weight_decay, {}, 0};
+  plan[n] = {std::string(kDefaultParamGroup), fallback, 1.0, c.weight_decay, {}, 0};
   for (std::size_t p = 0; p < shapes.size(); ++p) {
     std::size_t size = 1;
     for (const std::size_t d : shapes[p].shape) size *= d;
-    plan[assigned[p]].parameters.push_back(shapes[p].name);
-    plan[assigned[p]].values += size;
+    plan[a.assigned[p]].parameters.push_back(shapes[p].name);
+    plan[a.assigned[p]].values += size;
   }
   if (n > 0 && plan[n].parameters.empty()) plan.pop_back();  // every parameter is in a group
   return plan;
@@ -116,7 +179,7 @@ std::string param_groups_text(const std::vector<ParamGroupPlan>& plan) {
 double optimizer_state_values(const std::vector<ParamGroupPlan>& plan) {
   double floats = 0;
   for (const ParamGroupPlan& g : plan)
-    floats += (g.optimizer == "adamw" ? 2.0 : 1.0) * static_cast<double>(g.values);
+    floats += (g.optimizer == "adamw" ? 2.0 : 1.0) * static_cast<double>(g.values);  // muon: 1
   return floats;
 }
 
@@ -131,14 +194,32 @@ std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c,
   if (kind == "sgd")
     return std::make_unique<SGD<float>>(std::move(params),
                                         SgdOptions{c.lr, c.momentum, weight_decay, decay});
-  check_arg(false, "train", "optimizer", "adamw|sgd", "'" + kind + "'");
+  if (kind == "muon") {
+    MuonOptions o;
+    o.lr = c.lr;  // the base lr: the group's lr_mult makes it muon_lr
+    o.momentum = c.muon_momentum;
+    o.nesterov = c.muon_nesterov;
+    o.ns_steps = c.muon_ns_steps;
+    o.weight_decay = weight_decay;
+    o.scale = parse_muon_scale(c.muon_scale);
+    o.decay_params = decay;
+    return std::make_unique<Muon<float>>(std::move(params), o);
+  }
+  check_arg(false, "train", "optimizer", "adamw|sgd|muon", "'" + kind + "'");
   return nullptr;
 }
 
 OptimizerGroups<float> make_optimizer_groups(const TrainConfig& c,
                                              const ParameterList<float>& params) {
+  std::vector<std::string> names;
+  std::vector<std::size_t> ranks;
+  for (const auto& np : params) {
+    names.push_back(np.name);
+    ranks.push_back(np.param->value.dimension());
+  }
+  const EffectiveGroups e = effective_groups(c, names, ranks);
   return build_param_groups<float>(
-      params, c.param_groups, c.optimizer, c.weight_decay,
+      params, e.specs, e.default_optimizer, c.weight_decay,
       [&c](const std::string& kind, ParameterList<float> list, double weight_decay) {
         return make_group_optimizer(c, kind, std::move(list), weight_decay);
       });

@@ -32,10 +32,10 @@ void from_json(const json& j, TaskKind& v) {
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
-                            model, optimizer, lr, beta1, beta2, momentum, weight_decay,
-                            decay_params, param_groups, clip, z_loss, schedule, min_lr, warmup,
-                            steps, batch, grad_accum, seed, eval_every, eval_size, out, save_every,
-                            weights_only)
+                            model, optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
+                            muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
+                            param_groups, clip, z_loss, schedule, min_lr, warmup, steps, batch,
+                            grad_accum, seed, eval_every, eval_size, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -90,8 +90,10 @@ void validate(const TrainConfig& c) {
               "true for task text (give --causal)", "false");
   }
   resolve_model(c.model, task_shape(c.task));
-  check_arg(c.optimizer == "adamw" || c.optimizer == "sgd", op, "optimizer", "adamw|sgd",
-            c.optimizer);
+  check_arg(c.optimizer == "adamw" || c.optimizer == "sgd" || c.optimizer == "muon", op,
+            "optimizer", "adamw|sgd|muon", c.optimizer);
+  check_arg(c.muon_scale == "spectral" || c.muon_scale == "rms", op, "muon_scale", "spectral|rms",
+            c.muon_scale);
   check_arg(c.schedule == "constant" || c.schedule == "cosine", op, "schedule", "constant|cosine",
             c.schedule);
   check_arg(c.decay_params == "all" || c.decay_params == "matrices", op, "decay_params",

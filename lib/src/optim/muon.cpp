@@ -127,7 +127,7 @@ void Muon<T>::update_matrix(DeviceOps<T>& ops, const std::vector<std::size_t>& s
   }
   const double lr = this->lr();
   const double decayed =
-      decay ? decay_factor(options_.decay, lr, options_.lr, options_.weight_decay) : 0.0;
+      decay ? decay_factor(options_.decay, lr, this->base_lr(), options_.weight_decay) : 0.0;
   const double step = lr * muon_update_scale(options_.scale, r, c);
   ops.axpby(value, x, n, static_cast<T>(1 - decayed), static_cast<T>(-step));
 }

@@ -87,6 +87,7 @@ Optimizer<T>::Optimizer(std::string name, ParameterList<T> params, double lr, De
       runs_.back().last = decays_.size();
   }
   set_lr(lr);
+  set_base_lr(lr);
   state_ops_ = &backend();
 }
 
@@ -117,6 +118,12 @@ template <class T>
 void Optimizer<T>::set_lr(double lr) {
   check_arg(std::isfinite(lr) && lr >= 0, name_, "lr", "a finite value >= 0", to_text(lr));
   lr_ = lr;
+}
+
+template <class T>
+void Optimizer<T>::set_base_lr(double lr) {
+  check_arg(std::isfinite(lr) && lr >= 0, name_, "base_lr", "a finite value >= 0", to_text(lr));
+  base_lr_ = lr;
 }
 
 template <class T>

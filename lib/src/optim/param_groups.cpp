@@ -261,7 +261,9 @@ OptimizerGroups<T>::OptimizerGroups(std::vector<OptimizerGroup<T>> groups)
                 "in " + quoted(at->second) + " and " + quoted(g.name));
     }
   }
-  set_lr(groups_[0].optimizer->lr());
+  const double base = groups_[0].optimizer->lr();
+  for (OptimizerGroup<T>& g : groups_) g.optimizer->set_base_lr(base * g.lr_mult);
+  set_lr(base);
 }
 
 template <class T>

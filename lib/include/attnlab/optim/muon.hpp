@@ -12,7 +12,8 @@
 //     A = X Xᵀ,  B = b A + c A A,  X = a X + B X           (a, b, c) = (3.4445, −4.7750, 2.0315)
 //   W  = W · (1 − decay) − lr · scale · X
 // with decay = lr · weight_decay (decoupled, muon.py's) or (lr / lr₀) · weight_decay (independent,
-// WeightDecayMode; lr₀ the lr the optimiser was built with), and the update scale
+// WeightDecayMode; lr₀ = Optimizer::base_lr(), the lr it was built with unless set), and the
+// update scale
 //   spectral:  √max(1, fan_out / fan_in)      muon.py's max(1, size(-2) / size(-1))^0.5 on torch's
 //                                              (Out, In) weight: the default;
 //   rms:       0.2 · √max(fan_out, fan_in)    Liu et al., "Muon is Scalable for LLM Training"

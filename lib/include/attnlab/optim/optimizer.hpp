@@ -72,6 +72,10 @@ class Optimizer {
   double lr() const { return lr_; }
   // Throws std::invalid_argument unless lr is finite and >= 0.
   void set_lr(double lr);
+  // The lr that a schedule's multiplier is relative to (lr₀ of the independent weight decay,
+  // WeightDecayMode): the lr at construction unless set (OptimizerGroups sets base · lr_mult).
+  double base_lr() const { return base_lr_; }
+  void set_base_lr(double lr);
   // Updates taken so far (the t of the bias corrections; 0 before the first step).
   std::size_t step_count() const { return step_; }
   const ParameterList<T>& parameters() const { return params_; }
@@ -138,6 +142,7 @@ class Optimizer {
   std::vector<Buffer<T>> slots_;         // one arena per slot, on state_ops_
   DeviceOps<T>* state_ops_ = nullptr;
   double lr_ = 0;
+  double base_lr_ = 0;
   std::size_t step_ = 0;
 };
 

@@ -17,7 +17,7 @@ namespace attnlab::app {
 // One group as the run forms it, every value resolved (the config's where the group names none).
 struct ParamGroupPlan {
   std::string name;
-  std::string optimizer;  // "adamw" | "sgd"
+  std::string optimizer;  // "adamw" | "sgd" | "muon"
   double lr_mult = 1;
   double weight_decay = 0;
   std::vector<std::string> parameters;  // in the model's order
@@ -30,7 +30,9 @@ struct ParamGroupPlan {
 // every group). std::invalid_argument "train: param_groups[i].<key> ... expected ..., got ...".
 void check_param_groups(const TrainConfig& c);
 
-// The groups of the run: one per c.param_groups entry, in order, then "default" with the
+// The groups of the run: one per c.param_groups entry, in order, then (optimizer muon) the group
+// "muon" of every block's matrices at muon_lr when it still claims one and no entry is named
+// "muon", then "default" with the
 // parameters no entry claims (left out when there are none); no entries: "default" alone. From
 // transformer_parameter_shapes of the resolved model, so nothing is allocated. Checks first
 // (check_param_groups).
@@ -40,12 +42,13 @@ std::vector<ParamGroupPlan> plan_param_groups(const TrainConfig& c);
 // lr×1 wd 0.1: 13 tensors (1,040 values)".
 std::string param_groups_text(const std::vector<ParamGroupPlan>& plan);
 
-// The floats of optimizer state the groups keep: AdamW two per value, SGD one (its momentum
-// buffer; an upper estimate when momentum is 0).
+// The floats of optimizer state the groups keep: AdamW two per value, SGD and Muon one (the
+// momentum buffer; an upper estimate for SGD when momentum is 0).
 double optimizer_state_values(const std::vector<ParamGroupPlan>& plan);
 
-// One group's optimizer: kind adamw or sgd, with the config's lr (the base lr), betas, momentum
-// and decay_params, and `weight_decay`; std::invalid_argument naming the kind for another.
+// One group's optimizer: kind adamw, sgd or muon, with the config's lr (the base lr), betas,
+// momentum, Muon's settings and decay_params, and `weight_decay`; std::invalid_argument naming
+// the kind for another.
 std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c,
                                                        const std::string& kind,
                                                        ParameterList<float> params,

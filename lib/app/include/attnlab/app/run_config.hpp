@@ -31,10 +31,21 @@ struct TrainConfig {
   std::string data_file;   // train on this file instead of generated batches ("" = generate)
   std::string valid_file;  // eval on this file ("" = the task's fixed eval set)
   TransformerConfig model = default_model();
-  std::string optimizer = "adamw";  // adamw | sgd
+  // adamw | sgd | muon. muon is the hybrid of the Muon recipes (attnlab/optim/muon.hpp): Muon for
+  // the hidden matrices (the group "muon": blocks.*, rank 2, at muon_lr) and AdamW (lr, beta1,
+  // beta2) for the rest (embeddings, head, norms, biases, scales).
+  std::string optimizer = "adamw";
   double lr = 3e-3;
   double beta1 = 0.9, beta2 = 0.95;
   double momentum = 0.9;  // sgd
+  // Muon (optimizer muon, or a param_groups entry with optimizer muon): its base lr (the schedule
+  // scales it as it scales lr: the group runs at lr · muon_lr / lr), momentum, Nesterov, Newton–
+  // Schulz steps and update scale (spectral | rms), named as in muon.py.
+  double muon_lr = 0.02;
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int muon_ns_steps = 5;
+  std::string muon_scale = "spectral";
   double weight_decay = 0;
   // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
   // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
