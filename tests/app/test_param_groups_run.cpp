@@ -150,7 +150,8 @@ TEST_CASE("param_groups config: validate names the group index, the key and the 
       "got {pattern \"blocks.*.mlp.*\"}: it matched none of the 12 parameters");
   CHECK(problem(
             with_groups(tiny(), R"([{"name": "x", "match": {"rank": 2}, "optimizer": "lion"}])")) ==
-        "train: param_groups[0].optimizer (group 'x') expected adamw|sgd|muon, or \"\" (the config's, "
+        "train: param_groups[0].optimizer (group 'x') expected adamw|sgd|muon, or \"\" (the "
+        "config's, "
         "adamw), got 'lion'");
   CHECK(problem(with_groups(tiny(),
                             R"([{"name": "x", "match": {"rank": 2}, "weight_decay": 5000}])")) ==
