@@ -148,7 +148,10 @@ void read_value(const Json& j, T& value) {
     if (!j.is_array()) throw ConfigError("", "expected a JSON array, got " + shown(j));
     T out(j.size());
     for (std::size_t i = 0; i < j.size(); ++i) {
-      const std::string at = "[" + std::to_string(i) + "]";
+      // Appended, not "[" + ...: GCC 12 at -O3 warns falsely (-Wrestrict) on const char* +
+      // string&&.
+      std::string at = "[";
+      at.append(std::to_string(i)).append("]");
       try {
         read_value(j[i], out[i]);
       } catch (const ConfigError& e) {
