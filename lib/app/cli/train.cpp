@@ -72,11 +72,18 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->capture_default_str();
   train
       .add_option("--schedule", tc.schedule,
-                  "LR schedule (cosine: linear warmup then cosine decay)")
-      ->check(CLI::IsMember({"constant", "cosine"}))
+                  "LR schedule (cosine: linear warmup then cosine decay; wsd: linear warmup, "
+                  "constant, then a linear decay over the last --warmdown of the steps)")
+      ->check(CLI::IsMember({"constant", "cosine", "wsd"}))
       ->capture_default_str();
-  train.add_option("--min-lr", tc.min_lr, "cosine: the LR at the end of the decay")
+  train.add_option("--min-lr", tc.min_lr, "cosine and wsd: the LR at the end of the decay")
       ->check(bounded("min_lr"))
+      ->capture_default_str();
+  train
+      .add_option("--warmdown", tc.warmdown,
+                  "wsd: the fraction of the steps, at the end, whose LR decays linearly to "
+                  "--min-lr (nanochat's warmdown ratio)")
+      ->check(bounded("warmdown"))
       ->capture_default_str();
   train.add_option("--beta2", tc.beta2, "AdamW: the second moment's decay")
       ->check(bounded("beta2"))

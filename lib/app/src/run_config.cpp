@@ -32,8 +32,9 @@ ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, len
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
                             model, optimizer, lr, beta1, beta2, momentum, weight_decay,
-                            decay_params, clip, z_loss, schedule, min_lr, warmup, steps, batch,
-                            grad_accum, seed, eval_every, eval_size, out, save_every, weights_only)
+                            decay_params, clip, z_loss, schedule, min_lr, warmdown, warmup, steps,
+                            batch, grad_accum, seed, eval_every, eval_size, out, save_every,
+                            weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -90,10 +91,12 @@ void validate(const TrainConfig& c) {
   resolve_model(c.model, task_shape(c.task));
   check_arg(c.optimizer == "adamw" || c.optimizer == "sgd", op, "optimizer", "adamw|sgd",
             c.optimizer);
-  check_arg(c.schedule == "constant" || c.schedule == "cosine", op, "schedule", "constant|cosine",
-            c.schedule);
+  check_arg(c.schedule == "constant" || c.schedule == "cosine" || c.schedule == "wsd", op,
+            "schedule", "constant|cosine|wsd", c.schedule);
   check_arg(c.decay_params == "all" || c.decay_params == "matrices", op, "decay_params",
             "all|matrices", c.decay_params);
+  check_arg(std::isfinite(c.warmdown) && c.warmdown >= 0 && c.warmdown <= 1, op, "warmdown",
+            "in [0, 1]", std::to_string(c.warmdown));
   check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
   check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
   check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));

@@ -41,8 +41,11 @@ struct TrainConfig {
   // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
   // its (softcapped) logits (Wortsman et al. 2023: 1e-4). 0: none.
   double z_loss = 0;
-  std::string schedule = "cosine";  // constant | cosine
-  double min_lr = 0;                // cosine: the LR it decays to (nanoGPT: lr / 10)
+  std::string schedule = "cosine";  // constant | cosine | wsd (warmup, stable, linear warm-down)
+  double min_lr = 0;                // cosine and wsd: the LR they decay to (nanoGPT: lr / 10)
+  // wsd: the fraction of the steps whose LR decays linearly to min_lr, at the end (nanochat's
+  // warmdown_ratio, 0.65 by default there too). In [0, 1].
+  double warmdown = 0.65;
   int warmup = 0;
   int steps = 1000;
   int batch = 32;
