@@ -1187,6 +1187,41 @@ TEST_CASE("cli: --schedule wsd logs the warmup, the flat part and the line, and 
                   "schedule expected constant|cosine|wsd, got linear");
 }
 
+TEST_CASE("cli: --decay independent is kept by the config and the checkpoint, sgd refuses it") {
+  const auto dir = scratch("decay_mode");
+  const std::string common = std::string("train ") + kTinyRecall +
+                             " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --weight-decay 0.1";
+  const Run full =
+      cli(common + " --decay independent --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  CHECK(full.out.find("weight decay 0.1 (decay_params all, independent of the base lr)") !=
+        std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "config.json")).at("decay") == "independent");
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  CHECK(
+      cli(common + " --decay independent --stop-after 15 --out '" + (dir / "split").string() + "'",
+          dir)
+          .status == 130);
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  CHECK(second.out.find("independent of the base lr") != std::string::npos);  // kept
+  CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
+  // torch's decoupled decay (the default) is another run: 1 - lr · wd against 1 - wd per step.
+  const Run plain = cli(common + " --out '" + (dir / "plain").string() + "'", dir);
+  REQUIRE(plain.status == 0);
+  CHECK(plain.out.find("(decay_params all): ") != std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(dir / "plain" / "config.json")).at("decay") == "decoupled");
+  CHECK(slurp(dir / "plain" / "metrics.csv") != metrics);
+  check_bad_input("train --resume '" + (dir / "full").string() + "' --decay decoupled", dir,
+                  "--decay cannot be given with --resume");
+  check_bad_input("train --decay coupled", dir, "--decay");
+  check_bad_input("train --optimizer sgd --decay independent", dir,
+                  "decay expected decoupled (the default) with optimizer sgd");
+  std::ofstream(dir / "bad.json") << R"({"decay": "l2"})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
+                  "decay expected decoupled|independent, got l2");
+}
+
 TEST_CASE("cli: --z-loss adds the z_loss column beside the cross-entropy, bad values exit 2") {
   const auto dir = scratch("z_loss");
   const std::string common = std::string("train ") + kAccumRecall + " --batch 16";

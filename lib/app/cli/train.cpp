@@ -116,6 +116,13 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->check(bounded("weight_decay"))
       ->capture_default_str();
   train
+      .add_option("--decay", tc.decay,
+                  "AdamW's weight decay per step: decoupled (torch's, p *= 1 - lr_t * wd) or "
+                  "independent (p *= 1 - (lr_t / lr) * wd: the schedule's shape without the base "
+                  "--lr; Wortsman et al. 2023); sgd takes decoupled only")
+      ->check(CLI::IsMember({"decoupled", "independent"}))
+      ->capture_default_str();
+  train
       .add_option("--decay-params", tc.decay_params,
                   "the parameters --weight-decay applies to: all (one group), or matrices (rank "
                   ">= 2: weights, embedding and position tables, head; not biases, norms and "
@@ -205,10 +212,11 @@ void print_done(const TrainResult& r, const TrainConfig& config) {
     print_throughput(r);
   if (config.weight_decay > 0)
     std::fprintf(stdout,
-                 "weight decay %g (decay_params %s): %zu of %zu parameter tensors, %zu of %zu "
+                 "weight decay %g (decay_params %s%s): %zu of %zu parameter tensors, %zu of %zu "
                  "values\n",
-                 config.weight_decay, config.decay_params.c_str(), r.decayed_tensors,
-                 r.param_tensors, r.decayed_values, r.param_values);
+                 config.weight_decay, config.decay_params.c_str(),
+                 config.decay == "independent" ? ", independent of the base lr" : "",
+                 r.decayed_tensors, r.param_tensors, r.decayed_values, r.param_values);
   const char* out = config.out.c_str();
   std::fprintf(stdout,
                "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "

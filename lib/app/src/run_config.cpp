@@ -32,8 +32,8 @@ ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, len
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
                             model, optimizer, lr, beta1, beta2, momentum, weight_decay,
-                            decay_params, clip, z_loss, schedule, min_lr, warmdown, warmup, steps,
-                            batch, grad_accum, seed, eval_every, eval_size, out, save_every,
+                            decay_params, decay, clip, z_loss, schedule, min_lr, warmdown, warmup,
+                            steps, batch, grad_accum, seed, eval_every, eval_size, out, save_every,
                             weights_only)
 
 TransformerConfig default_model() {
@@ -95,6 +95,14 @@ void validate(const TrainConfig& c) {
             "schedule", "constant|cosine|wsd", c.schedule);
   check_arg(c.decay_params == "all" || c.decay_params == "matrices", op, "decay_params",
             "all|matrices", c.decay_params);
+  check_arg(c.decay == "decoupled" || c.decay == "independent", op, "decay",
+            "decoupled|independent", c.decay);
+  // SGD's weight decay is torch.optim.SGD's coupled L2 (g + wd · p): it has no decoupled update to
+  // make independent of the LR.
+  check_arg(c.optimizer != "sgd" || c.decay == "decoupled", op, "decay",
+            "decoupled (the default) with optimizer sgd, whose weight decay is coupled L2 "
+            "(torch.optim.SGD's); independent is for adamw",
+            c.decay);
   check_arg(std::isfinite(c.warmdown) && c.warmdown >= 0 && c.warmdown <= 1, op, "warmdown",
             "in [0, 1]", std::to_string(c.warmdown));
   check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));

@@ -218,7 +218,8 @@ std::unique_ptr<Optimizer<float>> make_optimizer(const TrainConfig& c,
   const DecayParams decay = parse_decay_params(c.decay_params);
   if (c.optimizer == "adamw")
     return std::make_unique<AdamW<float>>(
-        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, decay});
+        params, AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, decay,
+                             parse_weight_decay_mode(c.decay)});
   return std::make_unique<SGD<float>>(params, SgdOptions{c.lr, c.momentum, c.weight_decay, decay});
 }
 

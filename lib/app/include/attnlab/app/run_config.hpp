@@ -37,6 +37,11 @@ struct TrainConfig {
   // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
   // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
   std::string decay_params = "all";
+  // How weight_decay scales with the LR (adamw only; sgd's is coupled L2 and keeps the default):
+  // decoupled (torch.optim.AdamW: p *= 1 − lr_t · wd) | independent (p *= 1 − (lr_t / lr) · wd:
+  // the schedule's shape, not the base lr; Wortsman et al. 2023). WeightDecayMode in
+  // attnlab/optim/optimizer.hpp. Recorded in the checkpoint, so a resume keeps it.
+  std::string decay = "decoupled";
   double clip = 0;  // 0: no clipping
   // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
   // its (softcapped) logits (Wortsman et al. 2023: 1e-4). 0: none.
