@@ -1251,6 +1251,89 @@ std::vector<std::map<std::string, std::string>> csv_rows(const std::string& text
 
 }  // namespace
 
+TEST_CASE("cli: --schedule wsd logs the warmup, the flat part and the line, and resumes exactly") {
+  const auto dir = scratch("wsd");
+  const std::string recipe = std::string("train ") + kTinyRecall +
+                             " --steps 40 --eval-every 5 --lr 0.01 --seed 3 --schedule wsd "
+                             "--warmup 4 --warmdown 0.5 --min-lr 0.001";
+  REQUIRE(cli(recipe + " --out '" + (dir / "full").string() + "'", dir).status == 0);
+  const auto config = nlohmann::json::parse(slurp(dir / "full" / "config.json"));
+  CHECK(config.at("schedule") == "wsd");
+  CHECK(config.at("warmdown") == 0.5);
+  // The LR of the step each row logs (row r: step r - 1): warmup over 4 steps, base_lr to step
+  // N - D = 20, then the line to min_lr over the last D = 20 steps.
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  const auto rows = csv_rows(metrics);
+  REQUIRE(rows.size() == 9);  // steps 0, 5, ..., 40
+  const auto lr_of_step = [](int s) {
+    if (s < 4) return 0.01 * (s + 1) / 4;
+    if (s <= 20) return 0.01;
+    return 0.001 + 0.009 * (40 - s) / 20.0;
+  };
+  for (const auto& row : rows) {
+    const int step = std::stoi(row.at("step"));
+    CAPTURE(step);
+    CHECK(std::stod(row.at("lr")) ==
+          doctest::Approx(lr_of_step(std::max(step - 1, 0))).epsilon(1e-6));
+  }
+  // The effective config repeats the run; a resumed run continues it exactly.
+  REQUIRE(cli("train --quiet --config '" + (dir / "full" / "config.json").string() + "' --out '" +
+                  (dir / "again").string() + "'",
+              dir)
+              .status == 0);
+  CHECK(slurp(dir / "again" / "metrics.csv") == metrics);
+  CHECK(cli(recipe + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir).status ==
+        130);
+  REQUIRE(cli("train --quiet --resume '" + (dir / "split").string() + "'", dir).status == 0);
+  CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
+  check_bad_input("train --resume '" + (dir / "full").string() + "' --warmdown 0.2", dir,
+                  "--warmdown cannot be given with --resume");
+  check_bad_input("train --warmdown 1.5", dir, "--warmdown: expected a number in [0, 1], got 1.5");
+  check_bad_input("train --warmdown -0.1", dir, "--warmdown");
+  check_bad_input("train --warmdown nan", dir, "--warmdown");
+  std::ofstream(dir / "bad.json") << R"({"warmdown": 2})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
+                  "config key 'warmdown': expected a number in [0, 1], got 2");
+  std::ofstream(dir / "bad.json") << R"({"schedule": "linear"})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
+                  "schedule expected constant|cosine|wsd, got linear");
+}
+
+TEST_CASE("cli: --decay independent is kept by the config and the checkpoint, sgd refuses it") {
+  const auto dir = scratch("decay_mode");
+  const std::string common = std::string("train ") + kTinyRecall +
+                             " --steps 30 --eval-every 5 --lr 0.01 --seed 3 --weight-decay 0.1";
+  const Run full =
+      cli(common + " --decay independent --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  CHECK(full.out.find("weight decay 0.1 (decay_params all, independent of the base lr)") !=
+        std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "config.json")).at("decay") == "independent");
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  CHECK(
+      cli(common + " --decay independent --stop-after 15 --out '" + (dir / "split").string() + "'",
+          dir)
+          .status == 130);
+  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  REQUIRE(second.status == 0);
+  CHECK(second.out.find("independent of the base lr") != std::string::npos);  // kept
+  CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
+  // torch's decoupled decay (the default) is another run: 1 - lr · wd against 1 - wd per step.
+  const Run plain = cli(common + " --out '" + (dir / "plain").string() + "'", dir);
+  REQUIRE(plain.status == 0);
+  CHECK(plain.out.find("(decay_params all): ") != std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(dir / "plain" / "config.json")).at("decay") == "decoupled");
+  CHECK(slurp(dir / "plain" / "metrics.csv") != metrics);
+  check_bad_input("train --resume '" + (dir / "full").string() + "' --decay decoupled", dir,
+                  "--decay cannot be given with --resume");
+  check_bad_input("train --decay coupled", dir, "--decay");
+  check_bad_input("train --optimizer sgd --decay independent", dir,
+                  "decay expected decoupled (the default) with optimizer sgd");
+  std::ofstream(dir / "bad.json") << R"({"decay": "l2"})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
+                  "decay expected decoupled|independent, got l2");
+}
+
 TEST_CASE("cli: --z-loss adds the z_loss column beside the cross-entropy, bad values exit 2") {
   const auto dir = scratch("z_loss");
   const std::string common = std::string("train ") + kAccumRecall + " --batch 16";

@@ -301,7 +301,7 @@ TEST_CASE("optim: bad schedules name the field") {
                        "LrSchedule: total_steps expected >= warmup_steps = 20, got 10",
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(parse_lr_schedule_kind("linear"),
-                       "LrSchedule: kind expected 'constant' or 'cosine', got 'linear'",
+                       "LrSchedule: kind expected 'constant', 'cosine' or 'wsd', got 'linear'",
                        std::invalid_argument);
   LrSchedule s;
   s.base_lr = std::numeric_limits<double>::infinity();

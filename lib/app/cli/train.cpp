@@ -97,11 +97,18 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->capture_default_str();
   train
       .add_option("--schedule", tc.schedule,
-                  "LR schedule (cosine: linear warmup then cosine decay)")
-      ->check(CLI::IsMember({"constant", "cosine"}))
+                  "LR schedule (cosine: linear warmup then cosine decay; wsd: linear warmup, "
+                  "constant, then a linear decay over the last --warmdown of the steps)")
+      ->check(CLI::IsMember({"constant", "cosine", "wsd"}))
       ->capture_default_str();
-  train.add_option("--min-lr", tc.min_lr, "cosine: the LR at the end of the decay")
+  train.add_option("--min-lr", tc.min_lr, "cosine and wsd: the LR at the end of the decay")
       ->check(bounded("min_lr"))
+      ->capture_default_str();
+  train
+      .add_option("--warmdown", tc.warmdown,
+                  "wsd: the fraction of the steps, at the end, whose LR decays linearly to "
+                  "--min-lr (nanochat's warmdown ratio)")
+      ->check(bounded("warmdown"))
       ->capture_default_str();
   train.add_option("--beta2", tc.beta2, "AdamW: the second moment's decay")
       ->check(bounded("beta2"))
@@ -132,6 +139,13 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->capture_default_str();
   train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
       ->check(bounded("weight_decay"))
+      ->capture_default_str();
+  train
+      .add_option("--decay", tc.decay,
+                  "AdamW's weight decay per step: decoupled (torch's, p *= 1 - lr_t * wd) or "
+                  "independent (p *= 1 - (lr_t / lr) * wd: the schedule's shape without the base "
+                  "--lr; Wortsman et al. 2023); sgd takes decoupled only")
+      ->check(CLI::IsMember({"decoupled", "independent"}))
       ->capture_default_str();
   train
       .add_option("--decay-params", tc.decay_params,
@@ -223,10 +237,11 @@ void print_done(const TrainResult& r, const TrainConfig& config) {
     print_throughput(r);
   if (config.weight_decay > 0)
     std::fprintf(stdout,
-                 "weight decay %g (decay_params %s): %zu of %zu parameter tensors, %zu of %zu "
+                 "weight decay %g (decay_params %s%s): %zu of %zu parameter tensors, %zu of %zu "
                  "values\n",
-                 config.weight_decay, config.decay_params.c_str(), r.decayed_tensors,
-                 r.param_tensors, r.decayed_values, r.param_values);
+                 config.weight_decay, config.decay_params.c_str(),
+                 config.decay == "independent" ? ", independent of the base lr" : "",
+                 r.decayed_tensors, r.param_tensors, r.decayed_values, r.param_values);
   const char* out = config.out.c_str();
   std::fprintf(stdout,
                "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "

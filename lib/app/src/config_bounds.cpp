@@ -59,6 +59,7 @@ const std::vector<FieldBound>& train_config_bounds() {
       {"clip", "--clip", false, 0, 1e12},
       {"z_loss", "--z-loss", false, 0, 1},
       {"min_lr", "--min-lr", false, 0, 1e3},
+      {"warmdown", "--warmdown", false, 0, 1},
       {"warmup", "--warmup", true, 0, 100000000},
       {"steps", "--steps", true, 1, 100000000},
       {"batch", "--batch", true, 1, 1000000},

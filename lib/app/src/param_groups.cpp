@@ -190,7 +190,8 @@ std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c,
   const DecayParams decay = parse_decay_params(c.decay_params);
   if (kind == "adamw")
     return std::make_unique<AdamW<float>>(
-        std::move(params), AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, weight_decay, decay});
+        std::move(params), AdamWOptions{c.lr, c.beta1, c.beta2, 1e-8, weight_decay, decay,
+                                        parse_weight_decay_mode(c.decay)});
   if (kind == "sgd")
     return std::make_unique<SGD<float>>(std::move(params),
                                         SgdOptions{c.lr, c.momentum, weight_decay, decay});
@@ -201,6 +202,7 @@ std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c,
     o.nesterov = c.muon_nesterov;
     o.ns_steps = c.muon_ns_steps;
     o.weight_decay = weight_decay;
+    o.decay = parse_weight_decay_mode(c.decay);
     o.scale = parse_muon_scale(c.muon_scale);
     o.decay_params = decay;
     return std::make_unique<Muon<float>>(std::move(params), o);

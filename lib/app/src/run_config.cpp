@@ -34,8 +34,9 @@ ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, len
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
                             model, optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
-                            param_groups, clip, z_loss, schedule, min_lr, warmup, steps, batch,
-                            grad_accum, seed, eval_every, eval_size, out, save_every, weights_only)
+                            decay, param_groups, clip, z_loss, schedule, min_lr, warmdown, warmup,
+                            steps, batch, grad_accum, seed, eval_every, eval_size, out, save_every,
+                            weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -94,10 +95,20 @@ void validate(const TrainConfig& c) {
             "optimizer", "adamw|sgd|muon", c.optimizer);
   check_arg(c.muon_scale == "spectral" || c.muon_scale == "rms", op, "muon_scale", "spectral|rms",
             c.muon_scale);
-  check_arg(c.schedule == "constant" || c.schedule == "cosine", op, "schedule", "constant|cosine",
-            c.schedule);
+  check_arg(c.schedule == "constant" || c.schedule == "cosine" || c.schedule == "wsd", op,
+            "schedule", "constant|cosine|wsd", c.schedule);
   check_arg(c.decay_params == "all" || c.decay_params == "matrices", op, "decay_params",
             "all|matrices", c.decay_params);
+  check_arg(c.decay == "decoupled" || c.decay == "independent", op, "decay",
+            "decoupled|independent", c.decay);
+  // SGD's weight decay is torch.optim.SGD's coupled L2 (g + wd · p): it has no decoupled update to
+  // make independent of the LR.
+  check_arg(c.optimizer != "sgd" || c.decay == "decoupled", op, "decay",
+            "decoupled (the default) with optimizer sgd, whose weight decay is coupled L2 "
+            "(torch.optim.SGD's); independent is for adamw",
+            c.decay);
+  check_arg(std::isfinite(c.warmdown) && c.warmdown >= 0 && c.warmdown <= 1, op, "warmdown",
+            "in [0, 1]", std::to_string(c.warmdown));
   check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
   check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
   check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));

@@ -277,9 +277,16 @@ DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_op
 }
 
 LrSchedule make_schedule(const TrainConfig& c, std::size_t steps) {
-  return c.schedule == "cosine"
-             ? LrSchedule::warmup_cosine(c.lr, c.min_lr, static_cast<std::size_t>(c.warmup), steps)
-             : LrSchedule::constant(c.lr);
+  const auto warmup = static_cast<std::size_t>(c.warmup);
+  switch (parse_lr_schedule_kind(c.schedule)) {
+    case LrScheduleKind::warmup_cosine:
+      return LrSchedule::warmup_cosine(c.lr, c.min_lr, warmup, steps);
+    case LrScheduleKind::warmup_stable_decay:
+      return LrSchedule::warmup_stable_decay(c.lr, c.min_lr, warmup, steps, c.warmdown);
+    case LrScheduleKind::constant:
+      break;
+  }
+  return LrSchedule::constant(c.lr);
 }
 
 // A resumed run's state from its checkpoint: the weights and the optimizer state (into the host

@@ -43,10 +43,14 @@ template <class T>
 void AdamW<T>::update(DeviceOps<T>& ops, T* value, const T* grad, T* const* state, std::size_t n,
                       std::size_t t, bool decay) {
   // Scalars are formed in double, as PyTorch forms them in Python, then used in T; the element
-  // update is torch's, in its order (kernel_math::adamw_element).
-  ops.adamw_update(value, state[exp_avg_slot_], state[exp_avg_sq_slot_], grad, n,
-                   adamw_scalars<T>(this->lr(), options_.beta1, options_.beta2, options_.eps,
-                                    decay ? options_.weight_decay : 0.0, t));
+  // update is torch's, in its order (kernel_math::adamw_element). The decay multiplier is
+  // decay_factor's: for decoupled the 1 − lr · weight_decay that adamw_scalars forms, the same
+  // double; for independent the schedule's multiplier lr / base_lr() takes lr's place.
+  const double weight_decay = decay ? options_.weight_decay : 0.0;
+  kernel_math::AdamWScalars<T> s =
+      adamw_scalars<T>(this->lr(), options_.beta1, options_.beta2, options_.eps, weight_decay, t);
+  s.decay = static_cast<T>(decay_factor(options_.decay, this->lr(), this->base_lr(), weight_decay));
+  ops.adamw_update(value, state[exp_avg_slot_], state[exp_avg_sq_slot_], grad, n, s);
 }
 
 template class AdamW<float>;

@@ -126,10 +126,10 @@ void Muon<T>::update_matrix(DeviceOps<T>& ops, const std::vector<std::size_t>& s
     std::swap(x, next);
   }
   const double lr = this->lr();
-  const double decayed =
-      decay ? decay_factor(options_.decay, lr, this->base_lr(), options_.weight_decay) : 0.0;
+  const double keep =  // the weight decay's multiplier, 1 − lr·λ (decoupled) or 1 − (lr/lr₀)·λ
+      decay ? decay_factor(options_.decay, lr, this->base_lr(), options_.weight_decay) : 1.0;
   const double step = lr * muon_update_scale(options_.scale, r, c);
-  ops.axpby(value, x, n, static_cast<T>(1 - decayed), static_cast<T>(-step));
+  ops.axpby(value, x, n, static_cast<T>(keep), static_cast<T>(-step));
 }
 
 template class Muon<float>;

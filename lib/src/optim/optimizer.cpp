@@ -32,11 +32,6 @@ WeightDecayMode parse_weight_decay_mode(std::string_view text) {
   return WeightDecayMode::decoupled;
 }
 
-double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay) {
-  if (mode == WeightDecayMode::decoupled) return lr * weight_decay;
-  return base_lr > 0 ? lr / base_lr * weight_decay : 0.0;
-}
-
 std::string optim_state_name(const std::string& param, const std::string& slot) {
   return "optim." + param + "." + slot;
 }
@@ -59,6 +54,17 @@ std::vector<std::ptrdiff_t> to_expected(const std::vector<std::size_t>& shape) {
 }
 
 }  // namespace
+
+double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay) {
+  check_arg(std::isfinite(lr) && lr >= 0, "decay_factor", "lr", "a finite value >= 0", to_text(lr));
+  check_arg(std::isfinite(base_lr) && base_lr >= 0, "decay_factor", "base_lr",
+            "a finite value >= 0", to_text(base_lr));
+  check_arg(std::isfinite(weight_decay) && weight_decay >= 0, "decay_factor", "weight_decay",
+            "a finite value >= 0", to_text(weight_decay));
+  if (mode == WeightDecayMode::decoupled) return 1 - lr * weight_decay;
+  const double multiplier = base_lr > 0 ? lr / base_lr : 0.0;  // s_t
+  return 1 - multiplier * weight_decay;
+}
 
 template <class T>
 Optimizer<T>::Optimizer(std::string name, ParameterList<T> params, double lr, DecayParams decay)

@@ -21,10 +21,11 @@ std::string to_text(V x) {
 LrScheduleKind parse_lr_schedule_kind(std::string_view name) {
   if (name == "constant") return LrScheduleKind::constant;
   if (name == "cosine") return LrScheduleKind::warmup_cosine;
+  if (name == "wsd") return LrScheduleKind::warmup_stable_decay;
   // Appended, not "'" + ...: GCC 12 at -O3 warns falsely (-Wrestrict) on const char* + string&&.
   std::string quoted = "'";
   quoted.append(name).append("'");
-  check_arg(false, "LrSchedule", "kind", "'constant' or 'cosine'", quoted);
+  check_arg(false, "LrSchedule", "kind", "'constant', 'cosine' or 'wsd'", quoted);
   return LrScheduleKind::constant;  // unreachable
 }
 
@@ -48,6 +49,19 @@ LrSchedule LrSchedule::warmup_cosine(double base_lr, double min_lr, std::size_t 
   return s;
 }
 
+LrSchedule LrSchedule::warmup_stable_decay(double base_lr, double min_lr, std::size_t warmup_steps,
+                                           std::size_t total_steps, double warmdown) {
+  LrSchedule s;
+  s.kind = LrScheduleKind::warmup_stable_decay;
+  s.base_lr = base_lr;
+  s.min_lr = min_lr;
+  s.warmup_steps = warmup_steps;
+  s.total_steps = total_steps;
+  s.warmdown = warmdown;
+  s.validate();
+  return s;
+}
+
 void LrSchedule::validate() const {
   check_arg(std::isfinite(base_lr) && base_lr >= 0, "LrSchedule", "base_lr", "a finite value >= 0",
             to_text(base_lr));
@@ -56,6 +70,16 @@ void LrSchedule::validate() const {
             "a finite value in [0, base_lr = " + to_text(base_lr) + "]", to_text(min_lr));
   check_arg(total_steps >= warmup_steps, "LrSchedule", "total_steps",
             ">= warmup_steps = " + to_text(warmup_steps), to_text(total_steps));
+  if (kind != LrScheduleKind::warmup_stable_decay) return;
+  check_arg(std::isfinite(warmdown) && warmdown >= 0 && warmdown <= 1, "LrSchedule", "warmdown",
+            "a finite value in [0, 1]", to_text(warmdown));
+}
+
+std::size_t LrSchedule::warmdown_steps() const {
+  if (kind != LrScheduleKind::warmup_stable_decay) return 0;
+  // In [0, N] for warmdown in [0, 1]; std::round rounds halves away from zero (Python's round,
+  // nanochat's, rounds them to even: the two differ only when warmdown * N is exactly k + 1/2).
+  return static_cast<std::size_t>(std::round(warmdown * static_cast<double>(total_steps)));
 }
 
 double LrSchedule::lr_at(std::size_t step) const {
@@ -65,6 +89,13 @@ double LrSchedule::lr_at(std::size_t step) const {
     return base_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   }
   if (step >= total_steps) return min_lr;
+  if (kind == LrScheduleKind::warmup_stable_decay) {
+    const std::size_t decay = warmdown_steps();       // D
+    if (step + decay <= total_steps) return base_lr;  // s <= N - D: the stable part
+    // N - D < s < N: (N - s) / D in (0, 1), 1 at the last flat step, 0 at s = N.
+    const double left = static_cast<double>(total_steps - step) / static_cast<double>(decay);
+    return min_lr + (base_lr - min_lr) * left;
+  }
   const double progress = static_cast<double>(step - warmup_steps) /
                           static_cast<double>(total_steps - warmup_steps);  // [0, 1)
   return min_lr + (base_lr - min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * progress));

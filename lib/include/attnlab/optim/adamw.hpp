@@ -2,8 +2,12 @@
 // Regularization", ICLR 2019).
 //
 // Reference: torch.optim.AdamW (amsgrad false, maximize false), in its exact order of operations.
-// Per step t (1-based), for each parameter p with grad g:
-//   p    = p * (1 - lr * weight_decay)
+// Per step t (1-based), for each parameter p with grad g, at the current lr (set_lr):
+//   p    = p * decay_factor(decay, lr, base_lr, weight_decay)
+//          decoupled (torch's, the default): p * (1 - lr * weight_decay)
+//          independent: p * (1 - (lr / base_lr) * weight_decay), the lr's schedule multiplier
+//          times weight_decay, not scaled by the base lr (Optimizer::base_lr: options.lr unless
+//          set; OptimizerGroups sets base · lr_mult) (optimizer.hpp, WeightDecayMode)
 //   m    = lerp(m, g, 1 - beta1)                     (m + (1 - beta1) * (g - m))
 //   v    = v * beta2 + (1 - beta2) * g * g
 //   step_size = lr / (1 - beta1^t)
@@ -23,6 +27,10 @@ struct AdamWOptions {
   double weight_decay = 1e-2;  // finite, >= 0 (PyTorch's default)
   // The parameters weight_decay applies to: all (one group) or matrices (rank >= 2; nanoGPT).
   DecayParams decay_params = DecayParams::all;
+  // decoupled: p *= 1 - lr_t · weight_decay (torch.optim.AdamW); independent: p *= 1 − (lr_t /
+  // η) · weight_decay, η = Optimizer::base_lr(), lr above unless set (optimizer.hpp,
+  // WeightDecayMode).
+  WeightDecayMode decay = WeightDecayMode::decoupled;
 };
 
 // Throws std::invalid_argument "AdamW: <field> expected ..., got ..." for a bad field.

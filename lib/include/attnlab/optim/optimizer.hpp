@@ -35,17 +35,27 @@ std::string_view to_string(DecayParams v);
 // "all" | "matrices"; std::invalid_argument "decay_params expected all|matrices, got ..." else.
 DecayParams parse_decay_params(std::string_view text);
 
-// How the weight decay scales with the learning rate. decoupled: p ← p · (1 − lr_t · λ)
-// (torch.optim.AdamW; Loshchilov and Hutter's AdamW as implemented everywhere); independent:
-// p ← p · (1 − (lr_t / lr₀) · λ), λ not scaled by the base lr lr₀ (Wortsman et al. 2023, §3.2.2;
-// Loshchilov and Hutter's original form): only the schedule's multiplier s_t = lr_t / lr₀ scales
-// it.
+// How a decoupled weight decay λ enters the update at step t, whose learning rate lr_t the
+// schedule gives (η the base lr, the one the optimizer was built with; s_t = lr_t / η the
+// schedule's multiplier):
+//   decoupled:   p <- p · (1 − lr_t · λ)         torch.optim.AdamW: λ is scaled by the lr itself
+//   independent: p <- p · (1 − s_t · λ)          Loshchilov and Hutter's original form, θ ← θ −
+//                                                s_t (η Δ + λ θ); Wortsman et al. 2023,
+//                                                "Small-scale proxies for large-scale Transformer
+//                                                training instabilities", §3.2.2: λ follows the
+//                                                schedule's shape but not η, so a sweep over η
+//                                                keeps the decay
+// (lib/README.md, "Independent weight decay").
 enum class WeightDecayMode { decoupled, independent };
 std::string_view to_string(WeightDecayMode v);
-// "decoupled" | "independent"; std::invalid_argument naming decay otherwise.
+// "decoupled" | "independent"; std::invalid_argument "optimizer: decay expected
+// decoupled|independent, got ..." else.
 WeightDecayMode parse_weight_decay_mode(std::string_view text);
-// The decay a step applies, 1 − factor being the multiplier: lr · λ (decoupled) or
-// (lr / base_lr) · λ (independent; 0 when base_lr is 0).
+// The multiplier the weight decay applies to a parameter at this step: 1 − lr · weight_decay
+// (decoupled) or 1 − (lr / base_lr) · weight_decay (independent). With base_lr 0 the schedule's
+// multiplier s_t is taken as 0 (a run whose base lr is 0 never moves its weights), so independent
+// gives 1. Throws std::invalid_argument naming the argument unless lr, base_lr and weight_decay
+// are finite and >= 0.
 double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay);
 
 // One named state tensor, e.g. {"optim.blocks.0.attn.w_q.exp_avg", (C, C)}.

@@ -50,18 +50,27 @@ struct TrainConfig {
   // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
   // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
   std::string decay_params = "all";
+  // How weight_decay scales with the LR (adamw only; sgd's is coupled L2 and keeps the default):
+  // decoupled (torch.optim.AdamW: p *= 1 − lr_t · wd) | independent (p *= 1 − (lr_t / lr) · wd:
+  // the schedule's shape, not the base lr; Wortsman et al. 2023). WeightDecayMode in
+  // attnlab/optim/optimizer.hpp. Recorded in the checkpoint, so a resume keeps it.
+  std::string decay = "decoupled";
   // Parameter groups (config file only; lib/README.md, "Parameter groups"): a parameter joins the
-  // first group whose match selects it and is updated by that group's optimizer (adamw | sgd; ""
-  // this config's), at lr · lr_mult, with the group's weight_decay (none: this config's); the rest
-  // form the group "default" with the fields above. decay_params applies within every group.
-  // Empty: one group, as before. Recorded in the checkpoint, so a resume forms the same groups.
+  // first group whose match selects it and is updated by that group's optimizer (adamw | sgd |
+  // muon; "" this config's), at lr · lr_mult, with the group's weight_decay (none: this config's);
+  // the rest form the group "default" with the fields above. decay_params applies within every
+  // group. Empty: one group, as before. Recorded in the checkpoint, so a resume forms the same
+  // groups.
   std::vector<ParamGroupSpec> param_groups;
   double clip = 0;  // 0: no clipping
   // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
   // its (softcapped) logits (Wortsman et al. 2023: 1e-4). 0: none.
   double z_loss = 0;
-  std::string schedule = "cosine";  // constant | cosine
-  double min_lr = 0;                // cosine: the LR it decays to (nanoGPT: lr / 10)
+  std::string schedule = "cosine";  // constant | cosine | wsd (warmup, stable, linear warm-down)
+  double min_lr = 0;                // cosine and wsd: the LR they decay to (nanoGPT: lr / 10)
+  // wsd: the fraction of the steps whose LR decays linearly to min_lr, at the end (nanochat's
+  // warmdown_ratio, 0.65 by default there too). In [0, 1].
+  double warmdown = 0.65;
   int warmup = 0;
   int steps = 1000;
   int batch = 32;

@@ -117,9 +117,9 @@ class RankFailure : public std::runtime_error {
 // every field of `config` but out, save_every, the one-off controls and steps must equal it
 // (std::invalid_argument naming the first field that differs; start from read_run_config). out
 // left at its default writes into DIR. steps may grow (not shrink below the saved step): the LR
-// schedule is then the one a fresh run with the new steps follows (warmup and cosine over the new
-// total), continued from the saved step. The context may differ (another thread count, the other
-// device).
+// schedule is then the one a fresh run with the new steps follows (warmup and the cosine or wsd
+// decay over the new total), continued from the saved step. The context may differ (another
+// thread count, the other device).
 TrainResult train_model(const TrainConfig& config, const Context& context,
                         DeviceOps<float>* device_ops = nullptr);
 
