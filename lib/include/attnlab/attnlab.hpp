@@ -46,6 +46,7 @@
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/clip.hpp"
 #include "attnlab/optim/optimizer.hpp"
+#include "attnlab/optim/outlier.hpp"
 #include "attnlab/optim/schedule.hpp"
 #include "attnlab/optim/sgd.hpp"
 #include "attnlab/random.hpp"
