@@ -904,7 +904,7 @@ TEST_CASE("config input: hostile files are one line, status 2") {
       {R"({"steps": 5, "model": {"layers": 1, "layers": 2}})",
        "the key 'layers' is given twice in model"},
       {"{\"optimizer\": \"" + std::string(10'000'000, 'a') + "\"}",
-       "optimizer expected adamw|sgd, got aaaa"},
+       "optimizer expected adamw|sgd|muon, got aaaa"},
       {"{\"task\": {\"kind\": \"" + std::string(10'000'000, 'b') + "\"}}", "task.kind"},
   };
   int i = 0;
@@ -1332,6 +1332,48 @@ TEST_CASE("cli: --decay independent is kept by the config and the checkpoint, sg
   std::ofstream(dir / "bad.json") << R"({"decay": "l2"})";
   check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
                   "decay expected decoupled|independent, got l2");
+}
+
+TEST_CASE("cli: --skip-outliers adds the skipped column and count, resumes, refuses bad values") {
+  const auto dir = scratch("skip_outliers");
+  const std::string common =
+      std::string("train ") + kTinyRecall + " --steps 40 --eval-every 5 --lr 0.01 --seed 3";
+  const Run full = cli(common + " --skip-outliers 4 --out '" + (dir / "full").string() + "'", dir);
+  REQUIRE(full.status == 0);
+  CHECK(full.out.find("skipped the update") == std::string::npos);  // 40 steps: window not full
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "config.json")).at("skip_outliers") == 4);
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "summary.json")).at("skipped_steps") == 0);
+  const std::string metrics = slurp(dir / "full" / "metrics.csv");
+  for (const auto& row : csv_rows(metrics)) CHECK(row.at("skipped") == "0");
+  const std::string jsonl = slurp(dir / "full" / "metrics.jsonl");
+  CHECK(nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n'))).at("skipped") == 0);
+  // Until the window fills nothing is skipped: the run is the run without skipping, row for row.
+  REQUIRE(cli(common + " --out '" + (dir / "plain").string() + "'", dir).status == 0);
+  const auto with = csv_rows(metrics), without = csv_rows(slurp(dir / "plain" / "metrics.csv"));
+  REQUIRE(with.size() == without.size());
+  CHECK(without[0].count("skipped") == 0);  // no column in a run without skipping
+  for (std::size_t i = 0; i < with.size(); ++i) CHECK(with[i].at("loss") == without[i].at("loss"));
+  CHECK(cli(common + " --skip-outliers 4 --stop-after 20 --out '" + (dir / "split").string() + "'",
+            dir)
+            .status == 130);
+  REQUIRE(cli("train --quiet --resume '" + (dir / "split").string() + "'", dir).status == 0);
+  CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
+  check_bad_input("train --resume '" + (dir / "full").string() + "' --skip-outliers 3", dir,
+                  "--skip-outliers cannot be given with --resume");
+  check_bad_input("train --skip-outliers 0", dir, "--skip-outliers: expected a number in (0, ");
+  check_bad_input("train --skip-outliers -2", dir, "--skip-outliers");
+  check_bad_input("train --skip-outliers nan", dir, "--skip-outliers");
+  check_bad_input("train --skip-outliers inf", dir, "--skip-outliers");
+  std::ofstream(dir / "bad.json") << R"({"skip_outliers": -3})";
+  check_bad_input("train --config '" + (dir / "bad.json").string() + "'", dir,
+                  "config key 'skip_outliers'");
+  // 0 in a file is off, as other zero-means keys: a run without the column.
+  std::ofstream(dir / "off.json") << R"({"skip_outliers": 0})";
+  REQUIRE(cli(common + " --config '" + (dir / "off.json").string() + "' --out '" +
+                  (dir / "off").string() + "'",
+              dir)
+              .status == 0);
+  CHECK(csv_rows(slurp(dir / "off" / "metrics.csv"))[0].count("skipped") == 0);
 }
 
 TEST_CASE("cli: --z-loss adds the z_loss column beside the cross-entropy, bad values exit 2") {

@@ -132,6 +132,12 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
       ->check(bounded("clip"))
       ->capture_default_str();
   train
+      .add_option("--skip-outliers", tc.skip_outliers,
+                  "skip the update of a step whose loss or gradient norm has a z-score over the "
+                  "last 128 steps above this (llm.c's -sl/-sg; 5 is usual, above sqrt(127) none "
+                  "fires; off by default); metrics.csv's skipped column")
+      ->check(bounded("skip_outliers"));
+  train
       .add_option("--z-loss", tc.z_loss,
                   "PaLM's z-loss: add z * logsumexp(logits)^2 per position (1e-4 is usual; 0: "
                   "off); metrics.csv's z_loss column")
@@ -242,6 +248,11 @@ void print_done(const TrainResult& r, const TrainConfig& config) {
                  config.weight_decay, config.decay_params.c_str(),
                  config.decay == "independent" ? ", independent of the base lr" : "",
                  r.decayed_tensors, r.param_tensors, r.decayed_values, r.param_values);
+  if (r.skipped_steps > 0)
+    std::fprintf(stdout,
+                 "skipped the update of %d of %d steps as outliers (--skip-outliers %g: loss or "
+                 "gradient norm z-score over the last 128 steps)\n",
+                 r.skipped_steps, r.steps_done, config.skip_outliers);
   const char* out = config.out.c_str();
   std::fprintf(stdout,
                "outputs: %s/config.json, %s/metrics.csv, %s/metrics.jsonl, %s/summary.json, "

@@ -58,6 +58,7 @@ const std::vector<FieldBound>& train_config_bounds() {
       {"weight_decay", "--weight-decay", false, 0, 1e3},
       {"clip", "--clip", false, 0, 1e12},
       {"z_loss", "--z-loss", false, 0, 1},
+      {"skip_outliers", "--skip-outliers", false, 0, kMaxReal, true, "off"},
       {"min_lr", "--min-lr", false, 0, 1e3},
       {"warmdown", "--warmdown", false, 0, 1},
       {"warmup", "--warmup", true, 0, 100000000},

@@ -33,6 +33,8 @@ RunMeta to_run_meta(const std::string& path, const CheckpointMeta& m) {
     throw CheckpointError(path, "metadata 'optimizer_steps' is not a number: '" + it->second + "'");
   const auto contents = m.extra.find("contents");  // absent before --weights-only existed
   r.weights_only = contents != m.extra.end() && contents->second == "weights";
+  const auto outliers = m.extra.find("outliers");  // only in runs with --skip-outliers
+  if (outliers != m.extra.end()) r.outliers = outliers->second;
   return r;
 }
 
@@ -53,7 +55,7 @@ CheckpointMeta parse_meta(const std::string& path, const SafetensorsFile& file) 
     throw CheckpointError(path, "metadata 'step' is not a number: '" + step + "'");
   m.rng = parse_rng_state(get("rng_state"));
   for (const auto& [k, v] : file.metadata)
-    if (k == "kind" || k == "optimizer_steps" || k == "contents") m.extra[k] = v;
+    if (k == "kind" || k == "optimizer_steps" || k == "contents" || k == "outliers") m.extra[k] = v;
   return m;
 }
 
@@ -70,6 +72,7 @@ void save_run_checkpoint(const std::string& path, const ParameterList<float>& pa
   m.extra["kind"] = kRunKind;
   m.extra["optimizer_steps"] = std::to_string(meta.optimizer_steps);
   m.extra["contents"] = meta.weights_only ? "weights" : "training state";
+  if (!meta.outliers.empty()) m.extra["outliers"] = meta.outliers;
   if (meta.weights_only) state.clear();
   save_checkpoint<float>(path, params, state, m);
 }

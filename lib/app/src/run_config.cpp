@@ -34,9 +34,9 @@ ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, len
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
                             model, optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
-                            decay, param_groups, clip, z_loss, schedule, min_lr, warmdown, warmup,
-                            steps, batch, grad_accum, seed, eval_every, eval_size, out, save_every,
-                            weights_only)
+                            decay, param_groups, clip, z_loss, skip_outliers, schedule, min_lr,
+                            warmdown, warmup, steps, batch, grad_accum, seed, eval_every, eval_size,
+                            out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -109,6 +109,8 @@ void validate(const TrainConfig& c) {
             c.decay);
   check_arg(std::isfinite(c.warmdown) && c.warmdown >= 0 && c.warmdown <= 1, op, "warmdown",
             "in [0, 1]", std::to_string(c.warmdown));
+  check_arg(std::isfinite(c.skip_outliers) && c.skip_outliers >= 0, op, "skip_outliers",
+            "finite and >= 0 (0: off)", std::to_string(c.skip_outliers));
   check_arg(std::isfinite(c.lr) && c.lr > 0, op, "lr", "finite and > 0", std::to_string(c.lr));
   check_arg(c.steps >= 1, op, "steps", ">= 1", std::to_string(c.steps));
   check_arg(c.batch >= 1, op, "batch", ">= 1", std::to_string(c.batch));

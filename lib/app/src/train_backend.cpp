@@ -50,6 +50,10 @@ double TrainBackend::grad_norm(const std::string& parameter) {
   throw std::invalid_argument("grad_norm: no parameter '" + parameter + "'");
 }
 
+double TrainBackend::grad_norm() {
+  return attnlab::grad_norm(params_);
+}
+
 void TrainBackend::clip_grad_norm(double max_norm) {
   attnlab::clip_grad_norm(params_, max_norm);
 }

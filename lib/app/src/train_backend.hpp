@@ -43,6 +43,8 @@ class TrainBackend {
   // Adds the gradients of the last forward_loss, times its weight, to the parameters' grads.
   void backward();
   double grad_norm(const std::string& parameter);
+  // The global 2-norm of every parameter's gradient (clip_grad_norm's, before clipping).
+  double grad_norm();
   void clip_grad_norm(double max_norm);
   void step();
   // Waits for the work queued so far (a device backend runs asynchronously): what the throughput

@@ -16,7 +16,8 @@ namespace {
 
 constexpr double kTargetAccuracy = 0.95;
 
-std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool z_loss) {
+std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool z_loss,
+                       bool skip_outliers) {
   std::ostringstream os;
   os << "step,loss,eval_loss,eval_acc,lr";
   for (std::size_t l = 0; l < layers; ++l)
@@ -38,6 +39,7 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool 
   }
   os << ",jacobian_mean";
   if (z_loss) os << ",z_loss";
+  if (skip_outliers) os << ",skipped";
   return os.str();
 }
 
@@ -179,8 +181,9 @@ nlohmann::json json_number(double x) {
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
-                       const std::string& resume_csv, std::size_t resumed_step, bool z_loss)
-    : path_(path), heads_(heads), recall_(recall), z_loss_(z_loss) {
+                       const std::string& resume_csv, std::size_t resumed_step, bool z_loss,
+                       bool skip_outliers)
+    : path_(path), heads_(heads), recall_(recall), z_loss_(z_loss), skip_outliers_(skip_outliers) {
   std::vector<std::string> kept_json;
   if (!resume_csv.empty()) {  // the JSON rows of the resumed run, up to the resumed step
     std::ifstream in(jsonl_path(resume_csv));
@@ -214,7 +217,7 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
         steps_to_target_ = static_cast<int>(step);
     }
   }
-  csv_ = csv_header(layers, heads, recall, z_loss) + '\n';
+  csv_ = csv_header(layers, heads, recall, z_loss, skip_outliers) + '\n';
   for (const auto& row : kept) csv_ += row + '\n';
   flush();
 }
@@ -225,7 +228,7 @@ void MetricsLog::flush() {
 }
 
 void MetricsLog::write(std::size_t step, double train_loss, double lr, const EvalStats& st,
-                       const LayerNorms& norms, double train_z_term) {
+                       const LayerNorms& norms, double train_z_term, bool skipped) {
   std::ostringstream row_csv;
   row_csv << step << ',' << csv_number(train_loss) << ',' << csv_number(st.loss) << ','
           << csv_number(st.accuracy) << ',' << csv_number(lr);
@@ -244,6 +247,7 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
       st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size());
   row_csv << ',' << csv_number(jacobian_mean);
   if (z_loss_) row_csv << ',' << csv_number(train_z_term);
+  if (skip_outliers_) row_csv << ',' << (skipped ? 1 : 0);
   row_csv << '\n';
   csv_ += row_csv.str();
 
@@ -254,6 +258,7 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
                         {"lr", json_number(lr)},
                         {"jacobian_mean", json_number(jacobian_mean)}};
   if (z_loss_) row["z_loss"] = json_number(train_z_term);
+  if (skip_outliers_) row["skipped"] = skipped ? 1 : 0;
   nlohmann::json heads = nlohmann::json::array(), layers = nlohmann::json::array();
   for (std::size_t i = 0; i < st.health.size(); ++i) {
     const auto& h = st.health[i];

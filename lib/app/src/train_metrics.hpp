@@ -55,13 +55,14 @@ struct LayerNorms {
 
 // OUT/metrics.csv. Columns: step, loss, eval_loss, eval_acc, lr, per head l<L>h<H>_{entropy,
 // max_logit, saturated, jacobian[, recall_mass]}, per layer l<L>_{wq_grad_norm, wk_grad_norm,
-// wq_norm, wk_norm}, jacobian_mean[, z_loss]. loss is the training batch's cross-entropy alone
-// (comparable across runs with and without a z-loss); z_loss, in runs with one, its z-loss term
-// z · mean log Z² (the loss trained on is their sum). Values are %.7g; non-finite ones "nan",
-// "inf", "-inf".
+// wq_norm, wk_norm}, jacobian_mean[, z_loss][, skipped]. loss is the training batch's cross-entropy
+// alone (comparable across runs with and without a z-loss); z_loss, in runs with one, its z-loss
+// term z · mean log Z² (the loss trained on is their sum); skipped, in runs with --skip-outliers,
+// 1 when the row's step skipped its update as an outlier, else 0 (0 in the step-0 row). Values are
+// %.7g; non-finite ones "nan", "inf", "-inf".
 // Beside it, OUT/metrics.jsonl: one JSON object per row with keys that do not depend on the model's
 // size, for pandas (read_json(lines=True)) and experiment trackers:
-//   {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean"[, "z_loss"],
+//   {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean"[, "z_loss"][, "skipped"],
 //    "heads": [{"layer", "head", "entropy", "max_logit", "saturated", "jacobian"[,
 //    "recall_mass"]}], "layers": [{"layer", "wq_grad_norm", "wk_grad_norm", "wq_norm", "wk_norm"}]}
 // with full double precision and null for a non-finite value.
@@ -70,13 +71,16 @@ class MetricsLog {
   // Truncates `path` (and its .jsonl twin) and writes the header. A resumed run first keeps the
   // rows of `resume_csv` and of its .jsonl twin (read before truncating, so they may be the same
   // files) up to `resumed_step`.
-  // z_loss: the run has a z-loss (the z_loss column).
+  // z_loss: the run has a z-loss (the z_loss column); skip_outliers: it skips outlier steps (the
+  // skipped column).
   MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
-             const std::string& resume_csv = "", std::size_t resumed_step = 0, bool z_loss = false);
+             const std::string& resume_csv = "", std::size_t resumed_step = 0, bool z_loss = false,
+             bool skip_outliers = false);
 
-  // train_loss: the cross-entropy; train_z_term: the z-loss term (written when the run has one).
+  // train_loss: the cross-entropy; train_z_term: the z-loss term (written when the run has one);
+  // skipped: the step skipped its update (written when the run skips outliers).
   void write(std::size_t step, double train_loss, double lr, const EvalStats& eval,
-             const LayerNorms& norms, double train_z_term = 0);
+             const LayerNorms& norms, double train_z_term = 0, bool skipped = false);
 
   // The eval loss of the step-0 row kept from a resumed run (nullopt: none kept).
   std::optional<double> kept_init_eval_loss() const { return kept_init_eval_loss_; }
@@ -90,7 +94,7 @@ class MetricsLog {
 
   std::string path_, csv_, jsonl_;
   std::size_t heads_;
-  bool recall_, z_loss_;
+  bool recall_, z_loss_, skip_outliers_;
   std::optional<double> kept_init_eval_loss_;
   int steps_to_target_ = -1;
 };

@@ -92,6 +92,7 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["final_train_loss"] =
       std::isfinite(r.final_train_loss) ? json(r.final_train_loss) : json(nullptr);
   j["steps_to_95"] = r.steps_to_target;
+  j["skipped_steps"] = r.skipped_steps;  // updates skipped by --skip-outliers (0 when off)
   j["diverged"] = r.diverged;
   if (r.diverged) {
     j["diverged_step"] = r.diverged_step;
@@ -301,6 +302,21 @@ void restore_training_state(const TrainConfig& c, const RunMeta& resumed,
   data_rng.set_state(resumed.data_rng);
 }
 
+// --skip-outliers' detectors (nullopt when off): empty, or a resumed run's from its checkpoint.
+std::optional<OutlierSkip> outlier_skip(const TrainConfig& c, const RunMeta& resumed,
+                                        bool resuming) {
+  std::optional<OutlierSkip> skip;
+  if (c.skip_outliers <= 0) return skip;
+  skip.emplace();
+  if (resuming) {
+    const std::string path = c.resume + "/model.safetensors";
+    if (resumed.outliers.empty())
+      throw CheckpointError(path, "metadata lacks 'outliers' (the state of --skip-outliers)");
+    read_outlier_skip(resumed.outliers, path, *skip);
+  }
+  return skip;
+}
+
 // Rank 0's outputs from the start: OUT/, OUT/config.json and OUT/metrics.csv (a resumed run's
 // rows kept up to its saved step). Other ranks write nothing: nullopt.
 std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model, bool lead,
@@ -311,7 +327,7 @@ std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model,
     write_config_file(c.out + "/config.json", c);
     log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start,
-                c.z_loss > 0);
+                c.z_loss > 0, c.skip_outliers > 0);
   }
   return log;
 }
@@ -356,7 +372,15 @@ struct LoopState {
   double allreduce_seconds = 0;
   LayerNorms norms;            // the logged step's gradient and weight norms (metrics.csv)
   std::vector<float> staging;  // the gradient allreduce's host buffer, kept across steps
+  // --skip-outliers (nullopt when off): the detectors and the count; whether the last step skipped.
+  std::optional<OutlierSkip> outliers;
+  bool skipped = false;
 };
+
+// What the checkpoint keeps of --skip-outliers (null when off).
+const OutlierSkip* outlier_state(const LoopState& s) {
+  return s.outliers ? &*s.outliers : nullptr;
+}
 
 EvalStats eval_all(const RunParts& p) {
   EvalStats s = evaluate(p.backend, p.model.layers(), p.eval, p.c.task, p.d_k);
@@ -367,12 +391,12 @@ EvalStats eval_all(const RunParts& p) {
 // One row of metrics.csv: the eval `st`, the step's gradient norms (already in `norms`) and the
 // weight norms now, read from the host copy.
 void log_row(const RunParts& p, LayerNorms& norms, std::size_t step, double train_loss,
-             double train_z_term, double lr, const EvalStats& st) {
+             double train_z_term, double lr, const EvalStats& st, bool skipped = false) {
   for (std::size_t l = 0; l < p.model.layers(); ++l) {
     norms.wq[l] = tensor_norm(find_param(p.params, p.model.w_q_name(l))->value);
     norms.wk[l] = tensor_norm(find_param(p.params, p.model.w_k_name(l))->value);
   }
-  if (p.log) p.log->write(step, train_loss, lr, st, norms, train_z_term);
+  if (p.log) p.log->write(step, train_loss, lr, st, norms, train_z_term, skipped);
 }
 
 void diverge(TrainResult& result, std::size_t step, std::string where, const char* fallback) {
@@ -469,6 +493,18 @@ void record_grad_norms(const RunParts& p, LayerNorms& norms) {
   }
 }
 
+// --skip-outliers, as llm.c's train_gpt2.cu does it: the step's loss (the cross-entropy of the
+// whole batch, agreed across the ranks) and its global gradient norm (after the allreduce and
+// before clipping: the same gradients, so the same norm, on every rank) enter their detectors
+// whatever is decided, then the step is an outlier when either z-score is finite and above the
+// threshold. While the windows fill (the first 128 steps of a run) no step is skipped.
+bool outlier_step(const RunParts& p, OutlierSkip& o, double loss) {
+  const double z_loss = o.loss.update(loss);
+  const double z_grad = o.grad_norm.update(p.backend.grad_norm());
+  const double limit = p.c.skip_outliers;
+  return (std::isfinite(z_loss) && z_loss > limit) || (std::isfinite(z_grad) && z_grad > limit);
+}
+
 void update_weights(const RunParts& p) {
   if (p.c.clip > 0) p.backend.clip_grad_norm(p.c.clip);
   p.backend.step();
@@ -483,7 +519,7 @@ bool log_step(const RunParts& p, LoopState& s, double lr) {
   check_replicas(p.comm, p.params, step + 1);
   s.st = eval_all(p);
   s.eval_step = step + 1;
-  log_row(p, s.norms, step + 1, s.last_loss, s.last_z_term, lr, s.st);
+  log_row(p, s.norms, step + 1, s.last_loss, s.last_z_term, lr, s.st, s.skipped);
   s.result.final_eval_loss = s.st.loss;
   s.result.final_eval_acc = s.st.accuracy;
   if (!std::isfinite(s.st.loss)) {
@@ -546,14 +582,20 @@ bool train_step(const RunParts& p, LoopState& s) {
       (step + 1) % static_cast<std::size_t>(p.c.eval_every) == 0 || step + 1 == p.steps;
   if (log_now) record_grad_norms(p, s.norms);
   step_start = Clock::now();
-  update_weights(p);
+  // A skipped step leaves the weights, the optimizer's state and its step count as they were; the
+  // step itself (the LR schedule's, the data stream's, the dropout keys') advances.
+  s.skipped = s.outliers && outlier_step(p, *s.outliers, s.last_loss);
+  if (s.skipped)
+    ++s.outliers->skipped;
+  else
+    update_weights(p);
   s.step_seconds += seconds_since(step_start);
   if (log_now && !log_step(p, s, lr)) {
     ++s.step;  // the diverged step was taken
     return false;
   }
   if (p.c.save_every > 0 && (step + 1) % static_cast<std::size_t>(p.c.save_every) == 0)
-    p.saver.save(step + 1, p.backend, p.opt, p.params, p.data_rng);
+    p.saver.save(step + 1, p.backend, p.opt, p.params, p.data_rng, outlier_state(s));
   if (p.progress) report_progress(p, s, s.last_loss, lr, log_now);
   return true;
 }
@@ -579,6 +621,7 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
       transformer_flops_per_token(p.c.model, static_cast<std::size_t>(shape.seq_len));
   result.world_size = p.comm.size();
   result.distributed = p.comm.name();
+  result.skipped_steps = s.outliers ? s.outliers->skipped : 0;
   const std::vector<ParamGroupPlan> plan = plan_param_groups(p.c);  // in p.opt's group order
   for (std::size_t g = 0; g < p.opt.size(); ++g) {
     const Optimizer<float>& opt = *p.opt.group(g).optimizer;
@@ -610,7 +653,8 @@ void finish_outputs(const RunParts& p, const LoopState& s) {
     check_replicas(p.comm, p.params, s.step);
   }
   // A diverged model is never saved: its weights may hold non-finite values.
-  if (!result.diverged) p.saver.save(s.step, p.backend, p.opt, p.params, p.data_rng);
+  if (!result.diverged)
+    p.saver.save(s.step, p.backend, p.opt, p.params, p.data_rng, outlier_state(s));
   if (p.lead && s.st.example_tq > 0)  // "init" is this invocation's first eval (the resumed step)
     write_attention_file(p.c.out + "/attention.json", s.first_st, p.start, s.st, s.eval_step);
   if (p.lead) write_summary(p.c.out + "/summary.json", p.c, result);
@@ -650,6 +694,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   model.to(*ops);  // after the resume load (into the host copy); the optimizer follows
   TrainBackend backend(model, *opt, c.z_loss);
 
+  std::optional<OutlierSkip> outliers = outlier_skip(c, resumed, resuming);
   std::optional<MetricsLog> log = open_outputs(c, model, lead, resuming, start);
   const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint && lead,
                        c.weights_only);
@@ -676,6 +721,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   setup_done();  // from here on every rank is in the run: an error is a RankFailure
 
   LoopState s(model.layers());
+  s.outliers = std::move(outliers);
   s.t0 = Clock::now();
   first_eval(p, s, resuming);
   for (s.step = start; s.step < steps; ++s.step) {

@@ -47,6 +47,7 @@
 #include "attnlab/optim/clip.hpp"
 #include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/optimizer.hpp"
+#include "attnlab/optim/outlier.hpp"
 #include "attnlab/optim/param_groups.hpp"
 #include "attnlab/optim/schedule.hpp"
 #include "attnlab/optim/sgd.hpp"

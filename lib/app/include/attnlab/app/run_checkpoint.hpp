@@ -1,7 +1,8 @@
 // A training run's checkpoint, DIR/model.safetensors, on top of the checkpoint I/O of
 // attnlab/io/checkpoint.hpp (atomic write, validated load): the model's parameters by name, the
 // optimizer state under "optim.<param>.<slot>", and in the metadata the run's config (JSON), the
-// step, the data Rng state and the format version.
+// step, the data Rng state, the format version and, with --skip-outliers, the outlier detectors'
+// state.
 //
 // Optimizer state travels here as plain (name, tensor) pairs: the same type as
 // optim/optimizer.hpp's NamedTensor<float> (what Optimizer::state_tensors() returns), spelt out so
@@ -29,6 +30,9 @@ struct RunMeta {
   // The file holds the weights only (train --weights-only): metadata "contents" is "weights", else
   // "training state". A weights-only file is evaluated, never resumed.
   bool weights_only = false;
+  // The --skip-outliers state (metadata "outliers": the detectors' windows and the skipped count,
+  // as JSON text; train_saver.hpp's outlier_skip_json), "" when the run does not skip outliers.
+  std::string outliers;
   // read_run_meta only: the names and shapes of the model's tensors (not the optimizer's), for a
   // check against the config before a model is built.
   std::vector<std::pair<std::string, std::vector<std::size_t>>> model_tensors;

@@ -66,6 +66,9 @@ struct TrainConfig {
   // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
   // its (softcapped) logits (Wortsman et al. 2023: 1e-4). 0: none.
   double z_loss = 0;
+  // Skip the update of a step whose loss or global gradient norm has a z-score above this over
+  // the last 128 steps (llm.c's -sl / -sg; attnlab/optim/outlier.hpp, lib/README.md). 0: off.
+  double skip_outliers = 0;
   std::string schedule = "cosine";  // constant | cosine | wsd (warmup, stable, linear warm-down)
   double min_lr = 0;                // cosine and wsd: the LR they decay to (nanoGPT: lr / 10)
   // wsd: the fraction of the steps whose LR decays linearly to min_lr, at the end (nanochat's

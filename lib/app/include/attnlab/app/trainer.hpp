@@ -44,6 +44,9 @@ struct TrainResult {
   double final_eval_acc = 0;
   double final_train_loss = 0;
   int steps_to_target = -1;  // first logged step with eval accuracy >= 0.95
+  // Steps whose update --skip-outliers skipped (TrainConfig::skip_outliers), over the whole run: a
+  // resumed run counts its earlier invocations' too. 0 when off.
+  int skipped_steps = 0;
   bool diverged = false;
   int diverged_step = -1;
   std::string diverged_where;  // the first layer that produced a non-finite value
@@ -118,8 +121,14 @@ class RankFailure : public std::runtime_error {
 // (std::invalid_argument naming the first field that differs; start from read_run_config). out
 // left at its default writes into DIR. steps may grow (not shrink below the saved step): the LR
 // schedule is then the one a fresh run with the new steps follows (warmup and the cosine or wsd
-// decay over the new total), continued from the saved step. The context may differ (another
+// decay over the new total), continued from the saved step. With skip_outliers the detectors'
+// windows and the skipped count continue from the checkpoint. The context may differ (another
 // thread count, the other device).
+//
+// skip_outliers Z > 0: a step whose loss or global gradient norm has a z-score above Z over the
+// last 128 steps (attnlab/optim/outlier.hpp) skips its update; its forward and backward run, the
+// weights, the optimizer's state and its step count stay, the step (LR schedule, data stream,
+// dropout keys) advances. Both values enter the windows whatever is decided (llm.c's rule).
 TrainResult train_model(const TrainConfig& config, const Context& context,
                         DeviceOps<float>* device_ops = nullptr);
 
