@@ -289,11 +289,11 @@ ATTNLAB_HD inline void rope_element(T* x, const T* cos, const T* sin, const Rope
 // The scalars of one AdamW step t (torch.optim.AdamW), formed in double on the host and used in T.
 template <class T>
 struct AdamWScalars {
-  T decay;                  // 1 − lr · weight_decay
-  T one_minus_beta1;        // 1 − β1
-  T beta2;                  // β2
-  T one_minus_beta2;        // 1 − β2
-  T step_size;              // lr / (1 − β1^t)
+  T decay;            // decay_factor: 1 − lr · wd, or 1 − (lr / base lr) · wd (independent)
+  T one_minus_beta1;  // 1 − β1
+  T beta2;            // β2
+  T one_minus_beta2;  // 1 − β2
+  T step_size;        // lr / (1 − β1^t)
   T bias_correction2_sqrt;  // √(1 − β2^t)
   T eps;
   bool decays;  // weight_decay != 0
