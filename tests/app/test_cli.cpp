@@ -332,7 +332,8 @@ TEST_CASE("cli: resume continues exactly (40 steps == 20 + save + resume + 20)")
   REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir).status == 0);
   const Run first = cli(common + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir);
   CHECK(first.status == 130);  // stopped early, checkpoint saved
-  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  const Run second =
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   const std::string full = slurp(dir / "full" / "metrics.csv");
   CHECK(full.size() > 100);
@@ -378,7 +379,8 @@ TEST_CASE("cli: with dropout, resume continues exactly, and dropout changes trai
   REQUIRE(cli(common + " --out '" + (dir / "full").string() + "'", dir).status == 0);
   const Run first = cli(common + " --stop-after 15 --out '" + (dir / "split").string() + "'", dir);
   CHECK(first.status == 130);
-  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  const Run second =
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   const std::string full = slurp(dir / "full" / "metrics.csv");
   CHECK(full.size() > 100);
@@ -725,9 +727,9 @@ TEST_CASE("cli: every run writes its effective config, and --config reproduces t
   CHECK(config.at("model").at("block").at("d_ff") == 32);  // resolved: 4 * d_model
   CHECK(config.at("model").at("max_len") == 5);            // decided by the task
   // The file alone (with another --out) gives the same run; a flag overrides the file.
-  const Run r = cli(
-      "train --quiet --config '" + (a / "config.json").string() + "' --out '" + b.string() + "'",
-      dir);
+  const Run r = cli("train --quiet --config '" + (a / "config.json").string() +
+                        "' --threads 1 --out '" + b.string() + "'",
+                    dir);
   REQUIRE(r.status == 0);
   CHECK(slurp(a / "metrics.csv") == slurp(b / "metrics.csv"));
   auto same = nlohmann::json::parse(slurp(b / "config.json"));
@@ -1088,7 +1090,8 @@ TEST_CASE("cli: --decay-params matrices decays the 2-D parameters only, and resu
       common + " --decay-params matrices --stop-after 15 --out '" + (dir / "split").string() + "'",
       dir);
   CHECK(first.status == 130);
-  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  const Run second =
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   CHECK(second.out.find("decay_params matrices") != std::string::npos);  // kept by the checkpoint
   const std::string metrics = slurp(dir / "full" / "metrics.csv");
@@ -1128,7 +1131,7 @@ TEST_CASE(
   const Run first =
       cli(common + " --stop-after 15 --quiet --out '" + (dir / "split").string() + "'", dir);
   CHECK(first.status == 130);
-  const Run second = cli("train --resume '" + (dir / "split").string() + "'", dir);
+  const Run second = cli("train --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   const std::string metrics = slurp(dir / "full" / "metrics.csv");
   CHECK(metrics.size() > 100);
@@ -1178,7 +1181,7 @@ TEST_CASE("cli: param_groups in a config file: the groups are printed, and a res
       cli(common + " --stop-after 15 --quiet --out '" + (dir / "split").string() + "'", dir);
   CHECK(first.status == 130);
   CHECK(first.out.find("param groups:") == std::string::npos);  // --quiet
-  const Run second = cli("train --resume '" + (dir / "split").string() + "'", dir);
+  const Run second = cli("train --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   CHECK(second.out.find(groups_line) != std::string::npos);
   const std::string metrics = slurp(dir / "full" / "metrics.csv");
@@ -1277,14 +1280,16 @@ TEST_CASE("cli: --schedule wsd logs the warmup, the flat part and the line, and 
           doctest::Approx(lr_of_step(std::max(step - 1, 0))).epsilon(1e-6));
   }
   // The effective config repeats the run; a resumed run continues it exactly.
-  REQUIRE(cli("train --quiet --config '" + (dir / "full" / "config.json").string() + "' --out '" +
-                  (dir / "again").string() + "'",
+  REQUIRE(cli("train --quiet --config '" + (dir / "full" / "config.json").string() +
+                  "' --threads 1 --out '" + (dir / "again").string() + "'",
               dir)
               .status == 0);
   CHECK(slurp(dir / "again" / "metrics.csv") == metrics);
   CHECK(cli(recipe + " --stop-after 20 --out '" + (dir / "split").string() + "'", dir).status ==
         130);
-  REQUIRE(cli("train --quiet --resume '" + (dir / "split").string() + "'", dir).status == 0);
+  REQUIRE(
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir).status ==
+      0);
   CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
   check_bad_input("train --resume '" + (dir / "full").string() + "' --warmdown 0.2", dir,
                   "--warmdown cannot be given with --resume");
@@ -1314,7 +1319,8 @@ TEST_CASE("cli: --decay independent is kept by the config and the checkpoint, sg
       cli(common + " --decay independent --stop-after 15 --out '" + (dir / "split").string() + "'",
           dir)
           .status == 130);
-  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  const Run second =
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   CHECK(second.out.find("independent of the base lr") != std::string::npos);  // kept
   CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
@@ -1356,7 +1362,9 @@ TEST_CASE("cli: --skip-outliers adds the skipped column and count, resumes, refu
   CHECK(cli(common + " --skip-outliers 4 --stop-after 20 --out '" + (dir / "split").string() + "'",
             dir)
             .status == 130);
-  REQUIRE(cli("train --quiet --resume '" + (dir / "split").string() + "'", dir).status == 0);
+  REQUIRE(
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir).status ==
+      0);
   CHECK(slurp(dir / "split" / "metrics.csv") == metrics);
   check_bad_input("train --resume '" + (dir / "full").string() + "' --skip-outliers 3", dir,
                   "--skip-outliers cannot be given with --resume");
@@ -1411,7 +1419,8 @@ TEST_CASE("cli: --grad-accum 2 resumes exactly, and follows one batch of twice t
   REQUIRE(cli(accum + " --out '" + (dir / "full").string() + "'", dir).status == 0);
   const Run first = cli(accum + " --stop-after 15 --out '" + (dir / "split").string() + "'", dir);
   CHECK(first.status == 130);  // stopped mid-run, checkpoint saved
-  const Run second = cli("train --quiet --resume '" + (dir / "split").string() + "'", dir);
+  const Run second =
+      cli("train --quiet --resume '" + (dir / "split").string() + "' --threads 1", dir);
   REQUIRE(second.status == 0);
   const std::string full = slurp(dir / "full" / "metrics.csv");
   CHECK(full.size() > 100);

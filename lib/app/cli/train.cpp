@@ -30,9 +30,9 @@ void on_signal(int signal) {
 }
 
 // The flags that may come with --resume (run control and steps); any other is refused.
-const std::vector<std::string> kResumeFlags = {"--resume",     "--steps",  "--out",
-                                               "--threads",    "--device", "--save-every",
-                                               "--stop-after", "--quiet"};
+const std::vector<std::string> kResumeFlags = {"--resume",     "--steps",        "--out",
+                                               "--threads",    "--thread-split", "--device",
+                                               "--save-every", "--stop-after",   "--quiet"};
 
 // The two ways to load a whole config: added first, so that the flags after them override it.
 void add_config_sources(CLI::App& train, TrainConfig& tc) {
@@ -52,7 +52,8 @@ void add_config_sources(CLI::App& train, TrainConfig& tc) {
             tc.out = dir;
           },
           "continue the run saved in this directory (with its config; only --steps, --out, "
-          "--threads, --device, --save-every, --stop-after and --quiet may be given)")
+          "--threads, --thread-split, --device, --save-every, --stop-after and --quiet may be "
+          "given)")
       ->check(CLI::ExistingDirectory);
 }
 
@@ -172,6 +173,13 @@ void add_run_control_flags(CLI::App& train, TrainCommand& t) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   train
+      .add_option("--thread-split", tc.thread_split,
+                  "how the threads share a CPU step: batch (each thread trains its part of the "
+                  "batch through the whole model, one parallel region per step) or ops (every op "
+                  "splits its own work)")
+      ->check(CLI::IsMember({"batch", "ops"}))
+      ->capture_default_str();
+  train
       .add_option("--device", t.device,
                   "where the training step runs: cpu, or cuda (the whole step on the GPU; "
                   "needs a build with the CUDA backend and a device)")
@@ -205,7 +213,7 @@ void check_resume_flags(const CLI::App& train) {
       throw BadInput(opt->get_name() +
                      " cannot be given with --resume: the saved run's config decides it "
                      "(with --resume only --steps, --out, --threads, --device, "
-                     "--save-every, --stop-after and --quiet may be given)");
+                     "--thread-split, --save-every, --stop-after and --quiet may be given)");
 }
 
 // Tokens/s of the training steps and, on the CPU, the model FLOPs utilisation against the two

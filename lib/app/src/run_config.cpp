@@ -121,6 +121,8 @@ void validate(const TrainConfig& c) {
             std::to_string(c.warmup));
   check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
   check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
+  check_arg(c.thread_split == "batch" || c.thread_split == "ops", op, "thread_split",
+            "batch or ops", "'" + c.thread_split + "'");
   check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
   check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
             std::to_string(c.clip));

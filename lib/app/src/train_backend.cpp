@@ -1,10 +1,15 @@
 #include "train_backend.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <exception>
 #include <stdexcept>
 
 #include "attnlab/nn/module.hpp"
+#include "attnlab/nn/transformer.hpp"
 #include "attnlab/optim/clip.hpp"
+#include "attnlab/threads.hpp"
 
 namespace attnlab::app {
 
@@ -14,8 +19,107 @@ double tensor_norm(const xt::xarray<float>& a) {
   return std::sqrt(s);
 }
 
+// A copy of the model for the batch-parallel step: its own activations, gradients and loss.
+struct TrainBackend::Replica {
+  Replica(const TransformerConfig& config, double z_loss, Rng& rng)
+      : model(config, rng), params(model.parameters()), loss(z_loss) {}
+  Model model;
+  ParameterList<float> params;
+  CrossEntropyLoss<float> loss;
+};
+
 TrainBackend::TrainBackend(Model& model, OptimizerGroups<float>& optimizer, double z_loss)
     : model_(model), opt_(optimizer), params_(model.parameters()), loss_(z_loss) {}
+
+TrainBackend::~TrainBackend() = default;
+
+void TrainBackend::use_batch_threads(const TransformerConfig& config, int threads) {
+  check_arg(threads >= 1, "use_batch_threads", "threads", ">= 1", std::to_string(threads));
+  check_arg(threads == 1 || &model_.ops() == &cpu_ops<float>(), "use_batch_threads", "backend",
+            "the CPU backend (a device parallelises each op)", model_.ops().name());
+  replicas_.clear();
+  Rng rng(0);  // the replicas' own draws are overwritten by the model's weights
+  for (int t = 1; t < threads; ++t) {
+    replicas_.push_back(std::make_unique<Replica>(config, loss_.z_loss(), rng));
+    const ParameterList<float>& mine = replicas_.back()->params;
+    check_arg(mine.size() == params_.size(), "use_batch_threads", "config",
+              "the model's own config (" + std::to_string(params_.size()) + " parameters)",
+              "one with " + std::to_string(mine.size()));
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      check_arg(
+          mine[i].name == params_[i].name && mine[i].param->size() == params_[i].param->size(),
+          "use_batch_threads", "config",
+          "the model's own config (parameter '" + params_[i].name + "')", "'" + mine[i].name + "'");
+    }
+  }
+  replicas_stale_ = true;
+}
+
+std::vector<TrainBackend::Loss> TrainBackend::forward_backward(std::span<const Batch> parts,
+                                                               std::span<const double> weights,
+                                                               std::uint64_t first_step) {
+  const int P = static_cast<int>(parts.size());
+  check_arg(P >= 1 && P <= batch_threads() && weights.size() == parts.size(), "forward_backward",
+            "parts", "1 to " + std::to_string(batch_threads()) + " parts with a weight each",
+            std::to_string(P) + " parts, " + std::to_string(weights.size()) + " weights");
+  std::vector<Loss> losses(static_cast<std::size_t>(P));
+  std::exception_ptr error;
+  const bool copy_weights = replicas_stale_;
+  // One thread per part; every op inside runs on its calling thread (a count of 1, and oneDNN and
+  // OpenBLAS run single-threaded inside a parallel region).
+#pragma omp parallel for num_threads(P) schedule(static)
+  for (int t = 0; t < P; ++t) {
+    try {
+      const ThreadScope one(1);
+      Model& m = t == 0 ? model_ : replicas_[static_cast<std::size_t>(t - 1)]->model;
+      CrossEntropyLoss<float>& loss =
+          t == 0 ? loss_ : replicas_[static_cast<std::size_t>(t - 1)]->loss;
+      if (t > 0) {
+        const ParameterList<float>& mine = replicas_[static_cast<std::size_t>(t - 1)]->params;
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+          Parameter<float>& p = *mine[i].param;
+          if (copy_weights)
+            std::memcpy(p.value.data(), params_[i].param->value.data(), p.size() * sizeof(float));
+          std::fill(p.grad.begin(), p.grad.end(), 0.0f);
+        }
+      }
+      const auto u = static_cast<std::size_t>(t);
+      m.train_mode(seed_, first_step + u);
+      loss.forward(m.ops(), m.forward_on_backend(parts[u]), parts[u].targets, weights[u]);
+      losses[u] = {loss.cross_entropy(), loss.z_term()};
+      if (std::isfinite(losses[u].total())) m.backward(loss.dlogits());
+    } catch (...) {
+#pragma omp critical(attnlab_forward_backward)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  replicas_stale_ = false;
+  if (P == 1) return losses;
+  // The model's grads += each replica's, in replica order; the elements cut into P contiguous
+  // ranges over the parameters laid end to end (the bits do not depend on the cut).
+  std::vector<std::size_t> offset(params_.size() + 1, 0);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    offset[i + 1] = offset[i] + params_[i].param->size();
+  const std::size_t total = offset.back();
+#pragma omp parallel for num_threads(P) schedule(static)
+  for (int c = 0; c < P; ++c) {
+    const std::size_t e0 = total * static_cast<std::size_t>(c) / static_cast<std::size_t>(P);
+    const std::size_t e1 = total * static_cast<std::size_t>(c + 1) / static_cast<std::size_t>(P);
+    std::size_t i = static_cast<std::size_t>(std::upper_bound(offset.begin(), offset.end(), e0) -
+                                             offset.begin() - 1);
+    for (std::size_t e = e0; e < e1; ++i) {
+      const std::size_t lo = e - offset[i], hi = std::min(e1, offset[i + 1]) - offset[i];
+      float* g = params_[i].param->grad.data();
+      for (int r = 1; r < P; ++r) {
+        const float* h = replicas_[static_cast<std::size_t>(r - 1)]->params[i].param->grad.data();
+        for (std::size_t j = lo; j < hi; ++j) g[j] += h[j];
+      }
+      e = offset[i] + hi;
+    }
+  }
+  return losses;
+}
 
 std::string TrainBackend::name() const {
   return model_.ops().name();
@@ -60,6 +164,7 @@ void TrainBackend::clip_grad_norm(double max_norm) {
 
 void TrainBackend::step() {
   opt_.step();
+  replicas_stale_ = true;
 }
 
 void TrainBackend::synchronize() {

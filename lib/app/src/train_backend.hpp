@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/tasks.hpp"
@@ -25,8 +28,21 @@ class TrainBackend {
   // `model` already on its backend; `optimizer` the groups over model.parameters(); z_loss the
   // loss's z-loss coefficient (0: none).
   TrainBackend(Model& model, OptimizerGroups<float>& optimizer, double z_loss = 0);
+  ~TrainBackend();
+  TrainBackend(const TrainBackend&) = delete;
+  TrainBackend& operator=(const TrainBackend&) = delete;
 
   std::string name() const;  // the backend's name: "cpu", "cuda: ...", "emulated (CPU)"
+
+  // The batch-parallel step (lib/README.md, "Threads in the training step"): `threads` copies of
+  // the model, the first the model itself and the others replicas built from `config` (the
+  // model's), so that forward_backward can run one piece of a batch on each, a thread each, in
+  // one parallel region. The replicas' weights follow the model's (copied before their next
+  // forward after every step()); their gradients are added into the model's. CPU backend only
+  // (std::invalid_argument otherwise); threads >= 1 (1: off).
+  void use_batch_threads(const TransformerConfig& config, int threads);
+  // 1 unless use_batch_threads set more.
+  int batch_threads() const { return static_cast<int>(replicas_.size()) + 1; }
   void set_lr(double lr);
   // The run's seed and the step of the next forward_loss: they key its dropout masks.
   void set_step(std::uint64_t seed, std::uint64_t step);
@@ -42,6 +58,16 @@ class TrainBackend {
   void zero_grad();
   // Adds the gradients of the last forward_loss, times its weight, to the parameters' grads.
   void backward();
+  // The batch-parallel forward_loss + backward: parts[t] (at most batch_threads() of them) runs on
+  // copy t of the model, at one thread, with weight weights[t] and its dropout masks keyed on step
+  // first_step + t; all in one parallel region. Then the replicas' gradients are added into the
+  // model's, each element in replica order, so the bits depend on the thread count only. The
+  // model's grads end as after forward_loss + backward of parts[0], parts[1], ... in turn at one
+  // thread: the same terms, summed per part first (the same bits where a backward adds one term
+  // per parameter; a rounding apart for the embedding tables, whose rows collect one term per
+  // token). Returns each part's loss; a part with a non-finite loss skips its backward.
+  std::vector<Loss> forward_backward(std::span<const Batch> parts, std::span<const double> weights,
+                                     std::uint64_t first_step);
   double grad_norm(const std::string& parameter);
   // The global 2-norm of every parameter's gradient (clip_grad_norm's, before clipping).
   double grad_norm();
@@ -60,11 +86,14 @@ class TrainBackend {
   std::string locate_nonfinite(const Batch& batch);
 
  private:
+  struct Replica;
   Model& model_;
   OptimizerGroups<float>& opt_;
   ParameterList<float> params_;
   CrossEntropyLoss<float> loss_;
   std::uint64_t seed_ = 0, step_ = 0;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  bool replicas_stale_ = true;  // the model's weights changed since the replicas' copy
 };
 
 // √(Σ x²) accumulated in double: the weight and gradient norms of metrics.csv.

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <regex>
+#include <span>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +120,10 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
   j["gemm_engine"] = blas_info().engine_name;  // the float gemms'
+  // batch: each of `batch_threads` threads trained its part of the batch through the whole model;
+  // ops: every op split its work across the run's threads.
+  j["thread_split"] = r.batch_threads > 1 ? "batch" : "ops";
+  j["batch_threads"] = r.batch_threads;
   j["world_size"] = r.world_size;
   j["distributed"] = r.distributed;
   if (r.world_size > 1) j["allreduce_seconds_per_step"] = r.allreduce_seconds_per_step;
@@ -275,6 +280,16 @@ DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_op
     ops = device_ops;
   }
   return ops;
+}
+
+// The batch-parallel step's thread count (TrainConfig::thread_split): the run's threads, at most
+// one per row of this rank's shard, on the CPU backend with thread_split "batch"; else 1 (every op
+// splits its own work across the threads).
+int batch_threads(const TrainConfig& c, const Context& context, DeviceOps<float>& ops,
+                  const Shard& shard) {
+  if (c.thread_split != "batch" || &ops != &cpu_ops<float>()) return 1;
+  return static_cast<int>(
+      std::min<std::size_t>(static_cast<std::size_t>(context.threads), shard.size()));
 }
 
 LrSchedule make_schedule(const TrainConfig& c, std::size_t steps) {
@@ -445,33 +460,41 @@ std::optional<TrainBackend::Loss> agreed_loss(const RunParts& p, const TrainBack
 
 // A step's data, as the lib/README.md's gradient accumulation defines it: the step draws N · B rows
 // (N = grad_accum, B = batch) from the data stream, as one batch of N · B would; micro-batch k is
-// rows [kB, (k+1)B) of them, and this rank trains on its shard of each. Each micro-batch's gradient
-// is that of its own mean loss, weighted by its share of this rank's labelled positions, and the
-// rank's sum by the rank's share of the step's (the weight of allreduce_gradients): the gradient of
-// the N · B rows' mean loss, whatever their masks.
+// rows [kB, (k+1)B) of them, and this rank trains on its shard of each. With the batch-parallel
+// step the rank's shard of each micro-batch is cut again into P contiguous parts, one per thread
+// (part t of micro-batch k is piece kP + t): the pieces of N micro-batches of P parts are those of
+// N · P micro-batches of B / P rows. Each piece's gradient is that of its own mean loss, weighted
+// by its share of this rank's labelled positions, and the rank's sum by the rank's share of the
+// step's (the weight of allreduce_gradients): the gradient of the N · B rows' mean loss, whatever
+// their masks.
 struct StepData {
-  std::vector<Batch> micro;    // this rank's rows of each micro-batch
+  std::vector<Batch> micro;    // this rank's pieces: P per micro-batch, in order
   std::vector<double> weight;  // each one's share of this rank's labelled positions
   double rank_weight = 1;      // this rank's share of the step's
 };
 
-StepData step_data(const RunParts& p) {
+StepData step_data(const RunParts& p, std::size_t P) {
   const auto B = static_cast<std::size_t>(p.c.batch), N = static_cast<std::size_t>(p.c.grad_accum);
   const Batch all = p.data.next(N * B, p.data_rng);
+  const std::size_t S = p.shard.size();
   StepData d;
-  std::vector<std::size_t> labelled(N);
+  std::vector<std::size_t> labelled, rows;
   std::size_t rank_labelled = 0;
   for (std::size_t k = 0; k < N; ++k) {
-    const Shard rows{k * B + p.shard.begin, k * B + p.shard.end};
-    d.micro.push_back(shard_of(all, rows));
-    labelled[k] = labelled_rows(all.targets, rows.begin, rows.end);
-    rank_labelled += labelled[k];
+    for (std::size_t t = 0; t < P; ++t) {
+      const std::size_t first = k * B + p.shard.begin;
+      const Shard piece{first + S * t / P, first + S * (t + 1) / P};
+      d.micro.push_back(shard_of(all, piece));
+      labelled.push_back(labelled_rows(all.targets, piece.begin, piece.end));
+      rows.push_back(piece.size());
+      rank_labelled += labelled.back();
+    }
   }
-  const std::size_t rank_rows = N * p.shard.size();
+  const std::size_t rank_rows = N * S;
   d.rank_weight = labelled_share(rank_labelled, rank_rows,
                                  labelled_rows(all.targets, 0, all.size()), all.size());
-  for (std::size_t k = 0; k < N; ++k)
-    d.weight.push_back(labelled_share(labelled[k], p.shard.size(), rank_labelled, rank_rows));
+  for (std::size_t j = 0; j < d.micro.size(); ++j)
+    d.weight.push_back(labelled_share(labelled[j], rows[j], rank_labelled, rank_rows));
   return d;
 }
 
@@ -543,25 +566,38 @@ bool train_step(const RunParts& p, LoopState& s) {
   const std::size_t step = s.step;
   const double lr = p.schedule.lr_at(step);
   p.backend.set_lr(lr);
-  const StepData d = step_data(p);
+  const auto P = static_cast<std::size_t>(p.backend.batch_threads());  // parts per micro-batch
+  const StepData d = step_data(p, P);
   const std::size_t N = d.micro.size();
-  // The dropout masks' key: one per micro-batch (the step's own when N = 1).
+  // The dropout masks' key: one per piece (the step's own when N = 1).
   const auto dropout_step = [&](std::size_t k) { return static_cast<std::uint64_t>(step * N + k); };
   auto step_start = Clock::now();
-  TrainBackend::Loss local;  // this rank's: the micro-batches' losses, weighted
-  std::size_t failed = 0;    // the micro-batch whose loss was non-finite (if one was)
-  p.backend.zero_grad();
-  for (std::size_t k = 0; k < N; ++k) {
-    p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), dropout_step(k));
-    const TrainBackend::Loss loss = p.backend.forward_loss(d.micro[k], d.weight[k]);
+  TrainBackend::Loss local;  // this rank's: the pieces' losses, weighted
+  std::size_t failed = 0;    // the piece whose loss was non-finite (if one was)
+  const auto add = [&](std::size_t k, const TrainBackend::Loss& loss) {
     local.cross_entropy += d.weight[k] * loss.cross_entropy;
     local.z_term += d.weight[k] * loss.z_term;
-    if (!std::isfinite(loss.total())) {
-      failed = k;
-      local.cross_entropy = std::numeric_limits<double>::quiet_NaN();
-      break;
+    if (std::isfinite(loss.total())) return true;
+    failed = k;
+    local.cross_entropy = std::numeric_limits<double>::quiet_NaN();
+    return false;
+  };
+  p.backend.zero_grad();
+  if (P == 1) {
+    for (std::size_t k = 0; k < N; ++k) {
+      p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), dropout_step(k));
+      if (!add(k, p.backend.forward_loss(d.micro[k], d.weight[k]))) break;
+      p.backend.backward();  // adds d.weight[k] times its gradient
     }
-    p.backend.backward();  // adds d.weight[k] times its gradient
+  } else {  // one parallel region per micro-batch: its P parts at once
+    for (std::size_t k = 0; k < N; k += P) {
+      p.backend.set_step(static_cast<std::uint64_t>(p.c.seed), dropout_step(k));
+      const std::vector<TrainBackend::Loss> losses = p.backend.forward_backward(
+          std::span(d.micro).subspan(k, P), std::span(d.weight).subspan(k, P), dropout_step(k));
+      bool finite = true;
+      for (std::size_t t = 0; t < P && finite; ++t) finite = add(k + t, losses[t]);
+      if (!finite) break;
+    }
   }
   const std::optional<TrainBackend::Loss> agreed = agreed_loss(p, local, d.rank_weight);
   if (!agreed) {
@@ -620,6 +656,7 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
   result.flops_per_token =
       transformer_flops_per_token(p.c.model, static_cast<std::size_t>(shape.seq_len));
   result.world_size = p.comm.size();
+  result.batch_threads = p.backend.batch_threads();
   result.distributed = p.comm.name();
   result.skipped_steps = s.outliers ? s.outliers->skipped : 0;
   const std::vector<ParamGroupPlan> plan = plan_param_groups(p.c);  // in p.opt's group order
@@ -693,6 +730,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   if (resuming) restore_training_state(c, resumed, params, *opt, data_rng);
   model.to(*ops);  // after the resume load (into the host copy); the optimizer follows
   TrainBackend backend(model, *opt, c.z_loss);
+  backend.use_batch_threads(c.model, batch_threads(c, context, *ops, shard));
 
   std::optional<OutlierSkip> outliers = outlier_skip(c, resumed, resuming);
   std::optional<MetricsLog> log = open_outputs(c, model, lead, resuming, start);

@@ -101,6 +101,14 @@ struct TrainConfig {
   // once the steps are done, for the utilisation in TrainResult and summary.json (about 0.3 s).
   // The CLI's train sets it; a study leaves it off (its jobs share the cores).
   bool measure_peaks = false;
+  // How a CPU run's threads share a training step (lib/README.md, "Threads in the training step"):
+  // batch: each thread trains its contiguous part of every micro-batch through the whole model,
+  // every op on its own thread, in one parallel region per micro-batch, and the parts' gradients
+  // are summed in thread order (the step then equals grad_accum · threads micro-batches at one
+  // thread, to rounding); ops: every op splits its own work across the threads (a parallel
+  // region per op). Either way the bits depend only on the thread count. Device backends always
+  // split the ops. Not part of the config file: like the thread count, it may differ on resume.
+  std::string thread_split = "batch";
 };
 
 // The model the task's data needs: vocab_sizes, max_len and out_vocab from the task shape (a

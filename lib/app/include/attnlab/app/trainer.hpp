@@ -66,6 +66,9 @@ struct TrainResult {
   // (measure_gemm_peak_gflops, nanoGPT's and llm.c's MFU denominator).
   FmaPeak fma_peak;
   double gemm_peak_gflops = 0;
+  // The threads of the batch-parallel step (TrainConfig::thread_split): 1 when each op split its
+  // own work instead.
+  int batch_threads = 1;
   int world_size = 1;                     // processes the batch was split across (context.comm)
   std::string distributed;                // the communicator's name
   double allreduce_seconds_per_step = 0;  // this rank's mean time in the gradient allreduce
