@@ -1,5 +1,5 @@
-// The study summary's LR sensitivity per seed, split at each seed's best LR, on synthetic runs
-// whose answers are worked out by hand below.
+// The study summary's LR sensitivity per seed, split at each seed's best LR, and its classification
+// of failed runs, on synthetic runs whose answers are worked out by hand below.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -145,4 +145,51 @@ TEST_CASE(
   // loss_init 3.0 (the mean): 1.1, 0.5333, (1.0 + 3.2 + 0.3) / 3 = 1.5, (3.0 + 0.4 + 3.5) / 3 =
   // 2.3, so (0.5667 + 0 + 0.9667 + 1.7667) / 4 = 0.825: not the per-seed 0.967.
   CHECK(std::fabs(std::stod(cell("LR sensitivity")) - 0.825) <= 5e-4 + 1e-12);
+}
+
+TEST_CASE(
+    "study summary: failed runs are diverged, stalled or slow, and the table counts them from "
+    "the records and from summary.csv read back") {
+  // init 4: 0.97 × 4 is exact in binary, so the run on the stall bar stays on it in summary.csv.
+  const double init = 4.0, nan = std::nan("");
+  std::vector<RunRecord> runs = {
+      run("sqrt_dk", 1e-3, 0, init, 0.01),                   // works
+      run("sqrt_dk", 1e-3, 1, init, 0.92 * init),            // slow: failed, 8% below init
+      run("sqrt_dk", 1e-3, 2, init, 0.98 * init),            // stalled
+      run("sqrt_dk", 1e-2, 0, init, kStallFraction * init),  // stalled: on the bar
+      run("sqrt_dk", 1e-2, 1, init, nan, true),              // diverged: non-finite
+      run("sqrt_dk", 1e-2, 2, init, 4.2),                    // diverged: above init
+      run("sqrt_dk", 1e-1, 0, init, 0.5 * init, true),       // diverged: the flag
+  };
+  CHECK(failure_kind(runs[0]) == FailureKind::none);
+  CHECK(failure_kind(runs[1]) == FailureKind::slow);
+  CHECK(failure_kind(runs[2]) == FailureKind::stalled);
+  CHECK(failure_kind(runs[3]) == FailureKind::stalled);
+  CHECK(failure_kind(runs[4]) == FailureKind::diverged);
+  CHECK(failure_kind(runs[5]) == FailureKind::diverged);
+  CHECK(failure_kind(runs[6]) == FailureKind::diverged);
+  // Just under the stall bar is slow; just under the failure bar is no failure.
+  CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.969 * init)) == FailureKind::slow);
+  CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.899 * init)) == FailureKind::none);
+
+  const auto rows_of = [](const std::vector<RunRecord>& rs) {
+    return table(summary_sections(rs), "How runs fail").rows;
+  };
+  const auto rows = rows_of(runs);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0] ==
+        std::vector<std::string>{"sqrt_dk", "64", "6/7", "3 (50%)", "2 (33%)", "1 (17%)"});
+
+  // --report-only reads summary.csv: the same table from the file.
+  const test::TempDir dir;
+  const std::string csv = dir.file("summary.csv");
+  std::ofstream(csv) << summary_csv(runs);
+  CHECK(rows_of(read_summary_csv(csv)) == rows);
+  // And the sensitivity cell's split too.
+  const std::vector<RunRecord> cell = sensitivity_cell();
+  std::ofstream(csv) << summary_csv(cell);
+  const SensitivityStat back =
+      sensitivity_stat(read_summary_csv(csv), {"recall/adamw", 400, "sqrt_dk", 64});
+  CHECK(std::fabs(back.below - 0.575 / 3) < 1e-12);
+  CHECK(std::fabs(back.above - 2.325 / 3) < 1e-12);
 }

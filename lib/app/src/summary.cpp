@@ -104,6 +104,36 @@ bool run_failed(const RunRecord& r) {
          r.final_eval_loss >= kFailedFraction * r.init_eval_loss;
 }
 
+FailureKind failure_kind(const RunRecord& r) {
+  if (!run_failed(r)) return FailureKind::none;
+  if (r.diverged || !std::isfinite(r.final_eval_loss) || r.final_eval_loss > r.init_eval_loss)
+    return FailureKind::diverged;
+  if (r.final_eval_loss >= kStallFraction * r.init_eval_loss) return FailureKind::stalled;
+  return FailureKind::slow;
+}
+
+FailureCounts failure_counts(const std::vector<const RunRecord*>& runs) {
+  FailureCounts c;
+  for (const auto* r : runs) {
+    ++c.runs;
+    switch (failure_kind(*r)) {
+      case FailureKind::none:
+        continue;
+      case FailureKind::diverged:
+        ++c.diverged;
+        break;
+      case FailureKind::stalled:
+        ++c.stalled;
+        break;
+      case FailureKind::slow:
+        ++c.slow;
+        break;
+    }
+    ++c.failed;
+  }
+  return c;
+}
+
 double effective_loss(const RunRecord& r) {
   return r.diverged || !std::isfinite(r.final_eval_loss) ? r.init_eval_loss : r.final_eval_loss;
 }
@@ -398,7 +428,7 @@ std::string budget_intro(const std::vector<RunRecord>& runs, const GroupGrid& gr
 
 // The tables of one budget's section, one row per (mode, d_k) cell.
 struct BudgetTables {
-  ReportTable loss, reach, success, window, sens, jac;
+  ReportTable loss, reach, success, failures, window, sens, jac;
 };
 
 BudgetTables budget_tables(const GroupGrid& grid) {
@@ -421,6 +451,18 @@ BudgetTables budget_tables(const GroupGrid& grid) {
            "success rates differ: it describes the sweep and has no interval.",
        {"mode", "d_k", "works (all LRs)", "best LR", "works at best LR [Wilson]", "failed",
         "diverged"},
+       {}},
+      {"How runs fail",
+       "Every failed run (final eval loss ≥ " + fmt("%.1f", kFailedFraction) +
+           " × the loss at initialisation, or diverged) over all LRs and seeds, by kind; the "
+           "share is of the failed runs. diverged: a non-finite loss, or a final loss above the "
+           "loss at initialisation; stalled: otherwise a final loss ≥ " +
+           fmt("%.2f", kStallFraction) +
+           " × the loss at initialisation; slow: the rest, failed but still improving. Layer 0's "
+           "max logit and attention entropy at the end, which would tell a saturated stall from "
+           "an unsaturated one, are not in summary.csv: those columns come with the runs that "
+           "log them.",
+       {"mode", "d_k", "failing runs", "diverged", "stalled", "slow"},
        {}},
       {"LR window",
        "Width: the working LRs of each seed × the grid spacing, in decades; mean "
@@ -513,6 +555,14 @@ void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& 
                            w.hi_lr > 0 ? fmt("%g", w.lo_lr) + " … " + fmt("%g", w.hi_lr) : "none",
                            w.edges.lower ? "yes" : "no", w.edges.upper ? "yes" : "no"});
 
+  const FailureCounts fc = failure_counts(all);
+  const auto share = [&](int k) {
+    return std::to_string(k) + (fc.failed ? " (" + fmt("%.0f", 100.0 * k / fc.failed) + "%)" : "");
+  };
+  t.failures.rows.push_back({m, std::to_string(d),
+                             std::to_string(fc.failed) + "/" + std::to_string(fc.runs),
+                             share(fc.diverged), share(fc.stalled), share(fc.slow)});
+
   const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
   const SensitivityStat ss = sensitivity_stat(runs, key);
   std::map<double, int> best_lrs;
@@ -547,6 +597,7 @@ ReportSection budget_section(const std::vector<RunRecord>& runs, const GroupGrid
   s.tables.push_back(t.loss);
   if (grid.target) s.tables.push_back(t.reach);
   s.tables.push_back(t.success);
+  s.tables.push_back(t.failures);
   s.tables.push_back(t.window);
   s.tables.push_back(t.sens);
   s.tables.push_back(t.jac);

@@ -22,6 +22,13 @@
 //               above optimum = (1/|G|) Σ_{lr in G, lr > lr*} [min(loss(lr), loss_init) − loss*]
 //             so below + above = per seed (the term at lr* is 0), seed by seed and in the mean;
 //             the intervals are each column's own and do not add up.
+//   how runs fail (failure_kind), for a failed run:
+//             diverged  a non-finite final loss, the diverged flag, or a final loss above the
+//                       loss at initialisation (training made it worse)
+//             stalled   otherwise, final loss >= kStallFraction (0.97) x the loss at
+//                       initialisation: within 3% of where it started
+//             slow      otherwise (kFailedFraction x init <= final < kStallFraction x init): it
+//                       failed but was still improving
 // Means carry 95% percentile-bootstrap intervals over seeds, proportions 95% Wilson intervals
 // (study_stats.hpp).
 #pragma once
@@ -37,6 +44,7 @@ namespace attnlab::app {
 inline constexpr double kFailedFraction = 0.9;
 inline constexpr double kTargetAccuracy = 0.95;
 inline constexpr double kTextWorkMargin = 1.05;
+inline constexpr double kStallFraction = 0.97;
 
 struct RunRecord {
   std::string group;  // e.g. "recall/adamw": tables are made per group and budget (steps)
@@ -61,6 +69,10 @@ struct RunRecord {
 
 bool run_failed(const RunRecord& r);
 
+// How a run fails (definitions above); none for a run that did not fail.
+enum class FailureKind { none, diverged, stalled, slow };
+FailureKind failure_kind(const RunRecord& r);
+
 // Sets every record's `works` (definition above).
 void mark_working(std::vector<RunRecord>& runs);
 
@@ -78,7 +90,7 @@ struct ReportSection {
   std::vector<ReportTable> tables;
 };
 
-// One section per group and budget (final loss, steps to 95%, success, LR window,
+// One section per group and budget (final loss, steps to 95%, success, how runs fail, LR window,
 // LR sensitivity with its split at the best LR, Jacobian at initialisation), and per group with
 // several budgets one comparing them.
 std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs);
@@ -133,6 +145,11 @@ struct SensitivityStat {
   int seeds = 0;
 };
 SensitivityStat sensitivity_stat(const std::vector<RunRecord>& runs, const CellKey& key);
+// A cell's failed runs by kind (failure_kind).
+struct FailureCounts {
+  int runs = 0, failed = 0, diverged = 0, stalled = 0, slow = 0;
+};
+FailureCounts failure_counts(const std::vector<const RunRecord*>& runs);
 // The LRs run in a group (at one budget; steps <= 0: at any), increasing.
 std::vector<double> sweep_lrs(const std::vector<RunRecord>& runs, const std::string& group,
                               int steps = 0);
