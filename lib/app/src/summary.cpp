@@ -458,7 +458,9 @@ BudgetTables budget_tables(const GroupGrid& grid) {
            "share is of the failed runs. diverged: a non-finite loss, or a final loss above the "
            "loss at initialisation; stalled: otherwise a final loss ≥ " +
            fmt("%.2f", kStallFraction) +
-           " × the loss at initialisation; slow: the rest, failed but still improving. Layer 0's "
+           " × the loss at initialisation; slow: the rest, failed but ended more than " +
+           fmt("%.0f", 100 * (1 - kStallFraction)) +
+           "% below the loss at initialisation. Layer 0's "
            "max logit and attention entropy at the end, which would tell a saturated stall from "
            "an unsaturated one, are not in summary.csv: those columns come with the runs that "
            "log them.",

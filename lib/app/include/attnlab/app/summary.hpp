@@ -28,7 +28,8 @@
 //             stalled   otherwise, final loss >= kStallFraction (0.97) x the loss at
 //                       initialisation: within 3% of where it started
 //             slow      otherwise (kFailedFraction x init <= final < kStallFraction x init): it
-//                       failed but was still improving
+//                       failed, but ended more than 3% below where it started (whether it was
+//                       still improving at the end, the final loss alone does not say)
 // Means carry 95% percentile-bootstrap intervals over seeds, proportions 95% Wilson intervals
 // (study_stats.hpp).
 #pragma once
