@@ -104,6 +104,36 @@ bool run_failed(const RunRecord& r) {
          r.final_eval_loss >= kFailedFraction * r.init_eval_loss;
 }
 
+FailureKind failure_kind(const RunRecord& r) {
+  if (!run_failed(r)) return FailureKind::none;
+  if (r.diverged || !std::isfinite(r.final_eval_loss) || r.final_eval_loss > r.init_eval_loss)
+    return FailureKind::diverged;
+  if (r.final_eval_loss >= kStallFraction * r.init_eval_loss) return FailureKind::stalled;
+  return FailureKind::slow;
+}
+
+FailureCounts failure_counts(const std::vector<const RunRecord*>& runs) {
+  FailureCounts c;
+  for (const auto* r : runs) {
+    ++c.runs;
+    switch (failure_kind(*r)) {
+      case FailureKind::none:
+        continue;
+      case FailureKind::diverged:
+        ++c.diverged;
+        break;
+      case FailureKind::stalled:
+        ++c.stalled;
+        break;
+      case FailureKind::slow:
+        ++c.slow;
+        break;
+    }
+    ++c.failed;
+  }
+  return c;
+}
+
 double effective_loss(const RunRecord& r) {
   return r.diverged || !std::isfinite(r.final_eval_loss) ? r.init_eval_loss : r.final_eval_loss;
 }
@@ -134,6 +164,25 @@ double lr_sensitivity(const std::vector<double>& loss_per_lr, double loss_init) 
   double sum = 0;
   for (double l : loss_per_lr) sum += std::min(std::isfinite(l) ? l : loss_init, loss_init) - best;
   return sum / static_cast<double>(loss_per_lr.size());
+}
+
+SensitivitySplit lr_sensitivity_split(const std::vector<double>& loss_per_lr, double loss_init) {
+  SensitivitySplit s;
+  if (loss_per_lr.empty()) return s;
+  std::vector<double> capped;
+  for (double l : loss_per_lr)
+    capped.push_back(std::min(std::isfinite(l) ? l : loss_init, loss_init));
+  for (std::size_t i = 1; i < capped.size(); ++i)
+    if (capped[i] < capped[s.best]) s.best = i;  // strict: a tie keeps the smaller LR
+  const double best = capped[s.best];
+  double below = 0, above = 0;
+  for (std::size_t i = 0; i < capped.size(); ++i)
+    (i < s.best ? below : above) += capped[i] - best;  // the best LR's term is 0
+  const double n = static_cast<double>(capped.size());
+  s.below = below / n;
+  s.above = above / n;
+  s.total = s.below + s.above;
+  return s;
 }
 
 std::vector<const RunRecord*> cell_runs(const std::vector<RunRecord>& runs, const CellKey& key,
@@ -205,6 +254,42 @@ WindowStat window_stat(const std::vector<RunRecord>& runs, const CellKey& key) {
   w.ci = bootstrap_mean_interval(widths);
   w.edges = window_edges(works);
   return w;
+}
+
+SensitivityStat sensitivity_stat(const std::vector<RunRecord>& runs, const CellKey& key) {
+  SensitivityStat st;
+  const std::vector<double> lrs = sweep_lrs(runs, key.group, key.steps);
+  struct SeedGrid {
+    std::vector<double> lrs, losses;
+    double init = 0;
+  };
+  std::map<int, SeedGrid> per_seed;
+  for (double lr : lrs)
+    for (const auto* r : cell_runs(runs, key, lr)) {
+      SeedGrid& g = per_seed[r->seed];
+      if (!g.lrs.empty() && g.lrs.back() == lr) continue;  // one run per seed and LR
+      g.lrs.push_back(lr);
+      g.losses.push_back(effective_loss(*r));
+      g.init += r->init_eval_loss;
+    }
+  std::vector<double> total, below, above;
+  for (auto& [seed, g] : per_seed) {
+    g.init /= static_cast<double>(g.lrs.size());
+    const SensitivitySplit s = lr_sensitivity_split(g.losses, g.init);
+    total.push_back(s.total);
+    below.push_back(s.below);
+    above.push_back(s.above);
+    st.best_lr.push_back(g.lrs[s.best]);
+  }
+  st.seeds = static_cast<int>(total.size());
+  if (total.empty()) return st;
+  st.below = mean(below);
+  st.above = mean(above);
+  st.total = st.below + st.above;  // = mean(total), and adds up exactly
+  st.total_ci = bootstrap_mean_interval(total);
+  st.below_ci = bootstrap_mean_interval(below);
+  st.above_ci = bootstrap_mean_interval(above);
+  return st;
 }
 
 std::string summary_csv(const std::vector<RunRecord>& runs) {
@@ -343,7 +428,7 @@ std::string budget_intro(const std::vector<RunRecord>& runs, const GroupGrid& gr
 
 // The tables of one budget's section, one row per (mode, d_k) cell.
 struct BudgetTables {
-  ReportTable loss, reach, success, window, sens, jac;
+  ReportTable loss, reach, success, failures, window, sens, jac;
 };
 
 BudgetTables budget_tables(const GroupGrid& grid) {
@@ -367,6 +452,20 @@ BudgetTables budget_tables(const GroupGrid& grid) {
        {"mode", "d_k", "works (all LRs)", "best LR", "works at best LR [Wilson]", "failed",
         "diverged"},
        {}},
+      {"How runs fail",
+       "Every failed run (final eval loss ≥ " + fmt("%.1f", kFailedFraction) +
+           " × the loss at initialisation, or diverged) over all LRs and seeds, by kind; the "
+           "share is of the failed runs. diverged: a non-finite loss, or a final loss above the "
+           "loss at initialisation; stalled: otherwise a final loss ≥ " +
+           fmt("%.2f", kStallFraction) +
+           " × the loss at initialisation; slow: the rest, failed but ended more than " +
+           fmt("%.0f", 100 * (1 - kStallFraction)) +
+           "% below the loss at initialisation. Layer 0's "
+           "max logit and attention entropy at the end, which would tell a saturated stall from "
+           "an unsaturated one, are not in summary.csv: those columns come with the runs that "
+           "log them.",
+       {"mode", "d_k", "failing runs", "diverged", "stalled", "slow"},
+       {}},
       {"LR window",
        "Width: the working LRs of each seed × the grid spacing, in decades; mean "
        "over seeds [95% bootstrap]. An edge is seen when the grid's end LR fails "
@@ -375,11 +474,17 @@ BudgetTables budget_tables(const GroupGrid& grid) {
        {}},
       {"LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322)",
        "E over the LR sweep of [min(loss(lr), loss_init) − min over LRs of loss], "
-       "from seed-mean losses, a diverged run counted as loss_init. Lower means "
-       "less sensitive, **but** a mode that fails at every LR also reads near zero "
-       "(all its losses sit at loss_init): read it with `best loss` and the "
+       "a diverged run counted as loss_init. `LR sensitivity`: from seed-mean losses. "
+       "`per seed`: from each seed's own losses, loss_init and best loss, mean over seeds "
+       "[95% bootstrap]; split at each seed's best LR (the smallest on a tie) into the "
+       "terms of the LRs `below optimum` and `above optimum`, each divided by the grid's "
+       "size, so the two add up to `per seed` (the best LR's term is 0; the intervals are "
+       "each column's own). `best LR per seed`: how many seeds have their lowest loss at "
+       "each LR. Lower means less sensitive, **but** a mode that fails at every LR also "
+       "reads near zero (all its losses sit at loss_init): read it with `best loss` and the "
        "failures.",
-       {"mode", "d_k", "LR sensitivity", "best loss", "loss_init"},
+       {"mode", "d_k", "LR sensitivity", "per seed", "below optimum", "above optimum",
+        "best LR per seed", "best loss", "loss_init"},
        {}},
       {"Softmax Jacobian at initialisation",
        "Layer 0 head 0's mean ‖diag(p) − p pᵀ‖_F over the eval queries at step 0, "
@@ -452,9 +557,26 @@ void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& 
                            w.hi_lr > 0 ? fmt("%g", w.lo_lr) + " … " + fmt("%g", w.hi_lr) : "none",
                            w.edges.lower ? "yes" : "no", w.edges.upper ? "yes" : "no"});
 
+  const FailureCounts fc = failure_counts(all);
+  const auto share = [&](int k) {
+    return std::to_string(k) + (fc.failed ? " (" + fmt("%.0f", 100.0 * k / fc.failed) + "%)" : "");
+  };
+  t.failures.rows.push_back({m, std::to_string(d),
+                             std::to_string(fc.failed) + "/" + std::to_string(fc.runs),
+                             share(fc.diverged), share(fc.stalled), share(fc.slow)});
+
   const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
-  t.sens.rows.push_back({m, std::to_string(d), fmt("%.3f", lr_sensitivity(per_lr, init)),
-                         fmt("%.3f", best), fmt("%.3f", init)});
+  const SensitivityStat ss = sensitivity_stat(runs, key);
+  std::map<double, int> best_lrs;
+  for (double lr : ss.best_lr) ++best_lrs[lr];
+  std::string best_lr_text;
+  for (const auto& [lr, k] : best_lrs)
+    best_lr_text += (best_lr_text.empty() ? "" : ", ") + fmt("%g", lr) + " (" + std::to_string(k) +
+                    "/" + std::to_string(ss.seeds) + ")";
+  t.sens.rows.push_back(
+      {m, std::to_string(d), fmt("%.3f", lr_sensitivity(per_lr, init)),
+       with_ci("%.3f", ss.total, ss.total_ci), with_ci("%.3f", ss.below, ss.below_ci),
+       with_ci("%.3f", ss.above, ss.above_ci), best_lr_text, fmt("%.3f", best), fmt("%.3f", init)});
   t.jac.rows.push_back({m, std::to_string(d),
                         with_ci("%.4f", mean(jacs), bootstrap_mean_interval(jacs)),
                         fmt("%.3f", mean(vars))});
@@ -477,6 +599,7 @@ ReportSection budget_section(const std::vector<RunRecord>& runs, const GroupGrid
   s.tables.push_back(t.loss);
   if (grid.target) s.tables.push_back(t.reach);
   s.tables.push_back(t.success);
+  s.tables.push_back(t.failures);
   s.tables.push_back(t.window);
   s.tables.push_back(t.sens);
   s.tables.push_back(t.jac);

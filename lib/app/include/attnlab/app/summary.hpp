@@ -13,10 +13,28 @@
 //             E_{lr in sweep}[ min(loss(lr), loss_init) − min_lr loss(lr) ],
 //             with a diverged run's loss counted as loss_init. It reads near zero for a mode that
 //             fails at every LR (all losses ≈ loss_init), so read it together with the failures.
+//             The table gives it twice. `LR sensitivity` (as before): from the seed-mean loss at
+//             each LR. `per seed`: computed for each seed from its own grid of final losses, its
+//             own loss_init and its own best loss, then the mean over seeds [95% bootstrap]. A
+//             seed's best LR lr* is the LR of its lowest loss (capped at loss_init); on a tie, the
+//             smallest such LR. With G the seed's grid,
+//               below optimum = (1/|G|) Σ_{lr in G, lr < lr*} [min(loss(lr), loss_init) − loss*]
+//               above optimum = (1/|G|) Σ_{lr in G, lr > lr*} [min(loss(lr), loss_init) − loss*]
+//             so below + above = per seed (the term at lr* is 0), seed by seed and in the mean;
+//             the intervals are each column's own and do not add up.
+//   how runs fail (failure_kind), for a failed run:
+//             diverged  a non-finite final loss, the diverged flag, or a final loss above the
+//                       loss at initialisation (training made it worse)
+//             stalled   otherwise, final loss >= kStallFraction (0.97) x the loss at
+//                       initialisation: within 3% of where it started
+//             slow      otherwise (kFailedFraction x init <= final < kStallFraction x init): it
+//                       failed, but ended more than 3% below where it started (whether it was
+//                       still improving at the end, the final loss alone does not say)
 // Means carry 95% percentile-bootstrap intervals over seeds, proportions 95% Wilson intervals
 // (study_stats.hpp).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -27,6 +45,7 @@ namespace attnlab::app {
 inline constexpr double kFailedFraction = 0.9;
 inline constexpr double kTargetAccuracy = 0.95;
 inline constexpr double kTextWorkMargin = 1.05;
+inline constexpr double kStallFraction = 0.97;
 
 struct RunRecord {
   std::string group;  // e.g. "recall/adamw": tables are made per group and budget (steps)
@@ -51,6 +70,10 @@ struct RunRecord {
 
 bool run_failed(const RunRecord& r);
 
+// How a run fails (definitions above); none for a run that did not fail.
+enum class FailureKind { none, diverged, stalled, slow };
+FailureKind failure_kind(const RunRecord& r);
+
 // Sets every record's `works` (definition above).
 void mark_working(std::vector<RunRecord>& runs);
 
@@ -68,8 +91,9 @@ struct ReportSection {
   std::vector<ReportTable> tables;
 };
 
-// One section per group and budget (final loss, steps to 95%, success, LR window, LR sensitivity,
-// Jacobian at initialisation), and per group with several budgets one comparing them.
+// One section per group and budget (final loss, steps to 95%, success, how runs fail, LR window,
+// LR sensitivity with its split at the best LR, Jacobian at initialisation), and per group with
+// several budgets one comparing them.
 std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs);
 
 // summary.md: the sections as Markdown.
@@ -77,6 +101,15 @@ std::string summary_markdown(const std::vector<RunRecord>& runs, const std::stri
 
 // LR sensitivity of one (group, mode, d_k) cell: losses per LR (seed means), loss_init.
 double lr_sensitivity(const std::vector<double>& loss_per_lr, double loss_init);
+
+// The LR sensitivity of one grid of losses (LRs increasing; a non-finite loss counts as
+// loss_init) split at the best LR: total = below + above, the definitions above. `best` is the
+// index of the best LR, the smallest on a tie; an empty grid gives zeros and best 0.
+struct SensitivitySplit {
+  double total = 0, below = 0, above = 0;
+  std::size_t best = 0;
+};
+SensitivitySplit lr_sensitivity_split(const std::vector<double>& loss_per_lr, double loss_init);
 
 // The figures the report plots, per cell.
 struct CellKey {
@@ -103,6 +136,21 @@ struct WindowStat {
   int seeds = 0;
 };
 WindowStat window_stat(const std::vector<RunRecord>& runs, const CellKey& key);
+// A cell's LR sensitivity per seed (each seed's own grid over the LRs it ran, a diverged run
+// counted as its loss at initialisation, loss_init the mean of the seed's runs'), split at each
+// seed's best LR: means over seeds with 95% bootstrap intervals.
+struct SensitivityStat {
+  double total = 0, below = 0, above = 0;
+  Interval total_ci, below_ci, above_ci;
+  std::vector<double> best_lr;  // per seed, in seed order
+  int seeds = 0;
+};
+SensitivityStat sensitivity_stat(const std::vector<RunRecord>& runs, const CellKey& key);
+// A cell's failed runs by kind (failure_kind).
+struct FailureCounts {
+  int runs = 0, failed = 0, diverged = 0, stalled = 0, slow = 0;
+};
+FailureCounts failure_counts(const std::vector<const RunRecord*>& runs);
 // The LRs run in a group (at one budget; steps <= 0: at any), increasing.
 std::vector<double> sweep_lrs(const std::vector<RunRecord>& runs, const std::string& group,
                               int steps = 0);

@@ -1,0 +1,195 @@
+// The study summary's LR sensitivity per seed, split at each seed's best LR, and its classification
+// of failed runs, on synthetic runs whose answers are worked out by hand below.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "attnlab/app/summary.hpp"
+#include "temp_dir.hpp"
+
+using namespace attnlab;
+using namespace attnlab::app;
+
+namespace {
+
+RunRecord run(const std::string& mode, double lr, int seed, double init, double final_loss,
+              bool diverged = false) {
+  RunRecord r;
+  r.group = "recall/adamw";
+  r.mode = mode;
+  r.d_k = 64;
+  r.lr = lr;
+  r.seed = seed;
+  r.steps = 400;
+  r.init_eval_loss = init;
+  r.final_eval_loss = final_loss;
+  r.diverged = diverged;
+  r.final_eval_acc = 0.5;
+  r.dir = "runs/" + mode + "_s" + std::to_string(seed);  // read_summary_csv needs the last cell
+  return r;
+}
+
+const std::vector<double> kLrs = {1e-3, 1e-2, 1e-1, 1.0};
+
+// One cell (sqrt_dk, d_k 64, 400 steps), 3 seeds × 4 LRs. Capped at each seed's loss_init:
+//   seed 0, init 3.0: 2.0, 0.5, 1.0, NaN (diverged → 3.0). Best: lr 1e-2 (0.5).
+//     below = 1.5 / 4 = 0.375, above = (0.5 + 2.5) / 4 = 0.75, total 1.125
+//   seed 1, init 3.2: 1.0, 0.2, 0.1 but diverged (→ 3.2), 0.4. Best: lr 1e-2 (0.2).
+//     below = 0.8 / 4 = 0.2, above = (3.0 + 0.2) / 4 = 0.8, total 1.0
+//   seed 2, init 2.8: 0.3, 0.9, 0.3, 3.5 (above init → 2.8). A tie at 1e-3 and 1e-1: best 1e-3.
+//     below = 0, above = (0.6 + 0 + 2.5) / 4 = 0.775, total 0.775
+//     (the largest-LR rule would give below 0.15, above 0.625)
+// Means over seeds: total 2.9 / 3, below 0.575 / 3, above 2.325 / 3.
+std::vector<RunRecord> sensitivity_cell() {
+  const double nan = std::nan("");
+  const std::vector<std::vector<double>> losses = {
+      {2.0, 0.5, 1.0, nan}, {1.0, 0.2, 0.1, 0.4}, {0.3, 0.9, 0.3, 3.5}};
+  const std::vector<double> inits = {3.0, 3.2, 2.8};
+  std::vector<RunRecord> runs;
+  for (int seed = 0; seed < 3; ++seed)
+    for (std::size_t i = 0; i < kLrs.size(); ++i) {
+      const double l = losses[seed][i];
+      const bool diverged = std::isnan(l) || (seed == 1 && i == 2);
+      runs.push_back(run("sqrt_dk", kLrs[i], seed, inits[seed], l, diverged));
+    }
+  return runs;
+}
+
+const ReportTable& table(const std::vector<ReportSection>& sections, const std::string& prefix) {
+  for (const auto& s : sections)
+    for (const auto& t : s.tables)
+      if (t.title.rfind(prefix, 0) == 0) return t;
+  FAIL("no table " << prefix);
+  throw 0;  // unreachable
+}
+
+}  // namespace
+
+TEST_CASE("study summary: lr_sensitivity_split of one grid adds up to lr_sensitivity") {
+  const double nan = std::nan("");
+  const SensitivitySplit s = lr_sensitivity_split({2.0, 0.5, 1.0, nan}, 3.0);
+  CHECK(s.best == 1);
+  CHECK(s.below == doctest::Approx(0.375).epsilon(1e-12));
+  CHECK(s.above == doctest::Approx(0.75).epsilon(1e-12));
+  CHECK(s.total == doctest::Approx(1.125).epsilon(1e-12));
+  CHECK(std::fabs(s.below + s.above - s.total) < 1e-12);
+  CHECK(std::fabs(s.total - lr_sensitivity({2.0, 0.5, 1.0, nan}, 3.0)) < 1e-12);
+
+  // Every LR at or above loss_init: no LR helps, so nothing is lost by missing the best one.
+  const SensitivitySplit flat = lr_sensitivity_split({3.1, nan, 3.0}, 3.0);
+  CHECK(flat.best == 0);
+  CHECK(flat.total == 0.0);
+  CHECK(lr_sensitivity_split({}, 3.0).total == 0.0);
+}
+
+TEST_CASE("study summary: on a tie the best LR is the smallest, which decides the split") {
+  // Losses 0.3 at the first and third LR: the second and fourth LR lie above the optimum.
+  const SensitivitySplit s = lr_sensitivity_split({0.3, 0.9, 0.3, 3.5}, 2.8);
+  CHECK(s.best == 0);
+  CHECK(std::fabs(s.below - 0.0) < 1e-12);
+  CHECK(std::fabs(s.above - 0.775) < 1e-12);
+  CHECK(std::fabs(s.total - 0.775) < 1e-12);
+  // A tie placed after a worse LR: the LR between the two tied ones is above the optimum.
+  const SensitivitySplit t = lr_sensitivity_split({1.3, 0.5, 0.9, 0.5}, 2.0);
+  CHECK(t.best == 1);
+  CHECK(std::fabs(t.below - 0.8 / 4) < 1e-12);
+  CHECK(std::fabs(t.above - 0.4 / 4) < 1e-12);
+}
+
+TEST_CASE(
+    "study summary: LR sensitivity per seed over 3 seeds, split below and above each seed's "
+    "best LR, a diverged run counted as its loss at initialisation") {
+  const std::vector<RunRecord> runs = sensitivity_cell();
+  const SensitivityStat s = sensitivity_stat(runs, {"recall/adamw", 400, "sqrt_dk", 64});
+  CHECK(s.seeds == 3);
+  CHECK(std::fabs(s.total - 2.9 / 3) < 1e-12);
+  CHECK(std::fabs(s.below - 0.575 / 3) < 1e-12);
+  CHECK(std::fabs(s.above - 2.325 / 3) < 1e-12);
+  CHECK(std::fabs(s.below + s.above - s.total) < 1e-12);
+  REQUIRE(s.best_lr.size() == 3);
+  CHECK(s.best_lr[0] == 1e-2);
+  CHECK(s.best_lr[1] == 1e-2);  // not 1e-1, whose loss 0.1 came from a diverged run
+  CHECK(s.best_lr[2] == 1e-3);  // the tie's smaller LR
+  // Bootstrap intervals over the 3 seeds' values: inside their range, around the mean.
+  CHECK(s.below_ci.lo >= 0.0);
+  CHECK(s.below_ci.lo <= s.below);
+  CHECK(s.below_ci.hi >= s.below);
+  CHECK(s.below_ci.hi <= 0.375);
+  CHECK(s.above_ci.lo >= 0.75 - 1e-12);
+  CHECK(s.above_ci.hi <= 0.8 + 1e-12);
+  CHECK(s.total_ci.lo >= 0.775 - 1e-12);
+  CHECK(s.total_ci.hi <= 1.125 + 1e-12);
+
+  // The table shows them, beside the sensitivity of the seed-mean losses.
+  const auto sections = summary_sections(runs);
+  const ReportTable& t = table(sections, "LR sensitivity");
+  REQUIRE(t.rows.size() == 1);
+  REQUIRE(t.header.size() == t.rows[0].size());
+  const auto cell = [&](const std::string& column) {
+    for (std::size_t i = 0; i < t.header.size(); ++i)
+      if (t.header[i] == column) return t.rows[0][i];
+    FAIL("no column " << column);
+    return std::string();
+  };
+  // Each cell opens with its mean in %.3f (then its interval): std::stod reads that number, within
+  // the rounding.
+  CHECK(std::fabs(std::stod(cell("per seed")) - 2.9 / 3) <= 5e-4 + 1e-12);
+  CHECK(cell("per seed").find(" [") != std::string::npos);
+  CHECK(std::fabs(std::stod(cell("below optimum")) - 0.575 / 3) <= 5e-4 + 1e-12);
+  CHECK(std::fabs(std::stod(cell("above optimum")) - 2.325 / 3) <= 5e-4 + 1e-12);
+  CHECK(cell("best LR per seed") == "0.001 (1/3), 0.01 (2/3)");
+  // From the seed-mean losses per LR (a diverged run as its loss_init, the 3.5 uncapped), with
+  // loss_init 3.0 (the mean): 1.1, 0.5333, (1.0 + 3.2 + 0.3) / 3 = 1.5, (3.0 + 0.4 + 3.5) / 3 =
+  // 2.3, so (0.5667 + 0 + 0.9667 + 1.7667) / 4 = 0.825: not the per-seed 0.967.
+  CHECK(std::fabs(std::stod(cell("LR sensitivity")) - 0.825) <= 5e-4 + 1e-12);
+}
+
+TEST_CASE(
+    "study summary: failed runs are diverged, stalled or slow, and the table counts them from "
+    "the records and from summary.csv read back") {
+  // init 4: 0.97 × 4 is exact in binary, so the run on the stall bar stays on it in summary.csv.
+  const double init = 4.0, nan = std::nan("");
+  std::vector<RunRecord> runs = {
+      run("sqrt_dk", 1e-3, 0, init, 0.01),                   // works
+      run("sqrt_dk", 1e-3, 1, init, 0.92 * init),            // slow: failed, 8% below init
+      run("sqrt_dk", 1e-3, 2, init, 0.98 * init),            // stalled
+      run("sqrt_dk", 1e-2, 0, init, kStallFraction * init),  // stalled: on the bar
+      run("sqrt_dk", 1e-2, 1, init, nan, true),              // diverged: non-finite
+      run("sqrt_dk", 1e-2, 2, init, 4.2),                    // diverged: above init
+      run("sqrt_dk", 1e-1, 0, init, 0.5 * init, true),       // diverged: the flag
+  };
+  CHECK(failure_kind(runs[0]) == FailureKind::none);
+  CHECK(failure_kind(runs[1]) == FailureKind::slow);
+  CHECK(failure_kind(runs[2]) == FailureKind::stalled);
+  CHECK(failure_kind(runs[3]) == FailureKind::stalled);
+  CHECK(failure_kind(runs[4]) == FailureKind::diverged);
+  CHECK(failure_kind(runs[5]) == FailureKind::diverged);
+  CHECK(failure_kind(runs[6]) == FailureKind::diverged);
+  // Just under the stall bar is slow; just under the failure bar is no failure.
+  CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.969 * init)) == FailureKind::slow);
+  CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.899 * init)) == FailureKind::none);
+
+  const auto rows_of = [](const std::vector<RunRecord>& rs) {
+    return table(summary_sections(rs), "How runs fail").rows;
+  };
+  const auto rows = rows_of(runs);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0] ==
+        std::vector<std::string>{"sqrt_dk", "64", "6/7", "3 (50%)", "2 (33%)", "1 (17%)"});
+
+  // --report-only reads summary.csv: the same table from the file.
+  const test::TempDir dir;
+  const std::string csv = dir.file("summary.csv");
+  std::ofstream(csv) << summary_csv(runs);
+  CHECK(rows_of(read_summary_csv(csv)) == rows);
+  // And the sensitivity cell's split too.
+  const std::vector<RunRecord> cell = sensitivity_cell();
+  std::ofstream(csv) << summary_csv(cell);
+  const SensitivityStat back =
+      sensitivity_stat(read_summary_csv(csv), {"recall/adamw", 400, "sqrt_dk", 64});
+  CHECK(std::fabs(back.below - 0.575 / 3) < 1e-12);
+  CHECK(std::fabs(back.above - 2.325 / 3) < 1e-12);
+}
