@@ -100,3 +100,19 @@ TEST_CASE("study: jobs on 2 threads, each with its own context, equal the jobs o
     CHECK(two.runs[i].init_eval_loss == one.runs[i].init_eval_loss);
   }
 }
+
+TEST_CASE("train: a resume whose recipe differs names the nested key and both values") {
+  test::TempDir dir;
+  const auto out = dir.file("run");
+  REQUIRE(app::train_model(tiny_run(out, 2), Context{.threads = 1}).steps_done == 2);
+  app::TrainConfig again = tiny_run(out, 4);
+  again.resume = out;
+  again.model.block.attention.d_model = 32;
+  CHECK_THROWS_WITH_AS(app::train_model(again, Context{.threads = 1}),
+                       doctest::Contains("resume: model.block.attention.d_model"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::train_model(again, Context{.threads = 1}),
+                       doctest::Contains("expected 16 (the saved run's"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::train_model(again, Context{.threads = 1}), doctest::Contains("got 32"),
+                       std::invalid_argument);
+}
