@@ -17,7 +17,14 @@
 # copy of each, equivalent up to rounding (SIMD width changes the order of a sum). The CPU must
 # support the library's -march (x86-64-v3: AVX2 and FMA) in any case. A consumer wanting the
 # in-tree build's exact numbers compiles with -march=${attnlab_MARCH} (set by attnlabConfig.cmake).
+#
+# It also gives them -fno-math-errno: attnlab never reads errno, and with it GCC compiles std::sqrt
+# as the instruction instead of a call guarded by a branch, so element loops that take a square
+# root (AdamW's update) vectorise. The results are the same IEEE operations, bit for bit.
 function(attnlab_use_march target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fno-math-errno>)
   if(ATTNLAB_MARCH)
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:-march=${ATTNLAB_MARCH}>

@@ -46,6 +46,37 @@ std::size_t update_chunks(std::size_t n) {
   return std::max<std::size_t>(1, std::min(threads, n / kMinUpdateChunk));
 }
 
+// The optimizers' element loops over [0, n) of one chunk. The scalars come by value and the arrays
+// __restrict: a store through an array could otherwise alias a scalar read by reference (a
+// captured T& or a field of a const struct&), and GCC then reloads it every element and refuses to
+// vectorise the loop. With -fno-math-errno (cmake/AttnlabMarch.cmake) the square root is an
+// instruction, so AdamW's loop vectorises: the same IEEE operations per element, the same bits.
+template <class T>
+void adamw_elements(T* __restrict param, T* __restrict m, T* __restrict v, const T* __restrict grad,
+                    std::size_t n, const kernel_math::AdamWScalars<T> s) {
+  for (std::size_t i = 0; i < n; ++i) kernel_math::adamw_element(param[i], m[i], v[i], grad[i], s);
+}
+
+template <class T>
+void sgd_elements(T* __restrict param, T* __restrict buf, const T* __restrict grad, std::size_t n,
+                  const T lr, const T momentum, const T weight_decay, const bool first_step) {
+  if (buf == nullptr) {
+    for (std::size_t i = 0; i < n; ++i)
+      kernel_math::sgd_element(param[i], static_cast<T*>(nullptr), grad[i], lr, momentum,
+                               weight_decay, first_step);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    kernel_math::sgd_element(param[i], buf + i, grad[i], lr, momentum, weight_decay, first_step);
+}
+
+template <class T>
+void muon_momentum_elements(T* __restrict u, T* __restrict m, const T* __restrict g, std::size_t n,
+                            const T beta, const T one_minus_beta, const bool nesterov) {
+  for (std::size_t i = 0; i < n; ++i)
+    u[i] = kernel_math::muon_momentum_element(m[i], g[i], beta, one_minus_beta, nesterov);
+}
+
 // (B,T,H·D) <-> (B,H,T,D): the head split has no xtensor op of its own.
 template <class T>
 void permute_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H, std::size_t D,
@@ -270,17 +301,14 @@ class CpuDeviceOps final : public DeviceOps<T> {
   void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
                     const kernel_math::AdamWScalars<T>& s) override {
     for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t i = i0; i < i1; ++i)
-        kernel_math::adamw_element(param[i], m[i], v[i], grad[i], s);
+      adamw_elements(param + i0, m + i0, v + i0, grad + i0, i1 - i0, s);
     });
   }
   void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
                   bool first_step) override {
     for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t i = i0; i < i1; ++i) {
-        kernel_math::sgd_element(param[i], buf ? buf + i : nullptr, grad[i], lr, momentum,
-                                 weight_decay, first_step);
-      }
+      sgd_elements(param + i0, buf ? buf + i0 : nullptr, grad + i0, i1 - i0, lr, momentum,
+                   weight_decay, first_step);
     });
   }
   // In double: blocks of kSquaresBlock elements, each summed in index order, then the blocks'
@@ -319,8 +347,7 @@ class CpuDeviceOps final : public DeviceOps<T> {
   void muon_momentum(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
                      bool nesterov) override {
     for_chunks(n, update_chunks(n), [&](std::size_t i0, std::size_t i1, std::size_t) {
-      for (std::size_t i = i0; i < i1; ++i)
-        u[i] = kernel_math::muon_momentum_element(m[i], g[i], beta, one_minus_beta, nesterov);
+      muon_momentum_elements(u + i0, m + i0, g + i0, i1 - i0, beta, one_minus_beta, nesterov);
     });
   }
   void divide_by_norm(T* x, const double* sum_of_squares, std::size_t n, T eps) override {
