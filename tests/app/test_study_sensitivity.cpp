@@ -28,7 +28,7 @@ RunRecord run(const std::string& mode, double lr, int seed, double init, double 
   r.final_eval_loss = final_loss;
   r.diverged = diverged;
   r.final_eval_acc = 0.5;
-  r.dir = "runs/" + mode + "_s" + std::to_string(seed);  // read_summary_csv needs the last cell
+  r.dir = "runs/" + mode + "_s" + std::to_string(seed);
   return r;
 }
 
@@ -192,4 +192,29 @@ TEST_CASE(
       sensitivity_stat(read_summary_csv(csv), {"recall/adamw", 400, "sqrt_dk", 64});
   CHECK(std::fabs(back.below - 0.575 / 3) < 1e-12);
   CHECK(std::fabs(back.above - 2.325 / 3) < 1e-12);
+}
+
+TEST_CASE("study summary: summary.csv keeps an empty directory cell and quotes one with a comma") {
+  std::vector<RunRecord> runs = {run("sqrt_dk", 1e-3, 0, 3.0, 1.0),
+                                 run("inv_dk", 1e-2, 1, 3.0, 2.0), run("none", 1e-1, 2, 3.0, 2.5)};
+  runs[0].dir = "";                         // a run without a directory: an empty last cell
+  runs[1].dir = "out/a,b";                  // a comma
+  runs[2].dir = "out/say \"hi\", then go";  // a quote and a comma
+  const std::string text = summary_csv(runs);
+  CHECK(text.find(",\"out/a,b\"\n") != std::string::npos);
+  CHECK(text.find(",\"out/say \"\"hi\"\", then go\"\n") != std::string::npos);
+  const test::TempDir dir;
+  const std::string csv = dir.file("summary.csv");
+  std::ofstream(csv) << text;
+  const std::vector<RunRecord> back = read_summary_csv(csv);
+  REQUIRE(back.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(back[i].dir == runs[i].dir);
+    CHECK(back[i].mode == runs[i].mode);
+    CHECK(back[i].lr == doctest::Approx(runs[i].lr));
+  }
+  // A quote left open is named with its line.
+  std::ofstream(csv) << text << "recall/adamw,none,64,0.1,3,400,3,2,0.5,0,0,0,0,0,1,1,0.5,\"open\n";
+  CHECK_THROWS_WITH_AS(read_summary_csv(csv), doctest::Contains("line 5: expected a closing quote"),
+                       std::invalid_argument);
 }

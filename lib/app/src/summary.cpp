@@ -292,19 +292,63 @@ SensitivityStat sensitivity_stat(const std::vector<RunRecord>& runs, const CellK
   return st;
 }
 
+namespace {
+
+// One CSV cell as RFC 4180 writes it: quoted, with quotes doubled, when it holds a comma, a quote
+// or a line break (a run's directory may); as it is otherwise.
+std::string csv_cell(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + '"';
+}
+
+// The cells of one CSV line, as csv_cell writes them: every cell kept, an empty last one included.
+std::vector<std::string> csv_cells(const std::string& line, const std::string& where) {
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c != '"') {
+        cells.back() += c;
+      } else if (i + 1 < line.size() && line[i + 1] == '"') {
+        cells.back() += '"';
+        ++i;
+      } else {
+        quoted = false;
+      }
+    } else if (c == '"' && cells.back().empty()) {
+      quoted = true;
+    } else if (c == ',') {
+      cells.emplace_back();
+    } else {
+      cells.back() += c;
+    }
+  }
+  if (quoted) throw std::invalid_argument(where + ": expected a closing quote, got the line's end");
+  return cells;
+}
+
+}  // namespace
+
 std::string summary_csv(const std::vector<RunRecord>& runs) {
   std::ostringstream os;
   os << "group,mode,d_k,lr,seed,steps,init_eval_loss,final_eval_loss,final_eval_acc,"
         "steps_to_95,failed,diverged,diverged_step,works,init_qk_var_ratio,init_jacobian,"
         "seconds,dir\n";
   for (const auto& r : runs) {
-    os << r.group << ',' << r.mode << ',' << r.d_k << ',' << fmt("%g", r.lr) << ',' << r.seed << ','
-       << r.steps << ',' << fmt("%.6g", r.init_eval_loss) << ','
+    os << csv_cell(r.group) << ',' << csv_cell(r.mode) << ',' << r.d_k << ',' << fmt("%g", r.lr)
+       << ',' << r.seed << ',' << r.steps << ',' << fmt("%.6g", r.init_eval_loss) << ','
        << (std::isfinite(r.final_eval_loss) ? fmt("%.6g", r.final_eval_loss) : "nan") << ','
        << fmt("%.4f", r.final_eval_acc) << ',' << r.steps_to_target << ','
        << (run_failed(r) ? 1 : 0) << ',' << (r.diverged ? 1 : 0) << ',' << r.diverged_step << ','
        << (r.works ? 1 : 0) << ',' << fmt("%.4f", r.init_qk_var_ratio) << ','
-       << fmt("%.6g", r.init_jacobian) << ',' << fmt("%.2f", r.seconds) << ',' << r.dir << '\n';
+       << fmt("%.6g", r.init_jacobian) << ',' << fmt("%.2f", r.seconds) << ',' << csv_cell(r.dir)
+       << '\n';
   }
   return os.str();
 }
@@ -314,11 +358,7 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
   if (!in) throw std::invalid_argument(path + ": cannot open the study's summary");
   std::string line;
   std::getline(in, line);
-  std::vector<std::string> header;
-  {
-    std::stringstream hs(line);
-    for (std::string c; std::getline(hs, c, ',');) header.push_back(c);
-  }
+  const std::vector<std::string> header = csv_cells(line, path + ": line 1");
   const auto col = [&](const char* name) {
     const auto it = std::find(header.begin(), header.end(), name);
     if (it == header.end())
@@ -336,9 +376,7 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
   std::vector<RunRecord> runs;
   for (int n = 2; std::getline(in, line); ++n) {
     if (line.empty()) continue;
-    std::vector<std::string> cells;
-    std::stringstream ls(line);
-    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    const std::vector<std::string> cells = csv_cells(line, path + ": line " + std::to_string(n));
     if (cells.size() != header.size())
       throw std::invalid_argument(path + ": line " + std::to_string(n) + ": expected " +
                                   std::to_string(header.size()) + " cells, got " +
