@@ -218,3 +218,49 @@ TEST_CASE("study summary: summary.csv keeps an empty directory cell and quotes o
   CHECK_THROWS_WITH_AS(read_summary_csv(csv), doctest::Contains("line 5: expected a closing quote"),
                        std::invalid_argument);
 }
+
+TEST_CASE("study summary: the magnitude table gives each arm's s·√d_k, window and its change") {
+  // LRs 1e-3, 1e-2, 1e-1 (1 decade apart), 2 seeds. sqrt_dk works at all three LRs at d_k 16 and
+  // at one at d_k 256 (3 → 1 decades, change −2); dk_x8 works at two at every d_k (change 0).
+  const std::vector<double> lrs = {1e-3, 1e-2, 1e-1};
+  std::vector<RunRecord> runs;
+  const auto add = [&](const std::string& mode, int d_k, int working) {
+    for (int seed = 0; seed < 2; ++seed)
+      for (int i = 0; i < 3; ++i) {
+        RunRecord r = run(mode, lrs[i], seed, 3.0, i < working ? 0.1 : 2.9);
+        r.d_k = d_k;
+        r.works = i < working;
+        runs.push_back(r);
+      }
+  };
+  for (int d : {16, 64, 256}) {
+    add("sqrt_dk", d, d == 16 ? 3 : d == 64 ? 2 : 1);
+    add("dk_x8", d, 2);
+    add("qk_norm", d, 3);  // not a fixed scale: no row
+  }
+  const std::vector<ReportSection> sections = summary_sections(runs);
+  const ReportTable& t = table(sections, "Scale, LR window");
+  REQUIRE(t.rows.size() == 2);
+  CHECK(t.rows[0] ==
+        std::vector<std::string>{"sqrt_dk", "1, 1, 1", "3.00, 2.00, 1.00", "-2.00", t.rows[0][4]});
+  // 8/d_k: 8/√16 = 2, 8/√64 = 1, 8/√256 = 0.5.
+  CHECK(t.rows[1] ==
+        std::vector<std::string>{"dk_x8", "2, 1, 0.5", "2.00, 2.00, 2.00", "+0.00", t.rows[1][4]});
+  // The sensitivity column is sensitivity_stat's total per d_k.
+  std::string sens;
+  for (int d : {16, 64, 256}) {
+    sens += (sens.empty() ? "" : ", ");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f",
+                  sensitivity_stat(runs, {"recall/adamw", 400, "sqrt_dk", d}).total);
+    sens += buf;
+  }
+  CHECK(t.rows[0][4] == sens);
+
+  // Without an arm named <mode>_x<c>, no such section.
+  std::vector<RunRecord> plain;
+  for (const auto& r : runs)
+    if (r.mode != "dk_x8") plain.push_back(r);
+  for (const auto& sec : summary_sections(plain))
+    CHECK(sec.heading.find("the exponent or the magnitude") == std::string::npos);
+}

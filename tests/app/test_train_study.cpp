@@ -1,6 +1,7 @@
 // The study presets: the honest defaults the issue asks for, and a sweep small enough for quick.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -45,8 +46,21 @@ TEST_CASE(
     CHECK(fg.seeds.size() >= 2);
     for (const auto& a : fg.arms) full_arms.insert(a.name);
   }
-  CHECK(groups == std::set<std::string>{"recall/adamw", "recall/adamw-stabilisers", "recall/sgd",
-                                        "mqar/adamw", "text/adamw"});
+  CHECK(groups == std::set<std::string>{"recall/adamw", "recall/adamw-stabilisers",
+                                        "recall/adamw-magnitude", "recall/sgd", "mqar/adamw",
+                                        "text/adamw"});
+  // The magnitude control: 1/(4√d_k), 1/√d_k, 1/d_k, 4/d_k and 8/d_k on the same grid.
+  const auto mag = std::find_if(full.groups.begin(), full.groups.end(), [](const StudyGroup& fg) {
+    return fg.name == "recall/adamw-magnitude";
+  });
+  REQUIRE(mag != full.groups.end());
+  std::vector<std::pair<std::string, double>> arms_and_multipliers;
+  for (const auto& a : mag->arms) arms_and_multipliers.emplace_back(a.name, a.scale_multiplier);
+  CHECK(arms_and_multipliers ==
+        std::vector<std::pair<std::string, double>>{
+            {"sqrt_dk_x0.25", 0.25}, {"sqrt_dk", 1}, {"dk", 1}, {"dk_x4", 4}, {"dk_x8", 8}});
+  CHECK(mag->d_k == g.d_k);
+  CHECK(mag->lrs == g.lrs);
   // The budget axis: the scaling modes' grid at 400 and 1600 steps.
   CHECK(full.groups[0].budgets == std::vector<int>{400, 1600});
   CHECK(full.groups[0].seeds.size() >= 5);
@@ -81,5 +95,37 @@ TEST_CASE("study plans as data: every preset round trips, the committed micro gr
   options.progress = false;
   CHECK_THROWS_WITH_AS(run_study(bad, options, Context{}),
                        doctest::Contains("study: group 'recall/adamw'"), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
+}
+
+TEST_CASE(
+    "study: an arm's scale multiplier sets the explicit scale, equal runs where the scales meet") {
+  // 8/d_k = 1/√d_k at d_k 64 and 4/d_k = 1/√d_k at d_k 16 (exact in binary): the same runs, bit for
+  // bit; at d_k 16, 8/d_k is twice 1/√d_k, and the run differs.
+  StudyPlan plan = study_preset("micro");
+  StudyGroup& g = plan.groups[0];
+  g.arms = {StudyArm{"sqrt_dk", Scaling::sqrt_dk, false, false, 1},
+            StudyArm{"dk_x4", Scaling::dk, false, false, 4},
+            StudyArm{"dk_x8", Scaling::dk, false, false, 8}};
+  g.d_k = {16, 64};
+  g.lrs = {3e-2};
+  const test::TempDir out;
+  StudyOptions options;
+  options.out = out.file("study");
+  options.progress = false;
+  const StudyOutcome o = run_study(plan, options, Context{});
+  const auto loss = [&](const std::string& mode, int d_k) {
+    for (const auto& r : o.runs)
+      if (r.mode == mode && r.d_k == d_k) return r.final_eval_loss;
+    FAIL("no run " << mode << " " << d_k);
+    return 0.0;
+  };
+  CHECK(loss("dk_x8", 64) == loss("sqrt_dk", 64));
+  CHECK(loss("dk_x4", 16) == loss("sqrt_dk", 16));
+  CHECK(loss("dk_x8", 16) != loss("sqrt_dk", 16));
+  // A multiplier that is not a positive finite number is refused before any run.
+  plan.groups[0].arms[2].scale_multiplier = -1;
+  options.out = out.file("bad");
+  CHECK_THROWS_AS(run_study(plan, options, Context{}), std::invalid_argument);
   CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
 }

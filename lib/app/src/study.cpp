@@ -36,6 +36,12 @@ const StudyArm kDk{"dk", Scaling::dk, false, false};
 // The stabilisers start from the default scale and add QK-norm or a learnable per-head scale.
 const StudyArm kQkNorm{"qk_norm", Scaling::sqrt_dk, true, false};
 const StudyArm kLearnable{"learnable", Scaling::sqrt_dk, false, true};
+// The magnitude control: µP's 8/d_k (equal to 1/√d_k at d_k = 64, as microsoft/mup sets it) and
+// 4/d_k, and 1/(4√d_k), so that the exponent (−1 against −½) and the constant can be told apart:
+// at d_k = 16, 4/d_k equals 1/√d_k and 1/d_k equals 1/(4√d_k).
+const StudyArm kDkTimes8{"dk_x8", Scaling::dk, false, false, 8};
+const StudyArm kDkTimes4{"dk_x4", Scaling::dk, false, false, 4};
+const StudyArm kSqrtDkQuarter{"sqrt_dk_x0.25", Scaling::sqrt_dk, false, false, 0.25};
 
 // The study's model: 1 layer, 1 head, attention-only, d_model 64, d_v = 64, LayerNorm (so the
 // attention input has unit RMS), no positional embedding (recall is order-free), AdamW(0.9, 0.95)
@@ -612,6 +618,8 @@ StudyPlan study_preset(const std::string& preset) {
     // pairs) at d_k <= 256, and only the three scaling modes on recall get the 1600-step budget
     // and 5 seeds at every budget; the stabilisers have 5 seeds at 400 steps; SGD and mqar have 3
     // seeds at 400 steps (mqar: 6 LRs up to 0.0316); the text arm 2 seeds of 150 steps at 5 LRs.
+    // The magnitude control (8/d_k, 4/d_k, 1/(4√d_k) beside 1/√d_k and 1/d_k, in a group of its
+    // own so that its tables compare the five within the same seeds) has 3 seeds at 400 steps.
     StudyGroup a = quick_group();
     a.budgets = {kQuickSteps, 4 * kQuickSteps};
     plan.groups.push_back(a);
@@ -619,6 +627,11 @@ StudyPlan study_preset(const std::string& preset) {
     st.name = "recall/adamw-stabilisers";
     st.arms = {kQkNorm, kLearnable};
     plan.groups.push_back(st);
+    StudyGroup mag = quick_group();
+    mag.name = "recall/adamw-magnitude";
+    mag.arms = {kSqrtDkQuarter, kSqrt, kDk, kDkTimes4, kDkTimes8};
+    mag.seeds = {0, 1, 2};
+    plan.groups.push_back(mag);
     StudyGroup s = quick_group();
     s.name = "recall/sgd";
     s.base.optimizer = "sgd";
@@ -674,6 +687,11 @@ TrainConfig job_config(const Job& job, const StudyOptions& options) {
     c.eval_every = std::max(1, job.steps / 20);
   }
   c.model.block.attention.sdpa.scaling = job.arm.scaling;
+  if (job.arm.scale_multiplier != 1) {
+    c.model.block.attention.sdpa.scale =
+        job.arm.scale_multiplier *
+        scaling_factor(job.arm.scaling, static_cast<std::size_t>(job.d_k));
+  }
   c.model.block.attention.qk_norm = job.arm.qk_norm;
   c.model.block.attention.learnable_scale = job.arm.learnable_scale;
   c.model.block.attention.d_k = static_cast<std::size_t>(job.d_k);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -22,7 +23,8 @@ std::string fmt(const char* f, double x) {
 }
 
 int mode_rank(const std::string& m) {
-  static const std::vector<std::string> order = {"none", "sqrt_dk", "dk", "qk_norm", "learnable"};
+  static const std::vector<std::string> order = {"none",  "sqrt_dk_x0.25", "sqrt_dk", "dk",
+                                                 "dk_x4", "dk_x8",         "qk_norm", "learnable"};
   const auto it = std::find(order.begin(), order.end(), m);
   return it == order.end() ? 100 : static_cast<int>(it - order.begin());
 }
@@ -696,6 +698,83 @@ ReportSection rescue_section(const std::vector<RunRecord>& runs, const GroupGrid
   return s;
 }
 
+// s·√d_k of a scaling arm at head dim d: 1 for sqrt_dk, 1/√d for dk, √d for none, times c for an
+// arm named "<mode>_x<c>"; nullopt for an arm that is not a fixed scale (qk_norm, learnable).
+std::optional<double> scale_times_sqrt_dk(const std::string& mode, int d) {
+  std::string base = mode;
+  double c = 1;
+  if (const auto x = mode.rfind("_x"); x != std::string::npos) {
+    base = mode.substr(0, x);
+    const std::string text = mode.substr(x + 2);
+    char* end = nullptr;
+    c = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(c > 0) || !std::isfinite(c)) return std::nullopt;
+  }
+  const double root = std::sqrt(static_cast<double>(d));
+  if (base == "sqrt_dk") return c;
+  if (base == "dk") return c / root;
+  if (base == "none") return c * root;
+  return std::nullopt;
+}
+
+bool has_magnitude_arms(const GroupGrid& grid) {
+  return std::any_of(grid.modes.begin(), grid.modes.end(), [](const std::string& m) {
+    return m.rfind("_x") != std::string::npos && scale_times_sqrt_dk(m, 1).has_value();
+  });
+}
+
+// A group with arms that scale a mode by a constant: for each fixed-scale arm, its scale, LR
+// window and LR sensitivity at every d_k, so that the exponent and the constant can be told apart.
+ReportSection magnitude_section(const std::vector<RunRecord>& runs, const GroupGrid& grid,
+                                int steps) {
+  ReportSection s;
+  s.heading = grid.name + ", " + std::to_string(steps) + " steps: the exponent or the magnitude?";
+  s.intro =
+      "The arms differ in the exponent of d_k (1/√d_k against 1/d_k) and in a constant (µP's "
+      "code uses 8/d_k, equal to 1/√d_k at d_k = 64; at d_k = 16, 4/d_k equals 1/√d_k and 1/d_k "
+      "equals 1/(4√d_k)). If the flat window of 1/d_k across d_k comes from the exponent, the "
+      "d_k arms keep their width at every constant while the √d_k arms change; if it comes from "
+      "the magnitude, arms with the same s·√d_k have the same window at that d_k.";
+  std::string dks;
+  for (int d : grid.dks) dks += (dks.empty() ? "" : ", ") + std::to_string(d);
+  ReportTable t{"Scale, LR window and LR sensitivity per d_k",
+                "Values at d_k = " + dks +
+                    " in that order. s·√d_k: the attention scale s times √d_k (1 for 1/√d_k). "
+                    "Window: mean over seeds in decades (the LR window table's). Sensitivity: "
+                    "per seed, mean over seeds (the LR sensitivity table's). Change: the window "
+                    "at the largest d_k minus that at the smallest.",
+                {"mode", "s·√d_k", "window (decades)", "window change", "LR sensitivity"},
+                {}};
+  for (const auto& m : grid.modes) {
+    if (!scale_times_sqrt_dk(m, 1)) continue;
+    std::string scales, windows, sens;
+    std::vector<double> widths;
+    for (int d : grid.dks) {
+      const CellKey key{grid.name, steps, m, d};
+      const bool ran = !cell_runs(runs, key, -1).empty();
+      const auto join = [](std::string& out, const std::string& v) {
+        out += (out.empty() ? "" : ", ") + v;
+      };
+      join(scales, fmt("%.3g", *scale_times_sqrt_dk(m, d)));
+      if (!ran) {
+        join(windows, "—");
+        join(sens, "—");
+        continue;
+      }
+      const WindowStat w = window_stat(runs, key);
+      widths.push_back(w.mean);
+      join(windows, fmt("%.2f", w.mean));
+      join(sens, fmt("%.3f", sensitivity_stat(runs, key).total));
+    }
+    const std::string change = widths.size() == grid.dks.size() && widths.size() > 1
+                                   ? fmt("%+.2f", widths.back() - widths.front())
+                                   : "—";
+    t.rows.push_back({m, scales, windows, change, sens});
+  }
+  s.tables.push_back(t);
+  return s;
+}
+
 }  // namespace
 
 std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) {
@@ -704,6 +783,8 @@ std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) 
     const GroupGrid grid = group_grid(runs, g);
     for (int steps : grid.budgets) sections.push_back(budget_section(runs, grid, steps));
     if (grid.budgets.size() > 1) sections.push_back(rescue_section(runs, grid));
+    if (has_magnitude_arms(grid))
+      for (int steps : grid.budgets) sections.push_back(magnitude_section(runs, grid, steps));
   }
   return sections;
 }

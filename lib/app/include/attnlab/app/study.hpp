@@ -16,12 +16,16 @@
 
 namespace attnlab::app {
 
-// One arm of the sweep: a scaling mode, or a stabiliser (QK-norm, learnable scale).
+// One arm of the sweep: a scaling mode, or a stabiliser (QK-norm, learnable scale), or a scaling
+// mode times a constant (the magnitude control: "dk_x8" is µP's 8/d_k, "sqrt_dk_x0.25" 1/(4√d_k)).
 struct StudyArm {
-  std::string name;  // "none", "sqrt_dk", "dk", "qk_norm", "learnable"
+  std::string name;  // "none", "sqrt_dk", "dk", "qk_norm", "learnable", "dk_x8", ...
   Scaling scaling = Scaling::sqrt_dk;
   bool qk_norm = false;
   bool learnable_scale = false;
+  // Not 1: the run's attention takes the explicit scale scale_multiplier × scaling_factor(scaling,
+  // d_k) (SdpaConfig::scale), so only the constant differs from the mode's own rule.
+  double scale_multiplier = 1;
 };
 
 // One group of runs sharing a task and optimizer (tables are made per group).
