@@ -177,8 +177,9 @@ TEST_CASE(
   };
   const auto rows = rows_of(runs);
   REQUIRE(rows.size() == 1);
-  CHECK(rows[0] ==
-        std::vector<std::string>{"sqrt_dk", "64", "6/7", "3 (50%)", "2 (33%)", "1 (17%)"});
+  // No run here logged layer 0's figures: `—`.
+  CHECK(rows[0] == std::vector<std::string>{"sqrt_dk", "64", "6/7", "3 (50%)", "2 (33%)", "1 (17%)",
+                                            "—", "—"});
 
   // --report-only reads summary.csv: the same table from the file.
   const test::TempDir dir;
@@ -263,4 +264,48 @@ TEST_CASE("study summary: the magnitude table gives each arm's s·√d_k, window
     if (r.mode != "dk_x8") plain.push_back(r);
   for (const auto& sec : summary_sections(plain))
     CHECK(sec.heading.find("the exponent or the magnitude") == std::string::npos);
+}
+
+TEST_CASE(
+    "study summary: layer 0's figures go through summary.csv, and the failure table gives "
+    "their medians over the failing runs") {
+  const double init = 4.0, nan = std::nan("");
+  std::vector<RunRecord> runs = {run("sqrt_dk", 1e-3, 0, init, 0.01),  // works: not in the medians
+                                 run("sqrt_dk", 1e-2, 0, init, 3.9),   // stalled
+                                 run("sqrt_dk", 1e-2, 1, init, 3.95),  // stalled
+                                 run("sqrt_dk", 1e-1, 0, init, nan, true)};  // diverged
+  const double end_logit[] = {1.0, 20.0, 40.0, nan}, end_entropy[] = {2.0, 0.5, 0.25, nan};
+  for (int i = 0; i < 4; ++i) {
+    runs[i].layer0_init = {2.0 + i, 3.0, 1.5, 1.25};
+    runs[i].layer0_final = {end_logit[i], end_entropy[i], 4.0 + i, 5.0};
+  }
+  // The failing runs: 3 of 4; logits at the end 20, 40 and NaN (left out): median 30; at step 0:
+  // 3, 4, 5: median 4. Entropy 0.5 and 0.25: median 0.375 (3 at step 0).
+  const auto rows = table(summary_sections(runs), "How runs fail").rows;
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0][6] == "30 (4)");
+  CHECK(rows[0][7] == "0.375 (3)");
+
+  const test::TempDir dir;
+  const std::string csv = dir.file("summary.csv");
+  std::ofstream(csv) << summary_csv(runs);
+  const std::vector<RunRecord> back = read_summary_csv(csv);
+  REQUIRE(back.size() == 4);
+  CHECK(back[1].layer0_final.max_logit == 20.0);
+  CHECK(back[2].layer0_init.max_logit == 4.0);
+  CHECK(back[0].layer0_init.wk_norm == 1.25);
+  CHECK(back[1].layer0_final.wq_norm == 5.0);
+  CHECK(std::isnan(back[3].layer0_final.max_logit));
+  CHECK(table(summary_sections(back), "How runs fail").rows == rows);
+
+  // A summary written before these columns existed reads them as NaN.
+  std::ofstream(csv)
+      << "group,mode,d_k,lr,seed,steps,init_eval_loss,final_eval_loss,final_eval_acc,"
+         "steps_to_95,failed,diverged,diverged_step,works,init_qk_var_ratio,init_jacobian,"
+         "seconds,dir\n"
+         "recall/adamw,sqrt_dk,64,0.01,0,400,4,3.9,0.1,-1,1,0,-1,0,1,0.2,1.5,runs/a\n";
+  const std::vector<RunRecord> old = read_summary_csv(csv);
+  REQUIRE(old.size() == 1);
+  CHECK(std::isnan(old[0].layer0_init.max_logit));
+  CHECK(std::isnan(old[0].layer0_final.wk_norm));
 }

@@ -852,6 +852,8 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
         r.init_qk_var_ratio = t.init_qk_var_ratio;
         r.seconds = t.seconds;
         r.init_jacobian = t.init_jacobian;
+        r.layer0_init = t.layer0_init;
+        r.layer0_final = t.layer0_final;
       } catch (...) {
         std::lock_guard lock(print_mutex);
         if (!failure) failure = std::current_exception();

@@ -341,7 +341,9 @@ std::string summary_csv(const std::vector<RunRecord>& runs) {
   std::ostringstream os;
   os << "group,mode,d_k,lr,seed,steps,init_eval_loss,final_eval_loss,final_eval_acc,"
         "steps_to_95,failed,diverged,diverged_step,works,init_qk_var_ratio,init_jacobian,"
-        "seconds,dir\n";
+        "l0_max_logit_init,l0_max_logit_final,l0_entropy_init,l0_entropy_final,l0_wq_norm_init,"
+        "l0_wk_norm_init,l0_wq_norm_final,l0_wk_norm_final,seconds,dir\n";
+  const auto g = [](double x) { return std::isfinite(x) ? fmt("%.6g", x) : std::string("nan"); };
   for (const auto& r : runs) {
     os << csv_cell(r.group) << ',' << csv_cell(r.mode) << ',' << r.d_k << ',' << fmt("%g", r.lr)
        << ',' << r.seed << ',' << r.steps << ',' << fmt("%.6g", r.init_eval_loss) << ','
@@ -349,7 +351,11 @@ std::string summary_csv(const std::vector<RunRecord>& runs) {
        << fmt("%.4f", r.final_eval_acc) << ',' << r.steps_to_target << ','
        << (run_failed(r) ? 1 : 0) << ',' << (r.diverged ? 1 : 0) << ',' << r.diverged_step << ','
        << (r.works ? 1 : 0) << ',' << fmt("%.4f", r.init_qk_var_ratio) << ','
-       << fmt("%.6g", r.init_jacobian) << ',' << fmt("%.2f", r.seconds) << ',' << csv_cell(r.dir)
+       << fmt("%.6g", r.init_jacobian) << ',' << g(r.layer0_init.max_logit) << ','
+       << g(r.layer0_final.max_logit) << ',' << g(r.layer0_init.entropy) << ','
+       << g(r.layer0_final.entropy) << ',' << g(r.layer0_init.wq_norm) << ','
+       << g(r.layer0_init.wk_norm) << ',' << g(r.layer0_final.wq_norm) << ','
+       << g(r.layer0_final.wk_norm) << ',' << fmt("%.2f", r.seconds) << ',' << csv_cell(r.dir)
        << '\n';
   }
   return os.str();
@@ -375,6 +381,16 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
                     c_div = col("diverged"), c_div_step = col("diverged_step"),
                     c_var = col("init_qk_var_ratio"), c_jac = col("init_jacobian"),
                     c_sec = col("seconds"), c_dir = col("dir");
+  // Layer 0's figures: columns that older summaries lack (then NaN).
+  const auto optional_col = [&](const char* name) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? header.size() : static_cast<std::size_t>(it - header.begin());
+  };
+  const std::size_t c_l0[8] = {
+      optional_col("l0_max_logit_init"), optional_col("l0_max_logit_final"),
+      optional_col("l0_entropy_init"),   optional_col("l0_entropy_final"),
+      optional_col("l0_wq_norm_init"),   optional_col("l0_wk_norm_init"),
+      optional_col("l0_wq_norm_final"),  optional_col("l0_wk_norm_final")};
   std::vector<RunRecord> runs;
   for (int n = 2; std::getline(in, line); ++n) {
     if (line.empty()) continue;
@@ -401,6 +417,11 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
       r.init_jacobian = std::stod(cells[c_jac]);
       r.seconds = std::stod(cells[c_sec]);
       r.dir = cells[c_dir];
+      double* l0[8] = {&r.layer0_init.max_logit, &r.layer0_final.max_logit, &r.layer0_init.entropy,
+                       &r.layer0_final.entropy,  &r.layer0_init.wq_norm,    &r.layer0_init.wk_norm,
+                       &r.layer0_final.wq_norm,  &r.layer0_final.wk_norm};
+      for (int i = 0; i < 8; ++i)
+        if (c_l0[i] < cells.size()) *l0[i] = std::stod(cells[c_l0[i]]);  // "nan" reads as NaN
       runs.push_back(std::move(r));
     } catch (const std::logic_error&) {
       throw std::invalid_argument(path + ": line " + std::to_string(n) +
@@ -500,11 +521,13 @@ BudgetTables budget_tables(const GroupGrid& grid) {
            fmt("%.2f", kStallFraction) +
            " × the loss at initialisation; slow: the rest, failed but ended more than " +
            fmt("%.0f", 100 * (1 - kStallFraction)) +
-           "% below the loss at initialisation. Layer 0's "
-           "max logit and attention entropy at the end, which would tell a saturated stall from "
-           "an unsaturated one, are not in summary.csv: those columns come with the runs that "
-           "log them.",
-       {"mode", "d_k", "failing runs", "diverged", "stalled", "slow"},
+           "% below the loss at initialisation. Layer 0 at the last eval, median over the "
+           "failing runs that logged it: its largest |scaled logit| over heads and its heads' "
+           "mean attention entropy (nats), beside the same medians at step 0; they tell a "
+           "saturated stall (large logits, low entropy) from an unsaturated one. `—`: no failing "
+           "run logged them (summaries written before they were).",
+       {"mode", "d_k", "failing runs", "diverged", "stalled", "slow",
+        "max logit at end (at step 0)", "entropy at end (at step 0)"},
        {}},
       {"LR window",
        "Width: the working LRs of each seed × the grid spacing, in decades; mean "
@@ -601,9 +624,26 @@ void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& 
   const auto share = [&](int k) {
     return std::to_string(k) + (fc.failed ? " (" + fmt("%.0f", 100.0 * k / fc.failed) + "%)" : "");
   };
-  t.failures.rows.push_back({m, std::to_string(d),
-                             std::to_string(fc.failed) + "/" + std::to_string(fc.runs),
-                             share(fc.diverged), share(fc.stalled), share(fc.slow)});
+  const auto median_of = [&](auto field) {
+    std::vector<double> v;
+    for (const auto* r : all)
+      if (run_failed(*r) && std::isfinite(field(*r))) v.push_back(field(*r));
+    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  const auto end_and_start = [&](auto at_end, auto at_start) {
+    const double e = median_of(at_end), s0 = median_of(at_start);
+    if (!std::isfinite(e)) return std::string("—");
+    return fmt("%.3g", e) + " (" + (std::isfinite(s0) ? fmt("%.3g", s0) : "—") + ")";
+  };
+  t.failures.rows.push_back(
+      {m, std::to_string(d), std::to_string(fc.failed) + "/" + std::to_string(fc.runs),
+       share(fc.diverged), share(fc.stalled), share(fc.slow),
+       end_and_start([](const RunRecord& r) { return r.layer0_final.max_logit; },
+                     [](const RunRecord& r) { return r.layer0_init.max_logit; }),
+       end_and_start([](const RunRecord& r) { return r.layer0_final.entropy; },
+                     [](const RunRecord& r) { return r.layer0_init.entropy; })});
 
   const double best = std::min(init, *std::min_element(per_lr.begin(), per_lr.end()));
   const SensitivityStat ss = sensitivity_stat(runs, key);

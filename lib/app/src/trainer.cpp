@@ -105,6 +105,14 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
     j["status"] = r.interrupted ? "interrupted" : "finished";
   }
   j["init_qk_var_ratio"] = r.init_qk_var_ratio;
+  const auto layer0 = [](const LayerZeroStats& z) {
+    const auto num = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+    return json{{"max_logit", num(z.max_logit)},
+                {"entropy", num(z.entropy)},
+                {"wq_norm", num(z.wq_norm)},
+                {"wk_norm", num(z.wk_norm)}};
+  };
+  j["layer0"] = {{"init", layer0(r.layer0_init)}, {"final", layer0(r.layer0_final)}};
   j["seconds"] = r.seconds;
   j["step_seconds"] = r.step_seconds;
   j["tokens_per_second"] = r.tokens_per_second;
@@ -407,13 +415,35 @@ EvalStats eval_all(const RunParts& p) {
 
 // One row of metrics.csv: the eval `st`, the step's gradient norms (already in `norms`) and the
 // weight norms now, read from the host copy.
+// write = false: the norms only (a resumed run's first eval, whose row is already in the file).
 void log_row(const RunParts& p, LayerNorms& norms, std::size_t step, double train_loss,
-             double train_z_term, double lr, const EvalStats& st, bool skipped = false) {
+             double train_z_term, double lr, const EvalStats& st, bool skipped = false,
+             bool write = true) {
   for (std::size_t l = 0; l < p.model.layers(); ++l) {
     norms.wq[l] = tensor_norm(find_param(p.params, p.model.w_q_name(l))->value);
     norms.wk[l] = tensor_norm(find_param(p.params, p.model.w_k_name(l))->value);
   }
-  if (p.log) p.log->write(step, train_loss, lr, st, norms, train_z_term, skipped);
+  if (p.log && write) p.log->write(step, train_loss, lr, st, norms, train_z_term, skipped);
+}
+
+// Layer 0's figures at the eval `st`, with the weight norms log_row has just read.
+LayerZeroStats layer_zero(const RunParts& p, const EvalStats& st, const LayerNorms& norms) {
+  LayerZeroStats z;
+  const std::size_t heads = p.model.layers() > 0 ? st.health.size() / p.model.layers() : 0;
+  if (heads > 0) {
+    z.max_logit = 0;
+    z.entropy = 0;
+    for (std::size_t h = 0; h < heads; ++h) {
+      const double m = st.health[h].max_abs_logit;  // NaN (a diverged eval) stays NaN
+      z.max_logit = std::isnan(m) || std::isnan(z.max_logit)
+                        ? std::numeric_limits<double>::quiet_NaN()
+                        : std::max(z.max_logit, m);
+      z.entropy += st.health[h].entropy / static_cast<double>(heads);
+    }
+  }
+  if (!norms.wq.empty()) z.wq_norm = norms.wq[0];
+  if (!norms.wk.empty()) z.wk_norm = norms.wk[0];
+  return z;
 }
 
 void diverge(TrainResult& result, std::size_t step, std::string where, const char* fallback) {
@@ -434,9 +464,10 @@ void first_eval(const RunParts& p, LoopState& s, bool resuming) {
   // A resumed run's loss at initialisation comes from its saved rows.
   result.init_eval_loss =
       resuming && p.log ? p.log->kept_init_eval_loss().value_or(s.st.loss) : s.st.loss;
-  if (!resuming)
-    log_row(p, s.norms, 0, std::numeric_limits<double>::quiet_NaN(),
-            std::numeric_limits<double>::quiet_NaN(), p.schedule.lr_at(0), s.st);
+  log_row(p, s.norms, 0, std::numeric_limits<double>::quiet_NaN(),
+          std::numeric_limits<double>::quiet_NaN(), p.schedule.lr_at(0), s.st, false, !resuming);
+  result.layer0_final = layer_zero(p, s.st, s.norms);
+  if (!resuming) result.layer0_init = result.layer0_final;
   result.final_eval_loss = s.st.loss;
   result.final_eval_acc = s.st.accuracy;
 }
@@ -545,6 +576,7 @@ bool log_step(const RunParts& p, LoopState& s, double lr) {
   s.st = eval_all(p);
   s.eval_step = step + 1;
   log_row(p, s.norms, step + 1, s.last_loss, s.last_z_term, lr, s.st, s.skipped);
+  s.result.layer0_final = layer_zero(p, s.st, s.norms);
   s.result.final_eval_loss = s.st.loss;
   s.result.final_eval_acc = s.st.accuracy;
   if (!std::isfinite(s.st.loss)) {

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,16 @@ inline constexpr double kFailedFraction = 0.9;
 inline constexpr double kTargetAccuracy = 0.95;
 inline constexpr double kTextWorkMargin = 1.05;
 inline constexpr double kStallFraction = 0.97;
+
+// Layer 0's attention at one eval (the figures Wortsman et al. 2023 follow): the largest |scaled
+// logit| over its heads, its heads' mean attention entropy (nats), and the Frobenius norms of its
+// W_Q and W_K. NaN when not measured.
+struct LayerZeroStats {
+  double max_logit = std::numeric_limits<double>::quiet_NaN();
+  double entropy = std::numeric_limits<double>::quiet_NaN();
+  double wq_norm = std::numeric_limits<double>::quiet_NaN();
+  double wk_norm = std::numeric_limits<double>::quiet_NaN();
+};
 
 struct RunRecord {
   std::string group;  // e.g. "recall/adamw": tables are made per group and budget (steps)
@@ -61,8 +72,9 @@ struct RunRecord {
   int steps_to_target = -1;  // first eval step with accuracy >= kTargetAccuracy; -1 never
   bool diverged = false;
   int diverged_step = -1;
-  double init_qk_var_ratio = 0;  // Var(q·k)/d_k measured at step 0 (premise check)
-  double init_jacobian = 0;      // layer 0 head 0's softmax Jacobian norm at step 0
+  double init_qk_var_ratio = 0;              // Var(q·k)/d_k measured at step 0 (premise check)
+  double init_jacobian = 0;                  // layer 0 head 0's softmax Jacobian norm at step 0
+  LayerZeroStats layer0_init, layer0_final;  // TrainResult's; NaN when summary.csv lacks them
   double seconds = 0;
   bool works = false;  // set by mark_working
   std::string dir;     // the run's output folder, relative to the study folder

@@ -19,12 +19,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "attnlab/app/run_config.hpp"
+#include "attnlab/app/summary.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/context.hpp"
 #include "attnlab/fma_peak.hpp"
@@ -53,6 +55,9 @@ struct TrainResult {
   bool interrupted = false;
   double init_qk_var_ratio = 0;  // Var(q·k)/d_k at step 0, layer 0, on the eval set
   double init_jacobian = 0;      // layer 0 head 0's mean softmax Jacobian norm at step 0
+  // Layer 0 at step 0 (NaN in a resumed invocation, which did not see step 0) and at the last eval
+  // (metrics.csv's last row; the eval that found a divergence included).
+  LayerZeroStats layer0_init, layer0_final;
   double seconds = 0;
   std::string device;  // what ran the training step: "cpu" or the DeviceOps name
   // Throughput of this invocation's training steps (forward, loss, backward, clipping, update;
