@@ -6,16 +6,24 @@
 #include <strings.h>
 #ifdef ATTNLAB_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
 #endif
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "attnlab/threads.hpp"
@@ -91,19 +99,19 @@ constexpr int kChunkAlign = 16;
 
 // Outside a parallel region, with several attnlab threads and enough work, the gemm is cut into
 // num_threads() (the calling thread's count) contiguous blocks of rows of C (or of columns, when C
-// is wider than tall), one per thread, each an independent single-threaded BLAS call. OpenBLAS
-// itself stays at one thread (threads.hpp); inside attention's parallel loops every gemm runs
-// serially. The cut depends only on the shapes and the thread count, so results are deterministic
-// for a fixed thread count.
-template <class T>
-void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
-               const T* b, int ldb, T beta, T* c, int ldc) {
+// is wider than tall), one per thread, each an independent single-threaded call of `serial` (a
+// BLAS call, or a bf16 matmul: TA is the element type of A and B). OpenBLAS itself stays at one
+// thread (threads.hpp); inside attention's parallel loops every gemm runs serially. The cut depends
+// only on the shapes and the thread count, so results are deterministic for a fixed thread count.
+template <class TA, class T, class Serial>
+void split_gemm(const Serial& serial, bool trans_a, bool trans_b, int m, int n, int k, T alpha,
+                const TA* a, int lda, const TA* b, int ldb, T beta, T* c, int ldc) {
   const int threads = num_threads();
   const bool split = threads > 1 && !omp_in_parallel() &&
                      static_cast<double>(m) * n * k >= kParallelGemmMinWork &&
                      std::max(m, n) >= 2 * kChunkAlign;
   if (!split) {
-    serial_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const bool by_rows = m >= n;
@@ -117,15 +125,196 @@ void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T
     if (size <= 0) continue;
     if (by_rows) {
       // Rows [begin, begin + size) of op(A) and of C.
-      const T* a_part = trans_a ? a + begin : a + static_cast<std::ptrdiff_t>(begin) * lda;
-      serial_gemm(trans_a, trans_b, size, n, k, alpha, a_part, lda, b, ldb, beta,
-                  c + static_cast<std::ptrdiff_t>(begin) * ldc, ldc);
+      const TA* a_part = trans_a ? a + begin : a + static_cast<std::ptrdiff_t>(begin) * lda;
+      serial(trans_a, trans_b, size, n, k, alpha, a_part, lda, b, ldb, beta,
+             c + static_cast<std::ptrdiff_t>(begin) * ldc, ldc);
     } else {
       // Columns [begin, begin + size) of op(B) and of C.
-      const T* b_part = trans_b ? b + static_cast<std::ptrdiff_t>(begin) * ldb : b + begin;
-      serial_gemm(trans_a, trans_b, m, size, k, alpha, a, lda, b_part, ldb, beta, c + begin, ldc);
+      const TA* b_part = trans_b ? b + static_cast<std::ptrdiff_t>(begin) * ldb : b + begin;
+      serial(trans_a, trans_b, m, size, k, alpha, a, lda, b_part, ldb, beta, c + begin, ldc);
     }
   }
+}
+
+template <class T>
+void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
+               const T* b, int ldb, T beta, T* c, int ldc) {
+  const auto serial = [](auto... args) { serial_gemm(args...); };
+  split_gemm(serial, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// ---- bf16 gemms (GemmPrecision::bf16) ----
+
+// bf16 bits of x, rounded to nearest, ties to even (a NaN stays a quiet NaN; overflow gives inf),
+// as PyTorch's .bfloat16() and io/safetensors.hpp's float_to_bf16. Branch-free, so the copy loops
+// below vectorise.
+inline std::uint32_t bf16_high_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet_nan = (u | 0x00400000u) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+
+// A matrix of `rows` x `cols` stored with row stride ld, copied with row stride cols, each value
+// rounded to bf16: as a float (the emulated path) or as bf16 bits (oneDNN's bf16 matmul).
+void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst) {
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
+    float* __restrict out = dst + static_cast<std::ptrdiff_t>(r) * cols;
+    for (int j = 0; j < cols; ++j) {
+      const std::uint32_t bits = bf16_high_bits(in[j]);
+      std::memcpy(&out[j], &bits, sizeof bits);
+    }
+  }
+}
+
+void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst) {
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
+    std::uint16_t* __restrict out = dst + static_cast<std::ptrdiff_t>(r) * cols;
+    for (int j = 0; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
+  }
+}
+
+// The precision of float gemms and how bf16 ones run; set before any gemm like float_engine.
+std::atomic<int> bf16_scopes{0};  // GemmPrecisionScope(bf16)s alive in the process
+std::atomic<Bf16Engine> bf16_engine{Bf16Engine::emulated};
+
+#ifdef ATTNLAB_WITH_ONEDNN
+// oneDNN's matmul primitive for one gemm shape: C = alpha · op(A) op(B) + beta · C with A and B in
+// `in` (bf16, or f32 for the tests of this path on any CPU) and C in f32, row-major with the
+// leading dimensions given. Primitives cost 0.2-4 ms to create, so each thread keeps the ones it
+// made, per shape (a step has a few dozen). nullopt where oneDNN has no such matmul on this CPU.
+struct MatmulKey {
+  bool bf16, trans_a, trans_b, accumulate;
+  int m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  bool operator<(const MatmulKey& o) const {
+    return std::tie(bf16, trans_a, trans_b, accumulate, m, n, k, lda, ldb, ldc, alpha, beta) <
+           std::tie(o.bf16, o.trans_a, o.trans_b, o.accumulate, o.m, o.n, o.k, o.lda, o.ldb, o.ldc,
+                    o.alpha, o.beta);
+  }
+};
+
+struct Matmul {
+  dnnl::memory::desc a, b, c;
+  dnnl::matmul primitive;
+};
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+const Matmul* find_matmul(const MatmulKey& key) {
+  thread_local std::map<MatmulKey, std::optional<Matmul>> made;
+  auto it = made.find(key);
+  if (it == made.end()) {
+    using dims = dnnl::memory::dims;
+    using dt = dnnl::memory::data_type;
+    std::optional<Matmul> matmul;
+    try {
+      const dt in = key.bf16 ? dt::bf16 : dt::f32;
+      // op(A) is m x k: stored as k x m (row stride lda) when transposed, so its strides swap.
+      const dnnl::memory::desc a(dims{key.m, key.k}, in,
+                                 key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
+      const dnnl::memory::desc b(dims{key.k, key.n}, in,
+                                 key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
+      const dnnl::memory::desc c(dims{key.m, key.n}, dt::f32, dims{key.ldc, 1});
+      dnnl::primitive_attr attr;
+      if (key.alpha != 1) attr.set_output_scales(0, {key.alpha});
+      if (key.accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(key.beta);
+        attr.set_post_ops(ops);
+      }
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+      matmul = Matmul{a, b, c, dnnl::matmul(pd)};
+    } catch (const dnnl::error&) {
+      // unimplemented here: the caller falls back
+    }
+    it = made.emplace(key, std::move(matmul)).first;
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+// One matmul on the calling thread alone (as onednn_gemm). False when oneDNN has none for it.
+bool onednn_matmul(bool bf16, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                   const void* a, int lda, const void* b, int ldb, float beta, float* c, int ldc) {
+  const MatmulKey key{bf16, trans_a, trans_b, beta != 0, m, n, k, lda, ldb, ldc, alpha, beta};
+  const Matmul* matmul = find_matmul(key);
+  if (!matmul) return false;
+  thread_local dnnl::stream stream(cpu_engine());
+  const dnnl::memory a_mem(matmul->a, cpu_engine(), const_cast<void*>(a));
+  const dnnl::memory b_mem(matmul->b, cpu_engine(), const_cast<void*>(b));
+  const dnnl::memory c_mem(matmul->c, cpu_engine(), c);
+  const bool serial = !omp_in_parallel();
+  const int previous = serial ? omp_get_max_threads() : 1;
+  if (serial && previous != 1) omp_set_num_threads(1);
+  matmul->primitive.execute(
+      stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  stream.wait();
+  if (serial && previous != 1) omp_set_num_threads(previous);
+  return true;
+}
+#endif
+
+#ifdef ATTNLAB_WITH_ONEDNN
+// A matrix of bf16 bits (rows x cols, row stride ld) widened into compact floats, exactly.
+void widen(const std::uint16_t* src, int rows, int cols, int ld, std::vector<float>& dst) {
+  dst.resize(static_cast<std::size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < cols; ++j) {
+      const std::uint32_t bits =
+          static_cast<std::uint32_t>(src[static_cast<std::ptrdiff_t>(r) * ld + j]) << 16;
+      std::memcpy(&dst[static_cast<std::size_t>(r) * cols + j], &bits, sizeof bits);
+    }
+}
+
+// One part of a bf16 gemm in oneDNN's bf16 matmul; a shape it has no matmul for (it passed the
+// self-check, so none is expected) runs as the emulated path on the same rounded values.
+void onednn_bf16_part(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                      const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float beta,
+                      float* c, int ldc) {
+  if (onednn_matmul(true, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+  thread_local std::vector<float> a32, b32;
+  widen(a, trans_a ? k : m, trans_a ? m : k, lda, a32);
+  widen(b, trans_b ? n : k, trans_b ? k : n, ldb, b32);
+  serial_gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), trans_a ? m : k, b32.data(),
+              trans_b ? k : n, beta, c, ldc);
+}
+#endif
+
+// A bf16 gemm: A and B rounded once into the calling thread's scratch (compact copies), then the
+// product split over the threads as any gemm. On the oneDNN engine the copies are bf16 and each
+// part a bf16 matmul; emulated, they are floats whose low 16 bits are zero and each part an fp32
+// gemm of the float engine: every product of two bf16 values is exact in fp32 (8 + 8 significant
+// bits), so it differs from a bf16 unit only in the order of the fp32 sums.
+void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+               int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const auto a_size = static_cast<std::size_t>(a_rows) * a_cols;
+  const auto b_size = static_cast<std::size_t>(b_rows) * b_cols;
+#ifdef ATTNLAB_WITH_ONEDNN
+  if (bf16_engine.load(std::memory_order_relaxed) == Bf16Engine::onednn) {
+    thread_local std::vector<std::uint16_t> a16, b16;
+    if (a16.size() < a_size) a16.resize(a_size);
+    if (b16.size() < b_size) b16.resize(b_size);
+    copy_rounded(a, a_rows, a_cols, lda, a16.data());
+    copy_rounded(b, b_rows, b_cols, ldb, b16.data());
+    split_gemm(onednn_bf16_part, trans_a, trans_b, m, n, k, alpha, a16.data(), a_cols, b16.data(),
+               b_cols, beta, c, ldc);
+    return;
+  }
+#endif
+  thread_local std::vector<float> a32, b32;
+  if (a32.size() < a_size) a32.resize(a_size);
+  if (b32.size() < b_size) b32.resize(b_size);
+  copy_rounded(a, a_rows, a_cols, lda, a32.data());
+  copy_rounded(b, b_rows, b_cols, ldb, b32.data());
+  gemm_impl(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
 }
 
 // ---- Choosing the kernels (blas::init) ----
@@ -387,6 +576,78 @@ void select_engine(BlasInfo& info) {
   float_engine.store(info.engine, std::memory_order_relaxed);
 }
 
+#ifdef ATTNLAB_WITH_ONEDNN
+// oneDNN's bf16 matmul against a plain loop, as the engine's sgemm (the inputs are bf16 values).
+bool onednn_bf16_self_check() {
+  const bool corrupt = env_is_one("ATTNLAB_BLAS_SIMULATE_BAD_KERNEL");
+  bool implemented = true;
+  const auto matmul = [&implemented](bool ta, bool tb, int m, int n, int k, float alpha,
+                                     const float* a, int lda, const float* b, int ldb, float beta,
+                                     float* c, int ldc) {
+    const int a_rows = ta ? k : m, b_rows = tb ? n : k;
+    std::vector<std::uint16_t> a16(static_cast<std::size_t>(a_rows) * lda);
+    std::vector<std::uint16_t> b16(static_cast<std::size_t>(b_rows) * ldb);
+    copy_rounded(a, a_rows, lda, lda, a16.data());
+    copy_rounded(b, b_rows, ldb, ldb, b16.data());
+    if (!onednn_matmul(true, ta, tb, m, n, k, alpha, a16.data(), lda, b16.data(), ldb, beta, c,
+                       ldc))
+      implemented = false;
+  };
+  for (bool trans_a : {false, true})
+    for (bool trans_b : {false, true})
+      if (!gemm_exact<float>(matmul, trans_a, trans_b, corrupt) || !implemented) return false;
+  return true;
+}
+#endif
+
+// Fills info's bf16 fields from ATTNLAB_BF16 and sets bf16_engine (after select_engine: the
+// emulated path runs in the float engine).
+void select_bf16(BlasInfo& info) {
+  const char* env = std::getenv("ATTNLAB_BF16");
+  const std::string request = env && *env ? env : "auto";
+  info.bf16_engine = Bf16Engine::emulated;
+  info.bf16_engine_name = "emulated: operands rounded to bf16, fp32 gemm in " + info.engine_name;
+  info.amx = false;
+  std::string native_name;
+#ifdef ATTNLAB_WITH_ONEDNN
+  info.amx = dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+  native_name = onednn_name() + ", bf16 matmul";
+#endif
+  const auto try_native = [&](const std::string& why) {
+#ifdef ATTNLAB_WITH_ONEDNN
+    if (onednn_bf16_self_check()) {
+      info.bf16_engine = Bf16Engine::onednn;
+      info.bf16_engine_name = native_name;
+      info.bf16_reason = why;
+      return true;
+    }
+    info.bf16_reason = "oneDNN's bf16 matmul is missing on this CPU or failed attnlab's self-check";
+#else
+    (void)why;
+    info.bf16_reason = "built without oneDNN";
+#endif
+    return false;
+  };
+  if (request == "emulated") {
+    info.bf16_reason = "ATTNLAB_BF16=emulated";
+  } else if (request == "onednn") {
+    if (!try_native("ATTNLAB_BF16=onednn"))
+      add_warning(
+          info, "ATTNLAB_BF16=onednn ignored (" + info.bf16_reason + "); bf16 gemms are emulated");
+  } else if (request == "auto") {
+    if (!info.amx) {
+      info.bf16_reason = "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed";
+    } else if (!try_native("AMX")) {
+      add_warning(info, "bf16 gemms are emulated: " + info.bf16_reason);
+    }
+  } else {
+    info.bf16_reason = "ATTNLAB_BF16=" + request + " is not a bf16 engine";
+    add_warning(info, "ATTNLAB_BF16=" + request +
+                          " ignored: expected auto, onednn or emulated; bf16 gemms are emulated");
+  }
+  bf16_engine.store(info.bf16_engine, std::memory_order_relaxed);
+}
+
 // "OpenBLAS 0.3.21" from "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...".
 std::string library_name() {
   const std::string config = openblas_get_config();
@@ -500,6 +761,7 @@ void ensure_checked() {
   if (core_state.load(std::memory_order_relaxed) != CoreState::unchecked) return;
   select_core(info_storage(), false);
   select_engine(info_storage());
+  select_bf16(info_storage());
   core_state.store(CoreState::checked, std::memory_order_release);
 }
 
@@ -510,6 +772,7 @@ void init() {
   if (core_state.load(std::memory_order_relaxed) == CoreState::initialized) return;
   select_core(info_storage(), true);
   select_engine(info_storage());
+  select_bf16(info_storage());
   core_state.store(CoreState::initialized, std::memory_order_release);
 }
 
@@ -522,8 +785,39 @@ void gemm<float>(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   ensure_checked();
   const std::shared_lock<std::shared_mutex> in_flight(core_mutex());
+  if (bf16_scopes.load(std::memory_order_relaxed) > 0) {
+    bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+GemmPrecision gemm_precision() {
+  return bf16_scopes.load(std::memory_order_relaxed) > 0 ? GemmPrecision::bf16
+                                                         : GemmPrecision::fp32;
+}
+
+GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision)
+    : counted_(precision == GemmPrecision::bf16) {
+  if (counted_) bf16_scopes.fetch_add(1);
+}
+
+GemmPrecisionScope::~GemmPrecisionScope() {
+  if (counted_) bf16_scopes.fetch_sub(1);
+}
+
+namespace testing {
+bool onednn_matmul_f32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                       int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+#ifdef ATTNLAB_WITH_ONEDNN
+  return onednn_matmul(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+  return false;
+#endif
+}
+}  // namespace testing
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
@@ -546,11 +840,27 @@ std::string blas_summary(const BlasInfo& info) {
   line += info.reason + ")";
   if (!info.engine_name.empty())
     line += "; float gemm: " + info.engine_name + " (" + info.engine_reason + ")";
+  if (!info.bf16_engine_name.empty())
+    line += "; bf16 gemm: " + info.bf16_engine_name + " (" + info.bf16_reason + ")";
   return line;
 }
 
 const char* to_string(GemmEngine engine) {
   return engine == GemmEngine::onednn ? "onednn" : "openblas";
+}
+
+const char* to_string(GemmPrecision precision) {
+  return precision == GemmPrecision::bf16 ? "bf16" : "fp32";
+}
+
+GemmPrecision parse_gemm_precision(const std::string& name, const std::string& what) {
+  if (name == "fp32") return GemmPrecision::fp32;
+  if (name == "bf16") return GemmPrecision::bf16;
+  throw std::invalid_argument(what + ": expected fp32 or bf16, got '" + name + "'");
+}
+
+const char* to_string(Bf16Engine engine) {
+  return engine == Bf16Engine::onednn ? "onednn" : "emulated";
 }
 
 bool onednn_built() {

@@ -116,7 +116,7 @@ Probe run_probe(const std::string& assignments, const std::string& mode = "init"
   const test::TempDir dir;
   const std::string cmd =
       "env -u OPENBLAS_CORETYPE -u ATTNLAB_BLAS_CORE -u ATTNLAB_BLAS_SIMULATE_FALLBACK "
-      "-u ATTNLAB_BLAS_SIMULATE_BAD_KERNEL -u OPENBLAS_VERBOSE -u ATTNLAB_GEMM " +
+      "-u ATTNLAB_BLAS_SIMULATE_BAD_KERNEL -u OPENBLAS_VERBOSE -u ATTNLAB_GEMM -u ATTNLAB_BF16 " +
       assignments + " '" + ATTNLAB_BLAS_CORE_PROBE_PATH + "' " + mode + " >'" + dir.file("out") +
       "' 2>'" + dir.file("err") + "'";
   const int raw = std::system(cmd.c_str());
@@ -367,4 +367,44 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS((void)measure_gemm_peak_gflops<float>(1, 8),
                        "measure_gemm_peak_gflops: n expected >= 16, got 8", std::invalid_argument);
   CHECK_THROWS_AS((void)measure_gemm_peak_gflops<double>(1, 64, 0), std::invalid_argument);
+}
+
+TEST_CASE(
+    "blas core probe: ATTNLAB_BF16 picks how bf16 gemms run: oneDNN only with AMX by default") {
+  const Probe automatic = run_probe("");
+  check_probe_sane(automatic);
+  if (automatic["amx"] == "1") {
+    CHECK(automatic["bf16_engine"] == "onednn");
+    CHECK(automatic["bf16_reason"] == "AMX");
+  } else {
+    CHECK(automatic["bf16_engine"] == "emulated");
+    CHECK(automatic["bf16_reason"] ==
+          "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed");
+    CHECK(automatic["bf16_engine_name"] ==
+          "emulated: operands rounded to bf16, fp32 gemm in " + automatic["engine_name"]);
+  }
+  const Probe emulated = run_probe("ATTNLAB_BF16=emulated");
+  check_probe_sane(emulated);
+  CHECK(emulated["bf16_engine"] == "emulated");
+  CHECK(emulated["bf16_reason"] == "ATTNLAB_BF16=emulated");
+  CHECK(emulated["warning"].empty());
+
+  // onednn where oneDNN has a bf16 matmul that passes the self-check; else a warning, emulated.
+  const Probe onednn = run_probe("ATTNLAB_BF16=onednn");
+  check_probe_sane(onednn);
+  if (onednn["bf16_engine"] == "onednn") {
+    CHECK(onednn_built());
+    CHECK(onednn["bf16_reason"] == "ATTNLAB_BF16=onednn");
+    CHECK(onednn["warning"].empty());
+    CHECK(onednn["bf16_engine_name"].find("bf16 matmul") != std::string::npos);
+  } else {
+    CHECK(onednn["warning"].find("ATTNLAB_BF16=onednn ignored (") == 0);
+    CHECK(onednn["warning"].find("); bf16 gemms are emulated") != std::string::npos);
+  }
+
+  const Probe unknown = run_probe("ATTNLAB_BF16=fp8");
+  check_probe_sane(unknown);
+  CHECK(unknown["bf16_engine"] == "emulated");
+  CHECK(unknown["warning"] ==
+        "ATTNLAB_BF16=fp8 ignored: expected auto, onednn or emulated; bf16 gemms are emulated");
 }

@@ -1,10 +1,11 @@
 // attnlab_blas_core_probe [init | no-init | threads]: runs blas::init() as a program does first
 // (init, the default), or not (no-init), then one blas::gemm, and prints blas_info() as key=value
-// lines with what OpenBLAS itself reports afterwards, the float engine (ATTNLAB_GEMM) and whether a
-// float gemm through it matched a plain loop. `threads` runs no init and makes the
-// process's first gemms from 4 threads at once while a fifth reads OPENBLAS_CORETYPE in a loop, and
-// prints env_changed=1 if that thread ever saw another value. tests/core/test_blas_core.cpp starts
-// it with different environments: the core is chosen once per process.
+// lines with what OpenBLAS itself reports afterwards, the float engine (ATTNLAB_GEMM), the bf16
+// engine (ATTNLAB_BF16) and whether a float gemm through it matched a plain loop. `threads` runs no
+// init and makes the process's first gemms from 4 threads at once while a fifth reads
+// OPENBLAS_CORETYPE in a loop, and prints env_changed=1 if that thread ever saw another value.
+// tests/core/test_blas_core.cpp starts it with different environments: the core is chosen once per
+// process.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -101,5 +102,9 @@ int main(int argc, char** argv) {
   std::printf("engine_name=%s\n", info.engine_name.c_str());
   std::printf("engine_reason=%s\n", info.engine_reason.c_str());
   std::printf("sgemm_ok=%d\n", gemm_matches_loop<float>() ? 1 : 0);
+  std::printf("bf16_engine=%s\n", attnlab::to_string(info.bf16_engine));
+  std::printf("bf16_engine_name=%s\n", info.bf16_engine_name.c_str());
+  std::printf("bf16_reason=%s\n", info.bf16_reason.c_str());
+  std::printf("amx=%d\n", info.amx ? 1 : 0);
   return 0;
 }

@@ -20,6 +20,18 @@ struct CpuFeatures {
 // The library that runs float GEMMs (double ones always run in OpenBLAS).
 enum class GemmEngine { openblas, onednn };
 
+// The arithmetic of float GEMMs. fp32: as stored. bf16: A and B rounded to bfloat16 (to nearest,
+// ties to even, as PyTorch's .bfloat16()), their products summed in fp32 into an fp32 C: the mixed
+// precision of AMX and AVX512-BF16 units and of PyTorch's bf16 autocast. Double GEMMs are always
+// exact double.
+enum class GemmPrecision { fp32, bf16 };
+
+// How bf16 GEMMs run. onednn: oneDNN's bf16 matmul primitives (the CPU's bf16 units); emulated:
+// A and B rounded into fp32 copies (the low 16 bits zero) and an fp32 GEMM of the float engine.
+// Every product of two bf16 values is exact in fp32, so the two differ only in the order of the
+// fp32 sums; emulated is slower than fp32 by the rounding pass.
+enum class Bf16Engine { onednn, emulated };
+
 // Which BLAS kernels attnlab runs, and why. Filled by blas::init(), or read-only by the first gemm
 // when init was not called.
 struct BlasInfo {
@@ -36,6 +48,14 @@ struct BlasInfo {
   GemmEngine engine = GemmEngine::openblas;
   std::string engine_name;
   std::string engine_reason;
+  // How bf16 GEMMs run (GemmPrecision::bf16), from ATTNLAB_BF16 (auto | onednn | emulated; auto:
+  // oneDNN's bf16 matmul where oneDNN's kernels have AMX, emulated elsewhere: without AMX oneDNN's
+  // bf16 GEMMs run at half its fp32 speed, slower than the emulation), its name and why. oneDNN's
+  // bf16 matmul is checked like the engine (exact products against a plain loop).
+  Bf16Engine bf16_engine = Bf16Engine::emulated;
+  std::string bf16_engine_name;
+  std::string bf16_reason;
+  bool amx = false;     // oneDNN's kernels on this CPU use AMX tiles (avx512_core_amx)
   std::string warning;  // empty unless something went wrong; the app shows it, the library never
 };
 
@@ -49,6 +69,13 @@ std::string blas_summary(const BlasInfo& info);
 
 // "onednn" or "openblas".
 const char* to_string(GemmEngine engine);
+
+// "fp32" or "bf16"; and back, std::invalid_argument naming `what` for another name.
+const char* to_string(GemmPrecision precision);
+GemmPrecision parse_gemm_precision(const std::string& name, const std::string& what);
+
+// "onednn" or "emulated".
+const char* to_string(Bf16Engine engine);
 
 // True when this attnlab was built with oneDNN (the ATTNLAB_ONEDNN CMake switch).
 bool onednn_built();
@@ -84,6 +111,9 @@ namespace blas {
 //                               its instructions);
 //   ATTNLAB_GEMM=auto|onednn|openblas   the engine of float GEMMs (BlasInfo::engine); another
 //                               value, or onednn in a build without it, is ignored with a warning;
+//   ATTNLAB_BF16=auto|onednn|emulated   how bf16 gemms run (BlasInfo::bf16_engine); onednn where
+//                               oneDNN has no bf16 matmul, or another value, is ignored with a
+//                               warning;
 //   ATTNLAB_BLAS_SIMULATE_FALLBACK=1, ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1   for tests only: treat
 //                               the core named by OPENBLAS_CORETYPE as OpenBLAS's own fallback;
 //                               make the self-check fail (of the core, and of oneDNN).
@@ -104,6 +134,32 @@ bool initialized();
 template <class T>
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda, const T* b,
           int ldb, T beta, T* c, int ldc);
+
+// The precision of float gemms is a setting of the process, like the engine: bf16 while at least
+// one GemmPrecisionScope(bf16) is alive on any thread (so that the OpenMP threads of a parallel
+// step see it), fp32 otherwise. Runs on several threads at once (the study's jobs) therefore share
+// it: a bf16 run makes a concurrent fp32 run's gemms bf16 too.
+GemmPrecision gemm_precision();
+
+class GemmPrecisionScope {
+ public:
+  // fp32 changes nothing (it cannot undo another thread's bf16 scope).
+  explicit GemmPrecisionScope(GemmPrecision precision);
+  ~GemmPrecisionScope();
+  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
+
+ private:
+  bool counted_;
+};
+
+namespace testing {
+// oneDNN's matmul primitive exactly as the oneDNN bf16 engine runs it (cached per shape, on the
+// calling thread), with A and B in f32, so that its strides, transposes, alpha and beta are
+// checked on a CPU without bf16 units. False when built without oneDNN or when oneDNN has none.
+bool onednn_matmul_f32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                       int lda, const float* b, int ldb, float beta, float* c, int ldc);
+}  // namespace testing
 
 }  // namespace blas
 }  // namespace attnlab

@@ -1,0 +1,228 @@
+// bf16 gemms (GemmPrecision::bf16): under a GemmPrecisionScope(bf16) every float gemm equals the
+// product of A and B rounded to bfloat16 (to nearest, ties to even: io/safetensors.hpp's
+// float_to_bf16, which matches PyTorch's .bfloat16()) summed in fp32, for every transpose, padded
+// leading dimension, alpha and beta, on one thread and split over two; it is measurably not the
+// fp32 gemm; overflow, NaN and beta = 0 behave as documented; the scope is a process-wide count.
+// oneDNN's matmul primitive, which runs bf16 gemms where the CPU has AMX, is checked here with f32
+// operands (the same strides, transposes and post-ops) so that it runs on any CPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+#include "attnlab/blas.hpp"
+#include "attnlab/io/safetensors.hpp"
+#include "attnlab/random.hpp"
+#include "attnlab/threads.hpp"
+
+using namespace attnlab;
+
+namespace {
+
+float round_bf16(float x) {
+  return bf16_to_float(float_to_bf16(x));
+}
+
+struct Case {
+  bool ta, tb;
+  int m, n, k;
+  int pad = 3;
+};
+
+struct Operands {
+  std::vector<float> a, b, c;
+  int lda, ldb, ldc;
+};
+
+Operands make_operands(const Case& s, std::uint64_t seed) {
+  Operands o;
+  o.lda = (s.ta ? s.m : s.k) + s.pad;
+  o.ldb = (s.tb ? s.k : s.n) + s.pad;
+  o.ldc = s.n + s.pad;
+  Rng rng(seed);
+  const auto fill = [&rng](std::vector<float>& x, std::size_t size) {
+    x.resize(size);
+    for (float& v : x) v = static_cast<float>(rng.normal());
+  };
+  fill(o.a, static_cast<std::size_t>((s.ta ? s.k : s.m) * o.lda));
+  fill(o.b, static_cast<std::size_t>((s.tb ? s.n : s.k) * o.ldb));
+  fill(o.c, static_cast<std::size_t>(s.m * o.ldc));
+  return o;
+}
+
+// alpha · op(round(A)) op(round(B)) + beta · C in double (round = identity when !bf16), and the
+// scale sum |alpha| |a||b| + |beta c| of each entry, for the error bound of fp32 sums.
+void reference(const Case& s, const Operands& o, float alpha, float beta, bool bf16,
+               std::vector<double>& out, std::vector<double>& scale) {
+  out.assign(static_cast<std::size_t>(s.m * s.n), 0);
+  scale.assign(out.size(), 0);
+  const auto r = [bf16](float x) { return static_cast<double>(bf16 ? round_bf16(x) : x); };
+  for (int i = 0; i < s.m; ++i) {
+    for (int j = 0; j < s.n; ++j) {
+      double sum = 0, abs_sum = 0;
+      for (int p = 0; p < s.k; ++p) {
+        const double x = r(s.ta ? o.a[p * o.lda + i] : o.a[i * o.lda + p]);
+        const double y = r(s.tb ? o.b[j * o.ldb + p] : o.b[p * o.ldb + j]);
+        sum += x * y;
+        abs_sum += std::abs(x * y);
+      }
+      const double c0 = beta == 0 ? 0.0 : o.c[i * o.ldc + j];  // beta 0: C is not read
+      out[i * s.n + j] = alpha * sum + beta * c0;
+      scale[i * s.n + j] = std::abs(alpha) * abs_sum + std::abs(beta * c0);
+    }
+  }
+}
+
+// The largest |got - expected| / scale over C's entries (its padding must be untouched).
+double worst_error(const Case& s, const Operands& before, const std::vector<float>& c,
+                   const std::vector<double>& expected, const std::vector<double>& scale) {
+  double worst = 0;
+  for (int i = 0; i < s.m; ++i) {
+    for (int j = 0; j < s.n; ++j)
+      worst = std::max(worst, std::abs(c[i * before.ldc + j] - expected[i * s.n + j]) /
+                                  std::max(scale[i * s.n + j], 1e-30));
+    for (int j = s.n; j < before.ldc; ++j)
+      if (c[i * before.ldc + j] != before.c[i * before.ldc + j]) return INFINITY;
+  }
+  return worst;
+}
+
+std::vector<float> run_gemm(const Case& s, const Operands& o, float alpha, float beta) {
+  std::vector<float> c = o.c;
+  blas::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, alpha, o.a.data(), o.lda, o.b.data(), o.ldb, beta,
+                    c.data(), o.ldc);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 rounding: to nearest with ties to even, overflow to inf, as PyTorch") {
+  // Independent of the library: bf16 keeps 8 significant bits, so 1 + 2^-8 is a tie (to 1, even)
+  // and 1 + 3 · 2^-8 a tie the other way (to 1 + 2^-6).
+  CHECK(round_bf16(1.0f + std::ldexp(1.0f, -8)) == 1.0f);
+  CHECK(round_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 1.0f + std::ldexp(1.0f, -6));
+  CHECK(round_bf16(1.0f + 5 * std::ldexp(1.0f, -9)) == 1.0f + std::ldexp(1.0f, -7));
+  CHECK(std::isinf(round_bf16(FLT_MAX)));
+}
+
+TEST_CASE("bf16 gemm: the products of A and B rounded to bf16, summed in fp32, every transpose") {
+  const float alpha = 0.75f, beta = -0.5f;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      const Case s{ta, tb, 37, 29, 300};
+      CAPTURE(ta);
+      CAPTURE(tb);
+      const Operands o = make_operands(s, 7 + 2 * ta + tb);
+      std::vector<double> bf16_ref, fp32_ref, scale, scale32;
+      reference(s, o, alpha, beta, true, bf16_ref, scale);
+      reference(s, o, alpha, beta, false, fp32_ref, scale32);
+      const std::vector<float> fp32 = run_gemm(s, o, alpha, beta);
+      std::vector<float> bf16;
+      {
+        const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
+        bf16 = run_gemm(s, o, alpha, beta);
+      }
+      // fp32 sums of k = 300 exact products: within a few float ulps of the scale.
+      CHECK(worst_error(s, o, bf16, bf16_ref, scale) < 1e-5);
+      CHECK(worst_error(s, o, fp32, fp32_ref, scale32) < 1e-5);
+      // The operands' rounding (relative 2^-9 each) shows: bf16 is not the fp32 gemm.
+      CHECK(worst_error(s, o, bf16, fp32_ref, scale32) > 1e-4);
+      CHECK(worst_error(s, o, fp32, bf16_ref, scale) > 1e-4);
+    }
+  }
+}
+
+TEST_CASE("bf16 gemm: split over two threads it is still the bf16 product") {
+  const ThreadScope threads(2);
+  const Case s{false, true, 256, 192, 64, 1};  // 3.1M multiply-adds: split by rows
+  const Operands o = make_operands(s, 99);
+  std::vector<double> ref, scale;
+  reference(s, o, 1.0f, 0.0f, true, ref, scale);
+  const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
+  CHECK(worst_error(s, o, run_gemm(s, o, 1.0f, 0.0f), ref, scale) < 1e-5);
+  const Case wide{true, false, 40, 512, 64, 2};  // wider than tall: split by columns
+  const Operands w = make_operands(wide, 100);
+  reference(wide, w, 2.0f, 1.0f, true, ref, scale);
+  CHECK(worst_error(wide, w, run_gemm(wide, w, 2.0f, 1.0f), ref, scale) < 1e-5);
+}
+
+TEST_CASE("bf16 gemm: beta 0 ignores C, a NaN stays in its row, a float beyond bf16 is inf") {
+  const Case s{false, false, 4, 3, 5, 0};
+  Operands o = make_operands(s, 5);
+  std::fill(o.c.begin(), o.c.end(), NAN);
+  o.a[1 * o.lda + 2] = NAN;      // row 1 of C
+  o.a[3 * o.lda + 0] = FLT_MAX;  // rounds up to bf16's inf: row 3 is ±inf (or NaN)
+  std::fill(o.b.begin(), o.b.begin() + s.n, 1.0f);  // row 0 of B: positive
+  const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
+  const std::vector<float> c = run_gemm(s, o, 1.0f, 0.0f);
+  for (int j = 0; j < s.n; ++j) {
+    CHECK(std::isfinite(c[0 * o.ldc + j]));
+    CHECK(std::isnan(c[1 * o.ldc + j]));
+    CHECK(std::isfinite(c[2 * o.ldc + j]));
+    CHECK(std::isinf(c[3 * o.ldc + j]));
+  }
+}
+
+TEST_CASE("bf16 gemm precision: a process-wide count of scopes, seen by other threads") {
+  CHECK(blas::gemm_precision() == GemmPrecision::fp32);
+  {
+    const blas::GemmPrecisionScope outer(GemmPrecision::bf16);
+    CHECK(blas::gemm_precision() == GemmPrecision::bf16);
+    {
+      const blas::GemmPrecisionScope fp32(GemmPrecision::fp32);  // cannot undo a bf16 scope
+      CHECK(blas::gemm_precision() == GemmPrecision::bf16);
+      const blas::GemmPrecisionScope inner(GemmPrecision::bf16);
+      GemmPrecision seen = GemmPrecision::fp32;
+      std::thread other([&seen] { seen = blas::gemm_precision(); });
+      other.join();
+      CHECK(seen == GemmPrecision::bf16);
+    }
+    CHECK(blas::gemm_precision() == GemmPrecision::bf16);
+  }
+  CHECK(blas::gemm_precision() == GemmPrecision::fp32);
+  CHECK(parse_gemm_precision("bf16", "x") == GemmPrecision::bf16);
+  CHECK(parse_gemm_precision("fp32", "x") == GemmPrecision::fp32);
+  CHECK_THROWS_WITH(parse_gemm_precision("fp16", "train: precision"),
+                    "train: precision: expected fp32 or bf16, got 'fp16'");
+}
+
+TEST_CASE("oneDNN matmul primitive (the bf16 engine's path) with f32 operands equals the loop") {
+  if (!onednn_built()) {
+    CHECK_FALSE(blas::testing::onednn_matmul_f32(false, false, 1, 1, 1, 1, nullptr, 1, nullptr, 1,
+                                                 0, nullptr, 1));
+    return;
+  }
+  // Multiples of 1/4 in [-5/4, 5/4]: every product and sum is exact, so any order gives the loop.
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      for (const float beta : {0.0f, 0.25f}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(beta);
+        const Case s{ta, tb, 37, 29, 41, 3};
+        Operands o = make_operands(s, 1);
+        const auto quarter = [](std::vector<float>& x, int shift) {
+          for (std::size_t i = 0; i < x.size(); ++i)
+            x[i] = static_cast<float>(static_cast<int>((i * 7 + shift) % 11) - 5) / 4;
+        };
+        quarter(o.a, 0);
+        quarter(o.b, 3);
+        quarter(o.c, 5);
+        if (beta == 0)  // C is ignored at beta 0
+          for (int i = 0; i < 2; ++i) std::fill_n(o.c.begin() + i * o.ldc, s.n, NAN);
+        std::vector<double> ref, scale;
+        reference(s, o, 0.5f, beta, false, ref, scale);
+        for (int round = 0; round < 2; ++round) {  // the second call reuses the kept primitive
+          std::vector<float> c = o.c;
+          REQUIRE(blas::testing::onednn_matmul_f32(ta, tb, s.m, s.n, s.k, 0.5f, o.a.data(), o.lda,
+                                                   o.b.data(), o.ldb, beta, c.data(), o.ldc));
+          CHECK(worst_error(s, o, c, ref, scale) == 0);
+        }
+      }
+    }
+  }
+}
