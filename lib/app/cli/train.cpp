@@ -161,6 +161,14 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
                   "per-head scales, as nanoGPT groups them)")
       ->check(CLI::IsMember({"all", "matrices"}))
       ->capture_default_str();
+  train
+      .add_option("--precision", tc.precision,
+                  "the arithmetic of the GEMMs: fp32, or bf16 mixed precision (operands rounded "
+                  "to bfloat16, fp32 sums; weights, optimizer state, softmax, norms and loss stay "
+                  "fp32). bf16 is fast only on a CPU with AMX; elsewhere it is emulated, slower "
+                  "than fp32. CPU only")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   train.add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
       ->check(bounded("seed"))
       ->capture_default_str();
@@ -273,6 +281,15 @@ int run_train(TrainConfig config, Context context, CliContext& cli) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   cli.in_train = true;
+  if (config.precision == "bf16" && cli.rank == 0) {
+    const BlasInfo& blas = blas_info();
+    std::fprintf(stdout, "precision: bf16 gemms, %s (%s)\n", blas.bf16_engine_name.c_str(),
+                 blas.bf16_reason.c_str());
+    if (!blas.amx)
+      std::fprintf(stdout,
+                   "precision: this CPU has no AMX, so bf16 is not faster here: its gemms are "
+                   "emulated and run slower than fp32 (fp32 is the default for that reason)\n");
+  }
   const TrainResult r = train_model(config, context);
   // As POSIX tools: 128 + the signal (SIGINT 130, SIGTERM 143); --stop-after counts as SIGINT.
   const int signal = stop_signal.load();

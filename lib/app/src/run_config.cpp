@@ -35,8 +35,8 @@ ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_f
                             model, optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
                             decay, param_groups, clip, z_loss, skip_outliers, schedule, min_lr,
-                            warmdown, warmup, steps, batch, grad_accum, seed, eval_every, eval_size,
-                            out, save_every, weights_only)
+                            warmdown, warmup, steps, batch, grad_accum, precision, seed, eval_every,
+                            eval_size, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -121,6 +121,8 @@ void validate(const TrainConfig& c) {
             std::to_string(c.warmup));
   check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
   check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
+  check_arg(c.precision == "fp32" || c.precision == "bf16", op, "precision", "fp32 or bf16",
+            "'" + c.precision + "'");
   check_arg(c.thread_split == "batch" || c.thread_split == "ops", op, "thread_split",
             "batch or ops", "'" + c.thread_split + "'");
   check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));

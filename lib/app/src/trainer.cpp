@@ -130,6 +130,8 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;
   j["gemm_engine"] = blas_info().engine_name;  // the float gemms'
+  j["gemm_precision"] = c.precision;
+  if (c.precision == "bf16") j["bf16_gemm"] = blas_info().bf16_engine_name;
   // batch: each of `batch_threads` threads trained its part of the batch through the whole model;
   // ops: every op split its work across the run's threads.
   j["thread_split"] = r.batch_threads > 1 ? "batch" : "ops";
@@ -753,6 +755,11 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
 
   std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
   DeviceOps<float>* ops = choose_ops(context, device_ops, own_ops);
+  check_arg(c.precision == "fp32" || ops == &cpu_ops<float>(), "train", "precision",
+            "fp32 on a device backend (bf16 runs on the CPU backend)",
+            "'" + c.precision + "' on " + ops->name());
+  // The run's float gemms in bf16 (lib/README.md, "Mixed precision"), for this run only.
+  const blas::GemmPrecisionScope precision(parse_gemm_precision(c.precision, "train: precision"));
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);

@@ -80,6 +80,11 @@ struct TrainConfig {
   // Gradient accumulation: a step trains on grad_accum micro-batches of `batch` rows (an
   // effective batch of grad_accum · batch) with the gradient of their mean loss (lib/README.md).
   int grad_accum = 1;
+  // The arithmetic of the model's float GEMMs (attnlab/blas.hpp, GemmPrecision): fp32, or bf16
+  // mixed precision (GEMM operands rounded to bfloat16, products summed in fp32; the weights,
+  // gradients, optimizer state, softmax, norms and loss stay fp32). bf16 is fast only where the
+  // CPU has AMX (BlasInfo::bf16_engine); elsewhere it is emulated, slower than fp32. CPU only.
+  std::string precision = "fp32";
   std::uint64_t seed = 0;
   int eval_every = 50;
   int eval_size = 512;
