@@ -24,6 +24,10 @@
 # WARMUP_STEPS (--stop-after), over TIMED_STEPS. The best of REPEATS rounds (default 3, each round
 # both sides at every thread count) counts; the "all steps" column is the mean over every step,
 # warm-up included (attnlab's own tokens/s).
+# PRECISIONS (default "fp32") are attnlab's --precision values, each its own side: "fp32 bf16" adds
+# attnlab-bf16 (its gemms in bf16: oneDNN's bf16 matmul on a CPU with AMX, emulated elsewhere, where
+# it is slower than fp32) and a "ratio attnlab-bf16/attnlab" line; torch's counterpart is the
+# nanogpt-bf16 variant.
 # PyTorch runs with OPENBLAS_CORETYPE set to attnlab's core, so that a torch calling OpenBLAS
 # (Debian's python3-torch) uses the same sgemm kernels; pip's torch calls MKL instead.
 #
@@ -41,7 +45,7 @@
 # (at its best thread count) against the best of every torch variant (each at its best thread count)
 # and names the variant and thread count, then one ratio line per variant.
 # Usage: tests/bench/compare_torch_train.sh [--check] [ATTNLAB_BINARY] [PYTHON]
-#   (env: WARMUP_STEPS, TIMED_STEPS, REPEATS, THREADS="1 2", VARIANTS, CHECK_STEPS, CONFIG; attnlab
+#   (env: WARMUP_STEPS, TIMED_STEPS, REPEATS, THREADS="1 2", VARIANTS, PRECISIONS, CHECK_STEPS, CONFIG; attnlab
 #   needs WARMUP_STEPS + TIMED_STEPS >= the config's LR warmup, 100; the compile variants need
 #   WARMUP_STEPS >= 1)
 set -euo pipefail
@@ -63,6 +67,7 @@ timed=${TIMED_STEPS:-100}
 repeats=${REPEATS:-3}
 threads_list=${THREADS:-1 2}
 variants=${VARIANTS:-eager compile nanogpt-eager nanogpt-compile}
+precisions=${PRECISIONS:-fp32}
 check_steps=${CHECK_STEPS:-10}
 total=$((warmup + timed))
 
@@ -117,17 +122,21 @@ fi
 # step at each thread count: (full run - run stopped after the warm-up) / TIMED_STEPS.
 results=$tmp/results
 for ((r = 0; r < repeats; ++r)); do
-  for threads in $threads_list; do
-    attnlab_train 130 --config "$config" --steps "$total" --stop-after "$warmup" --eval-every "$total" \
-      --threads "$threads" --out "$tmp/short"
-    attnlab_train 0 --config "$config" --steps "$total" --eval-every "$total" --threads "$threads" \
-      --out "$tmp/full"
-    read -r short _ < <(json_field "$tmp/short/summary.json" step_seconds steps_done)
-    read -r full ran last < <(json_field "$tmp/full/summary.json" step_seconds steps_done final_train_loss)
-    [ "$ran" = "$total" ] || { echo "compare_torch_train: attnlab ran $ran of $total steps" >&2; exit 1; }
-    awk -v s="$short" -v f="$full" -v n="$timed" -v t="$total" -v th="$threads" -v l="$last" \
-      'BEGIN { print "attnlab", th, (f - s) / n, f / t, l }' >>"$results"
-    rm -rf "$tmp/short" "$tmp/full"
+  for precision in $precisions; do
+    side=attnlab
+    [ "$precision" = fp32 ] || side=attnlab-$precision
+    for threads in $threads_list; do
+      attnlab_train 130 --config "$config" --precision "$precision" --steps "$total" \
+        --stop-after "$warmup" --eval-every "$total" --threads "$threads" --out "$tmp/short"
+      attnlab_train 0 --config "$config" --precision "$precision" --steps "$total" \
+        --eval-every "$total" --threads "$threads" --out "$tmp/full"
+      read -r short _ < <(json_field "$tmp/short/summary.json" step_seconds steps_done)
+      read -r full ran last < <(json_field "$tmp/full/summary.json" step_seconds steps_done final_train_loss)
+      [ "$ran" = "$total" ] || { echo "compare_torch_train: attnlab ran $ran of $total steps" >&2; exit 1; }
+      awk -v s="$short" -v f="$full" -v n="$timed" -v t="$total" -v th="$threads" -v l="$last" -v side="$side" \
+        'BEGIN { print side, th, (f - s) / n, f / t, l }' >>"$results"
+      rm -rf "$tmp/short" "$tmp/full"
+    done
   done
   # Each variant its own side: torch-eager, torch-compile, nanogpt-eager, nanogpt-compile, nanogpt-bf16.
   # shellcheck disable=SC2086  # the thread counts and the variants are separate arguments
@@ -154,11 +163,13 @@ awk -v tok="$tokens" -v n="$total" '
     }
     top = ""
     for (i = 1; i <= nsides; ++i)
-      if (sides[i] != "attnlab" && (top == "" || best[sides[i]] > best[top])) top = sides[i]
+      if (sides[i] !~ /^attnlab/ && (top == "" || best[sides[i]] > best[top])) top = sides[i]
     printf "ratio attnlab/torch (each at its best: attnlab %d threads; best torch: %s, %d threads): %.2f\n", at["attnlab"], top, at[top], best["attnlab"] / best[top]
     for (i = 1; i <= nsides; ++i)
-      if (sides[i] != "attnlab")
+      if (sides[i] !~ /^attnlab/)
         printf "ratio attnlab/%s (attnlab %d threads, %s %d threads): %.2f\n", sides[i], at["attnlab"], sides[i], at[sides[i]], best["attnlab"] / best[sides[i]]
+    if ("attnlab-bf16" in best)
+      printf "ratio attnlab-bf16/attnlab (tokens/s, each at its best: %d and %d threads): %.2f\n", at["attnlab-bf16"], at["attnlab"], best["attnlab-bf16"] / best["attnlab"]
   }' "$results"
 # torch.compile's first step (compile included; outside the timed steps), per variant and thread count.
 if [ -s "$tmp/compiles" ]; then
