@@ -15,8 +15,9 @@ void add_study_command(CLI::App& cli, StudyCommand& s) {
   auto* preset_option =
       study
           .add_option("--preset", s.preset,
-                      "micro: seconds; quick: < 10 min on 2 cores with --jobs 2; full: hours")
-          ->check(CLI::IsMember({"micro", "quick", "full"}))
+                      "micro: seconds; quick: < 10 min on 2 cores with --jobs 2; full: < 1 h; "
+                      "proxies: Wortsman et al. 2023's small-scale proxies, < 1 h")
+          ->check(CLI::IsMember({"micro", "quick", "full", "proxies"}))
           ->capture_default_str();
   study
       .add_option("--config", s.config,

@@ -26,6 +26,9 @@ struct StudyArm {
   // Not 1: the run's attention takes the explicit scale scale_multiplier × scaling_factor(scaling,
   // d_k) (SdpaConfig::scale), so only the constant differs from the mode's own rule.
   double scale_multiplier = 1;
+  // > 0: the attention's score softcap c (SdpaConfig::softcap, Gemma 2's 50): the scaled logit u
+  // becomes c · tanh(u / c). 0: none.
+  double softcap = 0;
 };
 
 // One group of runs sharing a task and optimizer (tables are made per group).
@@ -50,8 +53,11 @@ struct StudyPlan {
 // --jobs 2 (measured: see data/results/quick).
 inline constexpr int kQuickSteps = 400;
 inline constexpr int kQuickBatch = 32;
+// The proxies preset's run length (its comment in study.cpp says how it was sized).
+inline constexpr int kProxiesSteps = 300;
 
-// "micro" (a seconds-long smoke test), "quick" (< 10 minutes on 2 cores with --jobs 2), "full".
+// "micro" (a seconds-long smoke test), "quick" (< 10 minutes on 2 cores with --jobs 2), "full",
+// "proxies" (Wortsman et al. 2023's small-scale proxies: width at a fixed head dimension).
 // Throws std::invalid_argument for another name.
 StudyPlan study_preset(const std::string& preset);
 
