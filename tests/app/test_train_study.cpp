@@ -5,6 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "attnlab/app/study.hpp"
 #include "temp_dir.hpp"
@@ -47,8 +53,25 @@ TEST_CASE(
     for (const auto& a : fg.arms) full_arms.insert(a.name);
   }
   CHECK(groups == std::set<std::string>{"recall/adamw", "recall/adamw-stabilisers",
-                                        "recall/adamw-magnitude", "recall/sgd", "mqar/adamw",
-                                        "text/adamw"});
+                                        "recall/adamw-magnitude", "recall/adamw-modern",
+                                        "recall/sgd", "mqar/adamw", "text/adamw"});
+  // The modern block's attention: RoPE, each scaling mode with qk-layernorm and with a softcap.
+  const auto mod = std::find_if(full.groups.begin(), full.groups.end(), [](const StudyGroup& fg) {
+    return fg.name == "recall/adamw-modern";
+  });
+  REQUIRE(mod != full.groups.end());
+  CHECK(mod->base.model.positions == PositionEncoding::rope);
+  CHECK(mod->d_k == g.d_k);
+  CHECK(mod->lrs == g.lrs);
+  std::vector<std::tuple<std::string, Scaling, bool, double>> modern;
+  for (const auto& a : mod->arms) modern.emplace_back(a.name, a.scaling, a.qk_norm, a.softcap);
+  CHECK(modern == std::vector<std::tuple<std::string, Scaling, bool, double>>{
+                      {"none_qknorm", Scaling::none, true, 0},
+                      {"sqrt_dk_qknorm", Scaling::sqrt_dk, true, 0},
+                      {"dk_qknorm", Scaling::dk, true, 0},
+                      {"none_softcap", Scaling::none, false, 50},
+                      {"sqrt_dk_softcap", Scaling::sqrt_dk, false, 50},
+                      {"dk_softcap", Scaling::dk, false, 50}});
   // The magnitude control: 1/(4√d_k), 1/√d_k, 1/d_k, 4/d_k and 8/d_k on the same grid.
   const auto mag = std::find_if(full.groups.begin(), full.groups.end(), [](const StudyGroup& fg) {
     return fg.name == "recall/adamw-magnitude";
@@ -67,10 +90,47 @@ TEST_CASE(
   CHECK(full_arms.count("qk_norm") == 1);
   CHECK(full_arms.count("learnable") == 1);
   CHECK_THROWS_AS(study_preset("huge"), std::invalid_argument);
+
+  // The proxies: one group per width at head dimension 32, Wortsman et al.'s settings and grid.
+  const StudyPlan proxies = study_preset("proxies");
+  REQUIRE(proxies.groups.size() == 3);
+  const std::vector<std::pair<std::string, std::size_t>> widths = {
+      {"proxies/w64", 64}, {"proxies/w128", 128}, {"proxies/w256", 256}};
+  for (std::size_t i = 0; i < widths.size(); ++i) {
+    const StudyGroup& p = proxies.groups[i];
+    const TrainConfig& b = p.base;
+    CAPTURE(p.name);
+    CHECK(p.name == widths[i].first);
+    CHECK(b.model.block.attention.d_model == widths[i].second);
+    CHECK(b.model.block.attention.heads == widths[i].second / 32);
+    CHECK(p.d_k == std::vector<int>{32});
+    CHECK(b.task.kind == TaskKind::text);
+    CHECK(b.task.block == 64);
+    CHECK(b.batch == 16);
+    CHECK(b.model.layers == 2);
+    CHECK(b.model.positions == PositionEncoding::rope);
+    CHECK_FALSE(b.model.block.bias);
+    CHECK_FALSE(b.model.block.attn_only);
+    CHECK(b.model.block.attention.sdpa.causal);
+    CHECK(b.beta1 == 0.9);
+    CHECK(b.beta2 == 0.95);
+    CHECK(b.clip == 1);
+    CHECK(b.weight_decay == 1e-4);
+    CHECK(b.decay == "independent");
+    CHECK(b.z_loss == 1e-4);
+    CHECK(b.min_lr == 1e-5);
+    CHECK(b.warmup == b.steps / 20);
+    CHECK(b.steps == kProxiesSteps);
+    CHECK(p.lrs == std::vector<double>{3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1});
+    CHECK(p.seeds.size() == 2);
+    std::vector<std::string> names;
+    for (const auto& a : p.arms) names.push_back(a.name);
+    CHECK(names == std::vector<std::string>{"sqrt_dk", "qk_norm", "dk", "softcap"});
+  }
 }
 
 TEST_CASE("study plans as data: every preset round trips, the committed micro grid is the preset") {
-  for (const char* name : {"micro", "quick", "full"}) {
+  for (const char* name : {"micro", "quick", "full", "proxies"}) {
     CAPTURE(name);
     const StudyPlan plan = study_preset(name);
     const test::TempDir dir;
@@ -125,6 +185,33 @@ TEST_CASE(
   CHECK(loss("dk_x8", 16) != loss("sqrt_dk", 16));
   // A multiplier that is not a positive finite number is refused before any run.
   plan.groups[0].arms[2].scale_multiplier = -1;
+  options.out = out.file("bad");
+  CHECK_THROWS_AS(run_study(plan, options, Context{}), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
+}
+
+TEST_CASE(
+    "study: an arm's softcap caps the run's attention scores, and a negative one is refused") {
+  StudyPlan plan = study_preset("micro");
+  StudyGroup& g = plan.groups[0];
+  // A cap of 0.5 binds on the scores of a trained head: the run differs from the uncapped one.
+  g.arms = {StudyArm{"sqrt_dk", Scaling::sqrt_dk, false, false, 1},
+            StudyArm{"softcap", Scaling::sqrt_dk, false, false, 1, 0.5}};
+  g.d_k = {16};
+  g.lrs = {3e-2};
+  const test::TempDir out;
+  StudyOptions options;
+  options.out = out.file("study");
+  options.progress = false;
+  const StudyOutcome o = run_study(plan, options, Context{});
+  REQUIRE(o.runs.size() == 2);
+  const RunRecord& plain = o.runs[0].mode == "sqrt_dk" ? o.runs[0] : o.runs[1];
+  const RunRecord& capped = o.runs[0].mode == "softcap" ? o.runs[0] : o.runs[1];
+  CHECK(plain.final_eval_loss != capped.final_eval_loss);
+  std::ifstream config(options.out + "/" + capped.dir + "/config.json");
+  const auto json = nlohmann::json::parse(config);
+  CHECK(json["model"]["block"]["attention"]["sdpa"]["softcap"] == 0.5);
+  plan.groups[0].arms[1].softcap = -1;
   options.out = out.file("bad");
   CHECK_THROWS_AS(run_study(plan, options, Context{}), std::invalid_argument);
   CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));

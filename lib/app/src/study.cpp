@@ -44,6 +44,15 @@ const StudyArm kDkTimes4{"dk_x4", Scaling::dk, false, false, 4};
 const StudyArm kSqrtDkQuarter{"sqrt_dk_x0.25", Scaling::sqrt_dk, false, false, 0.25};
 // Gemma 2's attention softcap, 50, on the default scale.
 const StudyArm kSoftcap{"softcap", Scaling::sqrt_dk, false, false, 1, 50};
+// The modern block's attention (with RoPE in the group's base): each scaling mode with
+// qk-layernorm, and each with the softcap, so that the report can say whether the mode still
+// matters once q and k are normalised or the logits capped.
+const StudyArm kNoneQk{"none_qknorm", Scaling::none, true, false};
+const StudyArm kSqrtQk{"sqrt_dk_qknorm", Scaling::sqrt_dk, true, false};
+const StudyArm kDkQk{"dk_qknorm", Scaling::dk, true, false};
+const StudyArm kNoneCap{"none_softcap", Scaling::none, false, false, 1, 50};
+const StudyArm kSqrtCap{"sqrt_dk_softcap", Scaling::sqrt_dk, false, false, 1, 50};
+const StudyArm kDkCap{"dk_softcap", Scaling::dk, false, false, 1, 50};
 
 // The study's model: 1 layer, 1 head, attention-only, d_model 64, d_v = 64, LayerNorm (so the
 // attention input has unit RMS), no positional embedding (recall is order-free), AdamW(0.9, 0.95)
@@ -671,7 +680,8 @@ StudyPlan study_preset(const std::string& preset) {
     // and 5 seeds at every budget; the stabilisers have 5 seeds at 400 steps; SGD and mqar have 3
     // seeds at 400 steps (mqar: 6 LRs up to 0.0316); the text arm 2 seeds of 150 steps at 5 LRs.
     // The magnitude control (8/d_k, 4/d_k, 1/(4√d_k) beside 1/√d_k and 1/d_k, in a group of its
-    // own so that its tables compare the five within the same seeds) has 3 seeds at 400 steps.
+    // own so that its tables compare the five within the same seeds) has 3 seeds at 400 steps, as
+    // has the modern block's attention (RoPE; each mode with qk-layernorm, and with a softcap).
     StudyGroup a = quick_group();
     a.budgets = {kQuickSteps, 4 * kQuickSteps};
     plan.groups.push_back(a);
@@ -684,6 +694,12 @@ StudyPlan study_preset(const std::string& preset) {
     mag.arms = {kSqrtDkQuarter, kSqrt, kDk, kDkTimes4, kDkTimes8};
     mag.seeds = {0, 1, 2};
     plan.groups.push_back(mag);
+    StudyGroup mod = quick_group();
+    mod.name = "recall/adamw-modern";
+    mod.base.model.positions = PositionEncoding::rope;
+    mod.arms = {kNoneQk, kSqrtQk, kDkQk, kNoneCap, kSqrtCap, kDkCap};
+    mod.seeds = {0, 1, 2};
+    plan.groups.push_back(mod);
     StudyGroup s = quick_group();
     s.name = "recall/sgd";
     s.base.optimizer = "sgd";
@@ -749,7 +765,7 @@ TrainConfig job_config(const Job& job, const StudyOptions& options) {
   }
   c.model.block.attention.qk_norm = job.arm.qk_norm;
   c.model.block.attention.learnable_scale = job.arm.learnable_scale;
-  if (job.arm.softcap > 0) c.model.block.attention.sdpa.softcap = job.arm.softcap;
+  if (job.arm.softcap != 0) c.model.block.attention.sdpa.softcap = job.arm.softcap;  // validated
   c.model.block.attention.d_k = static_cast<std::size_t>(job.d_k);
   c.lr = job.lr;
   c.seed = job.seed;

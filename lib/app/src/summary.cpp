@@ -1,5 +1,7 @@
 #include "attnlab/app/summary.hpp"
 
+#include "attnlab/app/proxy_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -826,6 +828,8 @@ std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) 
     if (has_magnitude_arms(grid))
       for (int steps : grid.budgets) sections.push_back(magnitude_section(runs, grid, steps));
   }
+  for (const auto& family : width_families(runs))
+    sections.push_back(proxy_checks_section(runs, family));
   return sections;
 }
 
