@@ -51,7 +51,8 @@ struct BlasInfo {
   // How bf16 GEMMs run (GemmPrecision::bf16), from ATTNLAB_BF16 (auto | onednn | emulated; auto:
   // oneDNN's bf16 matmul where oneDNN's kernels have AMX, emulated elsewhere: without AMX oneDNN's
   // bf16 GEMMs run at half its fp32 speed, slower than the emulation), its name and why. oneDNN's
-  // bf16 matmul is checked like the engine (exact products against a plain loop).
+  // bf16 matmul is checked like the engine (exact products against a plain loop); under auto a
+  // failed check emulates without a warning (bf16_reason says why).
   Bf16Engine bf16_engine = Bf16Engine::emulated;
   std::string bf16_engine_name;
   std::string bf16_reason;
