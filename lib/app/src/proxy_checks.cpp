@@ -144,31 +144,29 @@ class FamilyView {
   static double growth(const RunRecord& r) {
     const double init = r.layer0_init.max_logit, fin = r.layer0_final.max_logit;
     if (!(std::isfinite(init) && init > 0)) return std::numeric_limits<double>::quiet_NaN();
-    if (r.diverged || !std::isfinite(r.final_eval_loss) || !std::isfinite(fin))
-      return r.diverged || !std::isfinite(r.final_eval_loss)
-                 ? std::numeric_limits<double>::infinity()
-                 : std::numeric_limits<double>::quiet_NaN();
-    return fin / init;
+    if (r.diverged || !std::isfinite(r.final_eval_loss))
+      return std::numeric_limits<double>::infinity();
+    return std::isfinite(fin) ? fin / init : std::numeric_limits<double>::quiet_NaN();
   }
 
-  // The smallest growth over a cell's runs (NaN if any is unknown).
-  static double min_growth(const std::vector<const RunRecord*>& rs) {
-    double g = std::numeric_limits<double>::infinity();
+  // The smallest and largest growth over a cell's runs (both NaN if any is unknown, or no runs).
+  static std::pair<double, double> growth_range(const std::vector<const RunRecord*>& rs) {
+    constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+    if (rs.empty()) return {nan, nan};
+    double lo = std::numeric_limits<double>::infinity(), hi = 0;
     for (const auto* r : rs) {
       const double x = growth(*r);
-      if (std::isnan(x)) return x;
-      g = std::min(g, x);
+      if (std::isnan(x)) return {nan, nan};
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
     }
-    return rs.empty() ? std::numeric_limits<double>::quiet_NaN() : g;
+    return {lo, hi};
+  }
+  static double min_growth(const std::vector<const RunRecord*>& rs) {
+    return growth_range(rs).first;
   }
   static double max_growth(const std::vector<const RunRecord*>& rs) {
-    double g = 0;
-    for (const auto* r : rs) {
-      const double x = growth(*r);
-      if (std::isnan(x)) return x;
-      g = std::max(g, x);
-    }
-    return rs.empty() ? std::numeric_limits<double>::quiet_NaN() : g;
+    return growth_range(rs).second;
   }
 
   // The runs of one width, as a record list for sensitivity_stat.
@@ -315,19 +313,19 @@ CheckResult check_c3(const FamilyView& v) {
                 "smallest, and its largest LR within 0.1 of its best does not grow with width",
                 Verdict::holds, ""};
   std::vector<std::string> sens, good;
-  std::vector<double> goods;
+  std::vector<double> goods, sensitivities;
   for (int w : v.widths()) {
     if (!v.has_arm(w, "sqrt_dk")) {
       c.verdict = Verdict::inconclusive;
       c.numbers = "sqrt_dk not run at width " + std::to_string(w);
       return c;
     }
-    sens.push_back(width_label(w) + " " + fmt("%.3f", v.sensitivity(w, "sqrt_dk")));
+    sensitivities.push_back(v.sensitivity(w, "sqrt_dk"));
+    sens.push_back(width_label(w) + " " + fmt("%.3f", sensitivities.back()));
     goods.push_back(v.good_lr(w, "sqrt_dk"));
     good.push_back(width_label(w) + " " + fmt("%g", goods.back()));
   }
-  const double lo = v.sensitivity(v.widths().front(), "sqrt_dk");
-  const double hi = v.sensitivity(v.widths().back(), "sqrt_dk");
+  const double lo = sensitivities.front(), hi = sensitivities.back();
   bool monotone = true;
   for (std::size_t i = 1; i < goods.size(); ++i)
     monotone = monotone && goods[i] <= goods[i - 1] * (1 + 1e-9);
