@@ -18,6 +18,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -44,13 +45,28 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
+// The scratch folders this process made, removed with everything in them when it exits (set
+// ATTNLAB_KEEP_TEST_DIRS to keep them for a look after a failure).
+struct ScratchFolders {
+  std::vector<fs::path> dirs;
+  ~ScratchFolders() {
+    if (std::getenv("ATTNLAB_KEEP_TEST_DIRS") != nullptr) return;
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  }
+};
+
 // A fresh scratch folder per test case and process (ctest runs cases in parallel processes, and
 // two suites, e.g. the normal and the sanitizer build, may run at once).
 fs::path scratch(const std::string& name) {
+  static ScratchFolders made;
   const fs::path dir =
       fs::temp_directory_path() / ("attnlab_cli_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
+  made.dirs.push_back(dir);
   return dir;
 }
 
