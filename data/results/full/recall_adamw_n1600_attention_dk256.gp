@@ -4,7 +4,7 @@ set termoption noenhanced
 set output 'recall_adamw_n1600_attention_dk256.svg'
 set grid
 set key top right
-set multiplot layout 2,2 title 'recall/adamw, 1600 steps: layer 0 head 0 during training, d_k = 256, peak lr = 0.01'
+set multiplot layout 2,2 title 'recall/adamw, 1600 steps: layer 0 head 0 during training, d_k = 256, peak lr = 0.00316'
 set xlabel 'step'
 set title 'attention entropy (nats)'
 unset logscale y

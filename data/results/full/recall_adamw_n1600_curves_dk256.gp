@@ -1,10 +1,10 @@
 # attnlab study plot: re-render with `gnuplot recall_adamw_n1600_curves_dk256.gp` in this folder
-set terminal svg size 1260,380 font 'sans,11' background '#ffffff'
+set terminal svg size 840,380 font 'sans,11' background '#ffffff'
 set termoption noenhanced
 set output 'recall_adamw_n1600_curves_dk256.svg'
 set grid
 set key top right
-set multiplot layout 1,3 title 'recall/adamw, 1600 steps: eval loss during training at d_k = 256'
+set multiplot layout 1,2 title 'recall/adamw, 1600 steps: eval loss during training at d_k = 256'
 set xlabel 'step'
 set ylabel 'eval loss'
 set yrange [0:5]
@@ -12,6 +12,4 @@ set title 'peak lr = 0.001'
 plot 'recall_adamw_n1600_curves_dk256.dat' index 0 using 1:2 with lines lw 2 title 'none', 'recall_adamw_n1600_curves_dk256.dat' index 1 using 1:2 with lines lw 2 title 'sqrt_dk', 'recall_adamw_n1600_curves_dk256.dat' index 2 using 1:2 with lines lw 2 title 'dk'
 set title 'peak lr = 0.00316'
 plot 'recall_adamw_n1600_curves_dk256.dat' index 3 using 1:2 with lines lw 2 title 'none', 'recall_adamw_n1600_curves_dk256.dat' index 4 using 1:2 with lines lw 2 title 'sqrt_dk', 'recall_adamw_n1600_curves_dk256.dat' index 5 using 1:2 with lines lw 2 title 'dk'
-set title 'peak lr = 0.01'
-plot 'recall_adamw_n1600_curves_dk256.dat' index 6 using 1:2 with lines lw 2 title 'none', 'recall_adamw_n1600_curves_dk256.dat' index 7 using 1:2 with lines lw 2 title 'sqrt_dk', 'recall_adamw_n1600_curves_dk256.dat' index 8 using 1:2 with lines lw 2 title 'dk'
 unset multiplot
