@@ -1,5 +1,5 @@
 // The study summary's LR sensitivity per seed, split at each seed's best LR, and its classification
-// of failed runs, on synthetic runs whose answers are worked out by hand below.
+// of the runs that do not work, on synthetic runs whose answers are worked out by hand below.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -28,6 +28,9 @@ RunRecord run(const std::string& mode, double lr, int seed, double init, double 
   r.final_eval_loss = final_loss;
   r.diverged = diverged;
   r.final_eval_acc = 0.5;
+  // A recall run: a loss this low reached the accuracy bar (as mark_working would set it).
+  r.steps_to_target = !diverged && final_loss < 0.1 ? 200 : -1;
+  r.works = r.steps_to_target >= 0;
   r.dir = "runs/" + mode + "_s" + std::to_string(seed);
   return r;
 }
@@ -148,8 +151,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "study summary: failed runs are diverged, stalled or slow, and the table counts them from "
-    "the records and from summary.csv read back") {
+    "study summary: runs that do not work are diverged, saturated, stalled or slow, and the "
+    "table counts them from the records and from summary.csv read back") {
   // init 4: 0.97 × 4 is exact in binary, so the run on the stall bar stays on it in summary.csv.
   const double init = 4.0, nan = std::nan("");
   std::vector<RunRecord> runs = {
@@ -168,9 +171,13 @@ TEST_CASE(
   CHECK(failure_kind(runs[4]) == FailureKind::diverged);
   CHECK(failure_kind(runs[5]) == FailureKind::diverged);
   CHECK(failure_kind(runs[6]) == FailureKind::diverged);
-  // Just under the stall bar is slow; just under the failure bar is no failure.
+  // Just under the stall bar is slow; so is a run under the failure bar that does not work, and a
+  // working run is none.
   CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.969 * init)) == FailureKind::slow);
-  CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.899 * init)) == FailureKind::none);
+  CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.5 * init)) == FailureKind::slow);
+  RunRecord working = run("sqrt_dk", 1, 0, init, 0.5 * init);
+  working.works = true;
+  CHECK(failure_kind(working) == FailureKind::none);
 
   const auto rows_of = [](const std::vector<RunRecord>& rs) {
     return table(summary_sections(rs), "How runs fail").rows;
@@ -178,14 +185,16 @@ TEST_CASE(
   const auto rows = rows_of(runs);
   REQUIRE(rows.size() == 1);
   // No run here logged layer 0's figures: `—`.
-  CHECK(rows[0] == std::vector<std::string>{"sqrt_dk", "64", "6/7", "3 (50%)", "2 (33%)", "1 (17%)",
-                                            "—", "—"});
+  CHECK(rows[0] == std::vector<std::string>{"sqrt_dk", "64", "6/7", "3 (50%)", "0 (0%)", "2 (33%)",
+                                            "1 (17%)", "—", "—"});
 
   // --report-only reads summary.csv: the same table from the file.
   const test::TempDir dir;
   const std::string csv = dir.file("summary.csv");
   std::ofstream(csv) << summary_csv(runs);
-  CHECK(rows_of(read_summary_csv(csv)) == rows);
+  std::vector<RunRecord> read_back = read_summary_csv(csv);
+  mark_working(read_back);  // `works` is not in the file: the study sets it after reading
+  CHECK(rows_of(read_back) == rows);
   // And the sensitivity cell's split too.
   const std::vector<RunRecord> cell = sensitivity_cell();
   std::ofstream(csv) << summary_csv(cell);
@@ -267,12 +276,58 @@ TEST_CASE("study summary: the magnitude table gives each arm's s·√d_k, window
 }
 
 TEST_CASE(
+    "study summary: a run whose layer-0 attention collapsed is saturated, below the failure bar "
+    "too, and only with both the logit growth and the entropy drop") {
+  const double init = 4.0, nan = std::nan("");
+  // Layer 0 at step 0: max logit 5, entropy 2. A recall run on the ln 32 plateau (3.47 < 0.9 ×
+  // init: not failed, and not working).
+  const auto with_layer0 = [&](double final_loss, double end_logit, double end_entropy) {
+    RunRecord r = run("sqrt_dk", 0.3, 0, init, final_loss);
+    r.layer0_init = {5.0, 2.0, 1.0, 1.0};
+    r.layer0_final = {end_logit, end_entropy, 3.0, 3.0};
+    return r;
+  };
+  CHECK(!run_failed(with_layer0(3.47, 5e4, 1e-3)));
+  CHECK(failure_kind(with_layer0(3.47, 5e4, 1e-3)) == FailureKind::saturated);
+  // On both bars: logits 5 → 50 (10×), entropy 1.25 → 0.125 (0.1 × 1.25 rounds to 0.125).
+  RunRecord on_bars = with_layer0(3.47, 50.0, 0.125);
+  on_bars.layer0_init.entropy = 1.25;
+  CHECK(failure_kind(on_bars) == FailureKind::saturated);
+  // Either bar missed: not saturated (a slow or stalled run by its loss).
+  CHECK(failure_kind(with_layer0(3.47, 49.0, 1e-3)) == FailureKind::slow);
+  CHECK(failure_kind(with_layer0(3.47, 5e4, 0.21)) == FailureKind::slow);
+  CHECK(failure_kind(with_layer0(3.95, 5e4, 0.21)) == FailureKind::stalled);
+  // Collapsed and within 3% of init: saturated comes first.
+  CHECK(failure_kind(with_layer0(3.95, 5e4, 1e-3)) == FailureKind::saturated);
+  // Diverged comes before saturated; no layer-0 figures: never saturated.
+  CHECK(failure_kind(with_layer0(4.5, 5e4, 1e-3)) == FailureKind::diverged);
+  CHECK(failure_kind(with_layer0(3.47, nan, nan)) == FailureKind::slow);
+  RunRecord no_start = with_layer0(3.47, 5e4, 1e-3);
+  no_start.layer0_init = {};
+  CHECK(failure_kind(no_start) == FailureKind::slow);
+  // A working run is none whatever its attention did.
+  RunRecord working = with_layer0(0.01, 5e4, 1e-3);
+  CHECK(working.works);
+  CHECK(failure_kind(working) == FailureKind::none);
+
+  // The table: two saturated runs of three not working, one working.
+  std::vector<RunRecord> cell = {with_layer0(3.47, 5e4, 1e-3), with_layer0(3.47, 6e4, 2e-3),
+                                 with_layer0(3.5, 6.0, 1.9), working};
+  for (int i = 0; i < 4; ++i) cell[i].seed = i;
+  const auto rows = table(summary_sections(cell), "How runs fail").rows;
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0][2] == "3/4");
+  CHECK(rows[0][4] == "2 (67%)");
+  CHECK(rows[0][6] == "1 (33%)");
+}
+
+TEST_CASE(
     "study summary: layer 0's figures go through summary.csv, and the failure table gives "
     "their medians over the failing runs") {
   const double init = 4.0, nan = std::nan("");
   std::vector<RunRecord> runs = {run("sqrt_dk", 1e-3, 0, init, 0.01),  // works: not in the medians
                                  run("sqrt_dk", 1e-2, 0, init, 3.9),   // stalled
-                                 run("sqrt_dk", 1e-2, 1, init, 3.95),  // stalled
+                                 run("sqrt_dk", 1e-2, 1, init, 3.95),  // saturated (below)
                                  run("sqrt_dk", 1e-1, 0, init, nan, true)};  // diverged
   const double end_logit[] = {1.0, 20.0, 40.0, nan}, end_entropy[] = {2.0, 0.5, 0.25, nan};
   for (int i = 0; i < 4; ++i) {
@@ -283,13 +338,19 @@ TEST_CASE(
   // 3, 4, 5: median 4. Entropy 0.5 and 0.25: median 0.375 (3 at step 0).
   const auto rows = table(summary_sections(runs), "How runs fail").rows;
   REQUIRE(rows.size() == 1);
-  CHECK(rows[0][6] == "30 (4)");
-  CHECK(rows[0][7] == "0.375 (3)");
+  // Run 1's logits grew 3 → 20 (6.7×): stalled; run 2's 4 → 40 (10×) with entropy 3 → 0.25
+  // (0.083×): saturated.
+  CHECK(rows[0][3] == "1 (33%)");
+  CHECK(rows[0][4] == "1 (33%)");
+  CHECK(rows[0][5] == "1 (33%)");
+  CHECK(rows[0][7] == "30 (4)");
+  CHECK(rows[0][8] == "0.375 (3)");
 
   const test::TempDir dir;
   const std::string csv = dir.file("summary.csv");
   std::ofstream(csv) << summary_csv(runs);
-  const std::vector<RunRecord> back = read_summary_csv(csv);
+  std::vector<RunRecord> back = read_summary_csv(csv);
+  mark_working(back);
   REQUIRE(back.size() == 4);
   CHECK(back[1].layer0_final.max_logit == 20.0);
   CHECK(back[2].layer0_init.max_logit == 4.0);

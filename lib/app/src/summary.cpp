@@ -108,10 +108,18 @@ bool run_failed(const RunRecord& r) {
          r.final_eval_loss >= kFailedFraction * r.init_eval_loss;
 }
 
+bool attention_collapsed(const RunRecord& r) {
+  const LayerZeroStats &start = r.layer0_init, &end = r.layer0_final;
+  // NaN compares false: a run without the figures is never called saturated.
+  return start.max_logit > 0 && end.max_logit >= kSaturatedLogitGrowth * start.max_logit &&
+         start.entropy > 0 && end.entropy <= kCollapsedEntropyFraction * start.entropy;
+}
+
 FailureKind failure_kind(const RunRecord& r) {
-  if (!run_failed(r)) return FailureKind::none;
+  if (r.works) return FailureKind::none;
   if (r.diverged || !std::isfinite(r.final_eval_loss) || r.final_eval_loss > r.init_eval_loss)
     return FailureKind::diverged;
+  if (attention_collapsed(r)) return FailureKind::saturated;
   if (r.final_eval_loss >= kStallFraction * r.init_eval_loss) return FailureKind::stalled;
   return FailureKind::slow;
 }
@@ -126,6 +134,9 @@ FailureCounts failure_counts(const std::vector<const RunRecord*>& runs) {
       case FailureKind::diverged:
         ++c.diverged;
         break;
+      case FailureKind::saturated:
+        ++c.saturated;
+        break;
       case FailureKind::stalled:
         ++c.stalled;
         break;
@@ -133,7 +144,7 @@ FailureCounts failure_counts(const std::vector<const RunRecord*>& runs) {
         ++c.slow;
         break;
     }
-    ++c.failed;
+    ++c.failing;
   }
   return c;
 }
@@ -516,19 +527,20 @@ BudgetTables budget_tables(const GroupGrid& grid) {
         "diverged"},
        {}},
       {"How runs fail",
-       "Every failed run (final eval loss ≥ " + fmt("%.1f", kFailedFraction) +
-           " × the loss at initialisation, or diverged) over all LRs and seeds, by kind; the "
-           "share is of the failed runs. diverged: a non-finite loss, or a final loss above the "
-           "loss at initialisation; stalled: otherwise a final loss ≥ " +
-           fmt("%.2f", kStallFraction) +
-           " × the loss at initialisation; slow: the rest, failed but ended more than " +
-           fmt("%.0f", 100 * (1 - kStallFraction)) +
-           "% below the loss at initialisation. Layer 0 at the last eval, median over the "
-           "failing runs that logged it: its largest |scaled logit| over heads and its heads' "
-           "mean attention entropy (nats), beside the same medians at step 0; they tell a "
-           "saturated stall (large logits, low entropy) from an unsaturated one. `—`: no failing "
-           "run logged them (summaries written before they were).",
-       {"mode", "d_k", "failing runs", "diverged", "stalled", "slow",
+       "Every run that does not work, over all LRs and seeds, by how it ended (failed or not: a "
+       "run can plateau below the failure bar); the share is of those runs. diverged: a "
+       "non-finite loss, or a final loss above the loss at initialisation; saturated: otherwise, "
+       "layer 0's largest |scaled logit| ended ≥ " +
+           fmt("%.0f", kSaturatedLogitGrowth) + "× its step-0 value and its attention entropy ≤ " +
+           fmt("%.1f", kCollapsedEntropyFraction) +
+           "× its step-0 entropy; stalled: otherwise a final loss ≥ " +
+           fmt("%.2f", kStallFraction) + " × the loss at initialisation; slow: the rest, ended " +
+           "more than " + fmt("%.0f", 100 * (1 - kStallFraction)) +
+           "% below the loss at initialisation but short of the bar. Layer 0 at the last eval, "
+           "median over those runs that logged it: its largest |scaled logit| over heads and its "
+           "heads' mean attention entropy (nats), beside the same medians at step 0. `—`: none "
+           "of them logged it (summaries written before it was).",
+       {"mode", "d_k", "failing runs", "diverged", "saturated", "stalled", "slow",
         "max logit at end (at step 0)", "entropy at end (at step 0)"},
        {}},
       {"LR window",
@@ -624,12 +636,13 @@ void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& 
 
   const FailureCounts fc = failure_counts(all);
   const auto share = [&](int k) {
-    return std::to_string(k) + (fc.failed ? " (" + fmt("%.0f", 100.0 * k / fc.failed) + "%)" : "");
+    return std::to_string(k) +
+           (fc.failing ? " (" + fmt("%.0f", 100.0 * k / fc.failing) + "%)" : "");
   };
   const auto median_of = [&](auto field) {
     std::vector<double> v;
     for (const auto* r : all)
-      if (run_failed(*r) && std::isfinite(field(*r))) v.push_back(field(*r));
+      if (!r->works && std::isfinite(field(*r))) v.push_back(field(*r));
     if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -640,8 +653,8 @@ void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& 
     return fmt("%.3g", e) + " (" + (std::isfinite(s0) ? fmt("%.3g", s0) : "—") + ")";
   };
   t.failures.rows.push_back(
-      {m, std::to_string(d), std::to_string(fc.failed) + "/" + std::to_string(fc.runs),
-       share(fc.diverged), share(fc.stalled), share(fc.slow),
+      {m, std::to_string(d), std::to_string(fc.failing) + "/" + std::to_string(fc.runs),
+       share(fc.diverged), share(fc.saturated), share(fc.stalled), share(fc.slow),
        end_and_start([](const RunRecord& r) { return r.layer0_final.max_logit; },
                      [](const RunRecord& r) { return r.layer0_init.max_logit; }),
        end_and_start([](const RunRecord& r) { return r.layer0_final.entropy; },

@@ -22,14 +22,20 @@
 //               above optimum = (1/|G|) Σ_{lr in G, lr > lr*} [min(loss(lr), loss_init) − loss*]
 //             so below + above = per seed (the term at lr* is 0), seed by seed and in the mean;
 //             the intervals are each column's own and do not add up.
-//   how runs fail (failure_kind), for a failed run:
+//   how runs fail (failure_kind), for every run that does not work (not only the failed ones: a
+//             run that saturates its attention can plateau below the failure bar, e.g. at ln V of
+//             a uniform guess, as the recall runs at high LR do):
 //             diverged  a non-finite final loss, the diverged flag, or a final loss above the
 //                       loss at initialisation (training made it worse)
+//             saturated otherwise, layer 0's attention collapsed (attention_collapsed): its
+//                       largest |scaled logit| ended >= kSaturatedLogitGrowth (10) x its step-0
+//                       value and its entropy <= kCollapsedEntropyFraction (0.1) x its step-0
+//                       entropy; needs the layer-0 figures (summaries since they were logged)
 //             stalled   otherwise, final loss >= kStallFraction (0.97) x the loss at
 //                       initialisation: within 3% of where it started
-//             slow      otherwise (kFailedFraction x init <= final < kStallFraction x init): it
-//                       failed, but ended more than 3% below where it started (whether it was
-//                       still improving at the end, the final loss alone does not say)
+//             slow      otherwise: it ended more than 3% below where it started but short of the
+//                       bar (whether it was still improving at the end, the final loss alone
+//                       does not say)
 // Means carry 95% percentile-bootstrap intervals over seeds, proportions 95% Wilson intervals
 // (study_stats.hpp).
 #pragma once
@@ -47,6 +53,8 @@ inline constexpr double kFailedFraction = 0.9;
 inline constexpr double kTargetAccuracy = 0.95;
 inline constexpr double kTextWorkMargin = 1.05;
 inline constexpr double kStallFraction = 0.97;
+inline constexpr double kSaturatedLogitGrowth = 10.0;  // the 10x of Wortsman et al.'s check
+inline constexpr double kCollapsedEntropyFraction = 0.1;
 
 // Layer 0's attention at one eval (the figures Wortsman et al. 2023 follow): the largest |scaled
 // logit| over its heads, its heads' mean attention entropy (nats), and the Frobenius norms of its
@@ -82,8 +90,12 @@ struct RunRecord {
 
 bool run_failed(const RunRecord& r);
 
-// How a run fails (definitions above); none for a run that did not fail.
-enum class FailureKind { none, diverged, stalled, slow };
+// Layer 0's attention ended saturated (definition above); false when the figures are missing.
+bool attention_collapsed(const RunRecord& r);
+
+// How a run that does not work ended (definitions above; reads `works`, set by mark_working);
+// none for a working run.
+enum class FailureKind { none, diverged, saturated, stalled, slow };
 FailureKind failure_kind(const RunRecord& r);
 
 // Sets every record's `works` (definition above).
@@ -158,9 +170,9 @@ struct SensitivityStat {
   int seeds = 0;
 };
 SensitivityStat sensitivity_stat(const std::vector<RunRecord>& runs, const CellKey& key);
-// A cell's failed runs by kind (failure_kind).
+// A cell's runs that do not work, by kind (failure_kind).
 struct FailureCounts {
-  int runs = 0, failed = 0, diverged = 0, stalled = 0, slow = 0;
+  int runs = 0, failing = 0, diverged = 0, saturated = 0, stalled = 0, slow = 0;
 };
 FailureCounts failure_counts(const std::vector<const RunRecord*>& runs);
 // The LRs run in a group (at one budget; steps <= 0: at any), increasing.
