@@ -14,7 +14,6 @@ namespace {
 
 constexpr double kFailMargin = 0.5;               // nats above best_w: a failed run or cell
 constexpr double kNearBest = 0.1;                 // nats: "within 0.1 of the best"
-constexpr double kGrowth = 10;                    // layer-0 max-logit growth that counts
 constexpr double kDkMargin = 0.2;                 // C4: dk's loss at 0.3 above qk_norm's
 constexpr double kEntropyShare = 0.5;             // C5
 constexpr double kSlopeLo = 0.7, kSlopeHi = 1.3;  // C6
@@ -243,7 +242,7 @@ CheckResult check_c1(const FamilyView& v) {
     const double loss = FamilyView::loss(rs), best = v.best(w);
     const double grow = FamilyView::min_growth(rs);
     const bool failed = v.cell_failed(w, "sqrt_dk", lr);
-    const bool grew = !std::isnan(grow) && grow >= kGrowth;
+    const bool grew = !std::isnan(grow) && grow >= kSaturatedLogitGrowth;
     all = all && failed && grew;
     if (lr == kHighLr && !(std::abs(loss - best) <= kNearBest)) near_everywhere = false;
     parts.push_back(width_label(w) + " lr " + fmt("%g", lr) + ": loss " + fmt("%.3f", loss) +
@@ -290,11 +289,11 @@ CheckResult check_c2(const FamilyView& v, Verdict c1) {
     std::vector<std::string> lrs;
     for (double lr : v.lrs(w, "sqrt_dk")) {
       const double grow = FamilyView::min_growth(v.cell(w, "sqrt_dk", lr));
-      if (std::isnan(grow) || grow < kGrowth) continue;
+      if (std::isnan(grow) || grow < kSaturatedLogitGrowth) continue;
       const auto q = v.cell(w, "qk_norm", lr);
       const double qgrow = FamilyView::max_growth(q);
       const double ql = FamilyView::loss(q), sl = FamilyView::loss(v.cell(w, "sqrt_dk", lr));
-      const bool ok = !q.empty() && !std::isnan(qgrow) && qgrow < kGrowth && ql < sl;
+      const bool ok = !q.empty() && !std::isnan(qgrow) && qgrow < kSaturatedLogitGrowth && ql < sl;
       all = all && ok;
       lrs.push_back("lr " + fmt("%g", lr) + " qk-norm growth " + growth_text(qgrow) + ", loss " +
                     fmt("%.3f", ql) + " vs " + fmt("%.3f", sl) + (ok ? " ✓" : " ✗"));

@@ -53,7 +53,8 @@ inline constexpr double kFailedFraction = 0.9;
 inline constexpr double kTargetAccuracy = 0.95;
 inline constexpr double kTextWorkMargin = 1.05;
 inline constexpr double kStallFraction = 0.97;
-inline constexpr double kSaturatedLogitGrowth = 10.0;  // the 10x of Wortsman et al.'s check
+// Layer 0's max-logit growth that counts (the 10x of the proxies checks C1, C2 and of "saturated").
+inline constexpr double kSaturatedLogitGrowth = 10.0;
 inline constexpr double kCollapsedEntropyFraction = 0.1;
 
 // Layer 0's attention at one eval (the figures Wortsman et al. 2023 follow): the largest |scaled
