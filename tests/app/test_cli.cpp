@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "attnlab/distributed.hpp"
 #include "attnlab/io/safetensors.hpp"
 #include "attnlab/threads.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -45,29 +47,13 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// The scratch folders this process made, removed with everything in them when it exits (set
-// ATTNLAB_KEEP_TEST_DIRS to keep them for a look after a failure).
-struct ScratchFolders {
-  std::vector<fs::path> dirs;
-  ~ScratchFolders() {
-    if (std::getenv("ATTNLAB_KEEP_TEST_DIRS") != nullptr) return;
-    for (const auto& d : dirs) {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  }
-};
-
 // A fresh scratch folder per test case and process (ctest runs cases in parallel processes, and
-// two suites, e.g. the normal and the sanitizer build, may run at once).
+// two suites, e.g. the normal and the sanitizer build, may run at once), removed when the process
+// exits (TempDir).
 fs::path scratch(const std::string& name) {
-  static ScratchFolders made;
-  const fs::path dir =
-      fs::temp_directory_path() / ("attnlab_cli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  made.dirs.push_back(dir);
-  return dir;
+  static std::vector<std::unique_ptr<attnlab::test::TempDir>> made;
+  made.push_back(std::make_unique<attnlab::test::TempDir>("attnlab_cli_" + name + "_"));
+  return made.back()->path();
 }
 
 // `env_assignments` ("NAME=value ..."), when given, are added to the environment of the run.

@@ -4,21 +4,25 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 namespace attnlab::test {
 
+// Named `prefix` + the process id + a count, so that test processes running at once never share
+// one. ATTNLAB_KEEP_TEST_DIRS in the environment keeps them, for a look after a failure.
 class TempDir {
  public:
-  TempDir() {
+  explicit TempDir(const std::string& prefix = "attnlab-test-") {
     static std::atomic<int> counter{0};
     path_ = std::filesystem::temp_directory_path() /
-            ("attnlab-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+            (prefix + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
   ~TempDir() {
+    if (std::getenv("ATTNLAB_KEEP_TEST_DIRS") != nullptr) return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
