@@ -169,6 +169,7 @@ void copy_rounded(const float* src, int rows, int cols, int ld, float* __restric
   }
 }
 
+#ifdef ATTNLAB_WITH_ONEDNN
 void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst) {
   for (int r = 0; r < rows; ++r) {
     const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
@@ -176,6 +177,7 @@ void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* _
     for (int j = 0; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
   }
 }
+#endif
 
 // The precision of float gemms and how bf16 ones run; set before any gemm like float_engine.
 std::atomic<int> bf16_scopes{0};  // GemmPrecisionScope(bf16)s alive in the process

@@ -1,6 +1,7 @@
 #include "attnlab/distributed.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "attnlab/app/study_stats.hpp"
 #include "attnlab/random.hpp"

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "attnlab/distributed.hpp"
 #include "attnlab/nn/transformer.hpp"

@@ -1,6 +1,7 @@
 #include "attnlab/app/config_bounds.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>

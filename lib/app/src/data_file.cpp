@@ -40,7 +40,7 @@ bool parse_id(std::string_view text, int absent, int& value) {
   return ec == std::errc() && ptr == end && value >= 0;
 }
 
-std::string quoted(std::string_view s) {
+std::string in_quotes(std::string_view s) {
   std::string out = "'";
   for (char c : s.substr(0, 40)) out += (static_cast<unsigned char>(c) < 0x20 ? '?' : c);
   if (s.size() > 40) out += "...";
@@ -92,7 +92,7 @@ Batch read_data_file(const std::string& path, const TaskShape* expect) {
         int id = 0;
         if (!parse_id(tok, kAbsent, id))
           fail(path, lineno,
-               "position " + std::to_string(t + 1) + ": " + quoted(tok) +
+               "position " + std::to_string(t + 1) + ": " + in_quotes(tok) +
                    " is not a non-negative integer or '_'");
         if (expect && nf < expect->field_vocab.size() && id >= expect->field_vocab[nf])
           fail(path, lineno,
@@ -112,7 +112,7 @@ Batch read_data_file(const std::string& path, const TaskShape* expect) {
       int target = 0;
       if (!parse_id(labels[t], kIgnoreIndex, target))
         fail(path, lineno,
-             "target " + std::to_string(t + 1) + ": " + quoted(labels[t]) +
+             "target " + std::to_string(t + 1) + ": " + in_quotes(labels[t]) +
                  " is not a non-negative integer or '_'");
       if (expect && target >= expect->output_vocab)
         fail(path, lineno,

@@ -3,6 +3,7 @@
 #include "attnlab/app/layer_check.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 

@@ -3,6 +3,7 @@
 #include "attnlab/app/text.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 #include <string>

@@ -5,6 +5,7 @@
 // The CPU attention paths allocate their own per-thread tile scratch, as they do under the ops.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <new>

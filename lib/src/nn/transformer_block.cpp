@@ -3,6 +3,7 @@
 #include "attnlab/attention/dropout.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include <algorithm>

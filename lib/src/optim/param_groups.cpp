@@ -18,7 +18,7 @@ std::string to_text(double x) {
   return out.str();
 }
 
-std::string quoted(std::string_view s) {
+std::string in_quotes(std::string_view s) {
   return "'" + std::string(s) + "'";
 }
 
@@ -26,7 +26,7 @@ std::string quoted(std::string_view s) {
 [[noreturn]] void refuse(std::size_t i, const std::string& group, const std::string& key,
                          const std::string& what, const std::string& got) {
   std::string where = "param_groups[" + std::to_string(i) + "]." + key;
-  if (!group.empty()) where += " (group " + quoted(group) + ")";
+  if (!group.empty()) where += " (group " + in_quotes(group) + ")";
   throw std::invalid_argument(where + " expected " + what + ", got " + got);
 }
 
@@ -82,7 +82,7 @@ ParameterKind parse_parameter_kind(std::string_view text) {
         ParameterKind::norm, ParameterKind::bias, ParameterKind::scale}) {
     if (text == to_string(k)) return k;
   }
-  check_arg(false, "parse_parameter_kind", "kind", kKindNames, quoted(text));
+  check_arg(false, "parse_parameter_kind", "kind", kKindNames, in_quotes(text));
   return ParameterKind::embedding;
 }
 
@@ -115,7 +115,7 @@ ParameterKind transformer_parameter_kind(const std::string& name) {
   for (const auto& [pattern, kind] : rules) {
     if (glob_match(pattern, name)) return kind;
   }
-  check_arg(false, "transformer_parameter_kind", "parameter " + quoted(name),
+  check_arg(false, "transformer_parameter_kind", "parameter " + in_quotes(name),
             "the name of a Transformer's parameter (embed.fields.<i>.table, pos.table, "
             "blocks.<l>.attn.*, blocks.<l>.mlp.*, blocks.<l>.ln1.*, blocks.<l>.ln2.*, ln_f.*, "
             "head.w)",
@@ -137,7 +137,8 @@ std::optional<SelectorProblem> selector_problem(const ParamSelector& s) {
   if (s.rank < 0) return SelectorProblem{"rank", ">= 0 (0: any rank)", std::to_string(s.rank)};
   if (!s.kind.empty() && s.kind != "embedding" && s.kind != "attention" && s.kind != "mlp" &&
       s.kind != "head" && s.kind != "norm" && s.kind != "bias" && s.kind != "scale")
-    return SelectorProblem{"kind", std::string(kKindNames) + " or \"\" (any kind)", quoted(s.kind)};
+    return SelectorProblem{"kind", std::string(kKindNames) + " or \"\" (any kind)",
+                           in_quotes(s.kind)};
   return std::nullopt;
 }
 
@@ -175,10 +176,10 @@ void validate(const std::vector<ParamGroupSpec>& specs) {
     if (g.name == kDefaultParamGroup)
       refuse(i, "", "name",
              "a name other than 'default' (the group of the parameters no selector claims)",
-             quoted(g.name));
+             in_quotes(g.name));
     if (const auto [it, fresh] = seen.emplace(g.name, i); !fresh)
       refuse(i, "", "name", "a name no other group has",
-             quoted(g.name) + ", the name of param_groups[" + std::to_string(it->second) + "]");
+             in_quotes(g.name) + ", the name of param_groups[" + std::to_string(it->second) + "]");
     if (const auto problem = selector_problem(g.match))
       refuse(i, g.name, problem->field.empty() ? "match" : "match." + problem->field,
              problem->expected, problem->got);
@@ -206,7 +207,7 @@ std::vector<std::size_t> assign_param_groups(const std::vector<ParamGroupSpec>& 
       } catch (const std::invalid_argument&) {  // a kind selector over a name it cannot classify
         refuse(i, specs[i].name, "match.kind",
                "a selector over a Transformer's parameters (kind classifies their names)",
-               quoted(specs[i].match.kind) + " for the parameter " + quoted(names[p]));
+               in_quotes(specs[i].match.kind) + " for the parameter " + in_quotes(names[p]));
       }
       if (!match) continue;
       ++matched[i];
@@ -243,22 +244,22 @@ OptimizerGroups<T>::OptimizerGroups(std::vector<OptimizerGroup<T>> groups)
   for (const OptimizerGroup<T>& g : groups_) {
     check_arg(!g.name.empty(), op, "group name", "a non-empty name", "\"\"");
     check_arg(names.insert(g.name).second, op, "group names", "unique names",
-              quoted(g.name) + " twice");
-    check_arg(g.optimizer != nullptr, op, "group " + quoted(g.name), "an optimizer",
+              in_quotes(g.name) + " twice");
+    check_arg(g.optimizer != nullptr, op, "group " + in_quotes(g.name), "an optimizer",
               "a null pointer");
-    check_arg(std::isfinite(g.lr_mult) && g.lr_mult >= 0, op, "lr_mult of group " + quoted(g.name),
-              "a finite value >= 0", to_text(g.lr_mult));
+    check_arg(std::isfinite(g.lr_mult) && g.lr_mult >= 0, op,
+              "lr_mult of group " + in_quotes(g.name), "a finite value >= 0", to_text(g.lr_mult));
     const double base = groups_[0].optimizer->lr();
-    check_arg(g.optimizer->lr() == base, op, "lr of group " + quoted(g.name),
+    check_arg(g.optimizer->lr() == base, op, "lr of group " + in_quotes(g.name),
               to_text(base) + ", the first group's (the base lr, which lr_mult scales)",
               to_text(g.optimizer->lr()));
     for (const auto& np : g.optimizer->parameters()) {
       const auto [it, fresh] = owner.emplace(np.param, g.name);
-      check_arg(fresh, op, "parameter " + quoted(np.name), "in one group only",
-                "in " + quoted(it->second) + " and " + quoted(g.name));
+      check_arg(fresh, op, "parameter " + in_quotes(np.name), "in one group only",
+                "in " + in_quotes(it->second) + " and " + in_quotes(g.name));
       const auto [at, fresh_name] = owner_by_name.emplace(np.name, g.name);
-      check_arg(fresh_name, op, "parameter name " + quoted(np.name), "in one group only",
-                "in " + quoted(at->second) + " and " + quoted(g.name));
+      check_arg(fresh_name, op, "parameter name " + in_quotes(np.name), "in one group only",
+                "in " + in_quotes(at->second) + " and " + in_quotes(g.name));
     }
   }
   const double base = groups_[0].optimizer->lr();
@@ -282,8 +283,9 @@ void OptimizerGroups<T>::set_lr(double lr) {
             to_text(lr));
   for (const auto& g : groups_) {
     const double scaled = lr * g.lr_mult;
-    check_arg(std::isfinite(scaled), "OptimizerGroups", "lr · lr_mult of group " + quoted(g.name),
-              "a finite value", to_text(lr) + " · " + to_text(g.lr_mult));
+    check_arg(std::isfinite(scaled), "OptimizerGroups",
+              "lr · lr_mult of group " + in_quotes(g.name), "a finite value",
+              to_text(lr) + " · " + to_text(g.lr_mult));
   }
   for (auto& g : groups_) g.optimizer->set_lr(lr * g.lr_mult);
   lr_ = lr;
@@ -315,10 +317,11 @@ void OptimizerGroups<T>::load_state(const std::vector<NamedTensor<T>>& tensors,
   std::set<std::string> seen;
   for (const auto& t : tensors) {
     const auto it = owner.find(t.first);
-    check_arg(it != owner.end(), op, "state tensor " + quoted(t.first),
+    check_arg(it != owner.end(), op, "state tensor " + in_quotes(t.first),
               "the name of a state tensor of one of the groups (optim.<param>.<slot>)",
               "an unknown name");
-    check_arg(seen.insert(t.first).second, op, "state tensor " + quoted(t.first), "once", "twice");
+    check_arg(seen.insert(t.first).second, op, "state tensor " + in_quotes(t.first), "once",
+              "twice");
     parts[it->second].push_back(t);
   }
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].optimizer->check_state(parts[g]);
@@ -369,7 +372,7 @@ OptimizerGroups<T> build_param_groups(const ParameterList<T>& params,
   std::vector<std::string> names;
   std::vector<std::size_t> ranks;
   for (const auto& np : params) {
-    check_arg(np.param != nullptr, "build_param_groups", "parameter " + quoted(np.name),
+    check_arg(np.param != nullptr, "build_param_groups", "parameter " + in_quotes(np.name),
               "a Parameter", "a null pointer");
     names.push_back(np.name);
     ranks.push_back(np.param->value.dimension());
@@ -393,7 +396,7 @@ OptimizerGroups<T> build_param_groups(const ParameterList<T>& params,
   }
   for (std::size_t i = 0; i < groups.size(); ++i) {
     check_arg(groups[i].optimizer != nullptr, "build_param_groups",
-              "the optimizer of group " + quoted(groups[i].name), "one made by the factory",
+              "the optimizer of group " + in_quotes(groups[i].name), "one made by the factory",
               "a null pointer");
   }
   return OptimizerGroups<T>(std::move(groups));

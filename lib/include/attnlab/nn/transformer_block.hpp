@@ -5,6 +5,7 @@
 // Parameters: "ln1.*", "attn.*", and unless attn_only "ln2.*", "mlp.fc1.*", "mlp.fc2.*".
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 

@@ -7,6 +7,7 @@
 // per preset; the LR is swept for every mode, so no mode is judged at another mode's best LR.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
