@@ -217,6 +217,17 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(test::rel_error(dx.host(), g.dx) < tol);
     CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
     CHECK(test::rel_error(dbeta.host(), g.dbeta) < tol);
+
+    // Without bias (a LayerNorm built with bias = false): beta and dbeta are null.
+    DeviceVector<T, T> y0(ops, rows * C), dx0(ops, rows * C), dgamma0(ops, C);
+    ops.layernorm_forward(y0.get(), mean.get(), rstd.get(), dx_in.get(), dgamma_in.get(), nullptr,
+                          rows, C, T(kLayerNormEps));
+    ops.layernorm_backward(dx0.get(), dgamma0.get(), nullptr, ddy.get(), dx_in.get(), mean.get(),
+                           rstd.get(), dgamma_in.get(), rows, C);
+    const Tensor<double, 2> y_no_beta = y_cpu - beta;
+    CHECK(test::rel_error(y0.host(), y_no_beta) < tol);
+    CHECK(test::rel_error(dx0.host(), g.dx) < tol);
+    CHECK(test::rel_error(dgamma0.host(), g.dgamma) < tol);
   }
   {
     INFO("rmsnorm");
@@ -662,6 +673,37 @@ TEST_CASE("device ops (emulated): allocations are NaN-filled and counted until r
   for (double x : host) CHECK(std::isnan(x));
   ops.release(p);
   CHECK(emulated::live_allocations(ops) == 0);
+}
+
+// A GPU faults on a host address (cudaErrorIllegalAddress); the emulated device, whose "device"
+// memory is host memory, refuses one in every kernel, GEMM and copy instead of reading it.
+TEST_CASE(
+    "device ops (emulated): a host pointer given to a kernel, a GEMM or a copy throws, unless "
+    "allowed") {
+  const auto device = emulated::make_device_ops<double>();
+  auto& ops = *device;
+  DeviceVector<double, double> a(ops, std::vector<double>{1, 2, 3}), b(ops, 3);
+  std::vector<double> host{4, 5, 6};
+  const auto host_error = "expected device memory";
+  CHECK_THROWS_WITH_AS(ops.add(b.get(), a.get(), host.data(), 3), doctest::Contains(host_error),
+                       std::logic_error);
+  CHECK_THROWS_WITH_AS(ops.scale(host.data(), 2.0, 3), doctest::Contains(host_error),
+                       std::logic_error);
+  CHECK_THROWS_AS(ops.copy(b.get(), host.data(), 3 * sizeof(double)), std::logic_error);
+  CHECK_THROWS_AS(ops.upload(host.data(), a.get(), 3 * sizeof(double)), std::logic_error);
+  // A copy that runs past the end of its block is refused too.
+  CHECK_THROWS_AS(ops.copy(b.get(), a.get(), 4 * sizeof(double)), std::logic_error);
+  CHECK_THROWS_AS(ops.gemm(false, false, 1, 1, 3, 1.0, host.data(), 3, a.get(), 1, 0.0, b.get(), 1),
+                  std::logic_error);
+  // Device pointers, an offset inside a block and null are accepted; the host is untouched.
+  ops.add(b.get(), a.get(), a.get(), 3);
+  ops.copy(b.get() + 1, a.get(), 2 * sizeof(double));
+  CHECK(b.host() == std::vector<double>{2, 1, 2});
+  CHECK(host == std::vector<double>{4, 5, 6});
+  // Pointers::host_allowed (for tests that run kernels on host tensors) lifts the rule.
+  const auto lax = emulated::make_device_ops<double>(emulated::Pointers::host_allowed);
+  lax->scale(host.data(), 2.0, 3);
+  CHECK(host == std::vector<double>{8, 10, 12});
 }
 
 TEST_CASE("device ops (cuda): every operation matches the CPU op") {

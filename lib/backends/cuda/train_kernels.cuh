@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kRowThreads)
   for (std::size_t c = threadIdx.x; c < C; c += blockDim.x) sq += (xr[c] - mean) * (xr[c] - mean);
   const T rstd = T(1) / cm::sqrt_of(detail::block_sum(sq, scratch) / T(C) + eps);
   for (std::size_t c = threadIdx.x; c < C; c += blockDim.x) {
-    y[r * C + c] = gamma[c] * ((xr[c] - mean) * rstd) + beta[c];
+    y[r * C + c] = gamma[c] * ((xr[c] - mean) * rstd) + (beta ? beta[c] : T(0));
   }
   if (threadIdx.x == 0) {
     mean_out[r] = mean;

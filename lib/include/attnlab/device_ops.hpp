@@ -95,6 +95,7 @@ class DeviceOps : public DeviceMemory {
   virtual void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows,
                                   std::size_t V, std::size_t C) = 0;
   // y = γ ⊙ (x − μ) · rstd + β over rows of x (rows, C); saves mean and rstd (rows,).
+  // beta may be null (a LayerNorm without bias: y = γ ⊙ x̂); so may dbeta below.
   virtual void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
                                  std::size_t rows, std::size_t C, T eps) = 0;
   // dx (rows, C), dgamma (C,) = Σ_rows dy ⊙ x̂, dbeta (C,) = Σ_rows dy.

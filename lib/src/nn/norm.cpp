@@ -46,7 +46,7 @@ Buffer<T> LayerNorm<T>::forward_impl(const Buffer<T>& x) {
   Buffer<T>& y = Buffer<T>::reuse(y_, ops, x.shape());
   ops.layernorm_forward(y.data(), Buffer<T>::reuse(mean_, ops, {rows}).data(),
                         Buffer<T>::reuse(rstd_, ops, {rows}).data(), x.data(), gamma.value_data(),
-                        beta.value_data(), rows, dim_, static_cast<T>(eps_));
+                        has_bias_ ? beta.value_data() : nullptr, rows, dim_, static_cast<T>(eps_));
   return y;
 }
 
@@ -56,11 +56,11 @@ Buffer<T> LayerNorm<T>::backward_impl(const Buffer<T>& dy) {
   const std::size_t rows = dy.dim(0) * dy.dim(1);
   Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, dy.shape());
   Buffer<T>& dgamma = Buffer<T>::reuse(dgamma_, ops, {dim_});
-  Buffer<T>& dbeta = Buffer<T>::reuse(dbeta_, ops, {dim_});
-  ops.layernorm_backward(dx.data(), dgamma.data(), dbeta.data(), dy.data(), x_.data(), mean_.data(),
+  T* dbeta = has_bias_ ? Buffer<T>::reuse(dbeta_, ops, {dim_}).data() : nullptr;
+  ops.layernorm_backward(dx.data(), dgamma.data(), dbeta, dy.data(), x_.data(), mean_.data(),
                          rstd_.data(), gamma.value_data(), rows, dim_);
   add_into(ops, gamma, dgamma);
-  if (has_bias_) add_into(ops, beta, dbeta);
+  if (has_bias_) add_into(ops, beta, dbeta_);
   return dx;
 }
 

@@ -32,7 +32,11 @@ void layernorm_forward_rows(T* y, T* mean, T* rstd, const T* x, const T* gamma, 
       const T rs = T(1) / std::sqrt(var + eps);
       mean[r] = mu;
       rstd[r] = rs;
-      for (std::size_t c = 0; c < C; ++c) yr[c] = gamma[c] * ((xr[c] - mu) * rs) + beta[c];
+      if (beta) {
+        for (std::size_t c = 0; c < C; ++c) yr[c] = gamma[c] * ((xr[c] - mu) * rs) + beta[c];
+      } else {
+        for (std::size_t c = 0; c < C; ++c) yr[c] = gamma[c] * ((xr[c] - mu) * rs);
+      }
     }
   });
 }

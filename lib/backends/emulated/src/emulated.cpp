@@ -4,16 +4,24 @@
 // sizes. The kernels run under the emulator of the CUDA thread model
 // (attnlab/backends/cuda_emulator.hpp); the GEMMs through attnlab's CPU BLAS (a loop over the batch
 // where cuBLAS runs a strided-batched GEMM). "Device" memory is host memory, filled with 0xFF bytes
-// (NaN) when allocated, so that an output a kernel never wrote shows up.
+// (NaN) when allocated, so that an output a kernel never wrote shows up. Because a kernel here
+// could read host memory that a GPU cannot, every pointer given to a kernel or a GEMM must lie in a
+// live allocation of this device (or be null): a host pointer throws std::logic_error, as it would
+// fault on the GPU (cudaErrorIllegalAddress). Pointers::host_allowed lifts the rule.
 //
 // Compiled with -Wno-unknown-pragmas: the kernels carry nvcc's #pragma unroll.
 #include "attnlab/backends/emulated.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "attnlab/blas.hpp"
 
@@ -38,35 +46,48 @@ class EmulatorRuntime {
 
   std::string name() const { return "emulated (CPU)"; }
 
+  void set_pointers(Pointers pointers) { pointers_ = pointers; }
+
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = ::operator new(bytes, kAlignment);
     std::memset(p, 0xFF, bytes);
-    ++live_;
+    blocks_.emplace(address(p), bytes);
     return p;
   }
   void release(void* p) noexcept {
     if (p == nullptr) return;
+    blocks_.erase(address(p));
     ::operator delete(p, kAlignment);
-    --live_;
   }
   void upload(void* device_dst, const void* host_src, std::size_t bytes) {
-    if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
+    if (bytes == 0) return;
+    check_device_range(device_dst, bytes, "upload", 0);
+    std::memcpy(device_dst, host_src, bytes);
   }
   void download(void* host_dst, const void* device_src, std::size_t bytes) {
-    if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
+    if (bytes == 0) return;
+    check_device_range(device_src, bytes, "download", 1);
+    std::memcpy(host_dst, device_src, bytes);
   }
   void copy(void* device_dst, const void* device_src, std::size_t bytes) {
-    if (bytes > 0) std::memmove(device_dst, device_src, bytes);
+    if (bytes == 0) return;
+    check_device_range(device_dst, bytes, "copy", 0);
+    check_device_range(device_src, bytes, "copy", 1);
+    std::memmove(device_dst, device_src, bytes);
   }
   void zero(void* device_dst, std::size_t bytes) {
-    if (bytes > 0) std::memset(device_dst, 0, bytes);
+    if (bytes == 0) return;
+    check_device_range(device_dst, bytes, "zero", 0);
+    std::memset(device_dst, 0, bytes);
   }
   void synchronize() {}
 
   template <class... Params, class... Args>
   void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
               Args... args) {
+    int index = 0;
+    (check_device_pointer(args, "a kernel", index++), ...);
     emu::launch(kernel, grid, block, shared_bytes, args...);
   }
 
@@ -76,6 +97,9 @@ class EmulatorRuntime {
             long long stride_a, const T* b, int ldb, long long stride_b, T beta, T* c, int ldc,
             long long stride_c, int batch) {
     if (m == 0 || n == 0) return;
+    check_device_pointer(a, "gemm", 0);
+    check_device_pointer(b, "gemm", 1);
+    check_device_pointer(c, "gemm", 2);
     for (int i = 0; i < batch; ++i) {
       blas::gemm<T>(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
                     beta, c + i * stride_c, ldc);
@@ -85,11 +109,41 @@ class EmulatorRuntime {
   std::size_t shared_memory_limit() const { return kSharedMemoryLimit; }
 
   // Allocations not yet released (for leak tests).
-  std::size_t live() const { return live_; }
+  std::size_t live() const { return blocks_.size(); }
 
  private:
   static constexpr std::align_val_t kAlignment{64};
-  std::size_t live_ = 0;
+
+  static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+  // [p, p + bytes) must lie in one live block: the rule a GPU enforces, where a host address
+  // faults. bytes = 0 accepts a pointer just past a block's end.
+  void check_device_range(const void* p, std::size_t bytes, const char* what, int index) const {
+    if (pointers_ == Pointers::host_allowed) return;
+    const std::uintptr_t start = address(p);
+    auto it = blocks_.upper_bound(start);
+    if (it != blocks_.begin()) {
+      const auto& [base, size] = *std::prev(it);
+      if (start - base <= size && bytes <= size - (start - base)) return;
+    }
+    const std::string extent = bytes == 0 ? "an address" : std::to_string(bytes) + " bytes";
+    throw std::logic_error("emulated device: " + std::string(what) + "'s pointer argument " +
+                           std::to_string(index) + " expected device memory (" + extent +
+                           " inside one live allocation of this device), got memory outside them "
+                           "(a GPU faults on a host address)");
+  }
+
+  // A kernel's or GEMM's pointer argument must be null or point into a live block. Arguments that
+  // are not pointers (the parameter structs among them) are not checked.
+  template <class Arg>
+  void check_device_pointer(const Arg& arg, const char* what, int index) const {
+    if constexpr (std::is_pointer_v<Arg>) {
+      if (arg != nullptr) check_device_range(arg, 0, what, index);
+    }
+  }
+
+  std::map<std::uintptr_t, std::size_t, std::less<>> blocks_;  // live blocks: start -> bytes
+  Pointers pointers_ = Pointers::device_only;
 };
 
 template <class T>
@@ -98,8 +152,10 @@ using EmulatedDeviceOps = cuda::KernelDeviceOps<T, EmulatorRuntime>;
 }  // namespace
 
 template <class T>
-std::unique_ptr<DeviceOps<T>> make_device_ops() {
-  return std::make_unique<EmulatedDeviceOps<T>>();
+std::unique_ptr<DeviceOps<T>> make_device_ops(Pointers pointers) {
+  auto ops = std::make_unique<EmulatedDeviceOps<T>>();
+  ops->runtime().set_pointers(pointers);
+  return ops;
 }
 
 template <class T>
@@ -112,8 +168,8 @@ std::size_t live_allocations(const DeviceOps<T>& ops) {
   return emulated->runtime().live();
 }
 
-template std::unique_ptr<DeviceOps<float>> make_device_ops<float>();
-template std::unique_ptr<DeviceOps<double>> make_device_ops<double>();
+template std::unique_ptr<DeviceOps<float>> make_device_ops<float>(Pointers);
+template std::unique_ptr<DeviceOps<double>> make_device_ops<double>(Pointers);
 template std::size_t live_allocations<float>(const DeviceOps<float>&);
 template std::size_t live_allocations<double>(const DeviceOps<double>&);
 
