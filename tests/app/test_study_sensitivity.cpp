@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnlab/app/summary.hpp"
@@ -61,7 +62,7 @@ std::vector<RunRecord> sensitivity_cell() {
   return runs;
 }
 
-const ReportTable& table(const std::vector<ReportSection>& sections, const std::string& prefix) {
+const ReportTable& table(const std::vector<ReportSection>& sections, std::string_view prefix) {
   for (const auto& s : sections)
     for (const auto& t : s.tables)
       if (t.title.rfind(prefix, 0) == 0) return t;

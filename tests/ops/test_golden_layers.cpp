@@ -3,6 +3,9 @@
 // F.cross_entropy and autograd, in float64).
 #include <doctest/doctest.h>
 
+#include <string>
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
@@ -26,11 +29,11 @@ using attnlab::test::rel_error;
 namespace {
 constexpr double kGoldenTol = 1e-12;  // float64 on both sides; only summation order differs
 
-const nlohmann::json& layer_case(const std::string& name) {
+const nlohmann::json& layer_case(std::string_view name) {
   for (const auto& c : golden_file("layers.json").at("cases")) {
-    if (c.at("name") == name) return c;
+    if (c.at("name").get<std::string>() == name) return c;
   }
-  throw std::runtime_error("layers.json has no case " + name);
+  throw std::runtime_error("layers.json has no case " + std::string(name));
 }
 }  // namespace
 

@@ -1,6 +1,7 @@
 #include "helpers.hpp"
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
@@ -12,13 +13,16 @@ std::string data_path(const std::string& relative) {
   return std::string(ATTNLAB_TEST_DATA_DIR) + "/" + relative;
 }
 
-const nlohmann::json& golden_file(const std::string& name) {
-  static std::map<std::string, nlohmann::json> loaded;
+// Takes a string_view, not a const std::string&: a reference parameter bound to the temporary
+// string of a literal makes GCC 13 warn -Wdangling-reference at every golden_file("x").at(...).
+const nlohmann::json& golden_file(std::string_view name) {
+  static std::map<std::string, nlohmann::json, std::less<>> loaded;
   auto it = loaded.find(name);
   if (it == loaded.end()) {
-    std::ifstream in(data_path("golden/" + name));
-    if (!in) throw std::runtime_error("golden file missing: " + data_path("golden/" + name));
-    it = loaded.emplace(name, nlohmann::json::parse(in)).first;
+    const std::string path = data_path("golden/" + std::string(name));
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("golden file missing: " + path);
+    it = loaded.emplace(std::string(name), nlohmann::json::parse(in)).first;
   }
   return it->second;
 }

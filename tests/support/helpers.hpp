@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
@@ -40,7 +41,7 @@ bool all_finite(const E& e) {
 std::string data_path(const std::string& relative);
 
 // Golden files (tests/data/golden/*.json, made by tests/golden/make_goldens.py).
-const nlohmann::json& golden_file(const std::string& name);
+const nlohmann::json& golden_file(std::string_view name);
 xt::xarray<double> golden_tensor(const nlohmann::json& test_case, const std::string& key);
 
 // A Transformer config from its sizes (one input field, LayerNorm, learned positions).

@@ -430,6 +430,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynami
     }
   }
   current_block = nullptr;
+  s.body = nullptr;
+  s.body_context = nullptr;  // `call` is about to go
 }
 
 #endif
