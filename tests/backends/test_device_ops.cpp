@@ -533,12 +533,14 @@ void check_optimizers(DeviceOps<T>& ops, double tol) {
       }
     }
   }
-  {
-    INFO("sum of squares");
-    const auto x = random<T, 1>({n}, rng);
+  // Short of one group of 8 (the CPU backend's running sums), n itself, and three blocks of 4096
+  // with a tail.
+  for (const std::size_t count : {std::size_t(5), n, std::size_t(3 * 4096 + 13)}) {
+    INFO("sum of squares, n = " << count);
+    const auto x = random<T, 1>({count}, rng);
     DeviceVector<T, T> dx(ops, values<T>(x));
     DeviceVector<double, T> out(ops, 1), partial(ops, ops.sum_of_squares_scratch());
-    ops.sum_of_squares(out.get(), partial.get(), dx.get(), n);
+    ops.sum_of_squares(out.get(), partial.get(), dx.get(), count);
     double expected = 0;
     for (double value : x) expected += value * value;
     CHECK(out.host()[0] == doctest::Approx(expected).epsilon(1e-12));

@@ -175,6 +175,76 @@ TEST_CASE("layernorm and rmsnorm gradcheck over ranks 2, 3 and 4") {
   }
 }
 
+// The norms sum each row in SIMD lanes (pairs of batches into two accumulators, one more batch,
+// then a scalar tail). These widths take the tail alone, one batch, pairs, and pairs with the batch
+// and the tail, at 4, 8 and 16 lanes.
+TEST_CASE("layernorm and rmsnorm across the SIMD paths: a plain loop, gradcheck, float") {
+  Rng rng(15);
+  for (std::size_t C : {3, 4, 7, 12, 15, 27, 33, 51, 67}) {
+    CAPTURE(C);
+    const std::size_t rows = 3;
+    auto x = randn<double, 2>({rows, C}, rng, 2.0);
+    x += 0.5;  // a non-zero mean
+    auto gamma = randn<double, 1>({C}, rng);
+    auto beta = randn<double, 1>({C}, rng);
+    const auto r = randn<double, 2>({rows, C}, rng);
+    const double eps = 1e-5;
+
+    LayerNormCache<double, 2> lc;
+    const auto y = layernorm_forward<double, 2>(lc, x, gamma, beta, eps);
+    RmsNormCache<double, 2> rc;
+    const auto z = rmsnorm_forward<double, 2>(rc, x, gamma, eps);
+    for (std::size_t i = 0; i < rows; ++i) {  // against a plain loop, row by row
+      double mean = 0, var = 0, ms = 0;
+      for (std::size_t j = 0; j < C; ++j) mean += x(i, j);
+      mean /= double(C);
+      for (std::size_t j = 0; j < C; ++j) var += (x(i, j) - mean) * (x(i, j) - mean);
+      for (std::size_t j = 0; j < C; ++j) ms += x(i, j) * x(i, j);
+      const double rs = 1 / std::sqrt(var / double(C) + eps);
+      const double rms = 1 / std::sqrt(ms / double(C) + eps);
+      for (std::size_t j = 0; j < C; ++j) {
+        CHECK(y(i, j) ==
+              doctest::Approx(gamma(j) * (x(i, j) - mean) * rs + beta(j)).epsilon(1e-12));
+        CHECK(z(i, j) == doctest::Approx(gamma(j) * x(i, j) * rms).epsilon(1e-12));
+      }
+    }
+
+    const auto lg = layernorm_backward<double, 2>(r, lc, gamma);
+    expect_passed(check_gradients({{"dx", x.data(), lg.dx.data(), {rows, C}},
+                                   {"dgamma", gamma.data(), lg.dgamma.data(), {C}},
+                                   {"dbeta", beta.data(), lg.dbeta.data(), {C}}},
+                                  [&] {
+                                    LayerNormCache<double, 2> c;
+                                    return dot(layernorm_forward<double, 2>(c, x, gamma, beta, eps),
+                                               r);
+                                  }));
+    const auto rg = rmsnorm_backward<double, 2>(r, rc, gamma);
+    expect_passed(check_gradients({{"dx", x.data(), rg.dx.data(), {rows, C}},
+                                   {"dgamma", gamma.data(), rg.dgamma.data(), {C}}},
+                                  [&] {
+                                    RmsNormCache<double, 2> c;
+                                    return dot(rmsnorm_forward<double, 2>(c, x, gamma, eps), r);
+                                  }));
+
+    // float (twice the lanes) against the double op
+    const Tensor2<float> xf = xt::cast<float>(x), rf = xt::cast<float>(r);
+    const Tensor1<float> gf = xt::cast<float>(gamma), bf = xt::cast<float>(beta);
+    LayerNormCache<float, 2> lcf;
+    const auto yf = layernorm_forward<float, 2>(lcf, xf, gf, bf, eps);
+    const auto lgf = layernorm_backward<float, 2>(rf, lcf, gf);
+    CHECK(test::rel_error(yf, y) < 1e-6);
+    CHECK(test::rel_error(lgf.dx, lg.dx) < 1e-5);
+    CHECK(test::rel_error(lgf.dgamma, lg.dgamma) < 1e-5);
+    CHECK(test::rel_error(lgf.dbeta, lg.dbeta) < 1e-6);
+    RmsNormCache<float, 2> rcf;
+    const auto zf = rmsnorm_forward<float, 2>(rcf, xf, gf, eps);
+    const auto rgf = rmsnorm_backward<float, 2>(rf, rcf, gf);
+    CHECK(test::rel_error(zf, z) < 1e-6);
+    CHECK(test::rel_error(rgf.dx, rg.dx) < 1e-5);
+    CHECK(test::rel_error(rgf.dgamma, rg.dgamma) < 1e-5);
+  }
+}
+
 TEST_CASE("layernorm output rows have mean 0 and variance 1 before the affine, rmsnorm RMS 1") {
   Rng rng(14);
   const Tensor2<double> x = randn<double, 2>({4, 32}, rng, 3.0) + 5.0;

@@ -312,18 +312,27 @@ class CpuDeviceOps final : public DeviceOps<T> {
                    weight_decay, first_step);
     });
   }
-  // In double: blocks of kSquaresBlock elements, each summed in index order, then the blocks'
-  // sums in block order. The blocks do not depend on the thread count, so neither do the bits;
-  // the blocks run in parallel for a large n.
+  // In double: blocks of kSquaresBlock elements, each summed in a fixed order (below), then the
+  // blocks' sums in block order. The blocks do not depend on the thread count, so neither do the
+  // bits; the blocks run in parallel for a large n.
   void sum_of_squares(double* out, double* /*partial*/, const T* x, std::size_t n) override {
     const std::size_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
     std::vector<double> block_sum(blocks, 0.0);
     for_row_chunks(blocks, kSquaresBlock, [&](std::size_t b0, std::size_t b1, std::size_t) {
       for (std::size_t b = b0; b < b1; ++b) {
         const std::size_t i1 = std::min(n, (b + 1) * kSquaresBlock);
-        double sum = 0;
-        for (std::size_t i = b * kSquaresBlock; i < i1; ++i)
-          sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+        // Eight running sums (sum j takes the elements ≡ j mod 8), added in a fixed tree: one
+        // running sum is a serial chain of double adds, which GCC may not reorder (it was 1.4% of
+        // a training step).
+        double acc[8] = {};
+        std::size_t i = b * kSquaresBlock;
+        for (; i + 8 <= i1; i += 8) {
+          for (std::size_t j = 0; j < 8; ++j)
+            acc[j] += static_cast<double>(x[i + j]) * static_cast<double>(x[i + j]);
+        }
+        double sum =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < i1; ++i) sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
         block_sum[b] = sum;
       }
     });

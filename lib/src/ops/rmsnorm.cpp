@@ -5,8 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <xsimd/xsimd.hpp>
+
 #include "../parallel_rows.hpp"
 #include "norm_kernels.hpp"
+#include "row_kernels.hpp"
 #include "shape_helpers.hpp"
 
 namespace attnlab {
@@ -42,9 +45,7 @@ void rmsnorm_forward_rows(T* y, T* rstd, const T* x, const T* gamma, std::size_t
     for (std::size_t r = r0; r < r1; ++r) {
       const T* xr = x + r * C;
       T* yr = y + r * C;
-      T mean_sq = 0;
-      for (std::size_t c = 0; c < C; ++c) mean_sq += xr[c] * xr[c];
-      mean_sq /= T(C);
+      const T mean_sq = row_kernels::dot(xr, xr, C) / T(C);  // vectorised, as in LayerNorm
       const T rs = T(1) / std::sqrt(mean_sq + eps);
       rstd[r] = rs;
       for (std::size_t c = 0; c < C; ++c) yr[c] = gamma[c] * (xr[c] * rs);
@@ -55,6 +56,8 @@ void rmsnorm_forward_rows(T* y, T* rstd, const T* x, const T* gamma, std::size_t
 template <class T>
 void rmsnorm_backward_rows(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
                            std::size_t rows, std::size_t C, std::vector<T>& scratch) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
   const std::size_t chunks = row_chunks(rows, C);
   std::fill(dgamma, dgamma + C, T(0));
   scratch.assign(chunks > 1 ? (chunks - 1) * C : 0, T(0));
@@ -66,8 +69,18 @@ void rmsnorm_backward_rows(T* dx, T* dgamma, const T* dy, const T* x, const T* r
       T* dxr = dx + r * C;
       const T rs = rstd[r];
       // dx = rstd · (g − x̂ ⊙ mean(g ⊙ x̂)), g = dy ⊙ γ.
-      T mean_gh = 0;
-      for (std::size_t c = 0; c < C; ++c) {
+      // mean(g ⊙ x̂) in lane-wise partial sums, as row_kernels::sum.
+      const batch rsv(rs);
+      batch acc(T(0));
+      std::size_t c = 0;
+      for (; c + width <= C; c += width) {
+        const batch dyv = batch::load_unaligned(dyr + c);
+        const batch h = batch::load_unaligned(xr + c) * rsv;
+        acc = xsimd::fma(dyv * batch::load_unaligned(gamma + c), h, acc);
+        xsimd::fma(dyv, h, batch::load_unaligned(dg + c)).store_unaligned(dg + c);
+      }
+      T mean_gh = xsimd::hadd(acc);
+      for (; c < C; ++c) {
         const T h = xr[c] * rs;
         mean_gh += dyr[c] * gamma[c] * h;
         dg[c] += dyr[c] * h;

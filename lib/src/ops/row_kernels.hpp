@@ -1,5 +1,5 @@
-// Private to lib/src/ops: vectorised (xsimd) kernels on one contiguous row, shared by the softmax
-// and the fused attention path.
+// Private to lib/src/ops: vectorised (xsimd) kernels on one contiguous row, shared by the softmax,
+// the fused attention path and the norms.
 #pragma once
 
 #include <algorithm>
@@ -58,6 +58,47 @@ inline T dot(const T* a, const T* b, std::size_t n) {
   T sum = xsimd::hadd(acc0 + acc1);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+// Σ x[i] and Σ (x[i] − c)², vectorised like dot: lane-wise partial sums in two accumulators, a
+// horizontal add, then the tail in order. The order depends only on n and the SIMD width (the same
+// in every translation unit), never on the thread count.
+template <class T>
+inline T sum(const T* x, std::size_t n) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  batch acc0(T(0)), acc1(T(0));
+  std::size_t i = 0;
+  for (; i + 2 * width <= n; i += 2 * width) {
+    acc0 += batch::load_unaligned(x + i);
+    acc1 += batch::load_unaligned(x + i + width);
+  }
+  for (; i + width <= n; i += width) acc0 += batch::load_unaligned(x + i);
+  T s = xsimd::hadd(acc0 + acc1);
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+template <class T>
+inline T sum_squared_deviation(const T* x, std::size_t n, T c) {
+  using batch = xsimd::batch<T>;
+  constexpr std::size_t width = batch::size;
+  const batch cv(c);
+  batch acc0(T(0)), acc1(T(0));
+  std::size_t i = 0;
+  for (; i + 2 * width <= n; i += 2 * width) {
+    const batch d0 = batch::load_unaligned(x + i) - cv;
+    const batch d1 = batch::load_unaligned(x + i + width) - cv;
+    acc0 = xsimd::fma(d0, d0, acc0);
+    acc1 = xsimd::fma(d1, d1, acc1);
+  }
+  for (; i + width <= n; i += width) {
+    const batch d = batch::load_unaligned(x + i) - cv;
+    acc0 = xsimd::fma(d, d, acc0);
+  }
+  T s = xsimd::hadd(acc0 + acc1);
+  for (; i < n; ++i) s += (x[i] - c) * (x[i] - c);
+  return s;
 }
 
 }  // namespace attnlab::row_kernels
