@@ -678,7 +678,8 @@ TEST_CASE("device ops (emulated): allocations are NaN-filled and counted until r
 }
 
 // A GPU faults on a host address (cudaErrorIllegalAddress); the emulated device, whose "device"
-// memory is host memory, refuses one in every kernel, GEMM and copy instead of reading it.
+// memory is host memory, refuses one in every kernel (the pointers of AttentionParams included),
+// GEMM and copy instead of reading it.
 TEST_CASE(
     "device ops (emulated): a host pointer given to a kernel, a GEMM or a copy throws, unless "
     "allowed") {
@@ -697,6 +698,27 @@ TEST_CASE(
   CHECK_THROWS_AS(ops.copy(b.get(), a.get(), 4 * sizeof(double)), std::logic_error);
   CHECK_THROWS_AS(ops.gemm(false, false, 1, 1, 3, 1.0, host.data(), 3, a.get(), 1, 0.0, b.get(), 1),
                   std::logic_error);
+  // The pointers inside an attention call's parameter struct are checked too, each named.
+  {
+    AttentionSpec spec;
+    spec.B = spec.H = spec.Hkv = 1;
+    spec.Tq = spec.Tk = spec.D = spec.Dv = 1;
+    DeviceVector<double, double> q(ops, std::vector<double>{1}), scale(ops, std::vector<double>{1});
+    DeviceVector<double, double> out(ops, 1), lse(ops, 1);
+    const std::vector<unsigned char> host_mask{1};
+    auto args =
+        attention_params<double>(spec, q.get(), q.get(), q.get(), scale.get(), nullptr, nullptr);
+    // The fused path hands the struct to its kernel as it is.
+    ops.sdpa_fused_forward(out.get(), lse.get(), args);  // all on the device: runs
+    CHECK(out.host() == std::vector<double>{1});
+    args.key_mask = host_mask.data();
+    CHECK_THROWS_WITH_AS(ops.sdpa_fused_forward(out.get(), lse.get(), args),
+                         doctest::Contains("AttentionParams::key_mask"), std::logic_error);
+    args.key_mask = nullptr;
+    args.v = host.data();
+    CHECK_THROWS_WITH_AS(ops.sdpa_fused_forward(out.get(), lse.get(), args),
+                         doctest::Contains("AttentionParams::v"), std::logic_error);
+  }
   // Device pointers, an offset inside a block and null are accepted; the host is untouched.
   ops.add(b.get(), a.get(), a.get(), 3);
   ops.copy(b.get() + 1, a.get(), 2 * sizeof(double));

@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 
+#include "attnlab/attention/params.hpp"
 #include "attnlab/blas.hpp"
 
 // clang-format off
@@ -133,12 +134,32 @@ class EmulatorRuntime {
                            "(a GPU faults on a host address)");
   }
 
-  // A kernel's or GEMM's pointer argument must be null or point into a live block. Arguments that
-  // are not pointers (the parameter structs among them) are not checked.
+  // A kernel's or GEMM's pointer argument must be null or point into a live block, and so must
+  // every pointer an AttentionParams argument carries. Other arguments are not pointers.
   template <class Arg>
   void check_device_pointer(const Arg& arg, const char* what, int index) const {
     if constexpr (std::is_pointer_v<Arg>) {
       if (arg != nullptr) check_device_range(arg, 0, what, index);
+    } else if constexpr (std::is_same_v<Arg, AttentionParams<float>> ||
+                         std::is_same_v<Arg, AttentionParams<double>>) {
+      check_params_pointer(arg.q, what, index, "q");
+      check_params_pointer(arg.k, what, index, "k");
+      check_params_pointer(arg.v, what, index, "v");
+      check_params_pointer(arg.scale, what, index, "scale");
+      check_params_pointer(arg.key_mask, what, index, "key_mask");
+      check_params_pointer(arg.alibi_slopes, what, index, "alibi_slopes");
+      check_params_pointer(arg.bias, what, index, "bias");
+      check_params_pointer(arg.dscores, what, index, "dscores");
+    }
+  }
+
+  template <class P>
+  void check_params_pointer(const P* p, const char* what, int index, const char* field) const {
+    if (p == nullptr || pointers_ == Pointers::host_allowed) return;
+    try {
+      check_device_range(p, 0, what, index);
+    } catch (const std::logic_error& e) {
+      throw std::logic_error(std::string(e.what()) + " (AttentionParams::" + field + ")");
     }
   }
 
