@@ -7,6 +7,8 @@
 #include <exception>
 #include <stdexcept>
 
+#include <omp.h>
+
 #include "attnlab/nn/module.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/optim/clip.hpp"
@@ -53,6 +55,7 @@ void TrainBackend::use_batch_threads(const TransformerConfig& config, int thread
           "the model's own config (parameter '" + params_[i].name + "')", "'" + mine[i].name + "'");
     }
   }
+  zero_replica_grads();  // forward_backward keeps them zero between parts
   replicas_stale_ = true;
 }
 
@@ -65,61 +68,85 @@ std::vector<TrainBackend::Loss> TrainBackend::forward_backward(std::span<const B
             std::to_string(P) + " parts, " + std::to_string(weights.size()) + " weights");
   std::vector<Loss> losses(static_cast<std::size_t>(P));
   std::exception_ptr error;
-  const bool copy_weights = replicas_stale_;
-  // One thread per part; every op inside runs on its calling thread (a count of 1, and oneDNN and
-  // OpenBLAS run single-threaded inside a parallel region).
-#pragma omp parallel for num_threads(P) schedule(static)
-  for (int t = 0; t < P; ++t) {
-    try {
-      const ThreadScope one(1);
-      Model& m = t == 0 ? model_ : replicas_[static_cast<std::size_t>(t - 1)]->model;
-      CrossEntropyLoss<float>& loss =
-          t == 0 ? loss_ : replicas_[static_cast<std::size_t>(t - 1)]->loss;
-      if (t > 0) {
-        const ParameterList<float>& mine = replicas_[static_cast<std::size_t>(t - 1)]->params;
-        for (std::size_t i = 0; i < mine.size(); ++i) {
-          Parameter<float>& p = *mine[i].param;
-          if (copy_weights)
-            std::memcpy(p.value.data(), params_[i].param->value.data(), p.size() * sizeof(float));
-          std::fill(p.grad.begin(), p.grad.end(), 0.0f);
-        }
-      }
-      const auto u = static_cast<std::size_t>(t);
-      m.train_mode(seed_, first_step + u);
-      loss.forward(m.ops(), m.forward_on_backend(parts[u]), parts[u].targets, weights[u]);
-      losses[u] = {loss.cross_entropy(), loss.z_term()};
-      if (std::isfinite(losses[u].total())) m.backward(loss.dlogits());
-    } catch (...) {
-#pragma omp critical(attnlab_forward_backward)
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-  replicas_stale_ = false;
-  if (P == 1) return losses;
-  // The model's grads += each replica's, in replica order; the elements cut into P contiguous
-  // ranges over the parameters laid end to end (the bits do not depend on the cut).
+  // The parameters laid end to end; ranges of that flat index are cut among the threads below.
   std::vector<std::size_t> offset(params_.size() + 1, 0);
   for (std::size_t i = 0; i < params_.size(); ++i)
     offset[i + 1] = offset[i] + params_[i].param->size();
   const std::size_t total = offset.back();
-#pragma omp parallel for num_threads(P) schedule(static)
-  for (int c = 0; c < P; ++c) {
-    const std::size_t e0 = total * static_cast<std::size_t>(c) / static_cast<std::size_t>(P);
-    const std::size_t e1 = total * static_cast<std::size_t>(c + 1) / static_cast<std::size_t>(P);
+  // f(i, lo, hi) for the elements [lo, hi) of parameter i that lie in share c of n of the flat
+  // index.
+  const auto for_share = [&](int c, int n, auto&& f) {
+    const std::size_t e0 = total * static_cast<std::size_t>(c) / static_cast<std::size_t>(n);
+    const std::size_t e1 = total * static_cast<std::size_t>(c + 1) / static_cast<std::size_t>(n);
     std::size_t i = static_cast<std::size_t>(std::upper_bound(offset.begin(), offset.end(), e0) -
                                              offset.begin() - 1);
     for (std::size_t e = e0; e < e1; ++i) {
       const std::size_t lo = e - offset[i], hi = std::min(e1, offset[i + 1]) - offset[i];
-      float* g = params_[i].param->grad.data();
-      for (int r = 1; r < P; ++r) {
-        const float* h = replicas_[static_cast<std::size_t>(r - 1)]->params[i].param->grad.data();
-        for (std::size_t j = lo; j < hi; ++j) g[j] += h[j];
-      }
+      f(i, lo, hi);
       e = offset[i] + hi;
     }
+  };
+  const bool copy_weights = replicas_stale_ && !replicas_.empty();
+  // One thread per part; every op inside runs on its calling thread (a count of 1, and oneDNN and
+  // OpenBLAS run single-threaded inside a parallel region). When the model's weights changed, every
+  // thread first copies its share of them into every replica (one barrier), so the copy does not
+  // hold back the replicas' threads alone.
+#pragma omp parallel num_threads(P)
+  {
+    const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+    if (copy_weights) {
+      for_share(me, threads, [&](std::size_t i, std::size_t lo, std::size_t hi) {
+        const float* src = params_[i].param->value.data() + lo;
+        for (const auto& r : replicas_)
+          std::memcpy(r->params[i].param->value.data() + lo, src, (hi - lo) * sizeof(float));
+      });
+#pragma omp barrier
+    }
+    for (int t = me; t < P; t += threads) {
+      try {
+        const ThreadScope one(1);
+        Model& m = t == 0 ? model_ : replicas_[static_cast<std::size_t>(t - 1)]->model;
+        CrossEntropyLoss<float>& loss =
+            t == 0 ? loss_ : replicas_[static_cast<std::size_t>(t - 1)]->loss;
+        const auto u = static_cast<std::size_t>(t);
+        m.train_mode(seed_, first_step + u);
+        loss.forward(m.ops(), m.forward_on_backend(parts[u]), parts[u].targets, weights[u]);
+        losses[u] = {loss.cross_entropy(), loss.z_term()};
+        if (std::isfinite(losses[u].total())) m.backward(loss.dlogits());
+      } catch (...) {
+#pragma omp critical(attnlab_forward_backward)
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  replicas_stale_ = false;
+  if (error) {
+    zero_replica_grads();
+    std::rethrow_exception(error);
+  }
+  if (P == 1) return losses;
+    // The model's grads += each replica's, in replica order, each element summed in that order
+    // whatever the cut (so the bits do not depend on it); each replica's grad is zeroed as it is
+    // read, ready for its next part (its backward adds into it).
+#pragma omp parallel for num_threads(P) schedule(static)
+  for (int c = 0; c < P; ++c) {
+    for_share(c, P, [&](std::size_t i, std::size_t lo, std::size_t hi) {
+      float* g = params_[i].param->grad.data();
+      for (int r = 1; r < P; ++r) {
+        float* h = replicas_[static_cast<std::size_t>(r - 1)]->params[i].param->grad.data();
+        for (std::size_t j = lo; j < hi; ++j) {
+          g[j] += h[j];
+          h[j] = 0.0f;
+        }
+      }
+    });
   }
   return losses;
+}
+
+void TrainBackend::zero_replica_grads() {
+  for (const auto& r : replicas_)
+    for (const auto& np : r->params) std::fill(np.param->grad.begin(), np.param->grad.end(), 0.0f);
 }
 
 std::string TrainBackend::name() const {

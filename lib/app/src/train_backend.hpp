@@ -37,8 +37,9 @@ class TrainBackend {
   // The batch-parallel step (lib/README.md, "Threads in the training step"): `threads` copies of
   // the model, the first the model itself and the others replicas built from `config` (the
   // model's), so that forward_backward can run one piece of a batch on each, a thread each, in
-  // one parallel region. The replicas' weights follow the model's (copied before their next
-  // forward after every step()); their gradients are added into the model's. CPU backend only
+  // one parallel region. The replicas' weights follow the model's (copied, by all the threads,
+  // before their next forward after every step()); their gradients are added into the model's and
+  // zeroed as they are read. CPU backend only
   // (std::invalid_argument otherwise); threads >= 1 (1: off).
   void use_batch_threads(const TransformerConfig& config, int threads);
   // 1 unless use_batch_threads set more.
@@ -87,6 +88,7 @@ class TrainBackend {
 
  private:
   struct Replica;
+  void zero_replica_grads();
   Model& model_;
   OptimizerGroups<float>& opt_;
   ParameterList<float> params_;
