@@ -69,7 +69,7 @@ void rmsnorm_backward_rows(T* dx, T* dgamma, const T* dy, const T* x, const T* r
       T* dxr = dx + r * C;
       const T rs = rstd[r];
       // dx = rstd · (g − x̂ ⊙ mean(g ⊙ x̂)), g = dy ⊙ γ.
-      // mean(g ⊙ x̂) in lane-wise partial sums, as row_kernels::sum.
+      // mean(g ⊙ x̂) in lane-wise partial sums (one batch, then a horizontal add and the tail).
       const batch rsv(rs);
       batch acc(T(0));
       std::size_t c = 0;
