@@ -60,6 +60,12 @@ std::string shown_text(std::string_view text, std::size_t max) {
   return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " characters)";
 }
 
+std::string number_text(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
 void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,
                std::string_view got) {
   if (!ok) {

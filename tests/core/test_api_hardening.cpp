@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/softmax.hpp"
+#include "attnlab/tensor.hpp"
 
 using namespace attnlab;
 
@@ -171,4 +174,29 @@ TEST_CASE("hardening: softmax_backward rejects mismatched shapes at every rank")
        "softmax_backward: dp expected (1, 2, 3, 5), got (1, 2, 3, 4)"},
   };
   check_table<ShapeError>(table);
+}
+
+TEST_CASE("hardening: the values in a message: numbers as an ostream writes them, long text cut") {
+  CHECK(number_text(0.001) == "0.001");
+  CHECK(number_text(1e-12) == "1e-12");
+  CHECK(number_text(-2.5) == "-2.5");
+  CHECK(number_text(1234567.0) == "1.23457e+06");
+  CHECK(number_text(std::numeric_limits<double>::infinity()) == "inf");
+  CHECK(number_text(-std::numeric_limits<double>::infinity()) == "-inf");
+  CHECK(number_text(std::numeric_limits<double>::quiet_NaN()).find("nan") != std::string::npos);
+  // An optimizer's bad value reaches its message through it.
+  try {
+    check_arg(false, "AdamW", "lr", "a finite value >= 0", number_text(-1e-3));
+    FAIL("check_arg did not throw");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()) == "AdamW: lr expected a finite value >= 0, got -0.001");
+  }
+
+  CHECK(shown_text("short", 200) == "short");
+  const std::string long_text(300, 'a');
+  CHECK(shown_text(long_text, 200) == std::string(200, 'a') + "... (300 characters)");
+  // "é" is two bytes: a cut at its second byte backs up to its first.
+  const std::string accents = "a" + std::string(3, ' ') + "\xC3\xA9\xC3\xA9";  // a, 3 spaces, é, é
+  CHECK(shown_text(accents, 5) == "a   ... (8 characters)");
+  CHECK(shown_text(accents, 6) == "a   \xC3\xA9... (8 characters)");
 }

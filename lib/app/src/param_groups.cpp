@@ -1,13 +1,13 @@
 #include "attnlab/app/param_groups.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <stdexcept>
 
 #include "attnlab/app/config_bounds.hpp"
 #include "attnlab/optim/adamw.hpp"
 #include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/sgd.hpp"
+#include "attnlab/tensor.hpp"
 
 namespace attnlab::app {
 
@@ -16,12 +16,6 @@ namespace {
 // The kinds a group may name: this app's optimizers.
 bool known_optimizer(const std::string& kind) {
   return kind == "adamw" || kind == "sgd" || kind == "muon";
-}
-
-std::string number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
 }
 
 // 49152 -> "49,152".
@@ -95,7 +89,7 @@ Assignment checked_assignment(const TrainConfig& c, const std::vector<ParameterS
               "'" + g.optimizer + "'");
     if (g.weight_decay) {
       const std::string problem =
-          bound_problem(decay_bound, *g.weight_decay, number(*g.weight_decay), true);
+          bound_problem(decay_bound, *g.weight_decay, number_text(*g.weight_decay), true);
       if (!problem.empty())
         throw std::invalid_argument(std::string(op) + ": " + key + "weight_decay" + group + " " +
                                     problem);
@@ -169,8 +163,8 @@ std::string param_groups_text(const std::vector<ParamGroupPlan>& plan) {
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const ParamGroupPlan& g = plan[i];
     const std::size_t tensors = g.parameters.size();
-    out += (i ? "; " : " ") + g.name + " " + g.optimizer + " lr×" + number(g.lr_mult) + " wd " +
-           number(g.weight_decay) + ": " + std::to_string(tensors) +
+    out += (i ? "; " : " ") + g.name + " " + g.optimizer + " lr×" + number_text(g.lr_mult) +
+           " wd " + number_text(g.weight_decay) + ": " + std::to_string(tensors) +
            (tensors == 1 ? " tensor (" : " tensors (") + with_commas(g.values) + " values)";
   }
   return out;

@@ -74,6 +74,10 @@ void check_shape(std::string_view op, std::string_view arg, const E& tensor,
 // followed by "... (N characters)" (a value from a file may be megabytes long).
 std::string shown_text(std::string_view text, std::size_t max);
 
+// A number for a message, as an ostream writes it by default (6 significant digits: "0.001",
+// "1e-12", "inf", "nan").
+std::string number_text(double x);
+
 // Throws std::invalid_argument "op: name expected <what>, got <value>" unless ok (the value
 // through shown_text, 200 bytes).
 void check_arg(bool ok, std::string_view op, std::string_view name, std::string_view what,

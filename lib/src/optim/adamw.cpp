@@ -1,33 +1,23 @@
 #include "attnlab/optim/adamw.hpp"
 
 #include <cmath>
-#include <sstream>
 
 #include "attnlab/device_ops.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
 
-namespace {
-std::string to_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-
-}  // namespace
-
 void validate(const AdamWOptions& options) {
   check_arg(std::isfinite(options.lr) && options.lr >= 0, "AdamW", "lr", "a finite value >= 0",
-            to_text(options.lr));
+            number_text(options.lr));
   check_arg(options.beta1 >= 0 && options.beta1 < 1, "AdamW", "beta1", "a value in [0, 1)",
-            to_text(options.beta1));
+            number_text(options.beta1));
   check_arg(options.beta2 >= 0 && options.beta2 < 1, "AdamW", "beta2", "a value in [0, 1)",
-            to_text(options.beta2));
+            number_text(options.beta2));
   check_arg(std::isfinite(options.eps) && options.eps > 0, "AdamW", "eps", "a finite value > 0",
-            to_text(options.eps));
+            number_text(options.eps));
   check_arg(std::isfinite(options.weight_decay) && options.weight_decay >= 0, "AdamW",
-            "weight_decay", "a finite value >= 0", to_text(options.weight_decay));
+            "weight_decay", "a finite value >= 0", number_text(options.weight_decay));
 }
 
 template <class T>

@@ -8,14 +8,6 @@
 
 namespace attnlab {
 
-namespace {
-std::string to_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-}  // namespace
-
 std::string_view to_string(MuonScale v) {
   return v == MuonScale::rms ? "rms" : "spectral";
 }
@@ -28,15 +20,17 @@ MuonScale parse_muon_scale(std::string_view text) {
 }
 
 void validate(const MuonOptions& o) {
-  check_arg(std::isfinite(o.lr) && o.lr >= 0, "Muon", "lr", "a finite value >= 0", to_text(o.lr));
+  check_arg(std::isfinite(o.lr) && o.lr >= 0, "Muon", "lr", "a finite value >= 0",
+            number_text(o.lr));
   check_arg(o.momentum >= 0 && o.momentum < 1, "Muon", "momentum", "a value in [0, 1)",
-            to_text(o.momentum));
+            number_text(o.momentum));
   check_arg(o.ns_steps >= 1, "Muon", "ns_steps", "an integer >= 1", std::to_string(o.ns_steps));
   check_arg(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "Muon", "weight_decay",
-            "a finite value >= 0", to_text(o.weight_decay));
-  check_arg(std::isfinite(o.eps) && o.eps > 0, "Muon", "eps", "a finite value > 0", to_text(o.eps));
+            "a finite value >= 0", number_text(o.weight_decay));
+  check_arg(std::isfinite(o.eps) && o.eps > 0, "Muon", "eps", "a finite value > 0",
+            number_text(o.eps));
   for (const double c : o.coefficients) {
-    check_arg(std::isfinite(c), "Muon", "coefficients", "finite values", to_text(c));
+    check_arg(std::isfinite(c), "Muon", "coefficients", "finite values", number_text(c));
   }
 }
 

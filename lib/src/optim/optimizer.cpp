@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "attnlab/backends/cpu.hpp"
@@ -38,12 +37,6 @@ std::string optim_state_name(const std::string& param, const std::string& slot) 
 
 namespace {
 
-std::string to_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-
 template <class S>
 std::vector<std::size_t> to_extents(const S& shape) {
   return std::vector<std::size_t>(shape.begin(), shape.end());
@@ -56,11 +49,12 @@ std::vector<std::ptrdiff_t> to_expected(const std::vector<std::size_t>& shape) {
 }  // namespace
 
 double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay) {
-  check_arg(std::isfinite(lr) && lr >= 0, "decay_factor", "lr", "a finite value >= 0", to_text(lr));
+  check_arg(std::isfinite(lr) && lr >= 0, "decay_factor", "lr", "a finite value >= 0",
+            number_text(lr));
   check_arg(std::isfinite(base_lr) && base_lr >= 0, "decay_factor", "base_lr",
-            "a finite value >= 0", to_text(base_lr));
+            "a finite value >= 0", number_text(base_lr));
   check_arg(std::isfinite(weight_decay) && weight_decay >= 0, "decay_factor", "weight_decay",
-            "a finite value >= 0", to_text(weight_decay));
+            "a finite value >= 0", number_text(weight_decay));
   if (mode == WeightDecayMode::decoupled) return 1 - lr * weight_decay;
   const double multiplier = base_lr > 0 ? lr / base_lr : 0.0;  // s_t
   return 1 - multiplier * weight_decay;
@@ -122,13 +116,13 @@ DeviceOps<T>& Optimizer<T>::backend() {
 
 template <class T>
 void Optimizer<T>::set_lr(double lr) {
-  check_arg(std::isfinite(lr) && lr >= 0, name_, "lr", "a finite value >= 0", to_text(lr));
+  check_arg(std::isfinite(lr) && lr >= 0, name_, "lr", "a finite value >= 0", number_text(lr));
   lr_ = lr;
 }
 
 template <class T>
 void Optimizer<T>::set_base_lr(double lr) {
-  check_arg(std::isfinite(lr) && lr >= 0, name_, "base_lr", "a finite value >= 0", to_text(lr));
+  check_arg(std::isfinite(lr) && lr >= 0, name_, "base_lr", "a finite value >= 0", number_text(lr));
   base_lr_ = lr;
 }
 

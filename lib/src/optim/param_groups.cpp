@@ -3,7 +3,6 @@
 #include <cmath>
 #include <map>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "attnlab/tensor.hpp"
@@ -11,12 +10,6 @@
 namespace attnlab {
 
 namespace {
-
-std::string to_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
 
 std::string in_quotes(std::string_view s) {
   return "'" + std::string(s) + "'";
@@ -184,9 +177,9 @@ void validate(const std::vector<ParamGroupSpec>& specs) {
       refuse(i, g.name, problem->field.empty() ? "match" : "match." + problem->field,
              problem->expected, problem->got);
     if (g.lr_mult && !(std::isfinite(*g.lr_mult) && *g.lr_mult >= 0))
-      refuse(i, g.name, "lr_mult", "a finite value >= 0", to_text(*g.lr_mult));
+      refuse(i, g.name, "lr_mult", "a finite value >= 0", number_text(*g.lr_mult));
     if (g.weight_decay && !(std::isfinite(*g.weight_decay) && *g.weight_decay >= 0))
-      refuse(i, g.name, "weight_decay", "a finite value >= 0", to_text(*g.weight_decay));
+      refuse(i, g.name, "weight_decay", "a finite value >= 0", number_text(*g.weight_decay));
   }
 }
 
@@ -248,11 +241,12 @@ OptimizerGroups<T>::OptimizerGroups(std::vector<OptimizerGroup<T>> groups)
     check_arg(g.optimizer != nullptr, op, "group " + in_quotes(g.name), "an optimizer",
               "a null pointer");
     check_arg(std::isfinite(g.lr_mult) && g.lr_mult >= 0, op,
-              "lr_mult of group " + in_quotes(g.name), "a finite value >= 0", to_text(g.lr_mult));
+              "lr_mult of group " + in_quotes(g.name), "a finite value >= 0",
+              number_text(g.lr_mult));
     const double base = groups_[0].optimizer->lr();
     check_arg(g.optimizer->lr() == base, op, "lr of group " + in_quotes(g.name),
-              to_text(base) + ", the first group's (the base lr, which lr_mult scales)",
-              to_text(g.optimizer->lr()));
+              number_text(base) + ", the first group's (the base lr, which lr_mult scales)",
+              number_text(g.optimizer->lr()));
     for (const auto& np : g.optimizer->parameters()) {
       const auto [it, fresh] = owner.emplace(np.param, g.name);
       check_arg(fresh, op, "parameter " + in_quotes(np.name), "in one group only",
@@ -280,12 +274,12 @@ void OptimizerGroups<T>::zero_grad() {
 template <class T>
 void OptimizerGroups<T>::set_lr(double lr) {
   check_arg(std::isfinite(lr) && lr >= 0, "OptimizerGroups", "lr", "a finite value >= 0",
-            to_text(lr));
+            number_text(lr));
   for (const auto& g : groups_) {
     const double scaled = lr * g.lr_mult;
     check_arg(std::isfinite(scaled), "OptimizerGroups",
               "lr · lr_mult of group " + in_quotes(g.name), "a finite value",
-              to_text(lr) + " · " + to_text(g.lr_mult));
+              number_text(lr) + " · " + number_text(g.lr_mult));
   }
   for (auto& g : groups_) g.optimizer->set_lr(lr * g.lr_mult);
   lr_ = lr;

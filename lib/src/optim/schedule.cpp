@@ -2,21 +2,11 @@
 
 #include <cmath>
 #include <numbers>
-#include <sstream>
 #include <string>
 
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
-
-namespace {
-template <class V>
-std::string to_text(V x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-}  // namespace
 
 LrScheduleKind parse_lr_schedule_kind(std::string_view name) {
   if (name == "constant") return LrScheduleKind::constant;
@@ -64,15 +54,15 @@ LrSchedule LrSchedule::warmup_stable_decay(double base_lr, double min_lr, std::s
 
 void LrSchedule::validate() const {
   check_arg(std::isfinite(base_lr) && base_lr >= 0, "LrSchedule", "base_lr", "a finite value >= 0",
-            to_text(base_lr));
+            number_text(base_lr));
   if (kind == LrScheduleKind::constant) return;
   check_arg(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= base_lr, "LrSchedule", "min_lr",
-            "a finite value in [0, base_lr = " + to_text(base_lr) + "]", to_text(min_lr));
+            "a finite value in [0, base_lr = " + number_text(base_lr) + "]", number_text(min_lr));
   check_arg(total_steps >= warmup_steps, "LrSchedule", "total_steps",
-            ">= warmup_steps = " + to_text(warmup_steps), to_text(total_steps));
+            ">= warmup_steps = " + std::to_string(warmup_steps), std::to_string(total_steps));
   if (kind != LrScheduleKind::warmup_stable_decay) return;
   check_arg(std::isfinite(warmdown) && warmdown >= 0 && warmdown <= 1, "LrSchedule", "warmdown",
-            "a finite value in [0, 1]", to_text(warmdown));
+            "a finite value in [0, 1]", number_text(warmdown));
 }
 
 std::size_t LrSchedule::warmdown_steps() const {

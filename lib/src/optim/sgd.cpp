@@ -1,27 +1,18 @@
 #include "attnlab/optim/sgd.hpp"
 
 #include <cmath>
-#include <sstream>
 
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
 
-namespace {
-std::string to_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-}  // namespace
-
 void validate(const SgdOptions& options) {
   check_arg(std::isfinite(options.lr) && options.lr >= 0, "SGD", "lr", "a finite value >= 0",
-            to_text(options.lr));
+            number_text(options.lr));
   check_arg(options.momentum >= 0 && options.momentum < 1, "SGD", "momentum", "a value in [0, 1)",
-            to_text(options.momentum));
+            number_text(options.momentum));
   check_arg(std::isfinite(options.weight_decay) && options.weight_decay >= 0, "SGD", "weight_decay",
-            "a finite value >= 0", to_text(options.weight_decay));
+            "a finite value >= 0", number_text(options.weight_decay));
 }
 
 template <class T>
