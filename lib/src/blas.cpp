@@ -59,12 +59,60 @@ void openblas_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha
 }
 
 #ifdef ATTNLAB_WITH_ONEDNN
+// Cache-set conflicts in oneDNN's sgemm. It reads an operand stored k rows deep (B when not
+// transposed, A when transposed) a panel at a time down those k rows; when the rows lie a multiple
+// of 2 KB apart (a row stride of 512, 1024... floats: a d_ff of 512, attention's T x T
+// probabilities) the panel's lines fall into a few cache sets and evict each other. Measured alone
+// on a Zen 3 (avx2 kernels, one thread each on two cores, copy included): x (384, 128) · W (128,
+// 512) at 69 GFLOP/s with W's own stride 512 and at 95 through a copy at stride 528; the weight
+// gradient x^T (128, 384) · dy (384, 512) at 47-57 and 83-88; P^T (64, 1024) · dO (1024, 64) at
+// 41 and 77. Strides of 128 and 256 floats gained on some shapes and lost up to 30% on others (a
+// (2112, 256) operand), and OpenBLAS (its Zen core) lost nothing to any of them, so only oneDNN's
+// operands at multiples of 2 KB are copied: at a stride off those multiples, when at least
+// kRestageRows deep and the other side of C at least kRestageOther wide (the copy is k times the
+// operand's width, the gemm k times both widths, so a narrow C would not pay for it). The same
+// shapes take the same path, so the bits still depend only on the thread count.
+// An operand over kRestageMax floats (8 MiB) is read in place: the copies stay within 16 MiB per
+// thread, kept for the next call (attention's T x T probabilities at T 4096 would add 64 MiB per
+// thread, and a copy of that size gains nothing measurable).
+constexpr int kConflictStride = 512;  // floats: 2 KB
+constexpr int kRestageRows = 128;
+constexpr int kRestageOther = 32;
+constexpr std::size_t kRestageMax = std::size_t(2) << 20;
+
+bool restage(int ld, int rows, int width, int other) {
+  return ld % kConflictStride == 0 && rows >= kRestageRows && other >= kRestageOther &&
+         static_cast<std::size_t>(rows) * static_cast<std::size_t>(width) <= kRestageMax;
+}
+
+// rows x width floats from src (row stride ld) into buf, at a row stride of width rounded up to 16
+// floats (64-byte rows), moved off the multiples of kConflictStride; returns that stride.
+int restaged(const float* src, int rows, int width, int ld, std::vector<float>& buf) {
+  int stride = (width + 15) / 16 * 16;
+  if (stride % kConflictStride == 0) stride += 16;
+  buf.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(stride));
+  for (int r = 0; r < rows; ++r)
+    std::memcpy(buf.data() + static_cast<std::ptrdiff_t>(r) * stride,
+                src + static_cast<std::ptrdiff_t>(r) * ld, static_cast<std::size_t>(width) * 4);
+  return stride;
+}
+
 // oneDNN's sgemm on the calling thread alone. Inside an active parallel region oneDNN runs serially
 // by itself; outside one it would start omp_get_max_threads() threads, so the calling thread's
 // OpenMP count is 1 for the call (attnlab splits a gemm across threads itself: gemm_impl). A
 // status other than success (which the arguments attnlab passes never give) falls back to OpenBLAS.
 void onednn_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  // Per thread, kept: the copies of the operands that restage picks (above).
+  thread_local std::vector<float> a_copy, b_copy;
+  if (trans_a && restage(lda, k, m, n)) {
+    lda = restaged(a, k, m, lda, a_copy);
+    a = a_copy.data();
+  }
+  if (!trans_b && restage(ldb, k, n, m)) {
+    ldb = restaged(b, k, n, ldb, b_copy);
+    b = b_copy.data();
+  }
   const bool serial = !omp_in_parallel();
   const int previous = serial ? omp_get_max_threads() : 1;
   if (serial && previous != 1) omp_set_num_threads(1);

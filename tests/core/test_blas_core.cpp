@@ -52,20 +52,22 @@ struct ThreadCountGuard {
   ~ThreadCountGuard() { set_num_threads(1); }
 };
 
-// C = alpha op(A) op(B) + beta C through blas::gemm on padded buffers (ld = width + 5), against
-// alpha * xt::linalg::dot(op(A), op(B)) + beta * C on the unpadded views.
+// C = alpha op(A) op(B) + beta C through blas::gemm on padded buffers (ld = width + a_pad, + b_pad,
+// + 5 for C), against alpha * xt::linalg::dot(op(A), op(B)) + beta * C on the unpadded views.
 template <class T>
 void check_gemm_against_dot(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
-                            double tolerance) {
+                            double tolerance, std::size_t a_pad = 5, std::size_t b_pad = 5) {
   CAPTURE(ta);
   CAPTURE(tb);
   CAPTURE(m);
+  CAPTURE(n);
+  CAPTURE(k);
   const std::size_t pad = 5;
   const std::size_t a_rows = ta ? k : m, a_cols = ta ? m : k;
   const std::size_t b_rows = tb ? n : k, b_cols = tb ? k : n;
   Rng rng(17);
-  const auto a = randn<T, 2>({a_rows, a_cols + pad}, rng);
-  const auto b = randn<T, 2>({b_rows, b_cols + pad}, rng);
+  const auto a = randn<T, 2>({a_rows, a_cols + a_pad}, rng);
+  const auto b = randn<T, 2>({b_rows, b_cols + b_pad}, rng);
   auto c = randn<T, 2>({m, n + pad}, rng);
   const xt::xtensor<T, 2> c0 = c;
   const T alpha = T(0.75), beta = T(-0.5);
@@ -78,8 +80,8 @@ void check_gemm_against_dot(bool ta, bool tb, std::size_t m, std::size_t n, std:
       alpha * xt::linalg::dot(op_a, op_b) + beta * xt::view(c0, xt::all(), xt::range(0, n));
 
   blas::gemm<T>(ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
-                a.data(), static_cast<int>(a_cols + pad), b.data(), static_cast<int>(b_cols + pad),
-                beta, c.data(), static_cast<int>(n + pad));
+                a.data(), static_cast<int>(a_cols + a_pad), b.data(),
+                static_cast<int>(b_cols + b_pad), beta, c.data(), static_cast<int>(n + pad));
   const xt::xtensor<T, 2> got = xt::view(c, xt::all(), xt::range(0, n));
   CHECK(test::rel_error(got, expected) < tolerance);
   // The padding of C is never written.
@@ -178,6 +180,35 @@ TEST_CASE("blas::gemm matches xt::linalg::dot for every transpose, padded, on 1 
         check_gemm_against_dot<double>(ta, tb, 40, 517, 80, 1e-13);
       }
     }
+  }
+}
+
+// oneDNN reads an operand stored k rows deep whose rows lie a multiple of 2 KB apart through a
+// copy at another stride (blas.cpp, kConflictStride), when k >= 128, C's other side >= 32 and the
+// operand at most 8 MiB: each such case, the bounds, and both thread counts (the 2-thread split
+// copies per part).
+TEST_CASE("blas::gemm on rows a multiple of 2 KB apart, as oneDNN reads them through a copy") {
+  ThreadCountGuard guard;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    CAPTURE(threads);
+    // B (k x n) at ldb 512: copied.
+    check_gemm_against_dot<float>(false, false, 40, 500, 130, 1e-5, 5, 12);
+    check_gemm_against_dot<float>(false, false, 384, 512, 128, 1e-5, 5, 0);
+    // A stored k x m at lda 512: copied; then both A and B at 512 with no padding at all (widths
+    // a multiple of 512: the copy's stride moves by 16).
+    check_gemm_against_dot<float>(true, false, 500, 60, 140, 1e-5, 12, 4);
+    check_gemm_against_dot<float>(true, false, 512, 512, 129, 1e-5, 0, 0);
+    // Untransposed A and transposed B are read along their rows: never copied.
+    check_gemm_against_dot<float>(false, true, 64, 40, 512, 1e-5, 0, 0);
+    // Just below the bounds (k = 127; C's other side 31): not copied.
+    check_gemm_against_dot<float>(false, false, 40, 512, 127, 1e-5, 5, 0);
+    check_gemm_against_dot<float>(false, false, 31, 512, 200, 1e-5, 5, 0);
+    check_gemm_against_dot<float>(true, false, 512, 31, 200, 1e-5, 0, 5);
+    // Over 8 MiB (1100 rows of 2048): read in place.
+    check_gemm_against_dot<float>(false, false, 40, 2048, 1100, 1e-5, 5, 0);
+    // A narrow slice of a wide buffer (width 24 of ld 1024): the copy takes the width only.
+    check_gemm_against_dot<float>(false, false, 64, 24, 300, 1e-5, 5, 1000);
   }
 }
 

@@ -131,7 +131,9 @@ bool initialized();
 // Called outside a parallel region with num_threads() > 1 (the calling thread's count, threads.hpp)
 // and a large enough product, the rows (or columns) of C are split over that many threads, one
 // single-threaded BLAS call each; deterministic for a fixed thread count and engine. Inside a
-// parallel region it always runs serially. Float GEMMs run in BlasInfo::engine.
+// parallel region it always runs serially. Float GEMMs run in BlasInfo::engine; oneDNN reads an
+// operand whose rows lie a multiple of 2 KB apart through a copy at another stride (cache-set
+// conflicts: lib/README.md, "Numbers and parallelism"), with the same result.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda, const T* b,
           int ldb, T beta, T* c, int ldc);
