@@ -93,7 +93,8 @@ int restaged(const float* src, int rows, int width, int ld, std::vector<float>& 
   buf.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(stride));
   for (int r = 0; r < rows; ++r)
     std::memcpy(buf.data() + static_cast<std::ptrdiff_t>(r) * stride,
-                src + static_cast<std::ptrdiff_t>(r) * ld, static_cast<std::size_t>(width) * 4);
+                src + static_cast<std::ptrdiff_t>(r) * ld,
+                static_cast<std::size_t>(width) * sizeof(float));
   return stride;
 }
 
