@@ -3,7 +3,6 @@
 
 #include <cblas.h>
 #include <omp.h>
-#include <strings.h>
 #ifdef ATTNLAB_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
 
@@ -19,7 +18,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -27,11 +25,7 @@
 #include <vector>
 
 #include "attnlab/threads.hpp"
-
-// OpenBLAS's DYNAMIC_ARCH core selection (driver/others/dynamic.c). Weak: an OpenBLAS built for one
-// fixed core lacks them, and attnlab then leaves its kernels alone.
-extern "C" void gotoblas_dynamic_init(void) __attribute__((weak));
-extern "C" void gotoblas_dynamic_quit(void) __attribute__((weak));
+#include "blas_private.hpp"
 
 namespace attnlab {
 namespace blas {
@@ -42,8 +36,7 @@ CBLAS_TRANSPOSE to_cblas(bool trans) {
   return trans ? CblasTrans : CblasNoTrans;
 }
 
-// The engine of float gemms (BlasInfo::engine), set before any gemm runs: by init under the
-// exclusive lock, or by the check of the first gemm; read by every gemm after ensure_checked.
+// The engine of float gemms (BlasInfo::engine), set once by ensure_checked before any gemm runs.
 std::atomic<GemmEngine> float_engine{GemmEngine::openblas};
 
 void openblas_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
@@ -368,129 +361,9 @@ void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
 }
 
-// ---- Choosing the kernels (blas::init) ----
-//
-// Why switching OpenBLAS's core at run time is safe here (OpenBLAS 0.3.21, driver/others/dynamic.c
-// and memory.c; the same in its pthread and OpenMP flavours, Debian links the pthread one):
-// - gotoblas_dynamic_quit() only sets the global table pointer `gotoblas` to NULL, and
-//   gotoblas_dynamic_init() points it at the table OPENBLAS_CORETYPE names and runs that table's
-//   init(), which fills the core's blocking sizes (GEMM_P/Q/R, offsets, alignment) in its own
-//   table. Nothing is freed or reallocated.
-// - The work buffers of blas_memory_alloc() have one size, BUFFER_SIZE, fixed when memory.c is
-//   compiled, once for all the cores of a DYNAMIC_ARCH library; every core's GEMM_P x GEMM_Q
-//   blocks fit it, since OpenBLAS may itself start on any core (CPU model or OPENBLAS_CORETYPE).
-// - A level-3 call reads the table (kernels and block sizes) while it runs and keeps nothing of
-//   it between calls, so every call after the switch uses the new core throughout.
-// - What is not safe is a BLAS call in flight during the switch: it would read a NULL table or mix
-//   two cores. So every blas::gemm holds a shared lock of core_mutex() for its whole call and
-//   blas::init switches under the exclusive lock, and OpenBLAS's own worker threads are idle
-//   (attnlab pins OpenBLAS to 1 thread, and its workers only run inside a call). BLAS calls made
-//   outside attnlab from another thread at that moment cannot be covered.
-// - The switch sets OPENBLAS_CORETYPE for its duration (OpenBLAS reads the core from nowhere
-//   else), and setenv races with any thread reading the environment. So only the explicit
-//   blas::init switches, called by a program first, before it starts threads (the CLI does); a
-//   gemm before init only checks, read-only, and says in BlasInfo::warning that init would switch.
-
-// The instruction sets that separate OpenBLAS's x86-64 cores, in increasing order.
-enum class Isa { sse3, ssse3, sse4_2, avx, avx2_fma, avx512, avx512_bf16 };
-
-struct CoreName {
-  const char* name;  // as openblas_get_corename() spells it
-  Isa isa;           // what its kernels need
-  bool forcible;     // accepted by ATTNLAB_BLAS_CORE
-};
-
-// dynamic.c's corename[] (0.3.21, plus SapphireRapids from 0.3.22). Every core below avx2_fma is a
-// generic choice on a CPU that has AVX2 + FMA: the SSE cores are what OpenBLAS falls back to for
-// models it does not know, the AVX ones (Sandybridge, the AMD Bulldozer family) predate AVX2.
-constexpr CoreName kCores[] = {
-    {"Unknown", Isa::sse3, false},
-    {"Katmai", Isa::sse3, false},
-    {"Coppermine", Isa::sse3, false},
-    {"Northwood", Isa::sse3, false},
-    {"Prescott", Isa::sse3, true},
-    {"Banias", Isa::sse3, false},
-    {"Atom", Isa::ssse3, false},
-    {"Core2", Isa::ssse3, true},
-    {"Penryn", Isa::ssse3, false},
-    {"Dunnington", Isa::ssse3, false},
-    {"Nehalem", Isa::sse4_2, true},
-    {"Athlon", Isa::sse3, false},
-    {"Opteron", Isa::sse3, false},
-    {"Opteron_SSE3", Isa::sse3, false},
-    {"Barcelona", Isa::sse3, false},
-    {"Nano", Isa::sse3, false},
-    {"Sandybridge", Isa::avx, true},
-    {"Bobcat", Isa::sse3, false},
-    {"Bulldozer", Isa::avx, false},
-    {"Piledriver", Isa::avx, false},
-    {"Haswell", Isa::avx2_fma, true},
-    {"Steamroller", Isa::avx, false},
-    {"Excavator", Isa::avx, false},
-    {"Zen", Isa::avx2_fma, true},
-    {"SkylakeX", Isa::avx512, true},
-    {"Cooperlake", Isa::avx512_bf16, true},
-    {"SapphireRapids", Isa::avx512_bf16, false},
-};
-
-const CoreName* find_core(const std::string& name) {
-  for (const CoreName& core : kCores)
-    if (strcasecmp(core.name, name.c_str()) == 0) return &core;
-  return nullptr;
-}
-
-CpuFeatures detect_cpu() {
-  __builtin_cpu_init();
-  CpuFeatures cpu;
-  cpu.avx2 = __builtin_cpu_supports("avx2");
-  cpu.fma = __builtin_cpu_supports("fma");
-  cpu.avx512f = __builtin_cpu_supports("avx512f");
-  cpu.avx512bw = __builtin_cpu_supports("avx512bw");
-  cpu.avx512dq = __builtin_cpu_supports("avx512dq");
-  cpu.avx512vl = __builtin_cpu_supports("avx512vl");
-  cpu.avx512bf16 = __builtin_cpu_supports("avx512bf16");
-  return cpu;
-}
-
-Isa cpu_isa(const CpuFeatures& cpu) {
-  const bool avx512 = cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl;
-  if (avx512 && cpu.avx2 && cpu.fma) return cpu.avx512bf16 ? Isa::avx512_bf16 : Isa::avx512;
-  if (cpu.avx2 && cpu.fma) return Isa::avx2_fma;
-  if (__builtin_cpu_supports("avx")) return Isa::avx;
-  if (__builtin_cpu_supports("sse4.2")) return Isa::sse4_2;
-  return __builtin_cpu_supports("ssse3") ? Isa::ssse3 : Isa::sse3;
-}
-
-const char* isa_name(Isa isa) {
-  static constexpr const char* kNames[] = {"SSE3",     "SSSE3",   "SSE4.2",      "AVX",
-                                           "AVX2+FMA", "AVX-512", "AVX-512 BF16"};
-  return kNames[static_cast<int>(isa)];
-}
-
-// The best core attnlab picks for a CPU of at least AVX2 + FMA.
-const char* best_core(Isa isa) {
-  if (isa == Isa::avx512_bf16) return "Cooperlake";
-  return isa == Isa::avx512 ? "SkylakeX" : "Haswell";
-}
-
 bool env_is_one(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "1";
-}
-
-// Points OpenBLAS at another core; true when it runs that core now. OpenBLAS reads the core from
-// OPENBLAS_CORETYPE, set for the call and restored after it (child processes see the user's).
-bool switch_core(const std::string& name) {
-  const char* previous = std::getenv("OPENBLAS_CORETYPE");
-  const std::string saved = previous ? previous : "";
-  setenv("OPENBLAS_CORETYPE", name.c_str(), 1);
-  gotoblas_dynamic_quit();
-  gotoblas_dynamic_init();
-  if (previous)
-    setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
-  else
-    unsetenv("OPENBLAS_CORETYPE");
-  return strcasecmp(openblas_get_corename(), name.c_str()) == 0;
 }
 
 // One gemm (37 x 29 x 41, odd on purpose, padded leading dimensions) against a plain loop. Inputs
@@ -525,8 +398,9 @@ bool gemm_exact(const Gemm& gemm, bool trans_a, bool trans_b, bool corrupt) {
   return c == expected;
 }
 
-// OpenBLAS's core: its sgemm and dgemm.
-bool self_check() {
+}  // namespace
+
+bool detail::openblas_self_check() {
   const bool corrupt = env_is_one("ATTNLAB_BLAS_SIMULATE_BAD_KERNEL");
   const auto sgemm = [](auto... args) { openblas_gemm(args...); };
   for (bool trans_a : {false, true}) {
@@ -537,6 +411,8 @@ bool self_check() {
   }
   return true;
 }
+
+namespace {
 
 #ifdef ATTNLAB_WITH_ONEDNN
 // oneDNN's sgemm, as the core's.
@@ -701,143 +577,40 @@ void select_bf16(BlasInfo& info) {
   bf16_engine.store(info.bf16_engine, std::memory_order_relaxed);
 }
 
-// "OpenBLAS 0.3.21" from "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...".
-std::string library_name() {
-  const std::string config = openblas_get_config();
-  const auto first = config.find(' ');
-  const auto second = first == std::string::npos ? first : config.find(' ', first + 1);
-  return config.substr(0, second);
-}
-
-std::string forcible_names() {
-  std::string names;
-  for (const CoreName& core : kCores)
-    if (core.forcible) names.append(names.empty() ? "" : ", ").append(core.name);
-  return names;
-}
-
-// Fills `info`. With may_switch false (a gemm before blas::init) nothing is changed: where init
-// would switch, the reason and the warning say so and name init.
-void select_core(BlasInfo& info, bool may_switch) {
-  info = BlasInfo{};
-  info.library = library_name();
-  info.cpu = detect_cpu();
-  info.openblas_core = info.core = openblas_get_corename();
-  const char* user_core = std::getenv("OPENBLAS_CORETYPE");
-  const char* request_env = std::getenv("ATTNLAB_BLAS_CORE");
-  const std::string request = request_env ? request_env : "";
-  if (user_core && *user_core && !env_is_one("ATTNLAB_BLAS_SIMULATE_FALLBACK")) {
-    info.reason = std::string("OPENBLAS_CORETYPE=") + user_core + " set by the user";
-    return;
-  }
-  if (request == "keep") {
-    info.reason = "ATTNLAB_BLAS_CORE=keep";
-    return;
-  }
-  if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit) {
-    info.reason = "this OpenBLAS has one fixed core";
-    if (!request.empty())
-      info.warning = "ATTNLAB_BLAS_CORE=" + request + " ignored: " + info.reason;
-    return;
-  }
-  const Isa isa = cpu_isa(info.cpu);
-  std::string target, why;
-  if (!request.empty()) {
-    const CoreName* forced = find_core(request);
-    if (!forced || !forced->forcible) {
-      info.reason = "kept: ATTNLAB_BLAS_CORE=" + request + " is not a core attnlab can select";
-      info.warning = "ATTNLAB_BLAS_CORE=" + request + " ignored: expected keep or one of " +
-                     forcible_names() + "; running " + info.core;
-      return;
-    }
-    if (forced->isa > isa) {
-      info.reason = "kept: ATTNLAB_BLAS_CORE=" + request + " needs " + isa_name(forced->isa);
-      info.warning = "ATTNLAB_BLAS_CORE=" + request + " ignored: " + forced->name + " needs " +
-                     isa_name(forced->isa) + ", which this CPU lacks; running " + info.core;
-      return;
-    }
-    target = forced->name;
-    why = "ATTNLAB_BLAS_CORE=" + request;
-  } else {
-    const CoreName* chosen = find_core(info.core);
-    if (!chosen || chosen->isa >= Isa::avx2_fma || isa < Isa::avx2_fma) {
-      info.reason = "OpenBLAS's choice for this CPU";
-      return;
-    }
-    target = best_core(isa);
-    why = std::string("generic fallback on a CPU with ") + isa_name(isa);
-  }
-  if (strcasecmp(target.c_str(), info.core.c_str()) == 0) {
-    info.reason = why + ", already active";
-    return;
-  }
-  if (!may_switch) {
-    info.reason = "kept: " + why + ", but blas::init() was not called";
-    info.warning = "BLAS core " + info.core + " kept (" + why +
-                   "): call attnlab::blas::init() at program start to switch to " + target;
-    return;
-  }
-  const bool moved = switch_core(target);
-  if (moved && self_check()) {
-    info.core = target;
-    info.switched = true;
-    info.reason = why;
-    return;
-  }
-  switch_core(info.openblas_core);
-  info.core = openblas_get_corename();
-  const std::string failure =
-      moved ? " failed attnlab's sgemm/dgemm self-check" : " is not available in this OpenBLAS";
-  info.reason = "kept: " + target + failure;
-  info.warning = "BLAS core " + target + failure + " (" + why + "); running " + info.core;
-  if (request.empty()) info.warning += ", which may be several times slower";
-}
-
 BlasInfo& info_storage() {
   static BlasInfo info;
   return info;
 }
 
-// What has filled info_storage(): nothing, the read-only check of a gemm before init, or init.
-enum class CoreState { unchecked, checked, initialized };
-std::atomic<CoreState> core_state{CoreState::unchecked};
-// Shared by the gemms in flight, exclusive while init switches the core or a check fills the info.
-std::shared_mutex& core_mutex() {
-  static std::shared_mutex m;
-  return m;
+// Fills info_storage() once, before the first gemm or by init: the core, the float engine and the
+// bf16 engine. Nothing in it changes after that (the core is chosen when OpenBLAS loads), so gemms
+// in flight need no lock.
+void ensure_checked() {
+  static std::once_flag checked;
+  std::call_once(checked, [] {
+    (void)detail::describe_core(info_storage());
+    select_engine(info_storage());
+    select_bf16(info_storage());
+  });
 }
 
-// Before the first gemm: the read-only check, unless init ran (one atomic load after that).
-void ensure_checked() {
-  if (core_state.load(std::memory_order_acquire) != CoreState::unchecked) return;
-  const std::unique_lock<std::shared_mutex> lock(core_mutex());
-  if (core_state.load(std::memory_order_relaxed) != CoreState::unchecked) return;
-  select_core(info_storage(), false);
-  select_engine(info_storage());
-  select_bf16(info_storage());
-  core_state.store(CoreState::checked, std::memory_order_release);
-}
+std::atomic<bool> init_called{false};
 
 }  // namespace
 
 void init() {
-  const std::unique_lock<std::shared_mutex> lock(core_mutex());
-  if (core_state.load(std::memory_order_relaxed) == CoreState::initialized) return;
-  select_core(info_storage(), true);
-  select_engine(info_storage());
-  select_bf16(info_storage());
-  core_state.store(CoreState::initialized, std::memory_order_release);
+  ensure_checked();
+  init_called.store(true, std::memory_order_release);
 }
 
 bool initialized() {
-  return core_state.load(std::memory_order_acquire) == CoreState::initialized;
+  return init_called.load(std::memory_order_acquire);
 }
 
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   ensure_checked();
-  const std::shared_lock<std::shared_mutex> in_flight(core_mutex());
   if (bf16_scopes.load(std::memory_order_relaxed) > 0) {
     bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
@@ -876,7 +649,6 @@ template <>
 void gemm<double>(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
                   int lda, const double* b, int ldb, double beta, double* c, int ldc) {
   ensure_checked();
-  const std::shared_lock<std::shared_mutex> in_flight(core_mutex());
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -151,7 +151,7 @@ void print_memory() {
 
 int main(int argc, char** argv) {
   using namespace attnlab::bench;
-  attnlab::blas::init();  // as any program does first: the BLAS kernels for this CPU
+  attnlab::blas::init_process(argv);  // as any program does first: the BLAS kernels for this CPU
   // As the CLI does: freed activations are reused, not page-faulted in again every step. Off with
   // --malloc-default, to measure what it saves.
   bool keep_memory = true;

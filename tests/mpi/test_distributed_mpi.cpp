@@ -184,7 +184,7 @@ TEST_CASE("mpi: check_replicas passes on equal replicas and names the rank that 
 }
 
 int main(int argc, char** argv) {
-  blas::init();
+  blas::init_process(argv);
   set_num_threads(1);
   const auto comm = init_distributed(&argc, &argv);
   if (comm->size() < 2) {

@@ -6,8 +6,8 @@
 #include "attnlab/attnlab.hpp"
 #include "attnlab/optim/adamw.hpp"
 
-int main() {
-  attnlab::blas::init();  // first, before any thread: the BLAS kernels for this CPU
+int main(int, char** argv) {
+  attnlab::blas::init_process(argv);  // first: the BLAS kernels for this CPU
   attnlab::set_num_threads(2);
   attnlab::Rng rng(42);
   const auto q = attnlab::randn<float, 4>({2, 2, 5, 8}, rng);

@@ -1,11 +1,13 @@
-// attnlab_blas_core_probe [init | no-init | threads]: runs blas::init() as a program does first
-// (init, the default), or not (no-init), then one blas::gemm, and prints blas_info() as key=value
-// lines with what OpenBLAS itself reports afterwards, the float engine (ATTNLAB_GEMM), the bf16
-// engine (ATTNLAB_BF16) and whether a float gemm through it matched a plain loop. `threads` runs no
-// init and makes the process's first gemms from 4 threads at once while a fifth reads
-// OPENBLAS_CORETYPE in a loop, and prints env_changed=1 if that thread ever saw another value.
-// tests/core/test_blas_core.cpp starts it with different environments: the core is chosen once per
-// process.
+// attnlab_blas_core_probe [init | no-init | threads]: runs blas::init_process(argv) as a program
+// does first (init, the default; it may start the probe again on another core), or not (no-init),
+// then one blas::gemm, and prints blas_info() as key=value lines with what OpenBLAS itself reports
+// afterwards, the float engine (ATTNLAB_GEMM), the bf16 engine (ATTNLAB_BF16) and whether a float
+// gemm through it matched a plain loop. `threads` runs no init and makes the process's first gemms
+// from 4 threads at once while a fifth reads OPENBLAS_CORETYPE in a loop, and prints env_changed=1
+// if that thread ever saw another value. It also prints ATTNLAB_BLAS_RESTART (what a restart handed
+// down); with PROBE_STARTS_FILE set, every start of main appends a line to that file, so a test
+// counts the restarts. tests/core/test_blas_core.cpp starts it with different environments: the
+// core is chosen once per process.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -81,7 +83,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool env_changed = false;
-  if (mode == "init") attnlab::blas::init();
+  if (const char* starts = std::getenv("PROBE_STARTS_FILE")) {
+    if (std::FILE* f = std::fopen(starts, "a")) {
+      std::fprintf(f, "start\n");
+      std::fclose(f);
+    }
+  }
+  if (mode == "init") attnlab::blas::init_process(argv);
   const bool gemm_ok =
       mode == "threads" ? gemms_while_reading_environment(env_changed) : gemm_matches_loop();
   const attnlab::BlasInfo& info = attnlab::blas_info();
@@ -98,6 +106,8 @@ int main(int argc, char** argv) {
   std::printf("env_coretype=%s\n", coretype ? coretype : "(unset)");
   std::printf("initialized=%d\n", attnlab::blas::initialized() ? 1 : 0);
   std::printf("env_changed=%d\n", env_changed ? 1 : 0);
+  const char* restart = std::getenv("ATTNLAB_BLAS_RESTART");
+  std::printf("restart=%s\n", restart ? restart : "(unset)");
   std::printf("engine=%s\n", attnlab::to_string(info.engine));
   std::printf("engine_name=%s\n", info.engine_name.c_str());
   std::printf("engine_reason=%s\n", info.engine_reason.c_str());

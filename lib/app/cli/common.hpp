@@ -46,7 +46,8 @@ std::string printable_line(std::string_view text);
 int error_line(const CliContext& cli, const std::string& message, int status,
                bool this_rank_only = false);
 
-// blas::init's warning (e.g. fast kernels failed their self-check), once per process on stderr.
+// The BLAS choice's warning (e.g. fast kernels failed their self-check), once per process on
+// stderr.
 void print_blas_warning(CliContext& cli);
 
 // Rejects NaN and infinities, which CLI11's Range lets through (every comparison with NaN fails).

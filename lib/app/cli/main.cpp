@@ -159,9 +159,10 @@ int report_failure(const CliContext& cli, Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The BLAS kernels for this CPU, before MPI or any other thread starts: a core switch sets
-  // OPENBLAS_CORETYPE for its duration (attnlab/blas.hpp).
-  attnlab::blas::init();
+  // The BLAS kernels for this CPU, first: where OpenBLAS loaded a generic fallback core, this
+  // starts the program again with OPENBLAS_CORETYPE set (attnlab/blas.hpp), before MPI, malloc
+  // tuning or any thread of attnlab's.
+  attnlab::blas::init_process(argv);
   // Steps reuse their freed activations instead of page-faulting them in again; a user's own
   // malloc settings win.
   if (!std::getenv("MALLOC_MMAP_THRESHOLD_") && !std::getenv("MALLOC_TRIM_THRESHOLD_") &&

@@ -1,8 +1,9 @@
 // The one place that calls a GEMM library. Row-major, explicit leading dimensions, float and
 // double. Every matmul in attnlab goes through here: never write a matmul as an xtensor expression.
-// It also makes sure OpenBLAS runs kernels the CPU supports (blas::init, blas_info), and chooses
-// the engine of float GEMMs: oneDNN where it is built in (faster on the shapes of a training step:
-// tests/bench/README.md), else OpenBLAS. Double GEMMs always run in OpenBLAS (oneDNN has none).
+// It also makes sure OpenBLAS runs kernels the CPU supports (blas::init_process, blas_info), and
+// chooses the engine of float GEMMs: oneDNN where it is built in (faster on the shapes of a
+// training step: tests/bench/README.md), else OpenBLAS. Double GEMMs always run in OpenBLAS (oneDNN
+// has none).
 #pragma once
 
 #include <string>
@@ -32,13 +33,13 @@ enum class GemmPrecision { fp32, bf16 };
 // fp32 sums; emulated is slower than fp32 by the rounding pass.
 enum class Bf16Engine { onednn, emulated };
 
-// Which BLAS kernels attnlab runs, and why. Filled by blas::init(), or read-only by the first gemm
-// when init was not called.
+// Which BLAS kernels attnlab runs, and why. Filled once: by blas::init() (init_process), or by the
+// first gemm.
 struct BlasInfo {
   std::string library;        // e.g. "OpenBLAS 0.3.21"
-  std::string core;           // the kernels in use (openblas_get_corename() after blas::init)
-  std::string openblas_core;  // the core OpenBLAS chose by itself when it loaded
-  bool switched = false;      // attnlab moved OpenBLAS from openblas_core to core
+  std::string core;           // the kernels in use (openblas_get_corename())
+  std::string openblas_core;  // the core OpenBLAS chose by itself (before a restart, if any)
+  bool switched = false;      // init_process restarted the program from openblas_core on core
   std::string reason;         // why it switched, or why it did not
   CpuFeatures cpu;
   // The engine of float GEMMs, from ATTNLAB_GEMM (auto | onednn | openblas; auto: oneDNN when it
@@ -60,8 +61,8 @@ struct BlasInfo {
   std::string warning;  // empty unless something went wrong; the app shows it, the library never
 };
 
-// The result of blas::init(), or, when init was not called, of the read-only check the first gemm
-// runs (which switches nothing and says in `warning` when init would).
+// The kernels in use and why (filled once, by blas::init or the first gemm; where init_process
+// would restart the program on another core, `warning` says so).
 const BlasInfo& blas_info();
 
 // One line: "OpenBLAS 0.3.21, core SkylakeX (switched from Prescott: <reason>)" or
@@ -95,21 +96,25 @@ double measure_gemm_peak_gflops(int threads, int n = 1024, int rounds = 3);
 
 namespace blas {
 
-// Chooses the BLAS kernels. Call it once at program start, before starting threads: a core switch
-// sets OPENBLAS_CORETYPE for its duration, which races with any thread reading the environment
-// (the attnlab CLI calls it first). Later calls do nothing. No other attnlab call changes the
-// process: a gemm before init only checks, read-only, which core init would choose (BlasInfo says
-// so in its warning). A switch waits for attnlab's gemms in flight. OpenBLAS's DYNAMIC_ARCH picks a
-// core from the CPU model; on models it does not know (0.3.21 on Emerald Rapids) it falls back to a
-// generic SSE core such as Prescott, several times slower. When the core is such a fallback and the
-// CPU has AVX-512 (F, BW, DQ, VL) or AVX2 + FMA, init switches OpenBLAS to Cooperlake (AVX-512
-// BF16) / SkylakeX / Haswell, checks a small sgemm and dgemm against a plain loop, and switches
-// back on a mismatch (BlasInfo::warning says so). Environment:
+// Chooses the BLAS kernels for the whole process: the one explicit, process-wide call, made first
+// in main() (the attnlab CLI, its test runner and its benchmarks do), then init().
+// OpenBLAS's DYNAMIC_ARCH picks its core once, while it loads, from OPENBLAS_CORETYPE or the CPU
+// model; on models it does not know (0.3.21 on Emerald Rapids) it falls back to a generic SSE
+// core such as Prescott, several times slower. When the core is such a fallback and the CPU has
+// AVX-512 (F, BW, DQ, VL) or AVX2 + FMA, or ATTNLAB_BLAS_CORE asks for another core, init_process
+// starts the program again (execve of /proc/self/exe with this argv, same pid) with
+// OPENBLAS_CORETYPE=SkylakeX / Haswell / the asked core added to the new image's environment, and
+// returns in that image. There it checks a small sgemm and dgemm against a plain loop, and on a
+// mismatch starts once more on OpenBLAS's own core (BlasInfo::warning says so). No OpenBLAS
+// internals are called and no environment variable of a running process is written. argv must be
+// main's (std::invalid_argument otherwise); std::runtime_error if a failed self-check could not be
+// undone. Where no restart is needed, it is init(). Environment:
 //   OPENBLAS_CORETYPE set       the user chose: attnlab changes nothing;
 //   ATTNLAB_BLAS_CORE=keep      keep OpenBLAS's choice;
-//   ATTNLAB_BLAS_CORE=<core>    use this core: Prescott, Core2, Nehalem, Sandybridge, Haswell, Zen,
-//                               SkylakeX or Cooperlake (refused, with a warning, if the CPU lacks
-//                               its instructions);
+//   ATTNLAB_BLAS_CORE=<core>    use this core: Prescott, Core2, Nehalem, Sandybridge, Haswell, Zen
+//                               or SkylakeX (refused, with a warning, if the CPU lacks its
+//                               instructions);
+//   ATTNLAB_BLAS_RESTART        set by the restart for the new image ("<from>:<to>[:failed]");
 //   ATTNLAB_GEMM=auto|onednn|openblas   the engine of float GEMMs (BlasInfo::engine); another
 //                               value, or onednn in a build without it, is ignored with a warning;
 //   ATTNLAB_BF16=auto|onednn|emulated   how bf16 gemms run (BlasInfo::bf16_engine); onednn where
@@ -118,7 +123,11 @@ namespace blas {
 //   ATTNLAB_BLAS_SIMULATE_FALLBACK=1, ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1   for tests only: treat
 //                               the core named by OPENBLAS_CORETYPE as OpenBLAS's own fallback;
 //                               make the self-check fail (of the core, and of oneDNN).
-// Not safe against BLAS calls made outside attnlab at the same moment (see blas.cpp).
+void init_process(char* const argv[]);
+
+// Fills blas_info() without restarting anything: OpenBLAS's core stands, and where init_process
+// would restart the program on another core, BlasInfo::warning says so. A gemm before init runs the
+// same check. Thread-safe; later calls do nothing.
 void init();
 
 // True once init() has run in this process.
