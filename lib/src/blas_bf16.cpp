@@ -1,0 +1,141 @@
+// bf16 gemms (GemmPrecision::bf16): A and B rounded to bfloat16, fp32 sums, in oneDNN's bf16 matmul
+// (blas_onednn.cpp) or emulated on the float engine; the process's precision setting.
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "blas_private.hpp"
+
+namespace attnlab {
+namespace blas {
+namespace detail {
+
+namespace {
+
+// bf16 bits of x, rounded to nearest, ties to even (a NaN stays a quiet NaN; overflow gives inf),
+// as PyTorch's .bfloat16() and io/safetensors.hpp's float_to_bf16. Branch-free, so the copy loops
+// below vectorise.
+inline std::uint32_t bf16_high_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet_nan = (u | 0x00400000u) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+
+// The precision of float gemms and how bf16 ones run; set before any gemm like float_engine.
+std::atomic<int> bf16_scopes{0};  // GemmPrecisionScope(bf16)s alive in the process
+std::atomic<Bf16Engine> bf16_engine{Bf16Engine::emulated};
+
+}  // namespace
+
+void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst) {
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
+    float* __restrict out = dst + static_cast<std::ptrdiff_t>(r) * cols;
+    for (int j = 0; j < cols; ++j) {
+      const std::uint32_t bits = bf16_high_bits(in[j]);
+      std::memcpy(&out[j], &bits, sizeof bits);
+    }
+  }
+}
+
+void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst) {
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
+    std::uint16_t* __restrict out = dst + static_cast<std::ptrdiff_t>(r) * cols;
+    for (int j = 0; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
+  }
+}
+
+bool bf16_active() {
+  return bf16_scopes.load(std::memory_order_relaxed) > 0;
+}
+
+// A bf16 gemm: A and B rounded once into the calling thread's scratch (compact copies), then the
+// product split over the threads as any gemm. On the oneDNN engine the copies are bf16 and each
+// part a bf16 matmul; emulated, they are floats whose low 16 bits are zero and each part an fp32
+// gemm of the float engine: every product of two bf16 values is exact in fp32 (8 + 8 significant
+// bits), so it differs from a bf16 unit only in the order of the fp32 sums.
+void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+               int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const auto a_size = static_cast<std::size_t>(a_rows) * a_cols;
+  const auto b_size = static_cast<std::size_t>(b_rows) * b_cols;
+  if (bf16_engine.load(std::memory_order_relaxed) == Bf16Engine::onednn) {
+    onednn_bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  thread_local std::vector<float> a32, b32;
+  if (a32.size() < a_size) a32.resize(a_size);
+  if (b32.size() < b_size) b32.resize(b_size);
+  copy_rounded(a, a_rows, a_cols, lda, a32.data());
+  copy_rounded(b, b_rows, b_cols, ldb, b32.data());
+  gemm_impl(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+}
+
+void select_bf16(BlasInfo& info) {
+  const char* env = std::getenv("ATTNLAB_BF16");
+  const std::string request = env && *env ? env : "auto";
+  info.bf16_engine = Bf16Engine::emulated;
+  info.bf16_engine_name = "emulated: operands rounded to bf16, fp32 gemm in " + info.engine_name;
+  info.amx = false;
+  const bool built = onednn_built();
+  if (built) info.amx = onednn_amx();
+  const auto try_native = [&](const std::string& why) {
+    if (!built) {
+      info.bf16_reason = "built without oneDNN";
+      return false;
+    }
+    if (onednn_bf16_self_check()) {
+      info.bf16_engine = Bf16Engine::onednn;
+      info.bf16_engine_name = onednn_name() + ", bf16 matmul";
+      info.bf16_reason = why;
+      return true;
+    }
+    info.bf16_reason = "oneDNN's bf16 matmul is missing on this CPU or failed attnlab's self-check";
+    return false;
+  };
+  if (request == "emulated") {
+    info.bf16_reason = "ATTNLAB_BF16=emulated";
+  } else if (request == "onednn") {
+    if (!try_native("ATTNLAB_BF16=onednn"))
+      add_warning(
+          info, "ATTNLAB_BF16=onednn ignored (" + info.bf16_reason + "); bf16 gemms are emulated");
+  } else if (request == "auto") {
+    if (!info.amx) {
+      info.bf16_reason = "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed";
+    } else {
+      // A failed check leaves bf16 emulated, said in bf16_reason only: auto never warns, since
+      // bf16 is asked for by a run, not by the process, and fp32 runs are unaffected.
+      try_native("AMX");
+    }
+  } else {
+    info.bf16_reason = "ATTNLAB_BF16=" + request + " is not a bf16 engine";
+    add_warning(info, "ATTNLAB_BF16=" + request +
+                          " ignored: expected auto, onednn or emulated; bf16 gemms are emulated");
+  }
+  bf16_engine.store(info.bf16_engine, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+
+GemmPrecision gemm_precision() {
+  return detail::bf16_active() ? GemmPrecision::bf16 : GemmPrecision::fp32;
+}
+
+GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision)
+    : counted_(precision == GemmPrecision::bf16) {
+  if (counted_) detail::bf16_scopes.fetch_add(1);
+}
+
+GemmPrecisionScope::~GemmPrecisionScope() {
+  if (counted_) detail::bf16_scopes.fetch_sub(1);
+}
+
+}  // namespace blas
+}  // namespace attnlab
