@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -175,90 +176,164 @@ void check_heads(DeviceOps<T>& ops, double tol) {
   CHECK(test::rel_error(out.host(), expected) < tol);
 }
 
+// The sizes and inputs the layer ops' checks share, drawn from one Rng in the order the checks run:
+// x and dy (rows, C), gamma and beta (C,) and their device copies, drawn after the embedding's
+// check. A new layer op adds one check below and one line to check_layers.
+struct LayerSizes {
+  static constexpr std::size_t B = 2, Tn = 5, C = 12, V = 11, rows = B * Tn, hidden = 7;
+};
+
 template <class T>
-void check_layers(DeviceOps<T>& ops, double tol) {
-  const std::size_t B = 2, Tn = 5, C = 12, V = 11, rows = B * Tn, hidden = 7;
-  Rng rng(3);
+struct LayerInputs {
+  LayerInputs(DeviceOps<T>& ops_in, double tol_in) : ops(ops_in), tol(tol_in) {}
 
-  {
-    INFO("embedding");
-    const TokenIds ids = {{0, 3, 3, kNoToken, 10}, {2, 3, 0, 0, kNoToken}};  // id 1 unused
-    const auto table = random<T, 2>({V, C}, rng);
-    const auto dy = random<T, 3>({B, Tn, C}, rng);
-    EmbeddingCache cache;
-    const auto y_cpu = embedding_forward(cache, ids, table);
-    const auto dtable_cpu = embedding_backward(dy, cache);
-    DeviceVector<int, T> dids(ops, std::vector<int>(ids.begin(), ids.end()));
-    DeviceVector<T, T> dtable(ops, values<T>(table)), ddy(ops, values<T>(dy)), y(ops, rows * C),
-        grad(ops, V * C);
-    ops.embedding_forward(y.get(), dids.get(), dtable.get(), rows, C);
-    ops.embedding_backward(grad.get(), ddy.get(), dids.get(), rows, V, C);
-    CHECK(test::rel_error(y.host(), y_cpu) == 0.0);
-    CHECK(test::rel_error(grad.host(), dtable_cpu) < tol);
+  void draw_rows() {
+    using S = LayerSizes;
+    x = random<T, 2>({S::rows, S::C}, rng, 2.0);
+    dy = random<T, 2>({S::rows, S::C}, rng);
+    gamma = random<T, 1>({S::C}, rng);
+    beta = random<T, 1>({S::C}, rng);
+    dx_in = std::make_unique<DeviceVector<T, T>>(ops, values<T>(x));
+    ddy = std::make_unique<DeviceVector<T, T>>(ops, values<T>(dy));
+    dgamma_in = std::make_unique<DeviceVector<T, T>>(ops, values<T>(gamma));
+    dbeta_in = std::make_unique<DeviceVector<T, T>>(ops, values<T>(beta));
   }
-  const auto x = random<T, 2>({rows, C}, rng, 2.0);
-  const auto dy = random<T, 2>({rows, C}, rng);
-  const auto gamma = random<T, 1>({C}, rng), beta = random<T, 1>({C}, rng);
-  DeviceVector<T, T> dx_in(ops, values<T>(x)), ddy(ops, values<T>(dy)),
-      dgamma_in(ops, values<T>(gamma)), dbeta_in(ops, values<T>(beta));
-  {
-    INFO("layernorm");
-    LayerNormCache<double, 2> cache;
-    const auto y_cpu = layernorm_forward(cache, x, gamma, beta, kLayerNormEps);
-    const auto g = layernorm_backward(dy, cache, gamma);
-    DeviceVector<T, T> y(ops, rows * C), mean(ops, rows), rstd(ops, rows), dx(ops, rows * C),
-        dgamma(ops, C), dbeta(ops, C);
-    ops.layernorm_forward(y.get(), mean.get(), rstd.get(), dx_in.get(), dgamma_in.get(),
-                          dbeta_in.get(), rows, C, T(kLayerNormEps));
-    ops.layernorm_backward(dx.get(), dgamma.get(), dbeta.get(), ddy.get(), dx_in.get(), mean.get(),
-                           rstd.get(), dgamma_in.get(), rows, C);
-    CHECK(test::rel_error(y.host(), y_cpu) < tol);
-    CHECK(test::rel_error(rstd.host(), cache.rstd) < tol);
-    CHECK(test::rel_error(dx.host(), g.dx) < tol);
-    CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
-    CHECK(test::rel_error(dbeta.host(), g.dbeta) < tol);
 
-    // Without bias (a LayerNorm built with bias = false): beta and dbeta are null.
-    DeviceVector<T, T> y0(ops, rows * C), dx0(ops, rows * C), dgamma0(ops, C);
-    ops.layernorm_forward(y0.get(), mean.get(), rstd.get(), dx_in.get(), dgamma_in.get(), nullptr,
-                          rows, C, T(kLayerNormEps));
-    ops.layernorm_backward(dx0.get(), dgamma0.get(), nullptr, ddy.get(), dx_in.get(), mean.get(),
-                           rstd.get(), dgamma_in.get(), rows, C);
-    const Tensor<double, 2> y_no_beta = y_cpu - beta;
-    CHECK(test::rel_error(y0.host(), y_no_beta) < tol);
-    CHECK(test::rel_error(dx0.host(), g.dx) < tol);
-    CHECK(test::rel_error(dgamma0.host(), g.dgamma) < tol);
-  }
-  {
-    INFO("rmsnorm");
-    RmsNormCache<double, 2> cache;
-    const auto y_cpu = rmsnorm_forward(cache, x, gamma, kLayerNormEps);
-    const auto g = rmsnorm_backward(dy, cache, gamma);
-    DeviceVector<T, T> y(ops, rows * C), rstd(ops, rows), dx(ops, rows * C), dgamma(ops, C);
-    ops.rmsnorm_forward(y.get(), rstd.get(), dx_in.get(), dgamma_in.get(), rows, C,
-                        T(kLayerNormEps));
-    ops.rmsnorm_backward(dx.get(), dgamma.get(), ddy.get(), dx_in.get(), rstd.get(),
-                         dgamma_in.get(), rows, C);
+  DeviceOps<T>& ops;
+  double tol;
+  Rng rng{3};
+  Tensor<double, 2> x, dy;
+  Tensor<double, 1> gamma, beta;
+  std::unique_ptr<DeviceVector<T, T>> dx_in, ddy, dgamma_in, dbeta_in;
+};
+
+// embedding: the table lookup, and its gradient summed per id (an unused id and absent tokens).
+template <class T>
+void check_embedding(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  Rng& rng = in.rng;
+  constexpr std::size_t B = LayerSizes::B, Tn = LayerSizes::Tn, C = LayerSizes::C,
+                        V = LayerSizes::V, rows = LayerSizes::rows;
+  INFO("embedding");
+  const TokenIds ids = {{0, 3, 3, kNoToken, 10}, {2, 3, 0, 0, kNoToken}};  // id 1 unused
+  const auto table = random<T, 2>({V, C}, rng);
+  const auto dy = random<T, 3>({B, Tn, C}, rng);
+  EmbeddingCache cache;
+  const auto y_cpu = embedding_forward(cache, ids, table);
+  const auto dtable_cpu = embedding_backward(dy, cache);
+  DeviceVector<int, T> dids(ops, std::vector<int>(ids.begin(), ids.end()));
+  DeviceVector<T, T> dtable(ops, values<T>(table)), ddy(ops, values<T>(dy)), y(ops, rows * C),
+      grad(ops, V * C);
+  ops.embedding_forward(y.get(), dids.get(), dtable.get(), rows, C);
+  ops.embedding_backward(grad.get(), ddy.get(), dids.get(), rows, V, C);
+  CHECK(test::rel_error(y.host(), y_cpu) == 0.0);
+  CHECK(test::rel_error(grad.host(), dtable_cpu) < tol);
+}
+
+// layernorm, with and without bias (beta and dbeta null).
+template <class T>
+void check_layernorm(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  const Tensor<double, 2>& x = in.x;
+  const Tensor<double, 2>& dy = in.dy;
+  const Tensor<double, 1>& gamma = in.gamma;
+  const Tensor<double, 1>& beta = in.beta;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  DeviceVector<T, T>& ddy = *in.ddy;
+  DeviceVector<T, T>& dgamma_in = *in.dgamma_in;
+  DeviceVector<T, T>& dbeta_in = *in.dbeta_in;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows;
+  INFO("layernorm");
+  LayerNormCache<double, 2> cache;
+  const auto y_cpu = layernorm_forward(cache, x, gamma, beta, kLayerNormEps);
+  const auto g = layernorm_backward(dy, cache, gamma);
+  DeviceVector<T, T> y(ops, rows * C), mean(ops, rows), rstd(ops, rows), dx(ops, rows * C),
+      dgamma(ops, C), dbeta(ops, C);
+  ops.layernorm_forward(y.get(), mean.get(), rstd.get(), dx_in.get(), dgamma_in.get(),
+                        dbeta_in.get(), rows, C, T(kLayerNormEps));
+  ops.layernorm_backward(dx.get(), dgamma.get(), dbeta.get(), ddy.get(), dx_in.get(), mean.get(),
+                         rstd.get(), dgamma_in.get(), rows, C);
+  CHECK(test::rel_error(y.host(), y_cpu) < tol);
+  CHECK(test::rel_error(rstd.host(), cache.rstd) < tol);
+  CHECK(test::rel_error(dx.host(), g.dx) < tol);
+  CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
+  CHECK(test::rel_error(dbeta.host(), g.dbeta) < tol);
+
+  // Without bias (a LayerNorm built with bias = false): beta and dbeta are null.
+  DeviceVector<T, T> y0(ops, rows * C), dx0(ops, rows * C), dgamma0(ops, C);
+  ops.layernorm_forward(y0.get(), mean.get(), rstd.get(), dx_in.get(), dgamma_in.get(), nullptr,
+                        rows, C, T(kLayerNormEps));
+  ops.layernorm_backward(dx0.get(), dgamma0.get(), nullptr, ddy.get(), dx_in.get(), mean.get(),
+                         rstd.get(), dgamma_in.get(), rows, C);
+  const Tensor<double, 2> y_no_beta = y_cpu - beta;
+  CHECK(test::rel_error(y0.host(), y_no_beta) < tol);
+  CHECK(test::rel_error(dx0.host(), g.dx) < tol);
+  CHECK(test::rel_error(dgamma0.host(), g.dgamma) < tol);
+}
+
+// rmsnorm.
+template <class T>
+void check_rmsnorm(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  const Tensor<double, 2>& x = in.x;
+  const Tensor<double, 2>& dy = in.dy;
+  const Tensor<double, 1>& gamma = in.gamma;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  DeviceVector<T, T>& ddy = *in.ddy;
+  DeviceVector<T, T>& dgamma_in = *in.dgamma_in;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows;
+  INFO("rmsnorm");
+  RmsNormCache<double, 2> cache;
+  const auto y_cpu = rmsnorm_forward(cache, x, gamma, kLayerNormEps);
+  const auto g = rmsnorm_backward(dy, cache, gamma);
+  DeviceVector<T, T> y(ops, rows * C), rstd(ops, rows), dx(ops, rows * C), dgamma(ops, C);
+  ops.rmsnorm_forward(y.get(), rstd.get(), dx_in.get(), dgamma_in.get(), rows, C, T(kLayerNormEps));
+  ops.rmsnorm_backward(dx.get(), dgamma.get(), ddy.get(), dx_in.get(), rstd.get(), dgamma_in.get(),
+                       rows, C);
+  CHECK(test::rel_error(y.host(), y_cpu) < tol);
+  CHECK(test::rel_error(rstd.host(), cache.rstd) < tol);
+  CHECK(test::rel_error(dx.host(), g.dx) < tol);
+  CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
+}
+
+// gelu, tanh-approximated and exact.
+template <class T>
+void check_gelu(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  const Tensor<double, 2>& x = in.x;
+  const Tensor<double, 2>& dy = in.dy;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  DeviceVector<T, T>& ddy = *in.ddy;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows;
+  INFO("gelu");
+  for (bool exact : {false, true}) {
+    CAPTURE(exact);
+    GeluCache<double, 2> cache;
+    const auto y_cpu =
+        gelu_forward(cache, x, exact ? GeluApproximation::exact : GeluApproximation::tanh);
+    const auto dx_cpu = gelu_backward(dy, cache);
+    DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
+    ops.gelu_forward(y.get(), dx_in.get(), rows * C, exact);
+    ops.gelu_backward(dx.get(), ddy.get(), dx_in.get(), rows * C, exact);
     CHECK(test::rel_error(y.host(), y_cpu) < tol);
-    CHECK(test::rel_error(rstd.host(), cache.rstd) < tol);
-    CHECK(test::rel_error(dx.host(), g.dx) < tol);
-    CHECK(test::rel_error(dgamma.host(), g.dgamma) < tol);
+    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
   }
-  {
-    INFO("gelu");
-    for (bool exact : {false, true}) {
-      CAPTURE(exact);
-      GeluCache<double, 2> cache;
-      const auto y_cpu =
-          gelu_forward(cache, x, exact ? GeluApproximation::exact : GeluApproximation::tanh);
-      const auto dx_cpu = gelu_backward(dy, cache);
-      DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
-      ops.gelu_forward(y.get(), dx_in.get(), rows * C, exact);
-      ops.gelu_backward(dx.get(), ddy.get(), dx_in.get(), rows * C, exact);
-      CHECK(test::rel_error(y.host(), y_cpu) < tol);
-      CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
-    }
-  }
+}
+
+// relu and relu² (ReLU squared), both branches taken.
+template <class T>
+void check_relu(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  const Tensor<double, 2>& x = in.x;
+  const Tensor<double, 2>& dy = in.dy;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  DeviceVector<T, T>& ddy = *in.ddy;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows;
   for (const bool squared : {false, true}) {
     const char* op = squared ? "relu_squared" : "relu";
     INFO(op);
@@ -278,33 +353,61 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
     CHECK(std::count(y_dev.begin(), y_dev.end(), T(0)) > 0);  // both branches ran
   }
-  {
-    INFO("swiglu");
-    // x (rows, C) read as h (rows, 2F) with F = C / 2; dy (rows, F) from the first half of dy.
-    REQUIRE(C % 2 == 0);
-    const std::size_t F = C / 2;
-    const Tensor2<double> dyh = xt::view(dy, xt::all(), xt::range(0, F));
-    SwigluCache<double, 2> cache;
-    const auto y_cpu = swiglu_forward(cache, x);
-    const auto dh_cpu = swiglu_backward(dyh, cache);
-    DeviceVector<T, T> y(ops, rows * F), dh(ops, rows * C), dyv(ops, values<T>(dyh));
-    ops.swiglu_forward(y.get(), dx_in.get(), rows, F);
-    ops.swiglu_backward(dh.get(), dyv.get(), dx_in.get(), rows, F);
-    CHECK(test::rel_error(y.host(), y_cpu) < tol);
-    CHECK(test::rel_error(dh.host(), dh_cpu) < tol);
-  }
-  {
-    INFO("softcap");
-    SoftcapCache<double, 2> cache;
-    const double cap = 0.7;  // the inputs reach its curved part
-    const auto y_cpu = softcap_forward(cache, x, cap);
-    const auto dx_cpu = softcap_backward(dy, cache);
-    DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
-    ops.softcap_forward(y.get(), dx_in.get(), rows * C, T(cap));
-    ops.softcap_backward(dx.get(), ddy.get(), y.get(), rows * C, T(cap));
-    CHECK(test::rel_error(y.host(), y_cpu) < tol);
-    CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
-  }
+}
+
+// swiglu: x read as h (rows, 2F), F = C / 2.
+template <class T>
+void check_swiglu(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  const Tensor<double, 2>& x = in.x;
+  const Tensor<double, 2>& dy = in.dy;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows;
+  INFO("swiglu");
+  // x (rows, C) read as h (rows, 2F) with F = C / 2; dy (rows, F) from the first half of dy.
+  REQUIRE(C % 2 == 0);
+  const std::size_t F = C / 2;
+  const Tensor2<double> dyh = xt::view(dy, xt::all(), xt::range(0, F));
+  SwigluCache<double, 2> cache;
+  const auto y_cpu = swiglu_forward(cache, x);
+  const auto dh_cpu = swiglu_backward(dyh, cache);
+  DeviceVector<T, T> y(ops, rows * F), dh(ops, rows * C), dyv(ops, values<T>(dyh));
+  ops.swiglu_forward(y.get(), dx_in.get(), rows, F);
+  ops.swiglu_backward(dh.get(), dyv.get(), dx_in.get(), rows, F);
+  CHECK(test::rel_error(y.host(), y_cpu) < tol);
+  CHECK(test::rel_error(dh.host(), dh_cpu) < tol);
+}
+
+// softcap at a cap the inputs reach.
+template <class T>
+void check_softcap(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  const Tensor<double, 2>& x = in.x;
+  const Tensor<double, 2>& dy = in.dy;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  DeviceVector<T, T>& ddy = *in.ddy;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows;
+  INFO("softcap");
+  SoftcapCache<double, 2> cache;
+  const double cap = 0.7;  // the inputs reach its curved part
+  const auto y_cpu = softcap_forward(cache, x, cap);
+  const auto dx_cpu = softcap_backward(dy, cache);
+  DeviceVector<T, T> y(ops, rows * C), dx(ops, rows * C);
+  ops.softcap_forward(y.get(), dx_in.get(), rows * C, T(cap));
+  ops.softcap_backward(dx.get(), ddy.get(), y.get(), rows * C, T(cap));
+  CHECK(test::rel_error(y.host(), y_cpu) < tol);
+  CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
+}
+
+// rope, half-split and interleaved, partial, at an offset.
+template <class T>
+void check_rope(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  Rng& rng = in.rng;
+  constexpr std::size_t B = LayerSizes::B, Tn = LayerSizes::Tn;
   for (const bool interleaved : {false, true}) {
     INFO("rope, interleaved = " << interleaved);
     // (B, H, T, D) = (2, 3, 40, 10), partial (6 of 10 dims), at positions 5 ..: more pairs than
@@ -330,48 +433,65 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK(test::rel_error(y.host(), y_cpu) < tol);
     CHECK(test::rel_error(dx.host(), dx_cpu) < tol);
   }
-  {
-    INFO("linear");
-    const auto w = random<T, 2>({C, hidden}, rng);
-    const Tensor1<double> b = random<T, 1>({hidden}, rng);
-    const auto dyl = random<T, 2>({rows, hidden}, rng);
-    DeviceVector<T, T> dw_in(ops, values<T>(w)), db_in(ops, values<T>(b)),
-        ddyl(ops, values<T>(dyl)), y(ops, rows * hidden), dx(ops, rows * C), dw(ops, C * hidden),
-        db(ops, hidden);
-    for (bool with_bias : {false, true}) {
-      CAPTURE(with_bias);
-      LinearCache<double, 2> cache;
-      const auto y_cpu = linear_forward(cache, x, w, with_bias ? &b : nullptr);
-      const auto g = linear_backward(dyl, cache, w, with_bias);
-      ops.linear_forward(y.get(), dx_in.get(), dw_in.get(), with_bias ? db_in.get() : nullptr, rows,
-                         C, hidden);
-      ops.linear_backward(dx.get(), dw.get(), with_bias ? db.get() : nullptr, ddyl.get(),
-                          dx_in.get(), dw_in.get(), rows, C, hidden);
-      CHECK(test::rel_error(y.host(), y_cpu) < tol);
-      CHECK(test::rel_error(dx.host(), g.dx) < tol);
-      CHECK(test::rel_error(dw.host(), g.dw) < tol);
-      if (with_bias) CHECK(test::rel_error(db.host(), g.db) < tol);
-    }
-    // dx null: skipped (the first layer has no input gradient); dW still assigned.
-    DeviceVector<T, T> dw2(ops, C * hidden);
-    ops.linear_backward(nullptr, dw2.get(), nullptr, ddyl.get(), dx_in.get(), dw_in.get(), rows, C,
-                        hidden);
-    CHECK(dw2.host() == dw.host());
-    // W stored (Out, In) (a tied head reads the embedding table so): the CPU op on Wᵀ, with dW
-    // returned (Out, In).
+}
+
+// linear, with and without bias, without dx, and with W stored (Out, In).
+template <class T>
+void check_linear(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  Rng& rng = in.rng;
+  const Tensor<double, 2>& x = in.x;
+  DeviceVector<T, T>& dx_in = *in.dx_in;
+  constexpr std::size_t C = LayerSizes::C, rows = LayerSizes::rows, hidden = LayerSizes::hidden;
+  INFO("linear");
+  const auto w = random<T, 2>({C, hidden}, rng);
+  const Tensor1<double> b = random<T, 1>({hidden}, rng);
+  const auto dyl = random<T, 2>({rows, hidden}, rng);
+  DeviceVector<T, T> dw_in(ops, values<T>(w)), db_in(ops, values<T>(b)), ddyl(ops, values<T>(dyl)),
+      y(ops, rows * hidden), dx(ops, rows * C), dw(ops, C * hidden), db(ops, hidden);
+  for (bool with_bias : {false, true}) {
+    CAPTURE(with_bias);
     LinearCache<double, 2> cache;
-    const auto y_cpu = linear_forward(cache, x, w);
-    const auto g = linear_backward(dyl, cache, w, false);
-    const Tensor2<double> w_out_in = xt::transpose(w);      // (hidden, C)
-    const Tensor2<double> dw_out_in = xt::transpose(g.dw);  // (hidden, C)
-    DeviceVector<T, T> wt_in(ops, values<T>(w_out_in)), dwt(ops, hidden * C);
-    ops.linear_forward(y.get(), dx_in.get(), wt_in.get(), nullptr, rows, C, hidden, true);
-    ops.linear_backward(dx.get(), dwt.get(), nullptr, ddyl.get(), dx_in.get(), wt_in.get(), rows, C,
-                        hidden, true);
+    const auto y_cpu = linear_forward(cache, x, w, with_bias ? &b : nullptr);
+    const auto g = linear_backward(dyl, cache, w, with_bias);
+    ops.linear_forward(y.get(), dx_in.get(), dw_in.get(), with_bias ? db_in.get() : nullptr, rows,
+                       C, hidden);
+    ops.linear_backward(dx.get(), dw.get(), with_bias ? db.get() : nullptr, ddyl.get(), dx_in.get(),
+                        dw_in.get(), rows, C, hidden);
     CHECK(test::rel_error(y.host(), y_cpu) < tol);
     CHECK(test::rel_error(dx.host(), g.dx) < tol);
-    CHECK(test::rel_error(dwt.host(), dw_out_in) < tol);
+    CHECK(test::rel_error(dw.host(), g.dw) < tol);
+    if (with_bias) CHECK(test::rel_error(db.host(), g.db) < tol);
   }
+  // dx null: skipped (the first layer has no input gradient); dW still assigned.
+  DeviceVector<T, T> dw2(ops, C * hidden);
+  ops.linear_backward(nullptr, dw2.get(), nullptr, ddyl.get(), dx_in.get(), dw_in.get(), rows, C,
+                      hidden);
+  CHECK(dw2.host() == dw.host());
+  // W stored (Out, In) (a tied head reads the embedding table so): the CPU op on Wᵀ, with dW
+  // returned (Out, In).
+  LinearCache<double, 2> cache;
+  const auto y_cpu = linear_forward(cache, x, w);
+  const auto g = linear_backward(dyl, cache, w, false);
+  const Tensor2<double> w_out_in = xt::transpose(w);      // (hidden, C)
+  const Tensor2<double> dw_out_in = xt::transpose(g.dw);  // (hidden, C)
+  DeviceVector<T, T> wt_in(ops, values<T>(w_out_in)), dwt(ops, hidden * C);
+  ops.linear_forward(y.get(), dx_in.get(), wt_in.get(), nullptr, rows, C, hidden, true);
+  ops.linear_backward(dx.get(), dwt.get(), nullptr, ddyl.get(), dx_in.get(), wt_in.get(), rows, C,
+                      hidden, true);
+  CHECK(test::rel_error(y.host(), y_cpu) < tol);
+  CHECK(test::rel_error(dx.host(), g.dx) < tol);
+  CHECK(test::rel_error(dwt.host(), dw_out_in) < tol);
+}
+
+// softmax cross-entropy with ignored rows, with and without z-loss.
+template <class T>
+void check_cross_entropy(LayerInputs<T>& in) {
+  DeviceOps<T>& ops = in.ops;
+  const double tol = in.tol;
+  Rng& rng = in.rng;
+  constexpr std::size_t V = LayerSizes::V, rows = LayerSizes::rows;
   for (const T z_loss : {T(0), T(0.05)}) {
     INFO("softmax cross-entropy, z-loss " << z_loss);
     const auto logits = random<T, 2>({rows, V}, rng, 3.0);
@@ -388,6 +508,23 @@ void check_layers(DeviceOps<T>& ops, double tol) {
     CHECK((z_loss == T(0) ? result.z_term == T(0) : result.z_term > T(0)));
     CHECK(test::rel_error(dlogits.host(), result.dlogits) < tol);
   }
+}
+
+// The layer ops, one check each, in the order they draw their inputs.
+template <class T>
+void check_layers(DeviceOps<T>& ops, double tol) {
+  LayerInputs<T> in(ops, tol);
+  check_embedding(in);
+  in.draw_rows();
+  check_layernorm(in);
+  check_rmsnorm(in);
+  check_gelu(in);
+  check_relu(in);
+  check_swiglu(in);
+  check_softcap(in);
+  check_rope(in);
+  check_linear(in);
+  check_cross_entropy(in);
 }
 
 // Batch 0 hides every third key; batch 1 hides key 0, so that with causal its query 0 sees nothing
