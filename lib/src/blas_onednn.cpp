@@ -39,12 +39,10 @@ namespace detail {
 // Cache-set conflicts in oneDNN's sgemm. It reads an operand stored k rows deep (B when not
 // transposed, A when transposed) a panel at a time down those k rows; when the rows lie a multiple
 // of 2 KB apart (a row stride of 512, 1024... floats: a d_ff of 512, attention's T x T
-// probabilities) the panel's lines fall into a few cache sets and evict each other. Measured alone
-// on a Zen 3 (avx2 kernels, one thread each on two cores, copy included): x (384, 128) · W (128,
-// 512) at 69 GFLOP/s with W's own stride 512 and at 95 through a copy at stride 528; the weight
-// gradient x^T (128, 384) · dy (384, 512) at 47-57 and 83-88; P^T (64, 1024) · dO (1024, 64) at
-// 41 and 77. Strides of 128 and 256 floats gained on some shapes and lost up to 30% on others (a
-// (2112, 256) operand), and OpenBLAS (its Zen core) lost nothing to any of them, so only oneDNN's
+// probabilities) the panel's lines fall into a few cache sets and evict each other; the same
+// product through a copy at another stride runs markedly faster, copy included. Other strides
+// (128, 256 floats) helped some shapes and hurt others, and OpenBLAS's kernels showed no such loss
+// (the timings: tests/bench/README.md, "GEMM operands read through a copy"), so only oneDNN's
 // operands at multiples of 2 KB are copied: at a stride off those multiples, when at least
 // kRestageRows deep and the other side of C at least kRestageOther wide (the copy is k times the
 // operand's width, the gemm k times both widths, so a narrow C would not pay for it). The same
@@ -103,8 +101,8 @@ void onednn_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 
 // oneDNN's matmul primitive for one gemm shape: C = alpha · op(A) op(B) + beta · C with A and B in
 // `in` (bf16, or f32 for the tests of this path on any CPU) and C in f32, row-major with the
-// leading dimensions given. Primitives cost 0.2-4 ms to create, so each thread keeps the ones it
-// made, per shape (a step has a few dozen). nullopt where oneDNN has no such matmul on this CPU.
+// leading dimensions given. Primitives cost milliseconds to create, so each thread keeps the ones
+// it made, per shape (a step has a few dozen). nullopt where oneDNN has no such matmul on this CPU.
 struct MatmulKey {
   bool bf16, trans_a, trans_b, accumulate;
   int m, n, k, lda, ldb, ldc;

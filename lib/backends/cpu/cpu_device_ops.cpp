@@ -322,8 +322,8 @@ class CpuDeviceOps final : public DeviceOps<T> {
       for (std::size_t b = b0; b < b1; ++b) {
         const std::size_t i1 = std::min(n, (b + 1) * kSquaresBlock);
         // Eight running sums (sum j takes the elements ≡ j mod 8), added in a fixed tree: one
-        // running sum is a serial chain of double adds, which GCC may not reorder (it was 1.4% of
-        // a training step).
+        // running sum is a serial chain of double adds, which GCC may not reorder (the profile:
+        // tests/bench/README.md).
         double acc[8] = {};
         std::size_t i = b * kSquaresBlock;
         for (; i + 8 <= i1; i += 8) {

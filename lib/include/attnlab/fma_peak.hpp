@@ -3,8 +3,8 @@
 // A register-only loop of fused multiply-adds (no loads, no stores, enough independent chains to
 // hide the FMA latency) on the widest vectors the CPU runs, in every thread of a team, timed on
 // the wall clock. It is what the cores can do at all, where measure_gemm_peak_gflops (blas.hpp)
-// is what one BLAS sgemm does on them: a 1024³ sgemm reaches about half this on the machines
-// attnlab is measured on, so a "model FLOPs utilisation" against the sgemm hides half the headroom.
+// is what one BLAS sgemm does on them, which can be well below it (tests/bench/README.md), so a
+// "model FLOPs utilisation" against the sgemm alone hides headroom.
 // attnlab reports both and names the denominator wherever a percentage appears.
 #pragma once
 

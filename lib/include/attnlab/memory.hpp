@@ -1,8 +1,8 @@
 // The process's allocator and attnlab's steps. A training step allocates its activations and
 // gradients and frees them at the end; glibc's malloc hands large freed blocks back to the kernel
 // (blocks above the mmap threshold are unmapped, and the heap top is trimmed), so the next step
-// page-faults the same memory in again: 417k page faults and about 8% of the step time of
-// nanoGPT's CPU shape at 1 thread, measured (tests/bench).
+// page-faults the same memory in again, a measurable share of a small model's step
+// (tests/bench/README.md).
 #pragma once
 
 #include <cstddef>

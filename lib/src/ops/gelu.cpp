@@ -20,9 +20,9 @@ constexpr double kGeluCubic = 0.044715;
 // interpolant on [-4, 4] (clamped outside, where erf rounds to ±1 in float): Eigen's
 // generic_fast_erf_float (unsupported/SpecialFunctions, from XLA), |error| <= 3.4e-7 against erf in
 // double (tests/ops/test_ops_layers.cpp), a few float ulps near ±1, against xsimd::erf's ~1.5
-// ulp. It needs no exp and no branch: 5x faster than xsimd::erf on N(0, 1) inputs (1.57 M values:
-// 0.9 ms against 4.8 ms on one core), which made the exact GELU 5% of a training step. The scalar
-// tail uses the same function (xsimd::fma/min/max on a float are std::fma/min/max).
+// ulp. It needs no exp and no branch, so it runs several times faster than xsimd::erf
+// (tests/bench/README.md, "Figures behind code comments"). The scalar tail uses the same function
+// (xsimd::fma/min/max on a float are std::fma/min/max).
 template <class V>
 V erf_float(V a) {
   const V x = xsimd::max(xsimd::min(a, V(4.f)), V(-4.f));

@@ -27,7 +27,7 @@ void layernorm_forward_rows(T* y, T* mean, T* rstd, const T* x, const T* gamma, 
       const T* xr = x + r * C;
       T* yr = y + r * C;
       // Vectorised sums (row_kernels.hpp): a plain `mu += x[c]` loop is one serial chain of adds,
-      // which GCC may not reorder; it made the norms 3.8% of a training step's samples.
+      // which GCC may not reorder (the profile: tests/bench/README.md).
       const T mu = row_kernels::sum(xr, C) / T(C);
       const T var = row_kernels::sum_squared_deviation(xr, C, mu) / T(C);  // biased, as PyTorch
       const T rs = T(1) / std::sqrt(var + eps);

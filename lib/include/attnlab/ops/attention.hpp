@@ -76,11 +76,9 @@ enum class Scaling { none, sqrt_dk, dk };
 enum class SdpaPath { reference, fused, automatic };
 
 // `automatic` picks the fused path from this many keys on, or from kSdpaFusedMinKeysCausal keys on
-// when causal (it skips the masked tiles). Measured with tests/bench on a 2-core AVX-512 Xeon
-// (tests/bench/README.md): forward+backward / GEMM floor at B·H = 64, D = 64 was, reference vs
-// fused, 1.27 vs 1.49 at T = 256, 1.68 vs 1.58 at T = 512, 1.56 vs 1.48 at T = 1024; causal 1.33
-// vs 1.15 at T = 256. Below the threshold the reference path is as fast or faster, and gives the
-// weights.
+// when causal (it skips the masked tiles): below the threshold the reference path was as fast or
+// faster in tests/bench's sweep (tests/bench/README.md, "Figures behind code comments"), and it
+// gives the weights.
 inline constexpr std::size_t kSdpaFusedMinKeys = 1024;
 inline constexpr std::size_t kSdpaFusedMinKeysCausal = 256;
 
