@@ -101,17 +101,13 @@ void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, 
   openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// serial_gemm split over the calling thread's count (split_gemm).
 template <class T>
 void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
                const T* b, int ldb, T beta, T* c, int ldc) {
   const auto serial = [](auto... args) { serial_gemm(args...); };
   split_gemm(serial, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-
-template void gemm_impl<float>(bool, bool, int, int, int, float, const float*, int, const float*,
-                               int, float, float*, int);
-template void gemm_impl<double>(bool, bool, int, int, int, double, const double*, int,
-                                const double*, int, double, double*, int);
 
 bool env_is_one(const char* name) {
   const char* v = std::getenv(name);

@@ -62,20 +62,12 @@ bool bf16_active() {
 // bits), so it differs from a bf16 unit only in the order of the fp32 sums.
 void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  const auto a_size = static_cast<std::size_t>(a_rows) * a_cols;
-  const auto b_size = static_cast<std::size_t>(b_rows) * b_cols;
   if (bf16_engine.load(std::memory_order_relaxed) == Bf16Engine::onednn) {
     onednn_bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  thread_local std::vector<float> a32, b32;
-  if (a32.size() < a_size) a32.resize(a_size);
-  if (b32.size() < b_size) b32.resize(b_size);
-  copy_rounded(a, a_rows, a_cols, lda, a32.data());
-  copy_rounded(b, b_rows, b_cols, ldb, b32.data());
-  gemm_impl(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+  const auto serial = [](auto... args) { serial_gemm(args...); };
+  rounded_gemm<float>(serial, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void select_bf16(BlasInfo& info) {

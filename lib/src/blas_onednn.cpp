@@ -202,17 +202,8 @@ void onednn_bf16_part(bool trans_a, bool trans_b, int m, int n, int k, float alp
 
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                       int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  const auto a_size = static_cast<std::size_t>(a_rows) * a_cols;
-  const auto b_size = static_cast<std::size_t>(b_rows) * b_cols;
-  thread_local std::vector<std::uint16_t> a16, b16;
-  if (a16.size() < a_size) a16.resize(a_size);
-  if (b16.size() < b_size) b16.resize(b_size);
-  copy_rounded(a, a_rows, a_cols, lda, a16.data());
-  copy_rounded(b, b_rows, b_cols, ldb, b16.data());
-  split_gemm(onednn_bf16_part, trans_a, trans_b, m, n, k, alpha, a16.data(), a_cols, b16.data(),
-             b_cols, beta, c, ldc);
+  rounded_gemm<std::uint16_t>(onednn_bf16_part, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                              beta, c, ldc);
 }
 
 // oneDNN's sgemm, as the core's.

@@ -44,11 +44,6 @@ void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a,
                  int lda, const double* b, int ldb, double beta, double* c, int ldc);
 
-// serial_gemm split over the calling thread's count (split_gemm below).
-template <class T>
-void gemm_impl(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
-               const T* b, int ldb, T beta, T* c, int ldc);
-
 bool env_is_one(const char* name);
 void add_warning(BlasInfo& info, const std::string& warning);
 
@@ -151,6 +146,26 @@ void onednn_bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alp
 void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst);
 void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst);
 bool bf16_active();  // a GemmPrecisionScope(bf16) is alive
+
+// A gemm on bf16-rounded operands: A and B rounded once into the calling thread's compact copies
+// of E (floats whose low 16 bits are zero, or bf16 bits), then the product split over the threads
+// as any gemm, each part run by `part` on those copies.
+template <class E, class Part>
+void rounded_gemm(const Part& part, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const auto a_size = static_cast<std::size_t>(a_rows) * a_cols;
+  const auto b_size = static_cast<std::size_t>(b_rows) * b_cols;
+  thread_local std::vector<E> a_copy, b_copy;
+  if (a_copy.size() < a_size) a_copy.resize(a_size);
+  if (b_copy.size() < b_size) b_copy.resize(b_size);
+  copy_rounded(a, a_rows, a_cols, lda, a_copy.data());
+  copy_rounded(b, b_rows, b_cols, ldb, b_copy.data());
+  split_gemm(part, trans_a, trans_b, m, n, k, alpha, a_copy.data(), a_cols, b_copy.data(), b_cols,
+             beta, c, ldc);
+}
+
 void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                int lda, const float* b, int ldb, float beta, float* c, int ldc);
 // Fills info's bf16 fields from ATTNLAB_BF16 (after the engine: the emulated path runs in it).

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_cases.hpp"
 #include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
@@ -25,30 +26,11 @@ using test::Path;
 
 namespace {
 
-struct Case {
-  std::size_t B, H, Hkv, Tq, Tk, D, Dv;
-  bool causal;
-  std::size_t offset, window;
-  bool mask;
-};
-
-void check_against_dense(Path path, const Case& c) {
-  CAPTURE(test::name_of(path));
-  CAPTURE(c.causal);
-  CAPTURE(c.offset);
-  CAPTURE(c.window);
-  CAPTURE(c.Tq);
+// Every case with ALiBi's slopes on top of what it names.
+void check_against_dense(Path path, test::AttentionCase c) {
+  c.alibi = true;
   Rng rng(103);
-  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
-  SdpaOptions options;
-  options.causal = c.causal;
-  options.query_offset = c.offset;
-  options.window = c.window;
-  options.alibi_slopes = alibi_slopes(c.H);
-  const KeyMask* m = c.mask ? &mask : nullptr;
-  const test::Result r = test::run(path, q, k, v, nullptr, options, m);
-  REQUIRE(test::all_finite(r.out));
-  CHECK(test::rel_error(r.out, test::dense_attention(q, k, v, options, m)) < 1e-13);
+  (void)test::check_case_against_dense(path, c, test::case_options(c), rng);
 }
 
 }  // namespace

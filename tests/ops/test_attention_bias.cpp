@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_cases.hpp"
 #include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
@@ -25,12 +26,7 @@ using test::Path;
 
 namespace {
 
-struct Case {
-  std::size_t B, H, Hkv, Tq, Tk, D, Dv;
-  bool causal;
-  std::size_t offset, window;
-  bool mask, alibi;
-};
+using Case = test::AttentionCase;
 
 // The four broadcast shapes of a bias for B, H: (1|B, 1|H, Tq, Tk).
 std::array<std::array<std::size_t, 4>, 4> bias_shapes(std::size_t B, std::size_t H, std::size_t Tq,
@@ -46,11 +42,7 @@ void check_against_dense(Path path, const Case& c) {
   CAPTURE(c.Hkv);
   Rng rng(131);
   const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
-  SdpaOptions options;
-  options.causal = c.causal;
-  options.query_offset = c.offset;
-  options.window = c.window;
-  if (c.alibi) options.alibi_slopes = alibi_slopes(c.H);
+  const SdpaOptions options = test::case_options(c);
   const KeyMask* m = c.mask ? &mask : nullptr;
   for (const auto& shape : bias_shapes(c.B, c.H, c.Tq, c.Tk)) {
     CAPTURE(format_shape_of(shape));
@@ -77,12 +69,8 @@ void gradcheck_with_bias(Path path, const Case& c, double tolerance) {
     auto v = randn<double, 4>({c.B, c.Hkv, c.Tk, c.Dv}, rng);
     auto bias = randn<double, 4>(shape, rng);
     const auto r = randn<double, 4>({c.B, c.H, c.Tq, c.Dv}, rng);
-    SdpaOptions options;
-    options.causal = c.causal;
-    options.query_offset = c.offset;
-    options.window = c.window;
+    SdpaOptions options = test::case_options(c);
     options.head_scale.assign(c.H, 0.6);
-    if (c.alibi) options.alibi_slopes = alibi_slopes(c.H);
     test::check_path_gradients(path, q, k, v, r, options, c.mask ? &mask : nullptr, &bias,
                                tolerance);
   }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_cases.hpp"
 #include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/attention/dropout.hpp"
@@ -27,38 +28,15 @@ using test::Path;
 
 namespace {
 
-struct Case {
-  std::size_t B, H, Hkv, Tq, Tk, D, Dv;
-  bool causal;
-  std::size_t window;
-  bool mask, bias;
-  double p;
-};
+using Case = test::AttentionCase;
 
 SdpaOptions dropout_options(const Case& c, std::uint64_t seed) {
-  SdpaOptions options;
-  options.causal = c.causal;
-  options.window = c.window;
-  options.dropout_p = c.p;
-  options.dropout_seed = seed;
-  return options;
+  return test::case_options(c, seed);
 }
 
 void check_against_dense(Path path, const Case& c) {
-  CAPTURE(test::name_of(path));
-  CAPTURE(c.causal);
-  CAPTURE(c.window);
-  CAPTURE(c.p);
   Rng rng(157);
-  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
-  const auto bias = randn<double, 4>({1, c.H, c.Tq, c.Tk}, rng);
-  const SdpaOptions options = dropout_options(c, 0xC0FFEE);
-  const auto keep = sdpa_dropout_mask(options, c.B, c.H, c.Tq, c.Tk);
-  const KeyMask* m = c.mask ? &mask : nullptr;
-  const Tensor4<double>* b = c.bias ? &bias : nullptr;
-  const test::Result r = test::run(path, q, k, v, nullptr, options, m, b);
-  REQUIRE(test::all_finite(r.out));
-  CHECK(test::rel_error(r.out, test::dense_attention(q, k, v, options, m, b, &keep)) < 1e-13);
+  (void)test::check_case_against_dense(path, c, dropout_options(c, 0xC0FFEE), rng);
 }
 
 }  // namespace
@@ -134,18 +112,21 @@ TEST_CASE(
 TEST_CASE(
     "dropout: every path equals the dense definition with the drawn mask, over the variants") {
   for (Path path : test::kPaths) {
-    check_against_dense(path, {2, 2, 2, 5, 7, 3, 2, false, 0, false, false, 0.3});
-    check_against_dense(path, {2, 4, 2, 6, 6, 3, 2, true, 0, true, true, 0.5});  // GQA, mask, bias
-    check_against_dense(path, {2, 2, 1, 7, 7, 2, 2, true, 3, false, false, 0.2});   // window, MQA
-    check_against_dense(path, {1, 2, 2, 70, 90, 4, 3, true, 0, true, false, 0.1});  // GPU tiles
+    check_against_dense(path, {2, 2, 2, 5, 7, 3, 2, false, 0, 0, false, false, false, 0.3});
+    check_against_dense(
+        path, {2, 4, 2, 6, 6, 3, 2, true, 0, 0, true, false, true, 0.5});  // GQA, mask, bias
+    check_against_dense(
+        path, {2, 2, 1, 7, 7, 2, 2, true, 0, 3, false, false, false, 0.2});  // window, MQA
+    check_against_dense(path,
+                        {1, 2, 2, 70, 90, 4, 3, true, 0, 0, true, false, false, 0.1});  // GPU tiles
   }
 }
 
 TEST_CASE("dropout: central-difference gradient check with the mask held fixed, on every path") {
   // The mask depends on its key and coordinates only, so every loss evaluation draws the same one.
   for (Path path : test::kPaths) {
-    for (const Case& c : {Case{2, 2, 2, 4, 5, 3, 2, false, 0, true, false, 0.4},
-                          Case{2, 4, 2, 4, 6, 3, 2, true, 0, false, true, 0.3}}) {
+    for (const Case& c : {Case{2, 2, 2, 4, 5, 3, 2, false, 0, 0, true, false, false, 0.4},
+                          Case{2, 4, 2, 4, 6, 3, 2, true, 0, 0, false, false, true, 0.3}}) {
       CAPTURE(c.causal);
       Rng rng(163);
       auto q = randn<double, 4>({c.B, c.H, c.Tq, c.D}, rng);

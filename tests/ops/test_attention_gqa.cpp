@@ -12,6 +12,7 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 
+#include "attention_cases.hpp"
 #include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
@@ -47,13 +48,7 @@ Tensor4<double> sum_groups(const Tensor4<double>& dx, std::size_t Hkv) {
   return out;
 }
 
-struct Case {
-  std::size_t B, H, Hkv, Tq, Tk, D, Dv;
-  bool causal;
-  bool mask;
-};
-
-void check_equals_repeated(Path path, const Case& c) {
+void check_equals_repeated(Path path, const test::AttentionCase& c) {
   CAPTURE(test::name_of(path));
   CAPTURE(c.H);
   CAPTURE(c.Hkv);
@@ -63,8 +58,7 @@ void check_equals_repeated(Path path, const Case& c) {
   const auto [q, k, v, mask] =
       test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv, 0, 3);
   const auto dout = randn<double, 4>({c.B, c.H, c.Tq, c.Dv}, rng);
-  SdpaOptions options;
-  options.causal = c.causal;
+  SdpaOptions options = test::case_options(c);
   options.head_scale.resize(c.H);
   for (std::size_t h = 0; h < c.H; ++h) options.head_scale[h] = 0.3 + 0.1 * double(h);
   const KeyMask* m = c.mask ? &mask : nullptr;
@@ -86,14 +80,15 @@ void check_equals_repeated(Path path, const Case& c) {
 
 TEST_CASE("gqa: equals attention over repeated K/V, dK and dV summed per group, on every path") {
   for (Path path : test::kPaths) {
-    check_equals_repeated(path, {2, 4, 2, 5, 7, 3, 2, false, false});
-    check_equals_repeated(path, {2, 4, 2, 5, 7, 3, 2, true, true});
-    check_equals_repeated(path, {1, 6, 3, 4, 4, 2, 3, true, false});
-    check_equals_repeated(path, {2, 4, 1, 3, 6, 3, 3, false, true});  // multi-query
-    check_equals_repeated(path, {2, 3, 3, 4, 5, 2, 2, true, true});   // Hkv = H: plain MHA
+    check_equals_repeated(path, {2, 4, 2, 5, 7, 3, 2, false, 0, 0, false});
+    check_equals_repeated(path, {2, 4, 2, 5, 7, 3, 2, true, 0, 0, true});
+    check_equals_repeated(path, {1, 6, 3, 4, 4, 2, 3, true, 0, 0, false});
+    check_equals_repeated(path, {2, 4, 1, 3, 6, 3, 3, false, 0, 0, true});  // multi-query
+    check_equals_repeated(path, {2, 3, 3, 4, 5, 2, 2, true, 0, 0, true});   // Hkv = H: plain MHA
   }
   // 64-row GPU tiles: two key tiles and a partial query tile, several heads per group.
-  for (Path path : test::kPaths) check_equals_repeated(path, {1, 4, 2, 70, 80, 4, 3, true, true});
+  for (Path path : test::kPaths)
+    check_equals_repeated(path, {1, 4, 2, 70, 80, 4, 3, true, 0, 0, true});
 }
 
 TEST_CASE("gqa: central-difference gradient check on every path") {

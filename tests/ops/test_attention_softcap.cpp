@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
+#include "attention_cases.hpp"
 #include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
@@ -29,46 +30,24 @@ using test::Path;
 
 namespace {
 
-struct Case {
-  std::size_t B, H, Hkv, Tq, Tk, D, Dv;
-  bool causal;
-  std::size_t offset, window;
-  bool mask, alibi, bias;
-  double dropout = 0;
-};
-
-void check_against_dense(Path path, const Case& c, double cap, double scale) {
-  CAPTURE(test::name_of(path));
+void check_against_dense(Path path, const test::AttentionCase& c, double cap, double scale) {
   CAPTURE(cap);
-  CAPTURE(c.causal);
-  CAPTURE(c.offset);
-  CAPTURE(c.window);
   CAPTURE(c.alibi);
   CAPTURE(c.bias);
-  CAPTURE(c.dropout);
   Rng rng(211);
-  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
-  SdpaOptions options;
-  options.causal = c.causal;
-  options.query_offset = c.offset;
-  options.window = c.window;
+  SdpaOptions options = test::case_options(c);
   options.scale = scale;
   options.softcap = cap;
-  if (c.alibi) options.alibi_slopes = alibi_slopes(c.H);
-  options.dropout_p = c.dropout;
-  options.dropout_seed = 77;
-  const KeyMask* m = c.mask ? &mask : nullptr;
-  const Tensor4<double> bias = randn<double, 4>({1, c.H, c.Tq, c.Tk}, rng);
-  const Tensor4<double>* b = c.bias ? &bias : nullptr;
-  const auto keep = sdpa_dropout_mask(options, c.B, c.H, c.Tq, c.Tk);
-  const test::Result r = test::run(path, q, k, v, nullptr, options, m, b);
-  REQUIRE(test::all_finite(r.out));
-  const Tensor4<double> want = test::dense_attention(q, k, v, options, m, b, &keep);
-  CHECK(test::rel_error(r.out, want) < 1e-13);
-  // The cap changes the result: the same call without it differs.
+  const Tensor4<double> want = test::check_case_against_dense(path, c, options, rng);
+  // The cap changes the result: the same inputs without it differ.
+  Rng again(211);
   SdpaOptions uncapped = options;
   uncapped.softcap = 0;
-  CHECK(test::rel_error(want, test::dense_attention(q, k, v, uncapped, m, b, &keep)) > 1e-3);
+  const auto [q, k, v, mask] = test::random_inputs(again, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.Dv);
+  const Tensor4<double> bias = randn<double, 4>({1, c.H, c.Tq, c.Tk}, again);
+  const auto keep = sdpa_dropout_mask(options, c.B, c.H, c.Tq, c.Tk);
+  CHECK(test::rel_error(want, test::dense_attention(q, k, v, uncapped, c.mask ? &mask : nullptr,
+                                                    c.bias ? &bias : nullptr, &keep)) > 1e-3);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
 
+#include "attention_cases.hpp"
 #include "attention_checks.hpp"
 #include "attention_paths.hpp"
 #include "attnlab/gradcheck.hpp"
@@ -26,38 +27,23 @@ using test::Path;
 
 namespace {
 
-struct Case {
-  std::size_t B, H, Tq, Tk, D, Dv, window, offset;
-  bool mask;
-};
-
-void check_against_dense(Path path, const Case& c) {
-  CAPTURE(test::name_of(path));
-  CAPTURE(c.window);
-  CAPTURE(c.offset);
-  CAPTURE(c.Tq);
+// Causal with a window (and an offset): a key mask hiding keys 1, 5, 9, ... of the last batch.
+void check_against_dense(Path path, const test::AttentionCase& c) {
   Rng rng(83);
-  const auto [q, k, v, mask] = test::random_inputs(rng, c.B, c.H, c.H, c.Tq, c.Tk, c.D, c.Dv, 1, 4);
-  SdpaOptions options;
-  options.causal = true;
-  options.window = c.window;
-  options.query_offset = c.offset;
-  const KeyMask* m = c.mask ? &mask : nullptr;
-  const test::Result r = test::run(path, q, k, v, nullptr, options, m);
-  REQUIRE(test::all_finite(r.out));
-  CHECK(test::rel_error(r.out, test::dense_attention(q, k, v, options, m)) < 1e-13);
+  (void)test::check_case_against_dense(path, c, test::case_options(c), rng, nullptr, 1, 4);
 }
 
 }  // namespace
 
 TEST_CASE("window: every path equals the dense definition, with offset, mask and tile edges") {
   for (Path path : test::kPaths) {
-    check_against_dense(path, {2, 2, 7, 7, 3, 2, 1, 0, false});  // each query sees itself only
-    check_against_dense(path, {2, 2, 7, 7, 3, 2, 3, 0, true});
-    check_against_dense(path, {1, 2, 4, 9, 3, 2, 2, 5, true});  // decoding: o = Tk - Tq
+    check_against_dense(path,
+                        {2, 2, 2, 7, 7, 3, 2, true, 0, 1, false});  // each query sees itself only
+    check_against_dense(path, {2, 2, 2, 7, 7, 3, 2, true, 0, 3, true});
+    check_against_dense(path, {1, 2, 2, 4, 9, 3, 2, true, 5, 2, true});  // decoding: o = Tk - Tq
     // 64-row GPU tiles: a window of 20 inside a tile and one of 70 across two, Tq not a multiple.
-    check_against_dense(path, {1, 1, 130, 130, 4, 3, 20, 0, true});
-    check_against_dense(path, {1, 1, 130, 130, 4, 3, 70, 0, false});
+    check_against_dense(path, {1, 1, 1, 130, 130, 4, 3, true, 0, 20, true});
+    check_against_dense(path, {1, 1, 1, 130, 130, 4, 3, true, 0, 70, false});
   }
 }
 

@@ -1,8 +1,9 @@
-// Private to lib/src/ops: the CPU attention kernels behind sdpa_forward / sdpa_backward /
-// sdpa_scores, over raw pointers and the one parameter struct (attnlab/attention/params.hpp), as
-// the CUDA backend's attention calls (attnlab/device_ops.hpp) are. The entry points (attention.cpp)
-// check shapes and options once; these assume valid params. Buffers are contiguous row-major; every
-// output is assigned. dscale_part (B·H) receives, per (b, h) slice, dL/ds_h = ⟨dQ, Q⟩ / s_h.
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the CPU
+// attention kernels behind sdpa_forward / sdpa_backward / sdpa_scores, over raw pointers and the
+// one parameter struct (attnlab/attention/params.hpp), as the CUDA backend's attention calls
+// (attnlab/device_ops.hpp) are. The entry points (attention.cpp) check shapes and options once;
+// these assume valid params. Buffers are contiguous row-major; every output is assigned.
+// dscale_part (B·H) receives, per (b, h) slice, dL/ds_h = ⟨dQ, Q⟩ / s_h.
 #pragma once
 
 #include <cstddef>

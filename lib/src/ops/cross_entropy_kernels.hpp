@@ -1,7 +1,8 @@
-// Private to lib/src: the raw-pointer cores of softmax cross-entropy (ops/cross_entropy.cpp),
-// called by the xtensor op pair and by the CPU device backend's fused call. A row is labelled when
-// its target is in [0, V) and is not ignore_index (the op validates targets first; the backend's
-// contract treats out-of-range targets as unlabelled).
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of softmax cross-entropy (ops/cross_entropy.cpp), called by the xtensor op pair
+// and by the CPU device backend's fused call. A row is labelled when its target is in [0, V) and is
+// not ignore_index (the op validates targets first; the backend's contract treats out-of-range
+// targets as unlabelled).
 #pragma once
 
 #include <cstddef>

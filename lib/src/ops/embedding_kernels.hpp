@@ -1,5 +1,6 @@
-// Private to lib/src: the raw-pointer cores of the embedding lookup (ops/embedding.cpp), called by
-// the xtensor op and by the CPU device backend. Ids are validated by the caller; an id of kNoToken
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of the embedding lookup (ops/embedding.cpp), called by the xtensor op and by
+// the CPU device backend. Ids are validated by the caller; an id of kNoToken
 // (-1) gives a row of zeros and no gradient. Every output is assigned.
 #pragma once
 

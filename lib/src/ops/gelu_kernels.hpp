@@ -1,6 +1,7 @@
-// Private to lib/src: the raw-pointer core of gelu_forward / gelu_backward (ops/gelu.cpp), shared
-// with the CPU device backend. Vectorised (xsimd) and parallel over blocks of 64 values; each value
-// takes the same path for any thread count.
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer core of gelu_forward / gelu_backward (ops/gelu.cpp), shared with the CPU device
+// backend. Vectorised (xsimd) and parallel over blocks of 64 values; each value takes the same path
+// for any thread count.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,9 @@
-// Private to lib/src: the raw-pointer cores of linear_forward / linear_backward (ops/linear.cpp),
-// shared with the CPU device backend (backends/cpu_device_ops.cpp). Rows are cut into contiguous
-// chunks, one per thread (the cut depends only on rows and num_threads()), one blas::gemm per
-// chunk; sums over rows (dW, db) are added in chunk / row order, so results are deterministic for a
-// fixed thread count. Every output is assigned.
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of linear_forward / linear_backward (ops/linear.cpp), shared with the CPU
+// device backend (backends/cpu_device_ops.cpp). Rows are cut into contiguous chunks, one per thread
+// (the cut depends only on rows and num_threads()), one blas::gemm per chunk; sums over rows (dW,
+// db) are added in chunk / row order, so results are deterministic for a fixed thread count. Every
+// output is assigned.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,9 @@
-// Private to lib/src: the raw-pointer cores of LayerNorm (ops/layernorm.cpp) and RMSNorm
-// (ops/rmsnorm.cpp), called by the xtensor ops and by the CPU device backend alike, so the two
-// cannot drift. Rows are cut as ../parallel_rows.hpp says (deterministic for a fixed thread count);
-// the column sums dγ, dβ keep one partial per chunk in `scratch` (resized here, kept by the caller
-// between calls) and add them in chunk order. Every output is assigned.
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of LayerNorm (ops/layernorm.cpp) and RMSNorm (ops/rmsnorm.cpp), called by the
+// xtensor ops and by the CPU device backend alike, so the two cannot drift. Rows are cut as
+// ../parallel_rows.hpp says (deterministic for a fixed thread count); the column sums dγ, dβ keep
+// one partial per chunk in `scratch` (resized here, kept by the caller between calls) and add them
+// in chunk order. Every output is assigned.
 #pragma once
 
 #include <cstddef>

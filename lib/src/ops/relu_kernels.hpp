@@ -1,5 +1,6 @@
-// Private to lib/src: the raw-pointer cores of ReLU and ReLU² (ops/relu.cpp), called by the xtensor
-// ops and by the CPU device backend. Elementwise over n values, cut across threads as
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of ReLU and ReLU² (ops/relu.cpp), called by the xtensor ops and by the CPU
+// device backend. Elementwise over n values, cut across threads as
 // ../parallel_rows.hpp says (the same bits for any cut); every output is assigned.
 #pragma once
 

@@ -1,5 +1,6 @@
-// Private to lib/src: the raw-pointer core of rotary positions (ops/rope.cpp), called by the
-// xtensor op pair and by the CPU device backend. Rows are cut across threads as
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer core of rotary positions (ops/rope.cpp), called by the xtensor op pair and by the CPU
+// device backend. Rows are cut across threads as
 // ../parallel_rows.hpp says (each row independent: the same bits for any cut); the pair
 // arithmetic is kernel_math::rope_element, the CUDA kernel's too.
 #pragma once

@@ -1,5 +1,6 @@
-// Private to lib/src/ops: vectorised (xsimd) kernels on one contiguous row, shared by the softmax,
-// the fused attention path and the norms.
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): vectorised
+// (xsimd) kernels on one contiguous row, shared by the softmax, the fused attention path and the
+// norms.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// Private to lib/src: the raw-pointer cores of softcapping (ops/softcap.cpp), called by the xtensor
-// op pair and by the CPU device backend. Elementwise over n values, cut across threads as
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of softcapping (ops/softcap.cpp), called by the xtensor op pair and by the CPU
+// device backend. Elementwise over n values, cut across threads as
 // ../parallel_rows.hpp says (the same bits for any cut); the element arithmetic is
 // kernel_math::softcap_element and softcap_slope, the CUDA kernels' too.
 #pragma once

@@ -1,7 +1,8 @@
-// Private to lib/src: the raw-pointer cores of SwiGLU (ops/swiglu.cpp), called by the xtensor op
-// pair and by the CPU device backend. Over rows of the fused projection h (rows, 2F) = [a | b], cut
-// across threads as ../parallel_rows.hpp says (the same bits for any cut); the element arithmetic
-// is kernel_math::silu_element and swiglu_gate_slope, the CUDA kernels' too.
+// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
+// raw-pointer cores of SwiGLU (ops/swiglu.cpp), called by the xtensor op pair and by the CPU device
+// backend. Over rows of the fused projection h (rows, 2F) = [a | b], cut across threads as
+// ../parallel_rows.hpp says (the same bits for any cut); the element arithmetic is
+// kernel_math::silu_element and swiglu_gate_slope, the CUDA kernels' too.
 #pragma once
 
 #include <cstddef>
