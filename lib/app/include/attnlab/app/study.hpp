@@ -54,7 +54,7 @@ struct StudyPlan {
 // --jobs 2 (measured: see data/results/quick).
 inline constexpr int kQuickSteps = 400;
 inline constexpr int kQuickBatch = 32;
-// The proxies preset's run length (its comment in study.cpp says how it was sized).
+// The proxies preset's run length (its comment in src/study/presets.cpp says how it was sized).
 inline constexpr int kProxiesSteps = 300;
 
 // "micro" (a seconds-long smoke test), "quick" (< 10 minutes on 2 cores with --jobs 2), "full",

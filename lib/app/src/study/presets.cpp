@@ -1,0 +1,263 @@
+#include "attnlab/app/study.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "attnlab/app/plot.hpp"
+#include "attnlab/app/progress.hpp"
+#include "attnlab/app/report.hpp"
+
+namespace attnlab::app {
+
+namespace {
+
+const StudyArm kNone{"none", Scaling::none, false, false};
+const StudyArm kSqrt{"sqrt_dk", Scaling::sqrt_dk, false, false};
+const StudyArm kDk{"dk", Scaling::dk, false, false};
+// The stabilisers start from the default scale and add QK-norm or a learnable per-head scale.
+const StudyArm kQkNorm{"qk_norm", Scaling::sqrt_dk, true, false};
+const StudyArm kLearnable{"learnable", Scaling::sqrt_dk, false, true};
+// The magnitude control: µP's 8/d_k (equal to 1/√d_k at d_k = 64, as microsoft/mup sets it) and
+// 4/d_k, and 1/(4√d_k), so that the exponent (−1 against −½) and the constant can be told apart:
+// at d_k = 16, 4/d_k equals 1/√d_k and 1/d_k equals 1/(4√d_k).
+const StudyArm kDkTimes8{"dk_x8", Scaling::dk, false, false, 8};
+const StudyArm kDkTimes4{"dk_x4", Scaling::dk, false, false, 4};
+const StudyArm kSqrtDkQuarter{"sqrt_dk_x0.25", Scaling::sqrt_dk, false, false, 0.25};
+// Gemma 2's attention softcap, 50, on the default scale.
+const StudyArm kSoftcap{"softcap", Scaling::sqrt_dk, false, false, 1, 50};
+// The modern block's attention (with RoPE in the group's base): each scaling mode with
+// qk-layernorm, and each with the softcap, so that the report can say whether the mode still
+// matters once q and k are normalised or the logits capped.
+const StudyArm kNoneQk{"none_qknorm", Scaling::none, true, false};
+const StudyArm kSqrtQk{"sqrt_dk_qknorm", Scaling::sqrt_dk, true, false};
+const StudyArm kDkQk{"dk_qknorm", Scaling::dk, true, false};
+const StudyArm kNoneCap{"none_softcap", Scaling::none, false, false, 1, 50};
+const StudyArm kSqrtCap{"sqrt_dk_softcap", Scaling::sqrt_dk, false, false, 1, 50};
+const StudyArm kDkCap{"dk_softcap", Scaling::dk, false, false, 1, 50};
+
+// The study's model: 1 layer, 1 head, attention-only, d_model 64, d_v = 64, LayerNorm (so the
+// attention input has unit RMS), no positional embedding (recall is order-free), AdamW(0.9, 0.95)
+// without weight decay or clipping, warmup then cosine decay.
+TrainConfig study_base(int steps, int batch) {
+  TrainConfig c;
+  c.task.kind = TaskKind::recall;
+  c.model.block.attention.d_model = 64;
+  c.model.block.attention.heads = 1;
+  c.model.block.attention.d_v = 64;
+  c.model.layers = 1;
+  c.model.block.attn_only = true;
+  c.model.block.norm = Norm::layernorm;
+  c.model.positions = PositionEncoding::none;
+  c.optimizer = "adamw";
+  c.beta1 = 0.9;
+  c.beta2 = 0.95;
+  c.weight_decay = 0;
+  c.clip = 0;
+  c.schedule = "cosine";
+  c.steps = steps;
+  c.warmup = steps / 10;
+  c.batch = batch;
+  c.eval_every = std::max(1, steps / 20);
+  c.eval_size = 256;
+  c.progress = false;
+  return c;
+}
+
+// n peak LRs from `from` up in half-decades (1e-4, 3.16e-4, 1e-3, ...), rounded to 3 digits.
+std::vector<double> half_decades(double from, int n) {
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i) {
+    const double x = from * std::pow(10.0, 0.5 * i);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", x);
+    v.push_back(std::strtod(buf, nullptr));
+  }
+  return v;
+}
+
+// The quick preset's grid: the three modes × d_k {16, 64, 256} × 8 peak LRs from 1e-4 to 0.316 in
+// half-decades (wide enough that every mode's window shows both edges) × 5 seeds, 400 steps.
+StudyGroup quick_group() {
+  StudyGroup g;
+  g.name = "recall/adamw";
+  g.base = study_base(kQuickSteps, kQuickBatch);
+  // 16 pairs over 32 keys and 32 values: learnable by one head within the quick budget; the task
+  // defaults (32 pairs over 64 symbols) take 3-4x longer per step.
+  g.base.task.keys = 32;
+  g.base.task.values = 32;
+  g.base.task.pairs = 16;
+  g.arms = {kNone, kSqrt, kDk};
+  g.d_k = {16, 64, 256};
+  g.lrs = half_decades(1e-4, 8);
+  g.seeds = {0, 1, 2, 3, 4};
+  return g;
+}
+
+// Wortsman et al. 2023's small-scale proxies ("Small-scale proxies for large-scale Transformer
+// training instabilities"), scaled to 2 cores: character-level Shakespeare, block 64, batch 16;
+// 2 pre-LN layers, MLP 4C, causal, RoPE, no biases; AdamW (0.9, 0.95), ε 1e-8, clip 1,
+// independent weight decay 1e-4, z-loss 1e-4 (their defaults), warmup 5%, cosine to 1e-5; their
+// LR grid {3e-4 ... 0.3}, 2 seeds. One group per width d_model 64, 128, 256 at the fixed head
+// dimension 32 (2, 4, 8 heads), so the tables and the checks compare widths. Arms: 1/√d_k, with
+// qk-layernorm, 1/d_k (their Fig. E.6) and Gemma 2's attention softcap 50.
+// Sized from a timing on a Zen 3 core: a step took 17.5, 49 and 194 ms at width 64, 128, 256 (20
+// steps; 0.26 s for the three), so 168 runs of 300 steps are about 4,400 core-seconds of steps
+// plus about 1.5 s of setup and evals per run: under 45 minutes with --jobs 2. What was cut to fit
+// (theirs -> here): 1e5 steps -> 300; batch 256 x 512 tokens -> 16 x 64 characters; C4 -> the
+// plays; depth scaled with width -> 2 layers; 3 seeds -> 2; warmup 5k steps -> 5%; bf16 -> fp32.
+StudyGroup proxies_group(int d_model, int steps) {
+  StudyGroup g;
+  g.name = "proxies/w" + std::to_string(d_model);
+  TrainConfig& c = g.base;
+  c.task.kind = TaskKind::text;
+  c.task.block = 64;
+  c.data_file = "data/shakespeare/plays.txt";
+  c.model.layers = 2;
+  c.model.block.attention.d_model = static_cast<std::size_t>(d_model);
+  c.model.block.attention.heads = static_cast<std::size_t>(d_model / 32);
+  c.model.block.attention.d_v = 32;
+  c.model.block.attention.sdpa.causal = true;
+  c.model.block.attn_only = false;
+  c.model.block.bias = false;
+  c.model.block.norm = Norm::layernorm;
+  c.model.positions = PositionEncoding::rope;
+  c.optimizer = "adamw";
+  c.beta1 = 0.9;
+  c.beta2 = 0.95;
+  c.clip = 1;
+  c.weight_decay = 1e-4;
+  c.decay = "independent";
+  c.z_loss = 1e-4;
+  c.schedule = "cosine";
+  c.min_lr = 1e-5;
+  c.steps = steps;
+  c.warmup = steps / 20;
+  c.batch = 16;
+  c.eval_every = std::max(1, steps / 10);
+  c.eval_size = 64;
+  c.progress = false;
+  g.arms = {kSqrt, kQkNorm, kDk, kSoftcap};
+  g.d_k = {32};
+  g.lrs = {3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1};
+  g.seeds = {0, 1};
+  return g;
+}
+
+}  // namespace
+
+StudyPlan study_preset(const std::string& preset) {
+  StudyPlan plan;
+  plan.preset = preset;
+  if (preset == "micro") {
+    StudyGroup g;
+    g.name = "recall/adamw";
+    g.base = study_base(20, 8);
+    g.base.task.keys = 8;
+    g.base.task.values = 8;
+    g.base.task.pairs = 4;
+    g.base.model.block.attention.d_model = 16;
+    g.base.model.block.attention.d_v = 16;
+    g.base.eval_size = 32;
+    g.base.eval_every = 10;
+    g.arms = {kNone, kSqrt, kDk};
+    g.d_k = {4, 16};
+    g.lrs = {1e-2, 1e-1};
+    g.seeds = {0};
+    plan.groups.push_back(g);
+  } else if (preset == "quick") {
+    plan.groups.push_back(quick_group());
+  } else if (preset == "full") {
+    // Sized to finish within 60 minutes on 2 cores with --jobs 2 (data/results/full/study.json
+    // gives its wall time). The cuts that make it fit: the recall task is the quick preset's (16
+    // pairs) at d_k <= 256, and only the three scaling modes on recall get the 1600-step budget
+    // and 5 seeds at every budget; the stabilisers have 5 seeds at 400 steps; SGD and mqar have 3
+    // seeds at 400 steps (mqar: 6 LRs up to 0.0316); the text arm 2 seeds of 150 steps at 5 LRs.
+    // The magnitude control (8/d_k, 4/d_k, 1/(4√d_k) beside 1/√d_k and 1/d_k, in a group of its
+    // own so that its tables compare the five within the same seeds) has 3 seeds at 400 steps, as
+    // has the modern block's attention (RoPE; each mode with qk-layernorm, and with a softcap).
+    StudyGroup a = quick_group();
+    a.budgets = {kQuickSteps, 4 * kQuickSteps};
+    plan.groups.push_back(a);
+    StudyGroup st = quick_group();
+    st.name = "recall/adamw-stabilisers";
+    st.arms = {kQkNorm, kLearnable};
+    plan.groups.push_back(st);
+    StudyGroup mag = quick_group();
+    mag.name = "recall/adamw-magnitude";
+    mag.arms = {kSqrtDkQuarter, kSqrt, kDk, kDkTimes4, kDkTimes8};
+    mag.seeds = {0, 1, 2};
+    plan.groups.push_back(mag);
+    StudyGroup mod = quick_group();
+    mod.name = "recall/adamw-modern";
+    mod.base.model.positions = PositionEncoding::rope;
+    mod.arms = {kNoneQk, kSqrtQk, kDkQk, kNoneCap, kSqrtCap, kDkCap};
+    mod.seeds = {0, 1, 2};
+    plan.groups.push_back(mod);
+    StudyGroup s = quick_group();
+    s.name = "recall/sgd";
+    s.base.optimizer = "sgd";
+    s.base.momentum = 0.9;
+    s.lrs = half_decades(1e-2, 8);
+    s.seeds = {0, 1, 2};
+    plan.groups.push_back(s);
+    StudyGroup m = quick_group();
+    m.name = "mqar/adamw";
+    m.base.task.kind = TaskKind::mqar;
+    m.base.task.keys = 32;
+    m.base.task.values = 32;
+    m.base.task.pairs = 8;
+    m.base.task.queries = 4;
+    m.base.model.layers = 2;
+    m.base.model.positions = PositionEncoding::learned;
+    m.base.model.block.attention.sdpa.causal = true;
+    m.lrs = half_decades(1e-4, 6);
+    m.seeds = {0, 1, 2};
+    plan.groups.push_back(m);
+    StudyGroup t = quick_group();
+    t.name = "text/adamw";
+    t.base.task.kind = TaskKind::text;
+    t.base.task.block = 64;
+    t.base.data_file = "data/shakespeare/plays.txt";
+    t.base.model.layers = 2;
+    t.base.model.block.attention.heads = 2;
+    t.base.model.block.attention.d_model = 64;
+    t.base.model.block.attention.d_v = 32;
+    t.base.model.block.attn_only = false;
+    t.base.model.block.attention.sdpa.causal = true;
+    t.base.model.positions = PositionEncoding::learned;
+    t.base.steps = 150;
+    t.base.warmup = 15;
+    t.base.eval_every = 15;
+    t.base.batch = 16;
+    t.base.eval_size = 64;
+    t.lrs = half_decades(1e-3, 5);
+    t.seeds = {0, 1};
+    plan.groups.push_back(t);
+  } else if (preset == "proxies") {
+    for (int width : {64, 128, 256}) plan.groups.push_back(proxies_group(width, kProxiesSteps));
+  } else {
+    throw std::invalid_argument("study: preset expected micro|quick|full|proxies, got '" + preset +
+                                "'");
+  }
+  return plan;
+}
+
+}  // namespace attnlab::app
