@@ -8,6 +8,8 @@
 #include <map>
 #include <optional>
 
+#include "text_format.hpp"
+
 namespace attnlab::app {
 
 namespace {
@@ -19,12 +21,6 @@ constexpr double kEntropyShare = 0.5;             // C5
 constexpr double kSlopeLo = 0.7, kSlopeHi = 1.3;  // C6
 constexpr double kHighLr = 0.3, kMidLr = 0.1;
 constexpr int kMidLrFromWidth = 128;
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
 
 bool same_lr(double a, double b) {
   return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));

@@ -10,15 +10,9 @@
 #include "attnlab/blas.hpp"
 #include "attnlab/random.hpp"
 
-namespace attnlab::app {
+#include "text_format.hpp"
 
-namespace {
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-}  // namespace
+namespace attnlab::app {
 
 std::vector<SaturationRow> saturation_sweep(const SaturationConfig& c) {
   const std::size_t B = c.batch, T = c.keys, C = c.d_model;
