@@ -1,5 +1,6 @@
 // The enum tables (attnlab/enum_table.hpp): names, parsing and its three ways of listing the
-// names, help texts.
+// names, help texts, and the JSON of a table enum (io/config_json.hpp); then every table of the
+// library: each value once, each name once, and name -> value -> name round trips.
 #include <doctest/doctest.h>
 
 #include <set>
@@ -7,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "attnlab/enum_table.hpp"
+#include "attnlab/io/config_json.hpp"
 
 namespace attnlab {
 // In attnlab itself: argument-dependent lookup finds the JSON conversions there.
@@ -83,4 +87,23 @@ TEST_CASE("enum table: names, lookups and the three ways an error lists the name
   const std::string message = error_of([] { parse_enum<Fruit>(std::string(100000, 'k')); });
   CHECK(message.size() < 400);
   CHECK(message.find("(100002 characters)") != std::string::npos);
+}
+
+TEST_CASE("enum table: JSON writes the name and reads it back, refusing others by the parser") {
+  nlohmann::json j = Fruit::fig;
+  CHECK(j == "fig");
+  CHECK(j.get<Fruit>() == Fruit::fig);
+  CHECK(nlohmann::json(Norm::rmsnorm).dump() == "\"rmsnorm\"");
+  CHECK(error_of([] { (void)nlohmann::json("kiwi").get<Fruit>(); }) ==
+        "parse_fruit: fruit expected apple|pear|fig, got 'kiwi'");
+  CHECK(error_of([] { (void)nlohmann::json(3).get<Fruit>(); }) ==
+        "config: expected a string, got 3");
+}
+
+TEST_CASE("enum table: every table of the library is whole and round-trips") {
+  check_table<Scaling>();
+  check_table<SdpaPath>();
+  check_table<PositionEncoding>();
+  check_table<Norm>();
+  check_table<MlpActivation>();
 }
