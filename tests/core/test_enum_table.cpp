@@ -12,6 +12,8 @@
 
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
+#include "attnlab/optim/muon.hpp"
+#include "attnlab/optim/schedule.hpp"
 
 namespace attnlab {
 // In attnlab itself: argument-dependent lookup finds the JSON conversions there.
@@ -106,4 +108,10 @@ TEST_CASE("enum table: every table of the library is whole and round-trips") {
   check_table<PositionEncoding>();
   check_table<Norm>();
   check_table<MlpActivation>();
+  check_table<DecayParams>();
+  check_table<WeightDecayMode>();
+  check_table<OptimizerKind>();
+  check_table<LrScheduleKind>();
+  check_table<MuonScale>();
+  check_table<ParameterKind>();
 }
