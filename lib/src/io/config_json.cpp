@@ -113,50 +113,21 @@ std::string join_path(std::string_view key, std::string_view path) {
   return std::string(key) + "." + std::string(path);
 }
 
+void write_name(nlohmann::json& j, std::string_view name) {
+  j = std::string(name);
+}
+
+std::string read_name(const nlohmann::json& j) {
+  if (!j.is_string()) throw ConfigError("", "expected a string, got " + shown(j));
+  return j.get<std::string>();
+}
+
 std::string shown(const nlohmann::json& j) {
   // The replace handler: invalid UTF-8 in a string is shown as U+FFFD instead of throwing.
   return shown_text(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 64);
 }
 
 }  // namespace config_json
-
-namespace {
-template <class Enum, class Parse>
-void enum_from_json(const nlohmann::json& j, Enum& v, Parse parse) {
-  v = parse(j.get<std::string>());
-}
-}  // namespace
-
-void to_json(nlohmann::json& j, Scaling v) {
-  j = std::string(to_string(v));
-}
-void from_json(const nlohmann::json& j, Scaling& v) {
-  enum_from_json(j, v, parse_scaling);
-}
-void to_json(nlohmann::json& j, SdpaPath v) {
-  j = std::string(to_string(v));
-}
-void from_json(const nlohmann::json& j, SdpaPath& v) {
-  enum_from_json(j, v, parse_sdpa_path);
-}
-void to_json(nlohmann::json& j, Norm v) {
-  j = std::string(to_string(v));
-}
-void from_json(const nlohmann::json& j, Norm& v) {
-  enum_from_json(j, v, parse_norm);
-}
-void to_json(nlohmann::json& j, MlpActivation v) {
-  j = std::string(to_string(v));
-}
-void from_json(const nlohmann::json& j, MlpActivation& v) {
-  enum_from_json(j, v, parse_mlp_activation);
-}
-void to_json(nlohmann::json& j, PositionEncoding v) {
-  j = std::string(to_string(v));
-}
-void from_json(const nlohmann::json& j, PositionEncoding& v) {
-  enum_from_json(j, v, parse_position_encoding);
-}
 
 // By hand: the optional scale is null or a number (nlohmann 3.11 has no std::optional support).
 void to_json(nlohmann::json& j, const SdpaConfig& v) {

@@ -5,26 +5,6 @@
 
 namespace attnlab {
 
-std::string_view to_string(MlpActivation activation) {
-  switch (activation) {
-    case MlpActivation::gelu:
-      return "gelu";
-    case MlpActivation::relu2:
-      return "relu2";
-    case MlpActivation::swiglu:
-      return "swiglu";
-  }
-  return "?";
-}
-
-MlpActivation parse_mlp_activation(std::string_view text) {
-  if (text == "gelu") return MlpActivation::gelu;
-  if (text == "relu2") return MlpActivation::relu2;
-  if (text == "swiglu") return MlpActivation::swiglu;
-  throw std::invalid_argument("parse_mlp_activation: mlp expected gelu|relu2|swiglu, got '" +
-                              std::string(text) + "'");
-}
-
 std::size_t default_mlp_width(std::size_t C, MlpActivation activation) {
   if (activation != MlpActivation::swiglu) return 4 * C;
   const std::size_t F = 8 * C / 3;  // int(2 · 4C / 3), as LLaMA's FeedForward

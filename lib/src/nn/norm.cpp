@@ -4,26 +4,6 @@
 
 namespace attnlab {
 
-std::string_view to_string(Norm norm) {
-  switch (norm) {
-    case Norm::layernorm:
-      return "layernorm";
-    case Norm::rmsnorm:
-      return "rmsnorm";
-    case Norm::none:
-      return "none";
-  }
-  return "?";
-}
-
-Norm parse_norm(std::string_view text) {
-  if (text == "layernorm") return Norm::layernorm;
-  if (text == "rmsnorm") return Norm::rmsnorm;
-  if (text == "none") return Norm::none;
-  throw std::invalid_argument("parse_norm: norm expected layernorm|rmsnorm|none, got '" +
-                              std::string(text) + "'");
-}
-
 template <class T>
 LayerNorm<T>::LayerNorm(std::size_t dim, double eps, bool bias)
     : dim_(dim), eps_(eps), has_bias_(bias) {

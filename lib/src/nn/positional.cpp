@@ -5,30 +5,6 @@
 
 namespace attnlab {
 
-std::string_view to_string(PositionEncoding kind) {
-  switch (kind) {
-    case PositionEncoding::learned:
-      return "learned";
-    case PositionEncoding::sinusoidal:
-      return "sinusoidal";
-    case PositionEncoding::none:
-      return "none";
-    case PositionEncoding::rope:
-      return "rope";
-  }
-  return "?";
-}
-
-PositionEncoding parse_position_encoding(std::string_view text) {
-  if (text == "learned") return PositionEncoding::learned;
-  if (text == "sinusoidal") return PositionEncoding::sinusoidal;
-  if (text == "none") return PositionEncoding::none;
-  if (text == "rope") return PositionEncoding::rope;
-  throw std::invalid_argument(
-      "parse_position_encoding: positions expected learned|sinusoidal|none|rope, got '" +
-      std::string(text) + "'");
-}
-
 template <class T>
 Tensor2<T> sinusoidal_table(std::size_t max_len, std::size_t dim) {
   constexpr double kBase = 10000.0;  // Vaswani et al. 2017, §3.5

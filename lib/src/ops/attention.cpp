@@ -17,46 +17,6 @@
 
 namespace attnlab {
 
-std::string_view to_string(Scaling mode) {
-  switch (mode) {
-    case Scaling::none:
-      return "none";
-    case Scaling::sqrt_dk:
-      return "sqrt_dk";
-    case Scaling::dk:
-      return "dk";
-  }
-  return "?";
-}
-
-Scaling parse_scaling(std::string_view text) {
-  if (text == "none") return Scaling::none;
-  if (text == "sqrt_dk") return Scaling::sqrt_dk;
-  if (text == "dk") return Scaling::dk;
-  throw std::invalid_argument("parse_scaling: mode expected none|sqrt_dk|dk, got '" +
-                              std::string(text) + "'");
-}
-
-std::string_view to_string(SdpaPath path) {
-  switch (path) {
-    case SdpaPath::reference:
-      return "reference";
-    case SdpaPath::fused:
-      return "fused";
-    case SdpaPath::automatic:
-      return "auto";
-  }
-  return "?";
-}
-
-SdpaPath parse_sdpa_path(std::string_view text) {
-  if (text == "reference") return SdpaPath::reference;
-  if (text == "fused") return SdpaPath::fused;
-  if (text == "auto") return SdpaPath::automatic;
-  throw std::invalid_argument("parse_sdpa_path: path expected reference|fused|auto, got '" +
-                              std::string(text) + "'");
-}
-
 SdpaPath resolve_sdpa_path(SdpaPath path, std::size_t Tk, bool causal) {
   if (path != SdpaPath::automatic) return path;
   return Tk >= (causal ? kSdpaFusedMinKeysCausal : kSdpaFusedMinKeys) ? SdpaPath::fused

@@ -8,17 +8,6 @@
 
 namespace attnlab {
 
-std::string_view to_string(MuonScale v) {
-  return v == MuonScale::rms ? "rms" : "spectral";
-}
-
-MuonScale parse_muon_scale(std::string_view text) {
-  if (text == "spectral") return MuonScale::spectral;
-  if (text == "rms") return MuonScale::rms;
-  check_arg(false, "Muon", "scale", "spectral|rms", std::string(text));
-  return MuonScale::spectral;
-}
-
 void validate(const MuonOptions& o) {
   check_arg(std::isfinite(o.lr) && o.lr >= 0, "Muon", "lr", "a finite value >= 0",
             number_text(o.lr));

@@ -9,28 +9,6 @@
 
 namespace attnlab {
 
-std::string_view to_string(DecayParams v) {
-  return v == DecayParams::matrices ? "matrices" : "all";
-}
-
-DecayParams parse_decay_params(std::string_view text) {
-  if (text == "all") return DecayParams::all;
-  if (text == "matrices") return DecayParams::matrices;
-  check_arg(false, "optimizer", "decay_params", "all|matrices", std::string(text));
-  return DecayParams::all;
-}
-
-std::string_view to_string(WeightDecayMode v) {
-  return v == WeightDecayMode::independent ? "independent" : "decoupled";
-}
-
-WeightDecayMode parse_weight_decay_mode(std::string_view text) {
-  if (text == "decoupled") return WeightDecayMode::decoupled;
-  if (text == "independent") return WeightDecayMode::independent;
-  check_arg(false, "optimizer", "decay", "decoupled|independent", std::string(text));
-  return WeightDecayMode::decoupled;
-}
-
 std::string optim_state_name(const std::string& param, const std::string& slot) {
   return "optim." + param + "." + slot;
 }

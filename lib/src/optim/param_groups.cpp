@@ -23,8 +23,6 @@ std::string in_quotes(std::string_view s) {
   throw std::invalid_argument(where + " expected " + what + ", got " + got);
 }
 
-constexpr const char* kKindNames = "embedding|attention|mlp|head|norm|bias|scale";
-
 }  // namespace
 
 bool glob_match(std::string_view pattern, std::string_view name) {
@@ -47,36 +45,6 @@ bool glob_match(std::string_view pattern, std::string_view name) {
   }
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
-}
-
-std::string_view to_string(ParameterKind kind) {
-  switch (kind) {
-    case ParameterKind::embedding:
-      return "embedding";
-    case ParameterKind::attention:
-      return "attention";
-    case ParameterKind::mlp:
-      return "mlp";
-    case ParameterKind::head:
-      return "head";
-    case ParameterKind::norm:
-      return "norm";
-    case ParameterKind::bias:
-      return "bias";
-    case ParameterKind::scale:
-      return "scale";
-  }
-  return "?";
-}
-
-ParameterKind parse_parameter_kind(std::string_view text) {
-  for (const ParameterKind k :
-       {ParameterKind::embedding, ParameterKind::attention, ParameterKind::mlp, ParameterKind::head,
-        ParameterKind::norm, ParameterKind::bias, ParameterKind::scale}) {
-    if (text == to_string(k)) return k;
-  }
-  check_arg(false, "parse_parameter_kind", "kind", kKindNames, in_quotes(text));
-  return ParameterKind::embedding;
 }
 
 ParameterKind transformer_parameter_kind(const std::string& name) {
@@ -128,9 +96,8 @@ std::optional<SelectorProblem> selector_problem(const ParamSelector& s) {
     return SelectorProblem{"", "at least one of pattern, rank, kind",
                            "none (a selector with nothing set)"};
   if (s.rank < 0) return SelectorProblem{"rank", ">= 0 (0: any rank)", std::to_string(s.rank)};
-  if (!s.kind.empty() && s.kind != "embedding" && s.kind != "attention" && s.kind != "mlp" &&
-      s.kind != "head" && s.kind != "norm" && s.kind != "bias" && s.kind != "scale")
-    return SelectorProblem{"kind", std::string(kKindNames) + " or \"\" (any kind)",
+  if (!s.kind.empty() && !find_enum<ParameterKind>(s.kind))
+    return SelectorProblem{"kind", enum_names<ParameterKind>() + " or \"\" (any kind)",
                            in_quotes(s.kind)};
   return std::nullopt;
 }

@@ -8,17 +8,6 @@
 
 namespace attnlab {
 
-LrScheduleKind parse_lr_schedule_kind(std::string_view name) {
-  if (name == "constant") return LrScheduleKind::constant;
-  if (name == "cosine") return LrScheduleKind::warmup_cosine;
-  if (name == "wsd") return LrScheduleKind::warmup_stable_decay;
-  // Appended, not "'" + ...: GCC 12 at -O3 warns falsely (-Wrestrict) on const char* + string&&.
-  std::string quoted = "'";
-  quoted.append(name).append("'");
-  check_arg(false, "LrSchedule", "kind", "'constant', 'cosine' or 'wsd'", quoted);
-  return LrScheduleKind::constant;  // unreachable
-}
-
 LrSchedule LrSchedule::constant(double lr) {
   LrSchedule s;
   s.kind = LrScheduleKind::constant;

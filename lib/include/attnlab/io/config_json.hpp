@@ -7,8 +7,9 @@
 //
 // Reading overlays: from_json(j, config) sets the fields that j names and keeps the others, so a
 // partial file (or a nested object) keeps the defaults of the value it is read into. A key that is
-// not a field is an error naming its path; so is a value of the wrong type. Enums are strings
-// (parsed by their parse_* functions, which reject an unknown name instead of picking the first).
+// not a field is an error naming its path; so is a value of the wrong type. An enum with a table
+// (attnlab/enum_table.hpp) is its name, read by parse_enum, which rejects an unknown name in the
+// words of the enum's parse_* function instead of picking the first.
 #pragma once
 
 #include <cmath>
@@ -23,6 +24,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "attnlab/enum_table.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/optim/param_groups.hpp"
 
@@ -35,16 +37,25 @@ struct ConfigError : std::invalid_argument {
   std::string problem;
 };
 
-void to_json(nlohmann::json& j, Scaling v);
-void from_json(const nlohmann::json& j, Scaling& v);
-void to_json(nlohmann::json& j, SdpaPath v);
-void from_json(const nlohmann::json& j, SdpaPath& v);
-void to_json(nlohmann::json& j, Norm v);
-void from_json(const nlohmann::json& j, Norm& v);
-void to_json(nlohmann::json& j, MlpActivation v);
-void from_json(const nlohmann::json& j, MlpActivation& v);
-void to_json(nlohmann::json& j, PositionEncoding v);
-void from_json(const nlohmann::json& j, PositionEncoding& v);
+namespace config_json {
+// A table enum's JSON: its name as a string; and back, the string (ConfigError "expected a
+// string, got ..." for another JSON type).
+void write_name(nlohmann::json& j, std::string_view name);
+std::string read_name(const nlohmann::json& j);
+}  // namespace config_json
+
+// Every table enum (Scaling, Norm, TaskKind, ...) is its name in JSON; reading refuses an unknown
+// name with parse_enum's message. An enum outside namespace attnlab brings these two in with a
+// using-declaration in its own namespace, where argument-dependent lookup finds them.
+template <TableEnum E>
+void to_json(nlohmann::json& j, E v) {
+  config_json::write_name(j, enum_name(v));
+}
+template <TableEnum E>
+void from_json(const nlohmann::json& j, E& v) {
+  v = parse_enum<E>(config_json::read_name(j));
+}
+
 // scaling, scale (null: none), causal, path. head_scale and the tile sizes are not config.
 void to_json(nlohmann::json& j, const SdpaConfig& v);
 void from_json(const nlohmann::json& j, SdpaConfig& v);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string_view>
 
+#include "attnlab/enum_table.hpp"
 #include "attnlab/nn/activation.hpp"
 #include "attnlab/nn/linear.hpp"
 
@@ -17,10 +18,26 @@ namespace attnlab {
 
 enum class MlpActivation { gelu, relu2, swiglu };
 
-// "gelu" | "relu2" | "swiglu"; parse throws std::invalid_argument "parse_mlp_activation: mlp
-// expected gelu|relu2|swiglu, got 'x'".
-std::string_view to_string(MlpActivation activation);
-MlpActivation parse_mlp_activation(std::string_view text);
+template <>
+struct EnumTable<MlpActivation> {
+  static constexpr EnumEntry<MlpActivation> entries[] = {
+      {MlpActivation::gelu, "gelu", "GELU, tanh form (GPT-2)"},
+      {MlpActivation::relu2, "relu2", "max(x, 0)^2 (modded-nanogpt, nanochat)"},
+      {MlpActivation::swiglu, "swiglu",
+       "silu(x W_gate) * (x W_up) (LLaMA; the width then defaults to 8/3 d_model, rounded up to "
+       "a multiple of 16)"},
+  };
+  static constexpr EnumParseText parse = {"parse_mlp_activation", "mlp"};
+};
+
+// The names of EnumTable<MlpActivation>; parse throws std::invalid_argument
+// "parse_mlp_activation: mlp expected <the names>, got 'x'".
+inline std::string_view to_string(MlpActivation activation) {
+  return enum_name(activation);
+}
+inline MlpActivation parse_mlp_activation(std::string_view text) {
+  return parse_enum<MlpActivation>(text);
+}
 
 // The multiple that SwiGLU's default width is rounded up to: one AVX-512 vector of floats.
 inline constexpr std::size_t kSwigluWidthMultiple = 16;

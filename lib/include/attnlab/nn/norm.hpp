@@ -7,6 +7,7 @@
 #include <memory>
 #include <string_view>
 
+#include "attnlab/enum_table.hpp"
 #include "attnlab/nn/module.hpp"
 #include "attnlab/ops/layernorm.hpp"
 #include "attnlab/ops/rmsnorm.hpp"
@@ -15,9 +16,23 @@ namespace attnlab {
 
 enum class Norm { layernorm, rmsnorm, none };
 
-// "layernorm" | "rmsnorm" | "none"; parse throws std::invalid_argument naming the value.
-std::string_view to_string(Norm norm);
-Norm parse_norm(std::string_view text);
+template <>
+struct EnumTable<Norm> {
+  static constexpr EnumEntry<Norm> entries[] = {
+      {Norm::layernorm, "layernorm", "LayerNorm"},
+      {Norm::rmsnorm, "rmsnorm", "RMSNorm"},
+      {Norm::none, "none", "the identity"},
+  };
+  static constexpr EnumParseText parse = {"parse_norm", "norm"};
+};
+
+// The names of EnumTable<Norm>; parse throws std::invalid_argument naming the value.
+inline std::string_view to_string(Norm norm) {
+  return enum_name(norm);
+}
+inline Norm parse_norm(std::string_view text) {
+  return parse_enum<Norm>(text);
+}
 
 template <class T>
 class LayerNorm : public SequenceModule<T> {

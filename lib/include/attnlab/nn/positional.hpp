@@ -9,6 +9,7 @@
 
 #include <string_view>
 
+#include "attnlab/enum_table.hpp"
 #include "attnlab/nn/module.hpp"
 #include "attnlab/random.hpp"
 
@@ -16,9 +17,24 @@ namespace attnlab {
 
 enum class PositionEncoding { learned, sinusoidal, none, rope };
 
-// "learned" | "sinusoidal" | "none" | "rope"; parse throws std::invalid_argument naming the value.
-std::string_view to_string(PositionEncoding kind);
-PositionEncoding parse_position_encoding(std::string_view text);
+template <>
+struct EnumTable<PositionEncoding> {
+  static constexpr EnumEntry<PositionEncoding> entries[] = {
+      {PositionEncoding::learned, "learned", "a learned table"},
+      {PositionEncoding::sinusoidal, "sinusoidal", "Vaswani et al.'s fixed table"},
+      {PositionEncoding::none, "none", "no position signal (suits ALiBi)"},
+      {PositionEncoding::rope, "rope", "RoPE: q and k rotated in every block"},
+  };
+  static constexpr EnumParseText parse = {"parse_position_encoding", "positions"};
+};
+
+// The names of EnumTable<PositionEncoding>; parse throws std::invalid_argument naming the value.
+inline std::string_view to_string(PositionEncoding kind) {
+  return enum_name(kind);
+}
+inline PositionEncoding parse_position_encoding(std::string_view text) {
+  return parse_enum<PositionEncoding>(text);
+}
 
 // The (max_len, dim) sinusoidal table.
 template <class T>

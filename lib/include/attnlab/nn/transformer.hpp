@@ -43,7 +43,7 @@ struct TransformerConfig {
   std::size_t max_len = 64;              // longest sequence (size of the position table)
   std::size_t layers = 2;                // number of blocks
   std::size_t out_vocab = 0;             // V, the classes of the head
-  // learned | sinusoidal | none | rope. rope turns on every block's attention.rope (its base and
+  // EnumTable<PositionEncoding>. rope turns on every block's attention.rope (its base and
   // fraction are block.attention.rope_theta and rope_fraction); block.attention.rope itself stays
   // false in the config, this field being its one home.
   PositionEncoding positions = PositionEncoding::learned;

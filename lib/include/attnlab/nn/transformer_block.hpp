@@ -19,7 +19,7 @@ struct BlockConfig {
   AttentionConfig attention;
   std::size_t d_ff = 0;  // F, the MLP width (ignored when attn_only)
   bool attn_only = false;
-  MlpActivation mlp = MlpActivation::gelu;  // the MLP's activation: gelu | relu2
+  MlpActivation mlp = MlpActivation::gelu;  // the MLP's activation (EnumTable<MlpActivation>)
   Norm norm = Norm::layernorm;
   // false: no additive bias in the block (nanoGPT's bias=False): the MLP's fc1 and fc2 lose theirs
   // and the LayerNorms their β (ln1, ln2, and the Transformer's ln_f). The attention projections

@@ -66,14 +66,35 @@
 #include <xtensor/xtensor.hpp>
 
 #include "attnlab/attention/params.hpp"
+#include "attnlab/enum_table.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab {
 
 enum class Scaling { none, sqrt_dk, dk };
 
-// Which CPU implementation runs: see the file comment. `automatic` is spelled "auto" in text.
+template <>
+struct EnumTable<Scaling> {
+  static constexpr EnumEntry<Scaling> entries[] = {
+      {Scaling::none, "none", "1"},
+      {Scaling::sqrt_dk, "sqrt_dk", "1/sqrt(d_k)"},
+      {Scaling::dk, "dk", "1/d_k"},
+  };
+  static constexpr EnumParseText parse = {"parse_scaling", "mode"};
+};
+
+// Which CPU implementation runs: see the file comment.
 enum class SdpaPath { reference, fused, automatic };
+
+template <>
+struct EnumTable<SdpaPath> {
+  static constexpr EnumEntry<SdpaPath> entries[] = {
+      {SdpaPath::reference, "reference", "scores materialised, the weights kept"},
+      {SdpaPath::fused, "fused", "online softmax over key tiles"},
+      {SdpaPath::automatic, "auto", "fused for long key sequences, reference below"},
+  };
+  static constexpr EnumParseText parse = {"parse_sdpa_path", "path"};
+};
 
 // `automatic` picks the fused path from this many keys on, or from kSdpaFusedMinKeysCausal keys on
 // when causal (it skips the masked tiles): below the threshold the reference path was as fast or
@@ -82,13 +103,20 @@ enum class SdpaPath { reference, fused, automatic };
 inline constexpr std::size_t kSdpaFusedMinKeys = 1024;
 inline constexpr std::size_t kSdpaFusedMinKeysCausal = 256;
 
-// "none" | "sqrt_dk" | "dk"; parse throws std::invalid_argument naming the value it got.
-std::string_view to_string(Scaling mode);
-Scaling parse_scaling(std::string_view text);
-
-// "reference" | "fused" | "auto"; parse throws std::invalid_argument naming the value it got.
-std::string_view to_string(SdpaPath path);
-SdpaPath parse_sdpa_path(std::string_view text);
+// The names of EnumTable<Scaling> and EnumTable<SdpaPath>; parse throws std::invalid_argument
+// naming the value it got.
+inline std::string_view to_string(Scaling mode) {
+  return enum_name(mode);
+}
+inline Scaling parse_scaling(std::string_view text) {
+  return parse_enum<Scaling>(text);
+}
+inline std::string_view to_string(SdpaPath path) {
+  return enum_name(path);
+}
+inline SdpaPath parse_sdpa_path(std::string_view text) {
+  return parse_enum<SdpaPath>(text);
+}
 
 // The scale of a mode for head dim d: 1, 1/√d or 1/d.
 double scaling_factor(Scaling mode, std::size_t d);

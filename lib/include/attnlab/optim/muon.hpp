@@ -37,9 +37,23 @@
 namespace attnlab {
 
 enum class MuonScale { spectral, rms };
-std::string_view to_string(MuonScale v);
-// "spectral" | "rms"; std::invalid_argument naming Muon's scale otherwise.
-MuonScale parse_muon_scale(std::string_view text);
+
+template <>
+struct EnumTable<MuonScale> {
+  static constexpr EnumEntry<MuonScale> entries[] = {
+      {MuonScale::spectral, "spectral", "sqrt(max(1, fan_out/fan_in)), muon.py's"},
+      {MuonScale::rms, "rms", "0.2 sqrt(max(fan_in, fan_out)), matching AdamW's update RMS"},
+  };
+  static constexpr EnumParseText parse = {"Muon", "scale", NameList::pipes, false};
+};
+
+// The names of EnumTable<MuonScale>; std::invalid_argument naming Muon's scale otherwise.
+inline std::string_view to_string(MuonScale v) {
+  return enum_name(v);
+}
+inline MuonScale parse_muon_scale(std::string_view text) {
+  return parse_enum<MuonScale>(text);
+}
 
 struct MuonOptions {
   double lr = 0.02;        // finite, >= 0 (muon.py's default)

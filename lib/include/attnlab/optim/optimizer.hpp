@@ -22,6 +22,7 @@
 #include <xtensor/xarray.hpp>
 
 #include "attnlab/device_ops.hpp"
+#include "attnlab/enum_table.hpp"
 #include "attnlab/nn/parameter.hpp"
 
 namespace attnlab {
@@ -31,9 +32,26 @@ namespace attnlab {
 // and position tables, the head), not biases, norm gains and shifts or per-head scales: nanoGPT's
 // configure_optimizers groups, `p.dim() >= 2` decayed and the rest with weight_decay 0.
 enum class DecayParams { all, matrices };
-std::string_view to_string(DecayParams v);
-// "all" | "matrices"; std::invalid_argument "decay_params expected all|matrices, got ..." else.
-DecayParams parse_decay_params(std::string_view text);
+
+template <>
+struct EnumTable<DecayParams> {
+  static constexpr EnumEntry<DecayParams> entries[] = {
+      {DecayParams::all, "all", "every parameter (one group)"},
+      {DecayParams::matrices, "matrices",
+       "rank >= 2: weights, embedding and position tables, head; not biases, norms and per-head "
+       "scales, as nanoGPT groups them"},
+  };
+  static constexpr EnumParseText parse = {"optimizer", "decay_params", NameList::pipes, false};
+};
+
+// The names of EnumTable<DecayParams>; std::invalid_argument "optimizer: decay_params expected
+// <the names>, got ..." for another.
+inline std::string_view to_string(DecayParams v) {
+  return enum_name(v);
+}
+inline DecayParams parse_decay_params(std::string_view text) {
+  return parse_enum<DecayParams>(text);
+}
 
 // How a decoupled weight decay λ enters the update at step t, whose learning rate lr_t the
 // schedule gives (η the base lr, the one the optimizer was built with; s_t = lr_t / η the
@@ -47,16 +65,57 @@ DecayParams parse_decay_params(std::string_view text);
 //                                                keeps the decay
 // (lib/README.md, "Independent weight decay").
 enum class WeightDecayMode { decoupled, independent };
-std::string_view to_string(WeightDecayMode v);
-// "decoupled" | "independent"; std::invalid_argument "optimizer: decay expected
-// decoupled|independent, got ..." else.
-WeightDecayMode parse_weight_decay_mode(std::string_view text);
+
+template <>
+struct EnumTable<WeightDecayMode> {
+  static constexpr EnumEntry<WeightDecayMode> entries[] = {
+      {WeightDecayMode::decoupled, "decoupled", "torch's, p *= 1 - lr_t * wd"},
+      {WeightDecayMode::independent, "independent",
+       "p *= 1 - (lr_t / lr) * wd: the schedule's shape without the base lr; Wortsman et al. "
+       "2023"},
+  };
+  static constexpr EnumParseText parse = {"optimizer", "decay", NameList::pipes, false};
+};
+
+// The names of EnumTable<WeightDecayMode>; std::invalid_argument "optimizer: decay expected <the
+// names>, got ..." for another.
+inline std::string_view to_string(WeightDecayMode v) {
+  return enum_name(v);
+}
+inline WeightDecayMode parse_weight_decay_mode(std::string_view text) {
+  return parse_enum<WeightDecayMode>(text);
+}
 // The multiplier the weight decay applies to a parameter at this step: 1 − lr · weight_decay
 // (decoupled) or 1 − (lr / base_lr) · weight_decay (independent). With base_lr 0 the schedule's
 // multiplier s_t is taken as 0 (a run whose base lr is 0 never moves its weights), so independent
 // gives 1. Throws std::invalid_argument naming the argument unless lr, base_lr and weight_decay
 // are finite and >= 0.
 double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay);
+
+// The optimizers that a run config or a parameter group names: AdamW (attnlab/optim/adamw.hpp),
+// SGD (sgd.hpp) and Muon (muon.hpp).
+enum class OptimizerKind { adamw, sgd, muon };
+
+template <>
+struct EnumTable<OptimizerKind> {
+  static constexpr EnumEntry<OptimizerKind> entries[] = {
+      {OptimizerKind::adamw, "adamw", "AdamW"},
+      {OptimizerKind::sgd, "sgd", "SGD with momentum"},
+      {OptimizerKind::muon, "muon",
+       "Muon for the hidden matrices (at their own lr), AdamW for embeddings, head, norms, "
+       "biases and scales"},
+  };
+  static constexpr EnumParseText parse = {"parse_optimizer_kind", "optimizer", NameList::pipes,
+                                          false};
+};
+
+// The names of EnumTable<OptimizerKind>; std::invalid_argument naming the text for another.
+inline std::string_view to_string(OptimizerKind v) {
+  return enum_name(v);
+}
+inline OptimizerKind parse_optimizer_kind(std::string_view text) {
+  return parse_enum<OptimizerKind>(text);
+}
 
 // One named state tensor, e.g. {"optim.blocks.0.attn.w_q.exp_avg", (C, C)}.
 template <class T>

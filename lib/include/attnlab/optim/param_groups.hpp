@@ -50,21 +50,35 @@ bool matches(const ParamSelector& selector, const std::string& name, std::size_t
 // A selector as error messages and printouts show it: {pattern "blocks.*.w_*", rank 2}.
 std::string to_string(const ParamSelector& selector);
 
-// What a parameter of attnlab's Transformer is:
-//   embedding  the token tables (embed.fields.<i>.table) and the learned position table
-//              (pos.table); with tie_embeddings the head reads token table 0, which stays
-//              embedding (there is no head.w)
-//   attention  blocks.<l>.attn.w_q, w_k, w_v, w_o
-//   mlp        blocks.<l>.mlp.fc1.w, fc2.w
-//   head       head.w
-//   norm       every gamma and beta: ln1, ln2, ln_f, attn.q_norm, attn.k_norm
-//   bias       the MLP's biases, blocks.<l>.mlp.fc1.b, fc2.b
-//   scale      the learnable per-head log-scales, blocks.<l>.attn.log_scale
+// What a parameter of attnlab's Transformer is (each entry's help says which parameters).
 enum class ParameterKind { embedding, attention, mlp, head, norm, bias, scale };
-std::string_view to_string(ParameterKind kind);
-// "embedding" | "attention" | ... ; std::invalid_argument "parse_parameter_kind: kind expected
-// embedding|attention|mlp|head|norm|bias|scale, got '...'" else.
-ParameterKind parse_parameter_kind(std::string_view text);
+
+template <>
+struct EnumTable<ParameterKind> {
+  static constexpr EnumEntry<ParameterKind> entries[] = {
+      {ParameterKind::embedding, "embedding",
+       "the token tables (embed.fields.<i>.table) and the learned position table (pos.table); "
+       "with tie_embeddings the head reads token table 0, which stays embedding (there is no "
+       "head.w)"},
+      {ParameterKind::attention, "attention", "blocks.<l>.attn.w_q, w_k, w_v, w_o"},
+      {ParameterKind::mlp, "mlp", "blocks.<l>.mlp.fc1.w, fc2.w"},
+      {ParameterKind::head, "head", "head.w"},
+      {ParameterKind::norm, "norm", "every gamma and beta: ln1, ln2, ln_f, attn.q_norm, k_norm"},
+      {ParameterKind::bias, "bias", "the MLP's biases, blocks.<l>.mlp.fc1.b, fc2.b"},
+      {ParameterKind::scale, "scale",
+       "the learnable per-head log-scales, blocks.<l>.attn.log_scale"},
+  };
+  static constexpr EnumParseText parse = {"parse_parameter_kind", "kind"};
+};
+
+// The names of EnumTable<ParameterKind>; std::invalid_argument "parse_parameter_kind: kind
+// expected <the names>, got '...'" for another.
+inline std::string_view to_string(ParameterKind kind) {
+  return enum_name(kind);
+}
+inline ParameterKind parse_parameter_kind(std::string_view text) {
+  return parse_enum<ParameterKind>(text);
+}
 // The kind of a Transformer parameter by its name (transformer_parameter_shapes' names);
 // std::invalid_argument naming the parameter for a name a Transformer does not have.
 ParameterKind transformer_parameter_kind(const std::string& name);
@@ -73,7 +87,7 @@ ParameterKind transformer_parameter_kind(const std::string& name);
 struct ParamGroupSpec {
   std::string name = {};  // unique, not empty, not "default" (the group of the rest)
   ParamSelector match = {};
-  std::string optimizer = {};          // the factory's kind ("adamw", "sgd"); "" = the default's
+  std::string optimizer = {};          // the factory's kind (an OptimizerKind name); "" = default
   std::optional<double> lr_mult = {};  // finite, >= 0; none = 1
   std::optional<double> weight_decay = {};  // finite, >= 0; none = the default group's
   bool operator==(const ParamGroupSpec&) const = default;

@@ -13,13 +13,27 @@
 #include <cstddef>
 #include <string_view>
 
+#include "attnlab/enum_table.hpp"
+
 namespace attnlab {
 
 enum class LrScheduleKind { constant, warmup_cosine, warmup_stable_decay };
 
-// "constant", "cosine" (warmup_cosine) or "wsd" (warmup_stable_decay); throws
-// std::invalid_argument otherwise.
-LrScheduleKind parse_lr_schedule_kind(std::string_view name);
+template <>
+struct EnumTable<LrScheduleKind> {
+  static constexpr EnumEntry<LrScheduleKind> entries[] = {
+      {LrScheduleKind::constant, "constant", "the base lr throughout"},
+      {LrScheduleKind::warmup_cosine, "cosine", "linear warmup, then cosine decay"},
+      {LrScheduleKind::warmup_stable_decay, "wsd",
+       "linear warmup, constant, then a linear decay over the last --warmdown of the steps"},
+  };
+  static constexpr EnumParseText parse = {"LrSchedule", "kind", NameList::quoted_or, true};
+};
+
+// The kind named in EnumTable<LrScheduleKind>; throws std::invalid_argument otherwise.
+inline LrScheduleKind parse_lr_schedule_kind(std::string_view name) {
+  return parse_enum<LrScheduleKind>(name);
+}
 
 // The lr for step s (0-based: the step about to be taken), W = warmup_steps, N = total_steps:
 //   constant:       base_lr
