@@ -467,23 +467,24 @@ void add_warning(BlasInfo& info, const std::string& warning) {
 void select_engine(BlasInfo& info) {
   const char* env = std::getenv("ATTNLAB_GEMM");
   const std::string request = env && *env ? env : "auto";
+  const std::optional<GemmEngine> named = find_enum<GemmEngine>(request);
   info.engine = GemmEngine::openblas;
   info.engine_name = info.library;
   const bool built = onednn_built();
-  if (request == "openblas") {
-    info.engine_reason = "ATTNLAB_GEMM=openblas";
-  } else if (request == "auto" || request == "onednn") {
+  if (named == GemmEngine::openblas) {
+    info.engine_reason = "ATTNLAB_GEMM=" + request;
+  } else if (request == "auto" || named == GemmEngine::onednn) {
     if (!built) {
       info.engine_reason = "built without oneDNN";
-      if (request == "onednn")
-        add_warning(info,
-                    "ATTNLAB_GEMM=onednn ignored: this attnlab was built without oneDNN; "
-                    "float gemms run in " +
-                        info.library);
+      if (named)
+        add_warning(info, "ATTNLAB_GEMM=" + request +
+                              " ignored: this attnlab was built without oneDNN; float gemms run "
+                              "in " +
+                              info.library);
     } else {
 #ifdef ATTNLAB_WITH_ONEDNN
       const std::string why =
-          request == "onednn" ? "ATTNLAB_GEMM=onednn" : "faster than OpenBLAS on a step's shapes";
+          named ? "ATTNLAB_GEMM=" + request : "faster than OpenBLAS on a step's shapes";
       if (onednn_self_check()) {
         info.engine = GemmEngine::onednn;
         info.engine_name = onednn_name();
@@ -497,8 +498,9 @@ void select_engine(BlasInfo& info) {
     }
   } else {
     info.engine_reason = "ATTNLAB_GEMM=" + request + " is not an engine";
-    add_warning(info, "ATTNLAB_GEMM=" + request + " ignored: expected auto, onednn or openblas; " +
-                          "float gemms run in " + info.library);
+    add_warning(info, "ATTNLAB_GEMM=" + request + " ignored: expected auto, " +
+                          enum_names<GemmEngine>(NameList::or_words) + "; float gemms run in " +
+                          info.library);
   }
   float_engine.store(info.engine, std::memory_order_relaxed);
 }
@@ -555,12 +557,13 @@ void select_bf16(BlasInfo& info) {
 #endif
     return false;
   };
-  if (request == "emulated") {
-    info.bf16_reason = "ATTNLAB_BF16=emulated";
-  } else if (request == "onednn") {
-    if (!try_native("ATTNLAB_BF16=onednn"))
-      add_warning(
-          info, "ATTNLAB_BF16=onednn ignored (" + info.bf16_reason + "); bf16 gemms are emulated");
+  const std::optional<Bf16Engine> named = find_enum<Bf16Engine>(request);
+  if (named == Bf16Engine::emulated) {
+    info.bf16_reason = "ATTNLAB_BF16=" + request;
+  } else if (named == Bf16Engine::onednn) {
+    if (!try_native("ATTNLAB_BF16=" + request))
+      add_warning(info, "ATTNLAB_BF16=" + request + " ignored (" + info.bf16_reason +
+                            "); bf16 gemms are emulated");
   } else if (request == "auto") {
     if (!info.amx) {
       info.bf16_reason = "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed";
@@ -571,8 +574,8 @@ void select_bf16(BlasInfo& info) {
     }
   } else {
     info.bf16_reason = "ATTNLAB_BF16=" + request + " is not a bf16 engine";
-    add_warning(info, "ATTNLAB_BF16=" + request +
-                          " ignored: expected auto, onednn or emulated; bf16 gemms are emulated");
+    add_warning(info, "ATTNLAB_BF16=" + request + " ignored: expected auto, " +
+                          enum_names<Bf16Engine>(NameList::or_words) + "; bf16 gemms are emulated");
   }
   bf16_engine.store(info.bf16_engine, std::memory_order_relaxed);
 }
@@ -668,24 +671,6 @@ std::string blas_summary(const BlasInfo& info) {
   if (!info.bf16_engine_name.empty())
     line += "; bf16 gemm: " + info.bf16_engine_name + " (" + info.bf16_reason + ")";
   return line;
-}
-
-const char* to_string(GemmEngine engine) {
-  return engine == GemmEngine::onednn ? "onednn" : "openblas";
-}
-
-const char* to_string(GemmPrecision precision) {
-  return precision == GemmPrecision::bf16 ? "bf16" : "fp32";
-}
-
-GemmPrecision parse_gemm_precision(const std::string& name, const std::string& what) {
-  if (name == "fp32") return GemmPrecision::fp32;
-  if (name == "bf16") return GemmPrecision::bf16;
-  throw std::invalid_argument(what + ": expected fp32 or bf16, got '" + name + "'");
-}
-
-const char* to_string(Bf16Engine engine) {
-  return engine == Bf16Engine::onednn ? "onednn" : "emulated";
 }
 
 bool onednn_built() {

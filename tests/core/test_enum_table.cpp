@@ -10,8 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/blas.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
+#include "attnlab/io/safetensors.hpp"
 #include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/schedule.hpp"
 
@@ -114,4 +117,9 @@ TEST_CASE("enum table: every table of the library is whole and round-trips") {
   check_table<LrScheduleKind>();
   check_table<MuonScale>();
   check_table<ParameterKind>();
+  check_table<GemmEngine>();
+  check_table<GemmPrecision>();
+  check_table<Bf16Engine>();
+  check_table<Backend>();
+  check_table<Dtype>();
 }
