@@ -12,12 +12,6 @@ namespace attnlab::cli {
 
 using app::TaskConfig;
 
-namespace {
-
-const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort", "text"};
-
-}  // namespace
-
 std::string printable_line(std::string_view text) {
   // Long enough for any message of ours; a file's megabyte-long value is cut.
   constexpr std::size_t kMaxLine = 2000;
@@ -161,10 +155,7 @@ std::string with_heads_hint(const std::string& message, const TransformerConfig&
 }
 
 void add_task_flags(CLI::App& cmd, TaskConfig& t) {
-  cmd.add_option_function<std::string>(
-         "--task", [&t](const std::string& s) { t.kind = app::parse_task(s); }, "task")
-      ->check(CLI::IsMember(kTasks))
-      ->default_str(std::string(to_string(t.kind)));
+  add_enum_option(cmd, "--task", t.kind, "task");
   cmd.add_option("--keys", t.keys, "recall/mqar: key symbols")
       ->check(bounded("task.keys"))
       ->capture_default_str();
@@ -186,11 +177,7 @@ void add_task_flags(CLI::App& cmd, TaskConfig& t) {
   cmd.add_option("--block", t.block, "text: tokens per example (the context length)")
       ->check(bounded("task.block"))
       ->capture_default_str();
-  cmd.add_option("--vocab", t.vocab,
-                 "text: char (the characters of --data, stored in the checkpoint) or byte (the "
-                 "256 byte values, for any file)")
-      ->check(CLI::IsMember({"char", "byte"}))
-      ->capture_default_str();
+  add_enum_option(cmd, "--vocab", t.vocab, "text: the vocabulary");
 }
 
 }  // namespace attnlab::cli
