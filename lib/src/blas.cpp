@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -38,21 +39,22 @@ void select_engine(BlasInfo& info) {
   using detail::add_warning;
   const char* env = std::getenv("ATTNLAB_GEMM");
   const std::string request = env && *env ? env : "auto";
+  const std::optional<GemmEngine> named = find_enum<GemmEngine>(request);
   info.engine = GemmEngine::openblas;
   info.engine_name = info.library;
-  if (request == "openblas") {
-    info.engine_reason = "ATTNLAB_GEMM=openblas";
-  } else if (request == "auto" || request == "onednn") {
+  if (named == GemmEngine::openblas) {
+    info.engine_reason = "ATTNLAB_GEMM=" + request;
+  } else if (request == "auto" || named == GemmEngine::onednn) {
     if (!onednn_built()) {
       info.engine_reason = "built without oneDNN";
-      if (request == "onednn")
-        add_warning(info,
-                    "ATTNLAB_GEMM=onednn ignored: this attnlab was built without oneDNN; "
-                    "float gemms run in " +
-                        info.library);
+      if (named)
+        add_warning(info, "ATTNLAB_GEMM=" + request +
+                              " ignored: this attnlab was built without oneDNN; float gemms run "
+                              "in " +
+                              info.library);
     } else {
       const std::string why =
-          request == "onednn" ? "ATTNLAB_GEMM=onednn" : "faster than OpenBLAS on a step's shapes";
+          named ? "ATTNLAB_GEMM=" + request : "faster than OpenBLAS on a step's shapes";
       if (detail::onednn_self_check()) {
         info.engine = GemmEngine::onednn;
         info.engine_name = detail::onednn_name();
@@ -65,8 +67,9 @@ void select_engine(BlasInfo& info) {
     }
   } else {
     info.engine_reason = "ATTNLAB_GEMM=" + request + " is not an engine";
-    add_warning(info, "ATTNLAB_GEMM=" + request + " ignored: expected auto, onednn or openblas; " +
-                          "float gemms run in " + info.library);
+    add_warning(info, "ATTNLAB_GEMM=" + request + " ignored: expected auto, " +
+                          enum_names<GemmEngine>(NameList::or_words) + "; float gemms run in " +
+                          info.library);
   }
   float_engine.store(info.engine, std::memory_order_relaxed);
 }
@@ -187,24 +190,6 @@ std::string blas_summary(const BlasInfo& info) {
   if (!info.bf16_engine_name.empty())
     line += "; bf16 gemm: " + info.bf16_engine_name + " (" + info.bf16_reason + ")";
   return line;
-}
-
-const char* to_string(GemmEngine engine) {
-  return engine == GemmEngine::onednn ? "onednn" : "openblas";
-}
-
-const char* to_string(GemmPrecision precision) {
-  return precision == GemmPrecision::bf16 ? "bf16" : "fp32";
-}
-
-GemmPrecision parse_gemm_precision(const std::string& name, const std::string& what) {
-  if (name == "fp32") return GemmPrecision::fp32;
-  if (name == "bf16") return GemmPrecision::bf16;
-  throw std::invalid_argument(what + ": expected fp32 or bf16, got '" + name + "'");
-}
-
-const char* to_string(Bf16Engine engine) {
-  return engine == Bf16Engine::onednn ? "onednn" : "emulated";
 }
 
 std::string to_string(const CpuFeatures& cpu) {

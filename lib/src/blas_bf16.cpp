@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,12 +93,13 @@ void select_bf16(BlasInfo& info) {
     info.bf16_reason = "oneDNN's bf16 matmul is missing on this CPU or failed attnlab's self-check";
     return false;
   };
-  if (request == "emulated") {
-    info.bf16_reason = "ATTNLAB_BF16=emulated";
-  } else if (request == "onednn") {
-    if (!try_native("ATTNLAB_BF16=onednn"))
-      add_warning(
-          info, "ATTNLAB_BF16=onednn ignored (" + info.bf16_reason + "); bf16 gemms are emulated");
+  const std::optional<Bf16Engine> named = find_enum<Bf16Engine>(request);
+  if (named == Bf16Engine::emulated) {
+    info.bf16_reason = "ATTNLAB_BF16=" + request;
+  } else if (named == Bf16Engine::onednn) {
+    if (!try_native("ATTNLAB_BF16=" + request))
+      add_warning(info, "ATTNLAB_BF16=" + request + " ignored (" + info.bf16_reason +
+                            "); bf16 gemms are emulated");
   } else if (request == "auto") {
     if (!info.amx) {
       info.bf16_reason = "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed";
@@ -108,8 +110,8 @@ void select_bf16(BlasInfo& info) {
     }
   } else {
     info.bf16_reason = "ATTNLAB_BF16=" + request + " is not a bf16 engine";
-    add_warning(info, "ATTNLAB_BF16=" + request +
-                          " ignored: expected auto, onednn or emulated; bf16 gemms are emulated");
+    add_warning(info, "ATTNLAB_BF16=" + request + " ignored: expected auto, " +
+                          enum_names<Bf16Engine>(NameList::or_words) + "; bf16 gemms are emulated");
   }
   bf16_engine.store(info.bf16_engine, std::memory_order_relaxed);
 }

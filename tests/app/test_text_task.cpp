@@ -61,7 +61,7 @@ TEST_CASE("text: UTF-8 round trip, the character vocabulary, and the byte vocabu
   CHECK(vocab.decode(0) == " ");
   // Byte level: 256 symbols, nothing stored, any bytes.
   TaskConfig bytes = char_task("");
-  bytes.vocab = "byte";
+  bytes.vocab = VocabKind::bytes;
   const TextVocab byte_vocab(bytes);
   CHECK(byte_vocab.size() == 256);
   const std::string binary("\xff\x00\xc3", 3);

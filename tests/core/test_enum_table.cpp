@@ -1,6 +1,6 @@
 // The enum tables (attnlab/enum_table.hpp): names, parsing and its three ways of listing the
 // names, help texts, and the JSON of a table enum (io/config_json.hpp); then every table of the
-// library: each value once, each name once, and name -> value -> name round trips.
+// library and the app: each value once, each name once, and name -> value -> name round trips.
 #include <doctest/doctest.h>
 
 #include <set>
@@ -10,8 +10,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/app/layer_check.hpp"
+#include "attnlab/app/proxy_checks.hpp"
+#include "attnlab/app/run_config.hpp"
+#include "attnlab/app/study.hpp"
+#include "attnlab/blas.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
+#include "attnlab/io/safetensors.hpp"
 #include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/schedule.hpp"
 
@@ -96,13 +103,14 @@ TEST_CASE("enum table: JSON writes the name and reads it back, refusing others b
   CHECK(j == "fig");
   CHECK(j.get<Fruit>() == Fruit::fig);
   CHECK(nlohmann::json(Norm::rmsnorm).dump() == "\"rmsnorm\"");
+  CHECK(nlohmann::json(app::TaskKind::mqar).dump() == "\"mqar\"");
   CHECK(error_of([] { (void)nlohmann::json("kiwi").get<Fruit>(); }) ==
         "parse_fruit: fruit expected apple|pear|fig, got 'kiwi'");
   CHECK(error_of([] { (void)nlohmann::json(3).get<Fruit>(); }) ==
         "config: expected a string, got 3");
 }
 
-TEST_CASE("enum table: every table of the library is whole and round-trips") {
+TEST_CASE("enum table: every table of the library and the app is whole and round-trips") {
   check_table<Scaling>();
   check_table<SdpaPath>();
   check_table<PositionEncoding>();
@@ -114,4 +122,14 @@ TEST_CASE("enum table: every table of the library is whole and round-trips") {
   check_table<LrScheduleKind>();
   check_table<MuonScale>();
   check_table<ParameterKind>();
+  check_table<GemmEngine>();
+  check_table<GemmPrecision>();
+  check_table<Bf16Engine>();
+  check_table<Backend>();
+  check_table<Dtype>();
+  check_table<app::TaskKind>();
+  check_table<app::VocabKind>();
+  check_table<app::StudyPreset>();
+  check_table<app::Verdict>();
+  check_table<app::CheckableLayer>();
 }

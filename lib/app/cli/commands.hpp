@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attnlab/app/layer_check.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/saturation.hpp"
 #include "attnlab/app/study.hpp"
@@ -44,7 +45,7 @@ int run_eval_command(const EvalCommand& eval);
 // study: the scaling study's grid of runs, or its outputs again (--report-only).
 struct StudyCommand {
   CLI::App* cmd = nullptr;
-  std::string preset = "quick";
+  app::StudyPreset preset = app::StudyPreset::quick;
   app::StudyOptions options;
   std::string config;  // a study plan file instead of the preset
   bool dump_config = false, report_only = false, quiet = false;
@@ -55,7 +56,7 @@ int run_study_command(StudyCommand& study, const CliContext& cli);
 // gradcheck: a central-difference gradient check of one layer.
 struct GradcheckCommand {
   CLI::App* cmd = nullptr;
-  std::string layer = "attention";
+  app::CheckableLayer layer = app::CheckableLayer::attention;
   TransformerConfig model = app::default_model();
   int batch = 2, seq = 5;
   std::uint64_t seed = 0;

@@ -12,13 +12,6 @@ namespace attnlab::cli {
 
 using app::TaskConfig;
 
-namespace {
-
-const std::vector<std::string> kTasks = {"recall", "mqar", "reverse", "sort", "text"};
-const std::vector<std::string> kModes = {"none", "sqrt_dk", "dk"};
-
-}  // namespace
-
 std::string printable_line(std::string_view text) {
   // Long enough for any message of ours; a file's megabyte-long value is cut.
   constexpr std::size_t kMaxLine = 2000;
@@ -108,24 +101,9 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_flag("--attn-only", m.block.attn_only, "blocks without the MLP");
   cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model; swiglu: 8/3 * d_model)")
       ->check(bounded("model.block.d_ff"));
-  cmd.add_option_function<std::string>(
-         "--mlp", [&m](const std::string& s) { m.block.mlp = attnlab::parse_mlp_activation(s); },
-         "the MLP's activation: gelu (tanh form), relu2, max(x, 0)^2 (modded-nanogpt, nanochat), "
-         "or swiglu, silu(x W_gate) * (x W_up) (LLaMA; --d-ff then defaults to 8/3 d_model, "
-         "rounded up to a multiple of 16)")
-      ->check(CLI::IsMember({"gelu", "relu2", "swiglu"}))
-      ->default_str(std::string(to_string(m.block.mlp)));
-  cmd.add_option_function<std::string>(
-         "--norm", [&m](const std::string& s) { m.block.norm = attnlab::parse_norm(s); },
-         "normalisation")
-      ->check(CLI::IsMember({"layernorm", "rmsnorm", "none"}))
-      ->default_str(std::string(to_string(m.block.norm)));
-  cmd.add_option_function<std::string>(
-         "--positions",
-         [&m](const std::string& s) { m.positions = attnlab::parse_position_encoding(s); },
-         "position encoding (none suits --alibi; rope rotates q and k in every block)")
-      ->check(CLI::IsMember({"learned", "sinusoidal", "none", "rope"}))
-      ->default_str(std::string(to_string(m.positions)));
+  add_enum_option(cmd, "--mlp", m.block.mlp, "the MLP's activation");
+  add_enum_option(cmd, "--norm", m.block.norm, "normalisation");
+  add_enum_option(cmd, "--positions", m.positions, "position encoding");
   cmd.add_option("--rope-theta", a.rope_theta, "RoPE's base theta (with --positions rope)")
       ->check(bounded("model.block.attention.rope_theta"))
       ->capture_default_str();
@@ -152,11 +130,7 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_option("--dropout", m.block.dropout,
                  "dropout on the residual branches in training (0 <= p < 1; none in eval)")
       ->check(bounded("model.block.dropout"));
-  cmd.add_option_function<std::string>(
-         "--scaling", [&a](const std::string& s) { a.sdpa.scaling = parse_scaling(s); },
-         "attention scale: 1, 1/sqrt(d_k) or 1/d_k")
-      ->check(CLI::IsMember(kModes))
-      ->default_str(std::string(to_string(a.sdpa.scaling)));
+  add_enum_option(cmd, "--scaling", a.sdpa.scaling, "attention scale");
   cmd.add_option_function<double>(
          "--scale", [&a](const double& v) { a.sdpa.scale = v; },
          "explicit attention scale (overrides --scaling)")
@@ -181,10 +155,7 @@ std::string with_heads_hint(const std::string& message, const TransformerConfig&
 }
 
 void add_task_flags(CLI::App& cmd, TaskConfig& t) {
-  cmd.add_option_function<std::string>(
-         "--task", [&t](const std::string& s) { t.kind = app::parse_task(s); }, "task")
-      ->check(CLI::IsMember(kTasks))
-      ->default_str(std::string(to_string(t.kind)));
+  add_enum_option(cmd, "--task", t.kind, "task");
   cmd.add_option("--keys", t.keys, "recall/mqar: key symbols")
       ->check(bounded("task.keys"))
       ->capture_default_str();
@@ -206,11 +177,7 @@ void add_task_flags(CLI::App& cmd, TaskConfig& t) {
   cmd.add_option("--block", t.block, "text: tokens per example (the context length)")
       ->check(bounded("task.block"))
       ->capture_default_str();
-  cmd.add_option("--vocab", t.vocab,
-                 "text: char (the characters of --data, stored in the checkpoint) or byte (the "
-                 "256 byte values, for any file)")
-      ->check(CLI::IsMember({"char", "byte"}))
-      ->capture_default_str();
+  add_enum_option(cmd, "--vocab", t.vocab, "text: the vocabulary");
 }
 
 }  // namespace attnlab::cli

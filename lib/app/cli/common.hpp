@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/enum_table.hpp"
 #include "attnlab/nn/transformer.hpp"
 
 namespace attnlab::cli {
@@ -55,6 +56,27 @@ extern const CLI::Validator kFinite;
 // The check of a flag that sets the run config's field `key`: the bound of
 // attnlab/app/config_bounds.hpp, which a file's value of the same key meets too (same message).
 CLI::Validator bounded(std::string_view key);
+
+// A flag's choices: the names of E's table (attnlab/enum_table.hpp), refused as CLI11 refuses any
+// other value ("--norm: batchnorm not in {layernorm,rmsnorm,none}").
+template <TableEnum E>
+CLI::IsMember choices() {
+  return CLI::IsMember(enum_name_list<E>());
+}
+
+// A flag that sets `value` by name: its choices from E's table, the help `what` followed by the
+// table's help of each name, and the default shown as the name of `value` when the flag is added.
+// Bound as a callback, so like every flag it overrides what --config or --resume loaded.
+template <TableEnum E>
+CLI::Option* add_enum_option(CLI::App& cmd, const std::string& flag, E& value,
+                             const std::string& what) {
+  return cmd
+      .add_option_function<std::string>(
+          flag, [&value](const std::string& name) { value = parse_enum<E>(name); },
+          what + " (" + enum_help_text<E>() + ")")
+      ->check(choices<E>())
+      ->default_str(std::string(enum_name(value)));
+}
 
 // Flags shared by train and gradcheck, bound to the model config's own fields (a flag given on the
 // command line overrides what --config or --resume loaded: CLI11 stores the flags after those

@@ -13,9 +13,7 @@ void add_gradcheck_command(CLI::App& cli, GradcheckCommand& g) {
   g.cmd = cli.add_subcommand("gradcheck",
                              "central-difference gradient check of one layer (double precision)");
   CLI::App& gradcheck = *g.cmd;
-  gradcheck.add_option("--layer", g.layer, "layer to check")
-      ->check(CLI::IsMember(checkable_layers()))
-      ->capture_default_str();
+  add_enum_option(gradcheck, "--layer", g.layer, "layer to check");
   // A small model by default: the check perturbs every weight one at a time.
   g.model.block.attention.d_model = 8;
   g.model.block.attention.heads = 2;

@@ -12,13 +12,7 @@ void add_study_command(CLI::App& cli, StudyCommand& s) {
   s.cmd =
       cli.add_subcommand("study", "the scaling study: mode x d_k x LR x seeds, tables and plots");
   CLI::App& study = *s.cmd;
-  auto* preset_option =
-      study
-          .add_option("--preset", s.preset,
-                      "micro: seconds; quick: < 10 min on 2 cores with --jobs 2; full: < 1 h; "
-                      "proxies: Wortsman et al. 2023's small-scale proxies, < 1 h")
-          ->check(CLI::IsMember({"micro", "quick", "full", "proxies"}))
-          ->capture_default_str();
+  auto* preset_option = add_enum_option(study, "--preset", s.preset, "the study's grid");
   study
       .add_option("--config", s.config,
                   "run a custom grid: a study plan as JSON (e.g. data/configs/study_micro.json)")

@@ -41,18 +41,22 @@ bool layer_check_passed(const GradcheckReport& report) {
 }
 
 const std::vector<std::string>& checkable_layers() {
-  static const std::vector<std::string> layers = {"attention",   "mha",       "block",
-                                                  "transformer", "linear",    "layernorm",
-                                                  "rmsnorm",     "embedding", "ffn"};
+  static const std::vector<std::string> layers = enum_name_list<CheckableLayer>();
   return layers;
 }
 
 GradcheckReport check_layer(const std::string& layer, const TransformerConfig& model, int batch,
                             int seq, std::uint64_t seed) {
+  return check_layer(parse_enum<CheckableLayer>(layer), model, batch, seq, seed);
+}
+
+GradcheckReport check_layer(CheckableLayer layer, const TransformerConfig& model, int batch,
+                            int seq, std::uint64_t seed) {
   check_arg(batch >= 1 && seq >= 1, "gradcheck", "batch and seq", ">= 1",
             std::to_string(batch) + ", " + std::to_string(seq));
   const std::size_t B = static_cast<std::size_t>(batch), T = static_cast<std::size_t>(seq);
-  // The tiny two-field model of "transformer"; its block and attention configure the other layers.
+  // The tiny two-field model of CheckableLayer::transformer; its block and attention configure the
+  // other layers.
   TransformerConfig c = model;
   c.vocab_sizes = {5, 4};
   c.max_len = T;
@@ -67,7 +71,7 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
   ModuleGradcheckOptions options;
   options.seed = seed + 1;
 
-  if (layer == "attention") {  // the functional core: L = Σ r ⊙ sdpa(q, k, v)
+  if (layer == CheckableLayer::attention) {  // the functional core: L = Σ r ⊙ sdpa(q, k, v)
     auto q = randn<double, 4>({B, H, T, D}, rng);
     auto k = randn<double, 4>({B, H, T, D}, rng);
     auto v = randn<double, 4>({B, H, T, Dv}, rng);
@@ -91,17 +95,17 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
 
   const auto x = randn<double, 3>({B, T, C}, rng);
   std::unique_ptr<SequenceModule<double>> module;
-  if (layer == "mha") {
+  if (layer == CheckableLayer::mha) {
     module = std::make_unique<MultiHeadAttention<double>>(attn, rng);
-  } else if (layer == "block") {
+  } else if (layer == CheckableLayer::block) {
     module = std::make_unique<TransformerBlock<double>>(block, rng);
-  } else if (layer == "linear") {
+  } else if (layer == CheckableLayer::linear) {
     module = std::make_unique<Linear<double>>(C, C, rng);
-  } else if (layer == "layernorm") {
+  } else if (layer == CheckableLayer::layernorm) {
     module = std::make_unique<LayerNorm<double>>(C);
-  } else if (layer == "rmsnorm") {
+  } else if (layer == CheckableLayer::rmsnorm) {
     module = std::make_unique<RMSNorm<double>>(C);
-  } else if (layer == "ffn") {
+  } else if (layer == CheckableLayer::ffn) {
     module = std::make_unique<FeedForward<double>>(C, F, rng, block.mlp);
   }
   if (module) {
@@ -109,7 +113,7 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
     return check_module_gradients(*module, x, options);
   }
 
-  if (layer == "embedding") {
+  if (layer == CheckableLayer::embedding) {
     const std::size_t vocab = 7;
     Embedding<double> embed(vocab, C, rng);
     TokenIds ids = TokenIds::from_shape({B, T});
@@ -124,30 +128,27 @@ GradcheckReport check_layer(const std::string& layer, const TransformerConfig& m
     });
   }
 
-  if (layer == "transformer") {  // cross-entropy of a tiny two-field model, parameters only
-    Transformer<double> net(c, rng);
-    jitter(net, rng);
-    std::vector<TokenIds> fields;
-    for (std::size_t f = 0; f < 2; ++f) {
-      TokenIds ids = TokenIds::from_shape({B, T});
-      for (auto& id : ids) id = static_cast<int>(rng.below(c.vocab_sizes[f]));
-      fields.push_back(ids);
-    }
-    TokenIds targets = TokenIds::from_shape({B, T});
-    for (auto& t : targets) t = static_cast<int>(rng.below(c.out_vocab));
-    targets(0, 0) = kIgnoreIndex;
-    return check_parameter_gradients(net, [&](bool with_backward) {
-      const auto logits = net.forward(fields);
-      CrossEntropyCache<double, 3> cache;
-      const double loss = cross_entropy_forward<double, 3>(cache, logits, targets);
-      if (with_backward) net.backward(cross_entropy_backward<double, 3>(cache));
-      return loss;
-    });
+  // CheckableLayer::transformer: cross-entropy of a tiny two-field model, parameters only.
+  check_arg(layer == CheckableLayer::transformer, "gradcheck", "layer", "a layer built here",
+            enum_name(layer));
+  Transformer<double> net(c, rng);
+  jitter(net, rng);
+  std::vector<TokenIds> fields;
+  for (std::size_t f = 0; f < 2; ++f) {
+    TokenIds ids = TokenIds::from_shape({B, T});
+    for (auto& id : ids) id = static_cast<int>(rng.below(c.vocab_sizes[f]));
+    fields.push_back(ids);
   }
-  throw std::invalid_argument(
-      "gradcheck: layer expected one of attention|mha|block|transformer|"
-      "linear|layernorm|rmsnorm|embedding|ffn, got '" +
-      layer + "'");
+  TokenIds targets = TokenIds::from_shape({B, T});
+  for (auto& t : targets) t = static_cast<int>(rng.below(c.out_vocab));
+  targets(0, 0) = kIgnoreIndex;
+  return check_parameter_gradients(net, [&](bool with_backward) {
+    const auto logits = net.forward(fields);
+    CrossEntropyCache<double, 3> cache;
+    const double loss = cross_entropy_forward<double, 3>(cache, logits, targets);
+    if (with_backward) net.backward(cross_entropy_backward<double, 3>(cache));
+    return loss;
+  });
 }
 
 }  // namespace attnlab::app

@@ -22,13 +22,6 @@ namespace attnlab::app {
 
 using json = nlohmann::json;
 
-void to_json(json& j, TaskKind v) {
-  j = std::string(to_string(v));
-}
-void from_json(const json& j, TaskKind& v) {
-  v = parse_task(j.get<std::string>());
-}
-
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
                     chars)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
@@ -75,7 +68,8 @@ TransformerConfig resolve_model(const TransformerConfig& model, const TaskShape&
 }
 
 void prepare_task(TrainConfig& c) {
-  if (c.task.kind != TaskKind::text || c.task.vocab != "char" || !c.task.chars.empty()) return;
+  if (c.task.kind != TaskKind::text || c.task.vocab != VocabKind::chars || !c.task.chars.empty())
+    return;
   if (c.data_file.empty()) return;  // validate() names the missing --data
   c.task.chars = char_vocabulary(read_text_file(c.data_file), c.data_file);
 }

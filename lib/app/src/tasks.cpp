@@ -10,30 +10,6 @@
 
 namespace attnlab::app {
 
-std::string_view to_string(TaskKind kind) {
-  switch (kind) {
-    case TaskKind::recall:
-      return "recall";
-    case TaskKind::mqar:
-      return "mqar";
-    case TaskKind::reverse:
-      return "reverse";
-    case TaskKind::sort:
-      return "sort";
-    case TaskKind::text:
-      return "text";
-  }
-  return "?";
-}
-
-TaskKind parse_task(std::string_view text) {
-  for (TaskKind k :
-       {TaskKind::recall, TaskKind::mqar, TaskKind::reverse, TaskKind::sort, TaskKind::text})
-    if (text == to_string(k)) return k;
-  throw std::invalid_argument("task: expected recall|mqar|reverse|sort|text, got '" +
-                              std::string(text) + "'");
-}
-
 namespace {
 void require(bool ok, const char* field, const std::string& what, int got) {
   check_arg(ok, "task", field, what, std::to_string(got));

@@ -30,7 +30,8 @@ std::vector<char32_t> decode_utf8(std::string_view text, const std::string& sour
   std::size_t i = 0;
   const auto invalid = [&](std::size_t at) {
     fail(source, "invalid UTF-8 at byte offset " + std::to_string(at) +
-                     " (for arbitrary files use the byte vocabulary: --vocab byte)");
+                     " (for arbitrary files use the byte vocabulary: --vocab " +
+                     std::string(enum_name(VocabKind::bytes)) + ")");
   };
   while (i < text.size()) {
     const auto b0 = static_cast<unsigned char>(text[i]);
@@ -97,11 +98,10 @@ std::string char_vocabulary(std::string_view text, const std::string& source) {
 }
 
 TextVocab::TextVocab(const TaskConfig& task) {
-  if (task.vocab == "byte") {
+  if (task.vocab == VocabKind::bytes) {
     bytes_ = true;
     return;
   }
-  check_arg(task.vocab == "char", "task", "vocab", "char|byte", "'" + task.vocab + "'");
   try {
     chars_ = decode_utf8(task.chars, "task.chars");
   } catch (const DataFileError& e) {

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "attnlab/enum_table.hpp"
+
 namespace attnlab {
 
 // The CPU features that decide the BLAS kernels, read with __builtin_cpu_supports (which also
@@ -21,17 +23,47 @@ struct CpuFeatures {
 // The library that runs float GEMMs (double ones always run in OpenBLAS).
 enum class GemmEngine { openblas, onednn };
 
+template <>
+struct EnumTable<GemmEngine> {
+  static constexpr EnumEntry<GemmEngine> entries[] = {
+      {GemmEngine::onednn, "onednn", "oneDNN's sgemm"},
+      {GemmEngine::openblas, "openblas", "OpenBLAS's sgemm"},
+  };
+  static constexpr EnumParseText parse = {"parse_gemm_engine", "engine"};
+};
+
 // The arithmetic of float GEMMs. fp32: as stored. bf16: A and B rounded to bfloat16 (to nearest,
 // ties to even, as PyTorch's .bfloat16()), their products summed in fp32 into an fp32 C: the mixed
 // precision of AMX and AVX512-BF16 units and of PyTorch's bf16 autocast. Double GEMMs are always
 // exact double.
 enum class GemmPrecision { fp32, bf16 };
 
+template <>
+struct EnumTable<GemmPrecision> {
+  static constexpr EnumEntry<GemmPrecision> entries[] = {
+      {GemmPrecision::fp32, "fp32", "as stored"},
+      {GemmPrecision::bf16, "bf16",
+       "mixed precision: operands rounded to bfloat16, fp32 sums; weights, optimizer state, "
+       "softmax, norms and loss stay fp32. Fast only on a CPU with AMX: elsewhere emulated, "
+       "slower than fp32"},
+  };
+  static constexpr EnumParseText parse = {"parse_gemm_precision", "", NameList::or_words, true};
+};
+
 // How bf16 GEMMs run. onednn: oneDNN's bf16 matmul primitives (the CPU's bf16 units); emulated:
 // A and B rounded into fp32 copies (the low 16 bits zero) and an fp32 GEMM of the float engine.
 // Every product of two bf16 values is exact in fp32, so the two differ only in the order of the
 // fp32 sums; emulated is slower than fp32 by the rounding pass.
 enum class Bf16Engine { onednn, emulated };
+
+template <>
+struct EnumTable<Bf16Engine> {
+  static constexpr EnumEntry<Bf16Engine> entries[] = {
+      {Bf16Engine::onednn, "onednn", "oneDNN's bf16 matmul"},
+      {Bf16Engine::emulated, "emulated", "rounded fp32 copies through the float engine"},
+  };
+  static constexpr EnumParseText parse = {"parse_bf16_engine", "engine"};
+};
 
 // Which BLAS kernels attnlab runs, and why. Filled once: by blas::init() (init_process), or by the
 // first gemm.
@@ -42,18 +74,19 @@ struct BlasInfo {
   bool switched = false;      // init_process restarted the program from openblas_core on core
   std::string reason;         // why it switched, or why it did not
   CpuFeatures cpu;
-  // The engine of float GEMMs, from ATTNLAB_GEMM (auto | onednn | openblas; auto: oneDNN when it
-  // is built in), its name ("oneDNN 2.6.3, avx512_core_bf16 kernels" or the OpenBLAS library) and
-  // why it was chosen. oneDNN is checked like a switched core (the exact gemm against a plain
-  // loop) and left for OpenBLAS, with a warning, when it fails.
+  // The engine of float GEMMs, from ATTNLAB_GEMM (auto or a name of EnumTable<GemmEngine>; auto:
+  // oneDNN when it is built in), its name ("oneDNN 2.6.3, avx512_core_bf16 kernels" or the OpenBLAS
+  // library) and why it was chosen. oneDNN is checked like a switched core (the exact gemm against
+  // a plain loop) and left for OpenBLAS, with a warning, when it fails.
   GemmEngine engine = GemmEngine::openblas;
   std::string engine_name;
   std::string engine_reason;
-  // How bf16 GEMMs run (GemmPrecision::bf16), from ATTNLAB_BF16 (auto | onednn | emulated; auto:
-  // oneDNN's bf16 matmul where oneDNN's kernels have AMX, emulated elsewhere: without AMX oneDNN's
-  // bf16 GEMMs run at half its fp32 speed, slower than the emulation), its name and why. oneDNN's
-  // bf16 matmul is checked like the engine (exact products against a plain loop); under auto a
-  // failed check emulates without a warning (bf16_reason says why).
+  // How bf16 GEMMs run (GemmPrecision::bf16), from ATTNLAB_BF16 (auto or a name of
+  // EnumTable<Bf16Engine>; auto: oneDNN's bf16 matmul where oneDNN's kernels have AMX, emulated
+  // elsewhere: without AMX oneDNN's bf16 GEMMs run at half its fp32 speed, slower than the
+  // emulation), its name and why. oneDNN's bf16 matmul is checked like the engine (exact products
+  // against a plain loop); under auto a failed check emulates without a warning (bf16_reason says
+  // why).
   Bf16Engine bf16_engine = Bf16Engine::emulated;
   std::string bf16_engine_name;
   std::string bf16_reason;
@@ -69,15 +102,20 @@ const BlasInfo& blas_info();
 // "OpenBLAS 0.3.21, core Cooperlake (<reason>)", then "; float gemm: <engine_name> (<reason>)".
 std::string blas_summary(const BlasInfo& info);
 
-// "onednn" or "openblas".
-const char* to_string(GemmEngine engine);
-
-// "fp32" or "bf16"; and back, std::invalid_argument naming `what` for another name.
-const char* to_string(GemmPrecision precision);
-GemmPrecision parse_gemm_precision(const std::string& name, const std::string& what);
-
-// "onednn" or "emulated".
-const char* to_string(Bf16Engine engine);
+// The names of the tables above; parse_gemm_precision throws std::invalid_argument "<what>:
+// expected <the names>, got '<name>'" for another name.
+inline const char* to_string(GemmEngine engine) {
+  return enum_name(engine).data();
+}
+inline const char* to_string(GemmPrecision precision) {
+  return enum_name(precision).data();
+}
+inline GemmPrecision parse_gemm_precision(const std::string& name, const std::string& what) {
+  return parse_enum<GemmPrecision>(name, what, "");
+}
+inline const char* to_string(Bf16Engine engine) {
+  return enum_name(engine).data();
+}
 
 // True when this attnlab was built with oneDNN (the ATTNLAB_ONEDNN CMake switch).
 bool onednn_built();
@@ -115,9 +153,9 @@ namespace blas {
 //                               or SkylakeX (refused, with a warning, if the CPU lacks its
 //                               instructions);
 //   ATTNLAB_BLAS_RESTART        set by the restart for the new image ("<from>:<to>[:failed]");
-//   ATTNLAB_GEMM=auto|onednn|openblas   the engine of float GEMMs (BlasInfo::engine); another
+//   ATTNLAB_GEMM=auto|<GemmEngine>      the engine of float GEMMs (BlasInfo::engine); another
 //                               value, or onednn in a build without it, is ignored with a warning;
-//   ATTNLAB_BF16=auto|onednn|emulated   how bf16 gemms run (BlasInfo::bf16_engine); onednn where
+//   ATTNLAB_BF16=auto|<Bf16Engine>      how bf16 gemms run (BlasInfo::bf16_engine); onednn where
 //                               oneDNN has no bf16 matmul, or another value, is ignored with a
 //                               warning;
 //   ATTNLAB_BLAS_SIMULATE_FALLBACK=1, ATTNLAB_BLAS_SIMULATE_BAD_KERNEL=1   for tests only: treat

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <string>
 
+#include "attnlab/enum_table.hpp"
 #include "attnlab/threads.hpp"
 
 namespace attnlab {
@@ -24,11 +25,24 @@ class Communicator;
 
 enum class Backend { cpu, cuda };
 
-// "cpu", "cuda".
-std::string backend_name(Backend backend);
-// The Backend named "cpu" or "cuda"; std::invalid_argument naming `op` and `arg` otherwise.
-Backend parse_backend(const std::string& name, const char* op = "parse_backend",
-                      const char* arg = "backend");
+template <>
+struct EnumTable<Backend> {
+  static constexpr EnumEntry<Backend> entries[] = {
+      {Backend::cpu, "cpu", ""},
+      {Backend::cuda, "cuda", "on the GPU (needs a build with the CUDA backend and a device)"},
+  };
+  static constexpr EnumParseText parse = {"parse_backend", "backend", NameList::quoted_or, true};
+};
+
+// The names of EnumTable<Backend>; parse throws std::invalid_argument naming `op` and `arg` for
+// another name.
+inline std::string backend_name(Backend backend) {
+  return std::string(enum_name(backend));
+}
+inline Backend parse_backend(const std::string& name, const char* op = "parse_backend",
+                             const char* arg = "backend") {
+  return parse_enum<Backend>(name, op, arg);
+}
 
 struct Context {
   int threads = default_num_threads();

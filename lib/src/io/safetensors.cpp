@@ -216,36 +216,6 @@ int write_all(int fd, const std::byte* bytes, std::size_t n) {
 CheckpointError::CheckpointError(std::string file, const std::string& problem)
     : std::runtime_error(file + ": " + problem), file_(std::move(file)) {}
 
-std::string_view to_string(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::F32:
-      return "F32";
-    case Dtype::F64:
-      return "F64";
-    case Dtype::I64:
-      return "I64";
-    case Dtype::I32:
-      return "I32";
-    case Dtype::U8:
-      return "U8";
-    case Dtype::BOOL:
-      return "BOOL";
-    case Dtype::F16:
-      return "F16";
-    case Dtype::BF16:
-      return "BF16";
-  }
-  return "?";
-}
-
-std::optional<Dtype> parse_dtype(std::string_view s) {
-  for (const auto d : {Dtype::F32, Dtype::F64, Dtype::I64, Dtype::I32, Dtype::U8, Dtype::BOOL,
-                       Dtype::F16, Dtype::BF16}) {
-    if (s == to_string(d)) return d;
-  }
-  return std::nullopt;
-}
-
 std::size_t dtype_size(Dtype dtype) {
   switch (dtype) {
     case Dtype::F32:

@@ -164,9 +164,13 @@ StudyGroup proxies_group(int d_model, int steps) {
 }  // namespace
 
 StudyPlan study_preset(const std::string& preset) {
+  return study_preset(parse_enum<StudyPreset>(preset));
+}
+
+StudyPlan study_preset(StudyPreset preset) {
   StudyPlan plan;
-  plan.preset = preset;
-  if (preset == "micro") {
+  plan.preset = enum_name(preset);
+  if (preset == StudyPreset::micro) {
     StudyGroup g;
     g.name = "recall/adamw";
     g.base = study_base(20, 8);
@@ -182,9 +186,9 @@ StudyPlan study_preset(const std::string& preset) {
     g.lrs = {1e-2, 1e-1};
     g.seeds = {0};
     plan.groups.push_back(g);
-  } else if (preset == "quick") {
+  } else if (preset == StudyPreset::quick) {
     plan.groups.push_back(quick_group());
-  } else if (preset == "full") {
+  } else if (preset == StudyPreset::full) {
     // Sized to finish within 60 minutes on 2 cores with --jobs 2 (data/results/full/study.json
     // gives its wall time). The cuts that make it fit: the recall task is the quick preset's (16
     // pairs) at d_k <= 256, and only the three scaling modes on recall get the 1600-step budget
@@ -251,11 +255,8 @@ StudyPlan study_preset(const std::string& preset) {
     t.lrs = half_decades(1e-3, 5);
     t.seeds = {0, 1};
     plan.groups.push_back(t);
-  } else if (preset == "proxies") {
+  } else if (preset == StudyPreset::proxies) {
     for (int width : {64, 128, 256}) plan.groups.push_back(proxies_group(width, kProxiesSteps));
-  } else {
-    throw std::invalid_argument("study: preset expected micro|quick|full|proxies, got '" + preset +
-                                "'");
   }
   return plan;
 }

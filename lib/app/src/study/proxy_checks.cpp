@@ -446,17 +446,6 @@ CheckResult check_c6(const FamilyView& v) {
 
 }  // namespace
 
-const char* to_string(Verdict v) {
-  switch (v) {
-    case Verdict::holds:
-      return "holds";
-    case Verdict::fails:
-      return "fails";
-    default:
-      return "inconclusive";
-  }
-}
-
 std::vector<WidthFamily> width_families(const std::vector<RunRecord>& runs) {
   std::vector<WidthFamily> families;
   std::map<std::string, std::map<int, int>> max_steps;  // group -> steps present

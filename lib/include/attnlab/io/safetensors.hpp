@@ -28,6 +28,8 @@
 
 #include <xtensor/xarray.hpp>
 
+#include "attnlab/enum_table.hpp"
+
 namespace attnlab {
 
 // A checkpoint or safetensors file that cannot be read or written. what() is
@@ -45,9 +47,24 @@ class CheckpointError : public std::runtime_error {
 // The element types attnlab reads and writes (BOOL is one byte, 0 or 1).
 enum class Dtype { F32, F64, I64, I32, U8, BOOL, F16, BF16 };
 
-std::string_view to_string(Dtype dtype);               // "F32", ...
-std::optional<Dtype> parse_dtype(std::string_view s);  // nullopt for an unknown name
-std::size_t dtype_size(Dtype dtype);                   // bytes per element
+template <>
+struct EnumTable<Dtype> {
+  static constexpr EnumEntry<Dtype> entries[] = {
+      {Dtype::F32, "F32", ""}, {Dtype::F64, "F64", ""},   {Dtype::I64, "I64", ""},
+      {Dtype::I32, "I32", ""}, {Dtype::U8, "U8", ""},     {Dtype::BOOL, "BOOL", ""},
+      {Dtype::F16, "F16", ""}, {Dtype::BF16, "BF16", ""},
+  };
+  static constexpr EnumParseText parse = {"parse_dtype", "dtype"};
+};
+
+// The names of EnumTable<Dtype> (safetensors' own); parse: nullopt for an unknown name.
+inline std::string_view to_string(Dtype dtype) {
+  return enum_name(dtype);
+}
+inline std::optional<Dtype> parse_dtype(std::string_view s) {
+  return find_enum<Dtype>(s);
+}
+std::size_t dtype_size(Dtype dtype);  // bytes per element
 
 // The Dtype of a C++ element type: float, double, std::int64_t, std::int32_t, std::uint8_t, bool.
 template <class T>

@@ -38,11 +38,32 @@
 #include <vector>
 
 #include "attnlab/app/summary.hpp"
+#include "attnlab/enum_table.hpp"
 
 namespace attnlab::app {
 
 enum class Verdict { holds, fails, inconclusive };
-const char* to_string(Verdict v);  // "holds", "fails", "inconclusive"
+
+}  // namespace attnlab::app
+
+namespace attnlab {
+template <>
+struct EnumTable<app::Verdict> {
+  static constexpr EnumEntry<app::Verdict> entries[] = {
+      {app::Verdict::holds, "holds", ""},
+      {app::Verdict::fails, "fails", ""},
+      {app::Verdict::inconclusive, "inconclusive", ""},
+  };
+  static constexpr EnumParseText parse = {"parse_verdict", "verdict"};
+};
+}  // namespace attnlab
+
+namespace attnlab::app {
+
+// The name of EnumTable<Verdict>.
+inline const char* to_string(Verdict v) {
+  return enum_name(v).data();
+}
 
 struct CheckResult {
   std::string id;     // "C1" ... "C6"

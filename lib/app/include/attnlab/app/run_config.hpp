@@ -17,10 +17,17 @@
 
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/enum_table.hpp"
+#include "attnlab/io/config_json.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/optim/param_groups.hpp"
 
 namespace attnlab::app {
+
+// The JSON of the app's table enums (TaskKind, VocabKind, ...): their names, as the library's
+// (attnlab/io/config_json.hpp); argument-dependent lookup looks for them here.
+using attnlab::from_json;
+using attnlab::to_json;
 
 // The app's model defaults: C 64, one head, one attention-only layer, learned positions, d_ff 0
 // (4 · C). vocab_sizes, max_len and out_vocab are decided by the task (resolve_model).
@@ -131,8 +138,6 @@ void validate(const TrainConfig& config);
 void prepare_task(TrainConfig& config);
 
 // nlohmann-json (de)serialisers (reading overlays; see io/config_json.hpp).
-void to_json(nlohmann::json& j, TaskKind v);
-void from_json(const nlohmann::json& j, TaskKind& v);
 void to_json(nlohmann::json& j, const TaskConfig& v);
 void from_json(const nlohmann::json& j, TaskConfig& v);
 void to_json(nlohmann::json& j, const TrainConfig& v);

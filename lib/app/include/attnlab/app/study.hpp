@@ -57,9 +57,30 @@ inline constexpr int kQuickBatch = 32;
 // The proxies preset's run length (its comment in src/study/presets.cpp says how it was sized).
 inline constexpr int kProxiesSteps = 300;
 
-// "micro" (a seconds-long smoke test), "quick" (< 10 minutes on 2 cores with --jobs 2), "full",
-// "proxies" (Wortsman et al. 2023's small-scale proxies: width at a fixed head dimension).
-// Throws std::invalid_argument for another name.
+// The study's presets (StudyPlan::preset holds the name; a custom plan may hold another).
+enum class StudyPreset { micro, quick, full, proxies };
+
+}  // namespace attnlab::app
+
+namespace attnlab {
+template <>
+struct EnumTable<app::StudyPreset> {
+  static constexpr EnumEntry<app::StudyPreset> entries[] = {
+      {app::StudyPreset::micro, "micro", "seconds"},
+      {app::StudyPreset::quick, "quick", "< 10 min on 2 cores with --jobs 2"},
+      {app::StudyPreset::full, "full", "< 1 h"},
+      {app::StudyPreset::proxies, "proxies",
+       "Wortsman et al. 2023's small-scale proxies (width at a fixed head dimension), < 1 h"},
+  };
+  static constexpr EnumParseText parse = {"study", "preset"};
+};
+}  // namespace attnlab
+
+namespace attnlab::app {
+
+// The plan of a preset; std::invalid_argument "study: preset expected <the names>, got '...'" for
+// a name that is not one.
+StudyPlan study_preset(StudyPreset preset);
 StudyPlan study_preset(const std::string& preset);
 
 struct StudyOptions {

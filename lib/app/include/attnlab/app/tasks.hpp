@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnlab/enum_table.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/ops/embedding.hpp"
 #include "attnlab/random.hpp"
@@ -36,21 +37,61 @@ inline constexpr int kAbsent = kNoToken;  // -1: a field not present at a positi
 // kIgnoreIndex (-100, ops/cross_entropy.hpp): an unlabelled position (PyTorch's ignore_index)
 
 enum class TaskKind { recall, mqar, reverse, sort, text };
-std::string_view to_string(TaskKind kind);
-// Throws std::invalid_argument naming the text for an unknown task.
-TaskKind parse_task(std::string_view text);
+
+// A text task's vocabulary: the characters of the text, or the 256 byte values (any file).
+enum class VocabKind { chars, bytes };
+
+}  // namespace attnlab::app
+
+namespace attnlab {
+
+template <>
+struct EnumTable<app::TaskKind> {
+  static constexpr EnumEntry<app::TaskKind> entries[] = {
+      {app::TaskKind::recall, "recall", "paired-token associative recall"},
+      {app::TaskKind::mqar, "mqar", "multi-query associative recall"},
+      {app::TaskKind::reverse, "reverse", "the sequence reversed"},
+      {app::TaskKind::sort, "sort", "the sequence sorted"},
+      {app::TaskKind::text, "text", "next-token prediction on a text file"},
+  };
+  static constexpr EnumParseText parse = {"task"};
+};
+
+template <>
+struct EnumTable<app::VocabKind> {
+  static constexpr EnumEntry<app::VocabKind> entries[] = {
+      {app::VocabKind::chars, "char",
+       "the characters of the text (of --data, stored in the checkpoint)"},
+      {app::VocabKind::bytes, "byte", "the 256 byte values, for any file"},
+  };
+  static constexpr EnumParseText parse = {"task", "vocab"};
+};
+
+}  // namespace attnlab
+
+namespace attnlab::app {
+
+// The names of EnumTable<TaskKind>; parse throws std::invalid_argument naming the text for an
+// unknown task.
+inline std::string_view to_string(TaskKind kind) {
+  return enum_name(kind);
+}
+inline TaskKind parse_task(std::string_view text) {
+  return parse_enum<TaskKind>(text);
+}
 
 struct TaskConfig {
   TaskKind kind = TaskKind::recall;
-  int keys = 64;               // recall, mqar: key symbols
-  int values = 64;             // recall, mqar: value symbols
-  int pairs = 32;              // recall, mqar: N key-value pairs
-  int queries = 8;             // mqar: queries per sequence
-  int symbols = 16;            // reverse, sort: alphabet
-  int length = 12;             // reverse, sort: sequence length
-  int block = 64;              // text: tokens per example (the context length)
-  std::string vocab = "char";  // text: "char" (the text's characters) or "byte" (256 bytes)
-  std::string chars;           // text, char vocabulary: its characters in code point order (UTF-8)
+  int keys = 64;     // recall, mqar: key symbols
+  int values = 64;   // recall, mqar: value symbols
+  int pairs = 32;    // recall, mqar: N key-value pairs
+  int queries = 8;   // mqar: queries per sequence
+  int symbols = 16;  // reverse, sort: alphabet
+  int length = 12;   // reverse, sort: sequence length
+  int block = 64;    // text: tokens per example (the context length)
+  // text: the vocabulary, and for VocabKind::chars its characters in code point order (UTF-8)
+  VocabKind vocab = VocabKind::chars;
+  std::string chars;
 };
 
 // What a model needs to know about a task's data.

@@ -1,11 +1,10 @@
 // The `text` task: causal language modelling on a UTF-8 (or any) file, as nanoGPT's
 // character-level Shakespeare run does it.
 //
-//  - Vocabulary. Character level (TaskConfig::vocab "char"): the distinct Unicode code points of
-//  the
+//  - Vocabulary. Character level (VocabKind::chars): the distinct Unicode code points of the
 //    training file, sorted, stored in the run config (TaskConfig::chars, UTF-8) and so in the
-//    checkpoint: eval and generate need no data file. Byte level ("byte"): the 256 byte values,
-//    nothing stored, for any file.
+//    checkpoint: eval and generate need no data file. Byte level (VocabKind::bytes): the 256 byte
+//    values, nothing stored, for any file.
 //  - Split by position: the first 90% of the tokens train, the last 10% validate.
 //  - Training batches: B random contiguous blocks of `block` tokens from the training part, the
 //    targets the next tokens (every position labelled).
@@ -26,8 +25,8 @@ namespace attnlab::app {
 class TextVocab {
  public:
   // The vocabulary of a text task's config: bytes, or the code points of task.chars. Throws
-  // std::invalid_argument naming the field for an unknown vocab kind, or for chars that are empty,
-  // not valid UTF-8, unsorted or repeated.
+  // std::invalid_argument naming the field for chars that are empty, not valid UTF-8, unsorted or
+  // repeated.
   explicit TextVocab(const TaskConfig& task);
   bool bytes() const { return bytes_; }
   std::size_t size() const { return bytes_ ? 256 : chars_.size(); }
