@@ -132,10 +132,10 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["blas_core"] = blas_info().core;
   j["gemm_engine"] = blas_info().engine_name;  // the float gemms'
   j["gemm_precision"] = c.precision;
-  if (c.precision == "bf16") j["bf16_gemm"] = blas_info().bf16_engine_name;
+  if (c.precision == GemmPrecision::bf16) j["bf16_gemm"] = blas_info().bf16_engine_name;
   // batch: each of `batch_threads` threads trained its part of the batch through the whole model;
   // ops: every op split its work across the run's threads.
-  j["thread_split"] = r.batch_threads > 1 ? "batch" : "ops";
+  j["thread_split"] = r.batch_threads > 1 ? ThreadSplit::batch : ThreadSplit::ops;
   j["batch_threads"] = r.batch_threads;
   j["world_size"] = r.world_size;
   j["distributed"] = r.distributed;
@@ -300,14 +300,14 @@ DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_op
 // splits its own work across the threads).
 int batch_threads(const TrainConfig& c, const Context& context, DeviceOps<float>& ops,
                   const Shard& shard) {
-  if (c.thread_split != "batch" || &ops != &cpu_ops<float>()) return 1;
+  if (c.thread_split != ThreadSplit::batch || &ops != &cpu_ops<float>()) return 1;
   return static_cast<int>(
       std::min<std::size_t>(static_cast<std::size_t>(context.threads), shard.size()));
 }
 
 LrSchedule make_schedule(const TrainConfig& c, std::size_t steps) {
   const auto warmup = static_cast<std::size_t>(c.warmup);
-  switch (parse_lr_schedule_kind(c.schedule)) {
+  switch (c.schedule) {
     case LrScheduleKind::warmup_cosine:
       return LrSchedule::warmup_cosine(c.lr, c.min_lr, warmup, steps);
     case LrScheduleKind::warmup_stable_decay:
@@ -756,11 +756,12 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
 
   std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
   DeviceOps<float>* ops = choose_ops(context, device_ops, own_ops);
-  check_arg(c.precision == "fp32" || ops == &cpu_ops<float>(), "train", "precision",
-            "fp32 on a device backend (bf16 runs on the CPU backend)",
-            "'" + c.precision + "' on " + ops->name());
+  check_arg(c.precision == GemmPrecision::fp32 || ops == &cpu_ops<float>(), "train", "precision",
+            std::string(enum_name(GemmPrecision::fp32)) + " on a device backend (" +
+                std::string(enum_name(c.precision)) + " runs on the CPU backend)",
+            "'" + std::string(enum_name(c.precision)) + "' on " + ops->name());
   // The run's float gemms in bf16 (lib/README.md, "Mixed precision"), for this run only.
-  const blas::GemmPrecisionScope precision(parse_gemm_precision(c.precision, "train: precision"));
+  const blas::GemmPrecisionScope precision(c.precision);
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);
