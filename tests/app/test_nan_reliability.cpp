@@ -119,10 +119,10 @@ TEST_CASE("a diverging run names its step, layer and head, and never overwrites 
   c.model.block.attention.d_model = 16;
   c.model.block.attention.heads = 2;
   c.model.layers = 1;
-  c.optimizer = "sgd";
+  c.optimizer = OptimizerKind::sgd;
   c.momentum = 0;
   c.lr = 1e-3;
-  c.schedule = "constant";
+  c.schedule = LrScheduleKind::constant;
   c.steps = 2;
   c.batch = 4;
   c.eval_every = 1;

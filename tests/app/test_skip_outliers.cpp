@@ -53,7 +53,8 @@ TrainConfig noisy_run(const std::string& data, const std::string& out, double sk
   c.model.block.attention.heads = 2;
   c.model.block.attention.sdpa.causal = true;
   c.lr = 1e-2;
-  c.schedule = "wsd";  // the schedule advances through skipped steps: its lr is checked below
+  c.schedule = LrScheduleKind::warmup_stable_decay;  // the schedule advances through skipped steps:
+                                                     // its lr is checked below
   c.warmup = 10;
   c.warmdown = 0.3;
   c.skip_outliers = skip;

@@ -67,7 +67,7 @@ TEST_CASE("thread split: batch at 2 threads equals gradient accumulation over it
 
 TEST_CASE("thread split: a fixed thread count gives the same bits, and ops at 2 threads agrees") {
   test::TempDir dir;
-  const auto run = [&](const std::string& name, const std::string& split) {
+  const auto run = [&](const std::string& name, app::ThreadSplit split) {
     app::TrainConfig c = split_run(dir.file(name), 8, 1);
     c.thread_split = split;
     // Without dropout: the two splits key their masks on different pieces of the batch.
@@ -75,7 +75,9 @@ TEST_CASE("thread split: a fixed thread count gives the same bits, and ops at 2 
     c.model.block.attention.dropout = 0;
     return app::train_model(c, Context{.threads = 2});
   };
-  const app::TrainResult a = run("a", "batch"), b = run("b", "batch"), ops = run("ops", "ops");
+  const app::TrainResult a = run("a", app::ThreadSplit::batch),
+                         b = run("b", app::ThreadSplit::batch),
+                         ops = run("ops", app::ThreadSplit::ops);
   CHECK(a.final_train_loss == b.final_train_loss);  // bit-identical
   CHECK(a.final_eval_loss == b.final_eval_loss);
   CHECK(ops.batch_threads == 1);  // every op split its own work instead
@@ -91,9 +93,9 @@ TEST_CASE("thread split: at most one thread per row of the batch, and a bad valu
   three.steps = 2;
   CHECK(app::train_model(three, Context{.threads = 4}).batch_threads == 3);
 
-  app::TrainConfig bad = split_run(dir.file("bad"), 4, 1);
-  bad.thread_split = "rows";
-  CHECK_THROWS_WITH_AS(app::validate(bad), doctest::Contains("thread_split"),
+  // A TrainConfig holds a ThreadSplit: a bad name is refused where text becomes one.
+  CHECK_THROWS_WITH_AS(parse_enum<app::ThreadSplit>("rows"), doctest::Contains("thread_split"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(app::validate(bad), doctest::Contains("'rows'"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_enum<app::ThreadSplit>("rows"), doctest::Contains("'rows'"),
+                       std::invalid_argument);
 }

@@ -44,7 +44,7 @@ app::TrainConfig recall_run(const std::string& out, const std::string& precision
   c.eval_every = 40;
   c.eval_size = 64;
   c.progress = false;
-  c.precision = precision;
+  c.precision = parse_gemm_precision(precision, "precision");
   c.out = out;
   return c;
 }
@@ -87,9 +87,10 @@ TEST_CASE("precision bf16: a run follows fp32's loss, with bf16's own bits, the 
 
 TEST_CASE("precision: a misspelt value and bf16 on a device backend are refused by name") {
   test::TempDir dir;
-  app::TrainConfig bad = recall_run(dir.file("bad"), "fp16");
-  CHECK_THROWS_WITH_AS(app::train_model(bad, Context{.threads = 1}), doctest::Contains("precision"),
-                       std::invalid_argument);
+  // A TrainConfig holds a GemmPrecision: a misspelt name is refused where text becomes one.
+  app::TrainConfig bad = recall_run(dir.file("bad"), "fp32");
+  CHECK_THROWS_WITH_AS(app::read_json_text(R"({"precision": "fp16"})", bad),
+                       doctest::Contains("precision"), std::invalid_argument);
   const auto device = emulated::make_device_ops<float>();
   app::TrainConfig on_device = recall_run(dir.file("device"), "bf16");
   on_device.steps = 2;

@@ -34,12 +34,12 @@ TEST_CASE(
   // Half-decades from 1e-4 to 0.316: wide enough that every mode's window shows both edges.
   CHECK(g.lrs == std::vector<double>{1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1, 3.16e-1});
   CHECK(g.seeds.size() >= 5);
-  CHECK(g.base.optimizer == "adamw");
+  CHECK(to_string(g.base.optimizer) == "adamw");
   CHECK(g.base.beta1 == 0.9);
   CHECK(g.base.beta2 == 0.95);
   CHECK(g.base.weight_decay == 0);
   CHECK(g.base.clip == 0);
-  CHECK(g.base.schedule == "cosine");
+  CHECK(enum_name(g.base.schedule) == "cosine");
   CHECK(g.base.warmup > 0);
   std::set<std::string> arms;
   for (const auto& a : g.arms) arms.insert(a.name);
@@ -116,7 +116,7 @@ TEST_CASE(
     CHECK(b.beta2 == 0.95);
     CHECK(b.clip == 1);
     CHECK(b.weight_decay == 1e-4);
-    CHECK(b.decay == "independent");
+    CHECK(to_string(b.decay) == "independent");
     CHECK(b.z_loss == 1e-4);
     CHECK(b.min_lr == 1e-5);
     CHECK(b.warmup == b.steps / 20);

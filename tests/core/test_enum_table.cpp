@@ -129,6 +129,7 @@ TEST_CASE("enum table: every table of the library and the app is whole and round
   check_table<Dtype>();
   check_table<app::TaskKind>();
   check_table<app::VocabKind>();
+  check_table<app::ThreadSplit>();
   check_table<app::StudyPreset>();
   check_table<app::Verdict>();
   check_table<app::CheckableLayer>();

@@ -27,7 +27,6 @@ struct TrainCommand {
   CLI::App* cmd = nullptr;
   app::TrainConfig config;
   Context context;  // threads: the number of cores unless --threads says otherwise
-  std::string device;
   bool quiet = false;
 };
 void add_train_command(CLI::App& cli, TrainCommand& train);
@@ -78,7 +77,6 @@ struct GenerateCommand {
   CLI::App* cmd = nullptr;
   app::GenerateRequest request;
   Context context;
-  std::string device;
   bool no_cache = false;
 };
 void add_generate_command(CLI::App& cli, GenerateCommand& generate);

@@ -13,7 +13,6 @@ void add_generate_command(CLI::App& cli, GenerateCommand& g) {
       "generate", "continue a prompt with a trained text model (task text), printing as it goes");
   CLI::App& gen = *g.cmd;
   GenerateRequest& gr = g.request;
-  g.device = backend_name(g.context.backend);
   gen.add_option("--checkpoint", gr.run_dir, "a run directory of task text")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -44,15 +43,12 @@ void add_generate_command(CLI::App& cli, GenerateCommand& g) {
   gen.add_option("--threads", g.context.threads, "worker threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  gen.add_option("--device", g.device, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  add_enum_option(gen, "--device", g.context.backend, "where the model runs");
 }
 
 int run_generate_command(GenerateCommand& g) {
   GenerateRequest& gr = g.request;
   gr.use_cache = !g.no_cache;
-  g.context.backend = parse_backend(g.device, "generate", "--device");
   bool started = false;  // the prompt is echoed once the checkpoint and prompt checked out
   const GenerateReport r = generate_from_run(gr, g.context, [&](const std::string& piece) {
     if (!started) std::fputs(gr.prompt.c_str(), stdout);

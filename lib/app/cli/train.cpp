@@ -68,12 +68,7 @@ void add_data_flags(CLI::App& train, TrainConfig& tc) {
 }
 
 void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
-  train
-      .add_option("--optimizer", tc.optimizer,
-                  "optimizer (muon: Muon for the hidden matrices at --muon-lr, AdamW for "
-                  "embeddings, head, norms, biases and scales at --lr)")
-      ->check(CLI::IsMember({"adamw", "sgd", "muon"}))
-      ->capture_default_str();
+  add_enum_option(train, "--optimizer", tc.optimizer, "optimizer");
   train.add_option("--muon-lr", tc.muon_lr, "Muon: the hidden matrices' peak learning rate")
       ->check(bounded("muon_lr"))
       ->capture_default_str();
@@ -87,21 +82,11 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
   train.add_option("--muon-ns-steps", tc.muon_ns_steps, "Muon: Newton-Schulz steps")
       ->check(bounded("muon_ns_steps"))
       ->capture_default_str();
-  train
-      .add_option("--muon-scale", tc.muon_scale,
-                  "Muon: the update scale, spectral (sqrt(max(1, fan_out/fan_in)), muon.py) or "
-                  "rms (0.2 sqrt(max(fan_in, fan_out)), matching AdamW's update RMS)")
-      ->check(CLI::IsMember({"spectral", "rms"}))
-      ->capture_default_str();
+  add_enum_option(train, "--muon-scale", tc.muon_scale, "Muon: the update scale");
   train.add_option("--lr", tc.lr, "peak learning rate")
       ->check(bounded("lr"))
       ->capture_default_str();
-  train
-      .add_option("--schedule", tc.schedule,
-                  "LR schedule (cosine: linear warmup then cosine decay; wsd: linear warmup, "
-                  "constant, then a linear decay over the last --warmdown of the steps)")
-      ->check(CLI::IsMember({"constant", "cosine", "wsd"}))
-      ->capture_default_str();
+  add_enum_option(train, "--schedule", tc.schedule, "LR schedule");
   train.add_option("--min-lr", tc.min_lr, "cosine and wsd: the LR at the end of the decay")
       ->check(bounded("min_lr"))
       ->capture_default_str();
@@ -147,28 +132,11 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
   train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
       ->check(bounded("weight_decay"))
       ->capture_default_str();
-  train
-      .add_option("--decay", tc.decay,
-                  "AdamW's weight decay per step: decoupled (torch's, p *= 1 - lr_t * wd) or "
-                  "independent (p *= 1 - (lr_t / lr) * wd: the schedule's shape without the base "
-                  "--lr; Wortsman et al. 2023); sgd takes decoupled only")
-      ->check(CLI::IsMember({"decoupled", "independent"}))
-      ->capture_default_str();
-  train
-      .add_option("--decay-params", tc.decay_params,
-                  "the parameters --weight-decay applies to: all (one group), or matrices (rank "
-                  ">= 2: weights, embedding and position tables, head; not biases, norms and "
-                  "per-head scales, as nanoGPT groups them)")
-      ->check(CLI::IsMember({"all", "matrices"}))
-      ->capture_default_str();
-  train
-      .add_option("--precision", tc.precision,
-                  "the arithmetic of the GEMMs: fp32, or bf16 mixed precision (operands rounded "
-                  "to bfloat16, fp32 sums; weights, optimizer state, softmax, norms and loss stay "
-                  "fp32). bf16 is fast only on a CPU with AMX; elsewhere it is emulated, slower "
-                  "than fp32. CPU only")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_enum_option(train, "--decay", tc.decay,
+                  "AdamW's weight decay per step (SGD's is coupled L2: the default only)");
+  add_enum_option(train, "--decay-params", tc.decay_params,
+                  "the parameters --weight-decay applies to");
+  add_enum_option(train, "--precision", tc.precision, "the arithmetic of the GEMMs, CPU only");
   train.add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
       ->check(bounded("seed"))
       ->capture_default_str();
@@ -180,19 +148,8 @@ void add_run_control_flags(CLI::App& train, TrainCommand& t) {
   train.add_option("--threads", t.context.threads, "worker threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  train
-      .add_option("--thread-split", tc.thread_split,
-                  "how the threads share a CPU step: batch (each thread trains its part of the "
-                  "batch through the whole model, one parallel region per step) or ops (every op "
-                  "splits its own work)")
-      ->check(CLI::IsMember({"batch", "ops"}))
-      ->capture_default_str();
-  train
-      .add_option("--device", t.device,
-                  "where the training step runs: cpu, or cuda (the whole step on the GPU; "
-                  "needs a build with the CUDA backend and a device)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  add_enum_option(train, "--thread-split", tc.thread_split, "how the threads share a CPU step");
+  add_enum_option(train, "--device", t.context.backend, "where the training step runs");
   train.add_option("--out", tc.out, "output directory")->capture_default_str();
   train.add_option("--eval-every", tc.eval_every, "evaluate and log every N steps")
       ->check(bounded("eval_every"))
@@ -261,8 +218,8 @@ void print_done(const TrainResult& r, const TrainConfig& config) {
     std::fprintf(stdout,
                  "weight decay %g (decay_params %s%s): %zu of %zu parameter tensors, %zu of %zu "
                  "values\n",
-                 config.weight_decay, config.decay_params.c_str(),
-                 config.decay == "independent" ? ", independent of the base lr" : "",
+                 config.weight_decay, to_string(config.decay_params).data(),
+                 config.decay == WeightDecayMode::independent ? ", independent of the base lr" : "",
                  r.decayed_tensors, r.param_tensors, r.decayed_values, r.param_values);
   if (r.skipped_steps > 0)
     std::fprintf(stdout,
@@ -281,7 +238,7 @@ int run_train(TrainConfig config, Context context, CliContext& cli) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   cli.in_train = true;
-  if (config.precision == "bf16" && cli.rank == 0) {
+  if (config.precision == GemmPrecision::bf16 && cli.rank == 0) {
     const BlasInfo& blas = blas_info();
     std::fprintf(stdout, "precision: bf16 gemms, %s (%s)\n", blas.bf16_engine_name.c_str(),
                  blas.bf16_reason.c_str());
@@ -318,7 +275,6 @@ void add_train_command(CLI::App& cli, TrainCommand& t) {
   t.cmd = cli.add_subcommand(
       "train", "train one model; writes metrics.csv, summary.json, model.safetensors");
   CLI::App& train = *t.cmd;
-  t.device = backend_name(t.context.backend);
   t.config.model.block.attn_only = false;
   add_config_sources(train, t.config);
   add_task_flags(train, t.config.task);
@@ -339,9 +295,8 @@ int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
   } catch (const std::invalid_argument& e) {
     throw BadInput(with_heads_hint(e.what(), tc.model));
   }
-  t.context.backend = parse_backend(t.device, "train", "--device");
   t.context.comm = &comm;
-  if ((!tc.param_groups.empty() || tc.optimizer == "muon") && !t.quiet &&
+  if ((!tc.param_groups.empty() || tc.optimizer == OptimizerKind::muon) && !t.quiet &&
       cli.rank == 0) {  // for the user to check them
     std::fprintf(stdout, "%s\n", param_groups_text(plan_param_groups(tc)).c_str());
     std::fflush(stdout);

@@ -22,10 +22,40 @@ namespace attnlab::app {
 
 using json = nlohmann::json;
 
+namespace {
+
+// The enum field `key` of a TrainConfig's JSON: a name of E, or refused before any field is read
+// in the words validate() used while these fields were strings ("train: <key> expected a|b|c, got
+// <text>"). Another JSON type is left to the conversion.
+template <TableEnum E>
+void check_name(const json& j, const char* key, NameList list = NameList::pipes,
+                bool quoted = false) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return;
+  try {
+    parse_enum<E>(it->get<std::string>(), {"train", key, list, quoted});
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(key, e.what());
+  }
+}
+
+// The check of a TrainConfig's JSON object: the bounds of its numbers and the names of its enums.
+void check_train_config(const json& j) {
+  check_train_config_bounds(j);
+  check_name<OptimizerKind>(j, "optimizer");
+  check_name<MuonScale>(j, "muon_scale");
+  check_name<DecayParams>(j, "decay_params");
+  check_name<WeightDecayMode>(j, "decay");
+  check_name<LrScheduleKind>(j, "schedule");
+  check_name<GemmPrecision>(j, "precision", NameList::or_words, true);
+}
+
+}  // namespace
+
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
                     chars)
-ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config_bounds, task, data_file, valid_file,
-                            model, optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
+ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config, task, data_file, valid_file, model,
+                            optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
                             decay, param_groups, clip, z_loss, skip_outliers, schedule, min_lr,
                             warmdown, warmup, steps, batch, grad_accum, precision, seed, eval_every,
@@ -85,22 +115,15 @@ void validate(const TrainConfig& c) {
               "true for task text (give --causal)", "false");
   }
   resolve_model(c.model, task_shape(c.task));
-  check_arg(c.optimizer == "adamw" || c.optimizer == "sgd" || c.optimizer == "muon", op,
-            "optimizer", "adamw|sgd|muon", c.optimizer);
-  check_arg(c.muon_scale == "spectral" || c.muon_scale == "rms", op, "muon_scale", "spectral|rms",
-            c.muon_scale);
-  check_arg(c.schedule == "constant" || c.schedule == "cosine" || c.schedule == "wsd", op,
-            "schedule", "constant|cosine|wsd", c.schedule);
-  check_arg(c.decay_params == "all" || c.decay_params == "matrices", op, "decay_params",
-            "all|matrices", c.decay_params);
-  check_arg(c.decay == "decoupled" || c.decay == "independent", op, "decay",
-            "decoupled|independent", c.decay);
   // SGD's weight decay is torch.optim.SGD's coupled L2 (g + wd · p): it has no decoupled update to
   // make independent of the LR.
-  check_arg(c.optimizer != "sgd" || c.decay == "decoupled", op, "decay",
-            "decoupled (the default) with optimizer sgd, whose weight decay is coupled L2 "
-            "(torch.optim.SGD's); independent is for adamw",
-            c.decay);
+  check_arg(c.optimizer != OptimizerKind::sgd || c.decay == WeightDecayMode::decoupled, op, "decay",
+            std::string(enum_name(WeightDecayMode::decoupled)) + " (the default) with optimizer " +
+                std::string(enum_name(OptimizerKind::sgd)) +
+                ", whose weight decay is coupled L2 (torch.optim.SGD's); " +
+                std::string(enum_name(WeightDecayMode::independent)) + " is for " +
+                std::string(enum_name(OptimizerKind::adamw)),
+            enum_name(c.decay));
   check_arg(std::isfinite(c.warmdown) && c.warmdown >= 0 && c.warmdown <= 1, op, "warmdown",
             "in [0, 1]", std::to_string(c.warmdown));
   check_arg(std::isfinite(c.skip_outliers) && c.skip_outliers >= 0, op, "skip_outliers",
@@ -115,10 +138,6 @@ void validate(const TrainConfig& c) {
             std::to_string(c.warmup));
   check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
   check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
-  check_arg(c.precision == "fp32" || c.precision == "bf16", op, "precision", "fp32 or bf16",
-            "'" + c.precision + "'");
-  check_arg(c.thread_split == "batch" || c.thread_split == "ops", op, "thread_split",
-            "batch or ops", "'" + c.thread_split + "'");
   check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
   check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
             std::to_string(c.clip));
@@ -158,7 +177,8 @@ json from_flat_layout(json j) {
                 {"norm", flat.at("norm")},
                 {"d_ff", flat.value("d_ff", 0)}};
   j["model"] = {{"layers", flat.at("layers")},
-                {"positions", flat.at("positions").get<bool>() ? "learned" : "none"},
+                {"positions", flat.at("positions").get<bool>() ? PositionEncoding::learned
+                                                               : PositionEncoding::none},
                 {"block", block}};
   json& task = j.at("task");
   if (task.contains("task")) {

@@ -133,10 +133,10 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["blas_core"] = blas_info().core;
   j["gemm_engine"] = blas_info().engine_name;  // the float gemms'
   j["gemm_precision"] = c.precision;
-  if (c.precision == "bf16") j["bf16_gemm"] = blas_info().bf16_engine_name;
+  if (c.precision == GemmPrecision::bf16) j["bf16_gemm"] = blas_info().bf16_engine_name;
   // batch: each of `batch_threads` threads trained its part of the batch through the whole model;
   // ops: every op split its work across the run's threads.
-  j["thread_split"] = r.batch_threads > 1 ? "batch" : "ops";
+  j["thread_split"] = r.batch_threads > 1 ? ThreadSplit::batch : ThreadSplit::ops;
   j["batch_threads"] = r.batch_threads;
   j["world_size"] = r.world_size;
   j["distributed"] = r.distributed;
@@ -294,14 +294,14 @@ DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_op
 // splits its own work across the threads).
 int batch_threads(const TrainConfig& c, const Context& context, DeviceOps<float>& ops,
                   const Shard& shard) {
-  if (c.thread_split != "batch" || &ops != &cpu_ops<float>()) return 1;
+  if (c.thread_split != ThreadSplit::batch || &ops != &cpu_ops<float>()) return 1;
   return static_cast<int>(
       std::min<std::size_t>(static_cast<std::size_t>(context.threads), shard.size()));
 }
 
 LrSchedule make_schedule(const TrainConfig& c, std::size_t steps) {
   const auto warmup = static_cast<std::size_t>(c.warmup);
-  switch (parse_lr_schedule_kind(c.schedule)) {
+  switch (c.schedule) {
     case LrScheduleKind::warmup_cosine:
       return LrSchedule::warmup_cosine(c.lr, c.min_lr, warmup, steps);
     case LrScheduleKind::warmup_stable_decay:

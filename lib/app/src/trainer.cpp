@@ -65,11 +65,12 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
 
   std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
   DeviceOps<float>* ops = choose_ops(context, device_ops, own_ops);
-  check_arg(c.precision == "fp32" || ops == &cpu_ops<float>(), "train", "precision",
-            "fp32 on a device backend (bf16 runs on the CPU backend)",
-            "'" + c.precision + "' on " + ops->name());
+  check_arg(c.precision == GemmPrecision::fp32 || ops == &cpu_ops<float>(), "train", "precision",
+            std::string(enum_name(GemmPrecision::fp32)) + " on a device backend (" +
+                std::string(enum_name(c.precision)) + " runs on the CPU backend)",
+            "'" + std::string(enum_name(c.precision)) + "' on " + ops->name());
   // The run's float gemms in bf16 (lib/README.md, "Mixed precision"), for this run only.
-  const blas::GemmPrecisionScope precision(parse_gemm_precision(c.precision, "train: precision"));
+  const blas::GemmPrecisionScope precision(c.precision);
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);

@@ -17,7 +17,7 @@ namespace attnlab::app {
 // One group as the run forms it, every value resolved (the config's where the group names none).
 struct ParamGroupPlan {
   std::string name;
-  std::string optimizer;  // "adamw" | "sgd" | "muon"
+  OptimizerKind optimizer = OptimizerKind::adamw;
   double lr_mult = 1;
   double weight_decay = 0;
   std::vector<std::string> parameters;  // in the model's order
@@ -25,14 +25,14 @@ struct ParamGroupPlan {
 };
 
 // The checks of c.param_groups (validate(TrainConfig) calls it; c's model must resolve against its
-// task): each group's optimizer (adamw | sgd | "" for the config's), weight_decay (the bound of
-// the config's weight_decay), then the library's rules (names, selectors, lr_mult, a match for
-// every group). std::invalid_argument "train: param_groups[i].<key> ... expected ..., got ...".
+// task): each group's optimizer (an OptimizerKind name, "" for the config's), weight_decay (the
+// bound of the config's weight_decay), then the library's rules (names, selectors, lr_mult, a match
+// for every group). std::invalid_argument "train: param_groups[i].<key> ... expected ..., got ...".
 void check_param_groups(const TrainConfig& c);
 
 // The groups of the run: one per c.param_groups entry, in order, then (optimizer muon) the group
-// "muon" of every block's matrices at muon_lr when it still claims one and no entry is named
-// "muon", then "default" with the
+// of every block's matrices at muon_lr, named after OptimizerKind::muon, when it still claims one
+// and no entry has its name, then "default" with the
 // parameters no entry claims (left out when there are none); no entries: "default" alone. From
 // transformer_parameter_shapes of the resolved model, so nothing is allocated. Checks first
 // (check_param_groups).
@@ -46,11 +46,9 @@ std::string param_groups_text(const std::vector<ParamGroupPlan>& plan);
 // momentum buffer; an upper estimate for SGD when momentum is 0).
 double optimizer_state_values(const std::vector<ParamGroupPlan>& plan);
 
-// One group's optimizer: kind adamw, sgd or muon, with the config's lr (the base lr), betas,
-// momentum, Muon's settings and decay_params, and `weight_decay`; std::invalid_argument naming
-// the kind for another.
-std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c,
-                                                       const std::string& kind,
+// One group's optimizer of kind `kind`, with the config's lr (the base lr), betas, momentum,
+// Muon's settings and decay_params, and `weight_decay`.
+std::unique_ptr<Optimizer<float>> make_group_optimizer(const TrainConfig& c, OptimizerKind kind,
                                                        ParameterList<float> params,
                                                        double weight_decay);
 

@@ -17,10 +17,33 @@
 
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/nn/transformer.hpp"
+#include "attnlab/optim/muon.hpp"
 #include "attnlab/optim/param_groups.hpp"
+#include "attnlab/optim/schedule.hpp"
+
+namespace attnlab::app {
+
+// How a CPU run's threads share a training step (TrainConfig::thread_split).
+enum class ThreadSplit { batch, ops };
+
+}  // namespace attnlab::app
+
+namespace attnlab {
+template <>
+struct EnumTable<app::ThreadSplit> {
+  static constexpr EnumEntry<app::ThreadSplit> entries[] = {
+      {app::ThreadSplit::batch, "batch",
+       "each thread trains its part of the batch through the whole model, one parallel region per "
+       "step"},
+      {app::ThreadSplit::ops, "ops", "every op splits its own work"},
+  };
+  static constexpr EnumParseText parse = {"train", "thread_split", NameList::or_words, true};
+};
+}  // namespace attnlab
 
 namespace attnlab::app {
 
@@ -38,36 +61,36 @@ struct TrainConfig {
   std::string data_file;   // train on this file instead of generated batches ("" = generate)
   std::string valid_file;  // eval on this file ("" = the task's fixed eval set)
   TransformerConfig model = default_model();
-  // adamw | sgd | muon. muon is the hybrid of the Muon recipes (attnlab/optim/muon.hpp): Muon for
-  // the hidden matrices (the group "muon": blocks.*, rank 2, at muon_lr) and AdamW (lr, beta1,
-  // beta2) for the rest (embeddings, head, norms, biases, scales).
-  std::string optimizer = "adamw";
+  // EnumTable<OptimizerKind>. OptimizerKind::muon is the hybrid of the Muon recipes
+  // (attnlab/optim/muon.hpp): Muon for the hidden matrices (the group named after it: blocks.*,
+  // rank 2, at muon_lr) and AdamW (lr, beta1, beta2) for the rest (embeddings, head, norms,
+  // biases, scales).
+  OptimizerKind optimizer = OptimizerKind::adamw;
   double lr = 3e-3;
   double beta1 = 0.9, beta2 = 0.95;
   double momentum = 0.9;  // sgd
   // Muon (optimizer muon, or a param_groups entry with optimizer muon): its base lr (the schedule
   // scales it as it scales lr: the group runs at lr · muon_lr / lr), momentum, Nesterov, Newton–
-  // Schulz steps and update scale (spectral | rms), named as in muon.py.
+  // Schulz steps and update scale (EnumTable<MuonScale>), named as in muon.py.
   double muon_lr = 0.02;
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int muon_ns_steps = 5;
-  std::string muon_scale = "spectral";
+  MuonScale muon_scale = MuonScale::spectral;
   double weight_decay = 0;
-  // Which parameters weight_decay applies to: all (one group) | matrices (rank >= 2, nanoGPT's
-  // groups: not biases, norms, per-head scales). Recorded in the checkpoint, so a resume keeps it.
-  std::string decay_params = "all";
-  // How weight_decay scales with the LR (adamw only; sgd's is coupled L2 and keeps the default):
-  // decoupled (torch.optim.AdamW: p *= 1 − lr_t · wd) | independent (p *= 1 − (lr_t / lr) · wd:
-  // the schedule's shape, not the base lr; Wortsman et al. 2023). WeightDecayMode in
-  // attnlab/optim/optimizer.hpp. Recorded in the checkpoint, so a resume keeps it.
-  std::string decay = "decoupled";
+  // Which parameters weight_decay applies to (EnumTable<DecayParams>). Recorded in the
+  // checkpoint, so a resume keeps it.
+  DecayParams decay_params = DecayParams::all;
+  // How weight_decay scales with the LR (EnumTable<WeightDecayMode>, attnlab/optim/optimizer.hpp;
+  // AdamW and Muon only: SGD's is coupled L2 and keeps the default). Recorded in the checkpoint,
+  // so a resume keeps it.
+  WeightDecayMode decay = WeightDecayMode::decoupled;
   // Parameter groups (config file only; lib/README.md, "Parameter groups"): a parameter joins the
-  // first group whose match selects it and is updated by that group's optimizer (adamw | sgd |
-  // muon; "" this config's), at lr · lr_mult, with the group's weight_decay (none: this config's);
-  // the rest form the group "default" with the fields above. decay_params applies within every
-  // group. Empty: one group, as before. Recorded in the checkpoint, so a resume forms the same
-  // groups.
+  // first group whose match selects it and is updated by that group's optimizer (an
+  // OptimizerKind name; "" this config's), at lr · lr_mult, with the group's weight_decay (none:
+  // this config's); the rest form the group "default" with the fields above. decay_params applies
+  // within every group. Empty: one group, as before. Recorded in the checkpoint, so a resume forms
+  // the same groups.
   std::vector<ParamGroupSpec> param_groups;
   double clip = 0;  // 0: no clipping
   // PaLM's z-loss: z · (log Z)² per labelled position added to the loss, log Z the logsumexp of
@@ -76,8 +99,8 @@ struct TrainConfig {
   // Skip the update of a step whose loss or global gradient norm has a z-score above this over
   // the last 128 steps (llm.c's -sl / -sg; attnlab/optim/outlier.hpp, lib/README.md). 0: off.
   double skip_outliers = 0;
-  std::string schedule = "cosine";  // constant | cosine | wsd (warmup, stable, linear warm-down)
-  double min_lr = 0;                // cosine and wsd: the LR they decay to (nanoGPT: lr / 10)
+  LrScheduleKind schedule = LrScheduleKind::warmup_cosine;  // EnumTable<LrScheduleKind>
+  double min_lr = 0;  // cosine and wsd: the LR they decay to (nanoGPT: lr / 10)
   // wsd: the fraction of the steps whose LR decays linearly to min_lr, at the end (nanochat's
   // warmdown_ratio, 0.65 by default there too). In [0, 1].
   double warmdown = 0.65;
@@ -87,11 +110,12 @@ struct TrainConfig {
   // Gradient accumulation: a step trains on grad_accum micro-batches of `batch` rows (an
   // effective batch of grad_accum · batch) with the gradient of their mean loss (lib/README.md).
   int grad_accum = 1;
-  // The arithmetic of the model's float GEMMs (attnlab/blas.hpp, GemmPrecision): fp32, or bf16
-  // mixed precision (GEMM operands rounded to bfloat16, products summed in fp32; the weights,
-  // gradients, optimizer state, softmax, norms and loss stay fp32). bf16 is fast only where the
-  // CPU has AMX (BlasInfo::bf16_engine); elsewhere it is emulated, slower than fp32. CPU only.
-  std::string precision = "fp32";
+  // The arithmetic of the model's float GEMMs (attnlab/blas.hpp, EnumTable<GemmPrecision>): as
+  // stored, or bf16 mixed precision (GEMM operands rounded to bfloat16, products summed in fp32;
+  // the weights, gradients, optimizer state, softmax, norms and loss stay fp32). bf16 is fast only
+  // where the CPU has AMX (BlasInfo::bf16_engine); elsewhere it is emulated, slower than fp32. CPU
+  // only.
+  GemmPrecision precision = GemmPrecision::fp32;
   std::uint64_t seed = 0;
   int eval_every = 50;
   int eval_size = 512;
@@ -114,13 +138,14 @@ struct TrainConfig {
   // The CLI's train sets it; a study leaves it off (its jobs share the cores).
   bool measure_peaks = false;
   // How a CPU run's threads share a training step (lib/README.md, "Threads in the training step"):
-  // batch: each thread trains its contiguous part of every micro-batch through the whole model,
-  // every op on its own thread, in one parallel region per micro-batch, and the parts' gradients
-  // are summed in thread order (the step then equals grad_accum · threads micro-batches at one
-  // thread, to rounding); ops: every op splits its own work across the threads (a parallel
-  // region per op). Either way the bits depend only on the thread count. Device backends always
-  // split the ops. Not part of the config file: like the thread count, it may differ on resume.
-  std::string thread_split = "batch";
+  // ThreadSplit::batch: each thread trains its contiguous part of every micro-batch through the
+  // whole model, every op on its own thread, in one parallel region per micro-batch, and the
+  // parts' gradients are summed in thread order (the step then equals grad_accum · threads
+  // micro-batches at one thread, to rounding); ThreadSplit::ops: every op splits its own work
+  // across the threads (a parallel region per op). Either way the bits depend only on the thread
+  // count. Device backends always split the ops. Not part of the config file: like the thread
+  // count, it may differ on resume.
+  ThreadSplit thread_split = ThreadSplit::batch;
 };
 
 // The model the task's data needs: vocab_sizes, max_len and out_vocab from the task shape (a
@@ -137,7 +162,9 @@ void validate(const TrainConfig& config);
 // for an unreadable, empty or non-UTF-8 file). Does nothing otherwise.
 void prepare_task(TrainConfig& config);
 
-// nlohmann-json (de)serialisers (reading overlays; see io/config_json.hpp).
+// nlohmann-json (de)serialisers (reading overlays; see io/config_json.hpp). The enum fields
+// are their names; a name that is not one is refused in the words validate() used when they were
+// strings: "config key 'schedule': train: schedule expected constant|cosine|wsd, got linear".
 void to_json(nlohmann::json& j, const TaskConfig& v);
 void from_json(const nlohmann::json& j, TaskConfig& v);
 void to_json(nlohmann::json& j, const TrainConfig& v);
