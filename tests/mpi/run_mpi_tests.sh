@@ -40,6 +40,8 @@ job_ends_failed() {
   start=$(date +%s)
   set +e
   timeout 120 tail --pid="$job" -f /dev/null
+  # A job still alive here has failed the check; end it so that the test reports instead of hanging.
+  kill -0 "$job" 2> /dev/null && { pkill -9 -P "$job" 2> /dev/null; kill -9 "$job" 2> /dev/null; }
   wait "$job"; rc=$?
   set -e
   took=$(( $(date +%s) - start ))
@@ -147,7 +149,9 @@ rank-error)
   job=$!
   for _ in $(seq 1 600); do [ -f run/metrics.csv ] && [ "$(wc -l < run/metrics.csv)" -ge 3 ] && break; sleep 0.1; done
   [ -f run/metrics.csv ] || fail "no metrics after 60 s"
-  rm -rf run && echo "not a directory" > run
+  # Renamed, not removed: `rm -rf` races with the files rank 0 keeps writing there and can fail
+  # with "Directory not empty", leaving the run going. A rename is one atomic step.
+  mv run run.gone && echo "not a directory" > run
   job_ends_failed "$job" "rank 0's directory went away"
   cat err.txt
   grep -q "^attnlab: error: rank 0 of 2: .*metrics" err.txt || fail "rank 0's error line is missing"
