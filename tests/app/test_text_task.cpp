@@ -5,10 +5,13 @@
 // vocabulary travels in the checkpoint to generation.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "attnlab/app/data_file.hpp"
 #include "attnlab/app/run_config.hpp"
@@ -200,4 +203,44 @@ TEST_CASE(
   const std::string m = message_of([&] { generate_from_run(g, Context{}); });
   CHECK(m.find("--prompt") != std::string::npos);
   CHECK(m.find("U+0001") != std::string::npos);
+}
+
+TEST_CASE(
+    "text: bytes per token for bits per byte, and a big model's memory without its eval set") {
+  // Character vocabulary: a character's UTF-8 length; byte vocabulary: 1; other tasks: no table.
+  const TaskConfig chars = char_task("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");  // a é € 😀
+  CHECK(token_byte_table(chars) == std::vector<std::uint32_t>{1, 2, 3, 4});
+  CHECK(TextVocab(chars).token_bytes(3) == 4);
+  TaskConfig bytes = chars;
+  bytes.vocab = VocabKind::bytes;
+  const auto table = token_byte_table(bytes);
+  CHECK(table.size() == 256);
+  CHECK(std::all_of(table.begin(), table.end(), [](std::uint32_t b) { return b == 1; }));
+  TaskConfig recall;
+  CHECK(token_byte_table(recall).empty());
+
+  // The eval set runs in chunks of eval_rows rows: eval_size no longer sets the memory estimate.
+  // The model that used to ask for 48.8 GiB (C 512, T 256, 4 layers, batch 8, 512 eval examples):
+  TrainConfig c;
+  c.task = bytes;
+  c.task.block = 256;
+  c.data_file = kExcerpt;
+  c.model.block.attention.sdpa.causal = true;
+  c.model.block.attention.d_model = 512;
+  c.model.block.attention.heads = 8;
+  c.model.block.attn_only = false;
+  c.model.layers = 4;
+  c.batch = 8;
+  CHECK(eval_rows(c) == 8);
+  const double small = estimate_memory(c).total();
+  const double small_activations = estimate_memory(c).activations;  // 2 · batch rows
+  CHECK(small < 4.0 * (1ull << 30));
+  c.eval_size = 100000;
+  CHECK(estimate_memory(c).total() == small);
+  c.eval_batch = 64;  // larger eval chunks cost their activations
+  CHECK(eval_rows(c) == 64);
+  CHECK(estimate_memory(c).activations == doctest::Approx(small_activations * 64 / 16));
+  CHECK(estimate_memory(c).total() > small);
+  c.eval_size = 16;  // never more rows than the set has
+  CHECK(eval_rows(c) == 16);
 }

@@ -1,8 +1,10 @@
 // attnlab train: one model, from flags, a run config (--config) or a saved run (--resume).
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,9 +32,9 @@ void on_signal(int signal) {
 }
 
 // The flags that may come with --resume (run control and steps); any other is refused.
-const std::vector<std::string> kResumeFlags = {"--resume",     "--steps",        "--out",
-                                               "--threads",    "--thread-split", "--device",
-                                               "--save-every", "--stop-after",   "--quiet"};
+const std::vector<std::string> kResumeFlags = {
+    "--resume", "--steps",      "--out",        "--threads",    "--thread-split",
+    "--device", "--save-every", "--eval-batch", "--stop-after", "--quiet"};
 
 // The two ways to load a whole config: added first, so that the flags after them override it.
 void add_config_sources(CLI::App& train, TrainConfig& tc) {
@@ -51,9 +53,9 @@ void add_config_sources(CLI::App& train, TrainConfig& tc) {
             tc.resume = dir;
             tc.out = dir;
           },
-          "continue the run saved in this directory (with its config; only --steps, --out, "
-          "--threads, --thread-split, --device, --save-every, --stop-after and --quiet may be "
-          "given)")
+          "continue the run saved in this directory (with its config, threads, thread split "
+          "and device; only --steps, --out, --threads, --thread-split, --device, --save-every, "
+          "--eval-batch, --stop-after and --quiet may be given)")
       ->check(CLI::ExistingDirectory);
 }
 
@@ -157,6 +159,11 @@ void add_run_control_flags(CLI::App& train, TrainCommand& t) {
   train.add_option("--eval-size", tc.eval_size, "examples in the fixed eval set")
       ->check(bounded("eval_size"))
       ->capture_default_str();
+  train
+      .add_option("--eval-batch", tc.eval_batch,
+                  "rows per eval forward (0: --batch); eval memory follows it, not --eval-size")
+      ->check(bounded("eval_batch"))
+      ->capture_default_str();
   train.add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
       ->check(bounded("save_every"))
       ->capture_default_str();
@@ -204,9 +211,12 @@ void print_done(const TrainResult& r, const TrainConfig& config) {
     where += " x " + r.distributed;  // "cpu x MPI (Open MPI v4.1.4), 2 processes"
   std::fprintf(stdout,
                "done: %d steps in %.1f s on %s, eval loss %.4f (at init %.4f), eval accuracy "
-               "%.3f\n",
+               "%.3f",
                r.steps_done, r.seconds, where.c_str(), r.final_eval_loss, r.init_eval_loss,
                r.final_eval_acc);
+  if (std::isfinite(r.final_eval_bpb))
+    std::fprintf(stdout, ", %.4f bits per byte", r.final_eval_bpb);
+  std::fprintf(stdout, "\n");
   if (r.world_size > 1 && r.tokens_per_second > 0)  // MFU needs the peak of N processes: not shown
     std::fprintf(stdout,
                  "throughput: %.0f tokens/s over %d processes; gradient allreduce %.2f ms per step "
@@ -284,9 +294,43 @@ void add_train_command(CLI::App& cli, TrainCommand& t) {
   add_run_control_flags(train, t);
 }
 
+namespace {
+
+// A resumed run goes on with the saved run's threads, thread split and device, each of which
+// changes the last digits of the results, unless the command line gives them; one given with
+// another value is used, and rank 0 says that the results will differ from the unbroken run's.
+void restore_run_context(TrainCommand& t, const CliContext& cli) {
+  const std::string path = t.config.resume + "/model.safetensors";
+  const std::optional<RunContextRecord> saved = read_run_context(read_run_meta(path), path);
+  if (!saved) return;  // written before the record was kept: the flags and defaults decide
+  std::string changed;
+  const auto take = [&](const char* flag, auto& value, const auto& was, auto text) {
+    if (t.cmd->count(flag) == 0)
+      value = was;
+    else if (value != was)
+      changed += std::string(changed.empty() ? "" : ", ") + flag + " " + text(value) +
+                 " (the saved run's: " + text(was) + ")";
+  };
+  const auto number = [](int n) { return std::to_string(n); };
+  const auto name = [](auto e) { return std::string(enum_name(e)); };
+  take("--threads", t.context.threads, saved->threads, number);
+  take("--thread-split", t.config.thread_split, saved->thread_split, name);
+  take("--device", t.context.backend, saved->device, name);
+  if (!changed.empty() && cli.rank == 0)
+    std::fprintf(stderr,
+                 "attnlab: warning: train: resuming with %s: the results will differ from an "
+                 "uninterrupted run's in the last digits\n",
+                 changed.c_str());
+}
+
+}  // namespace
+
 int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
   TrainConfig& tc = t.config;
-  if (!tc.resume.empty()) check_resume_flags(*t.cmd);
+  if (!tc.resume.empty()) {
+    check_resume_flags(*t.cmd);
+    restore_run_context(t, cli);
+  }
   tc.progress = !t.quiet;
   tc.measure_peaks = true;
   prepare_task(tc);  // a text task's vocabulary, from --data

@@ -69,6 +69,7 @@ const std::vector<FieldBound>& train_config_bounds() {
       {"seed", "--seed", true, 0, kMaxSeed},
       {"eval_every", "--eval-every", true, 1, 100000000},
       {"eval_size", "--eval-size", true, 1, 1000000},
+      {"eval_batch", "--eval-batch", true, 0, 1000000},
       {"save_every", "--save-every", true, 0, 100000000},
   };
   return bounds;

@@ -118,11 +118,12 @@ std::string Model::first_nonfinite_stage() const {
 }
 
 std::string Model::locate_nonfinite(const Batch& batch) {
-  if (impl_->net.ops().host_memory()) return first_nonfinite_stage();
-  impl_->net.set_nonfinite_check(true);  // a device backend: replay the batch with the check on
+  // The host backend checks every forward; a device backend replays the batch with the check on.
+  const bool device = !impl_->net.ops().host_memory();
+  if (device) impl_->net.set_nonfinite_check(true);
   impl_->net.forward(batch.fields);
   std::string where = impl_->net.first_nonfinite().value_or("");
-  impl_->net.set_nonfinite_check(false);
+  if (device) impl_->net.set_nonfinite_check(false);
   return where;
 }
 

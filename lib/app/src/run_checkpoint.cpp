@@ -35,6 +35,8 @@ RunMeta to_run_meta(const std::string& path, const CheckpointMeta& m) {
   r.weights_only = contents != m.extra.end() && contents->second == "weights";
   const auto outliers = m.extra.find("outliers");  // only in runs with --skip-outliers
   if (outliers != m.extra.end()) r.outliers = outliers->second;
+  const auto run_context = m.extra.find("run_context");  // absent before it was kept
+  if (run_context != m.extra.end()) r.run_context = run_context->second;
   return r;
 }
 
@@ -55,7 +57,9 @@ CheckpointMeta parse_meta(const std::string& path, const SafetensorsFile& file) 
     throw CheckpointError(path, "metadata 'step' is not a number: '" + step + "'");
   m.rng = parse_rng_state(get("rng_state"));
   for (const auto& [k, v] : file.metadata)
-    if (k == "kind" || k == "optimizer_steps" || k == "contents" || k == "outliers") m.extra[k] = v;
+    if (k == "kind" || k == "optimizer_steps" || k == "contents" || k == "outliers" ||
+        k == "run_context")
+      m.extra[k] = v;
   return m;
 }
 
@@ -73,6 +77,7 @@ void save_run_checkpoint(const std::string& path, const ParameterList<float>& pa
   m.extra["optimizer_steps"] = std::to_string(meta.optimizer_steps);
   m.extra["contents"] = meta.weights_only ? "weights" : "training state";
   if (!meta.outliers.empty()) m.extra["outliers"] = meta.outliers;
+  if (!meta.run_context.empty()) m.extra["run_context"] = meta.run_context;
   if (meta.weights_only) state.clear();
   save_checkpoint<float>(path, params, state, m);
 }

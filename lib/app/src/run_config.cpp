@@ -59,7 +59,7 @@ ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config, task, data_file, va
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
                             decay, param_groups, clip, z_loss, skip_outliers, schedule, min_lr,
                             warmdown, warmup, steps, batch, grad_accum, precision, seed, eval_every,
-                            eval_size, out, save_every, weights_only)
+                            eval_size, eval_batch, out, save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -138,6 +138,7 @@ void validate(const TrainConfig& c) {
             std::to_string(c.warmup));
   check_arg(c.eval_every >= 1, op, "eval_every", ">= 1", std::to_string(c.eval_every));
   check_arg(c.eval_size >= 1, op, "eval_size", ">= 1", std::to_string(c.eval_size));
+  check_arg(c.eval_batch >= 0, op, "eval_batch", ">= 0 (0: --batch)", std::to_string(c.eval_batch));
   check_arg(c.save_every >= 0, op, "save_every", ">= 0", std::to_string(c.save_every));
   check_arg(std::isfinite(c.clip) && c.clip >= 0, op, "clip", "finite and >= 0",
             std::to_string(c.clip));
@@ -272,6 +273,33 @@ void read_saved_config(const RunMeta& meta, const std::string& path, TrainConfig
   }
 }
 
+std::string run_context_json(const RunContextRecord& record) {
+  const nlohmann::json j = {{"threads", record.threads},
+                            {"thread_split", std::string(enum_name(record.thread_split))},
+                            {"device", std::string(enum_name(record.device))}};
+  return j.dump();
+}
+
+std::optional<RunContextRecord> read_run_context(const RunMeta& meta, const std::string& path) {
+  if (meta.run_context.empty()) return std::nullopt;
+  RunContextRecord r;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(meta.run_context);
+    r.threads = j.at("threads").get<int>();
+    r.thread_split = parse_enum<ThreadSplit>(j.at("thread_split").get<std::string>());
+    r.device = parse_enum<Backend>(j.at("device").get<std::string>());
+    if (r.threads < 1) throw std::invalid_argument("threads " + std::to_string(r.threads));
+  } catch (const std::exception& e) {
+    throw CheckpointError(path, "metadata 'run_context' is not a run context (" + meta.run_context +
+                                    "): " + e.what());
+  }
+  return r;
+}
+
+std::size_t eval_rows(const TrainConfig& c) {
+  return static_cast<std::size_t>(std::min(c.eval_batch > 0 ? c.eval_batch : c.batch, c.eval_size));
+}
+
 MemoryEstimate estimate_memory(const TrainConfig& c) {
   validate(c);
   const TransformerConfig m = resolve_model(c.model, task_shape(c.task));
@@ -291,7 +319,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c) {
   MemoryEstimate e;
   e.parameters = 2 * P * kFloat;
   e.optimizer = optimizer_state_values(plan_param_groups(c)) * kFloat;  // AdamW 2, SGD 1 per value
-  e.activations = std::max(2.0 * c.batch, double(c.eval_size)) * per_example * kFloat;
+  // The eval set runs in chunks of eval_rows (evaluate): --eval-size costs time, not memory.
+  e.activations = std::max(2.0 * c.batch, double(eval_rows(c))) * per_example * kFloat;
   return e;
 }
 
@@ -365,7 +394,7 @@ void check_memory(const MemoryEstimate& e, std::string_view what, double copies)
       gib(e.parameters) + ", optimizer state " + gib(e.optimizer) + ", activations " +
       gib(e.activations) + "), more than the " + gib(limit->bytes) + " available (" +
       limit->source +
-      "); lower --batch, --eval-size, --block or the model's size, or set ATTNLAB_MEMORY_LIMIT");
+      "); lower --batch, --eval-batch, --block or the model's size, or set ATTNLAB_MEMORY_LIMIT");
 }
 
 }  // namespace attnlab::app

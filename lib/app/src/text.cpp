@@ -142,6 +142,19 @@ std::string TextVocab::decode(int id) const {
   return encode_utf8(chars_[static_cast<std::size_t>(id)]);
 }
 
+std::size_t TextVocab::token_bytes(int id) const {
+  return decode(id).size();
+}
+
+std::vector<std::uint32_t> token_byte_table(const TaskConfig& task) {
+  std::vector<std::uint32_t> table;
+  if (task.kind != TaskKind::text) return table;
+  const TextVocab vocab(task);
+  for (std::size_t id = 0; id < vocab.size(); ++id)
+    table.push_back(static_cast<std::uint32_t>(vocab.token_bytes(static_cast<int>(id))));
+  return table;
+}
+
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot be read");

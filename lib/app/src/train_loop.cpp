@@ -44,7 +44,8 @@ const OutlierSkip* outlier_state(const LoopState& s) {
 }
 
 EvalStats eval_all(const RunParts& p) {
-  EvalStats s = evaluate(p.backend, p.model.layers(), p.eval, p.c.task, p.d_k);
+  EvalStats s =
+      evaluate(p.backend, p.model.layers(), p.eval, p.c.task, p.d_k, eval_rows(p.c), p.token_bytes);
   reduce_eval(p.comm, s, p.d_k);
   return s;
 }
@@ -106,6 +107,7 @@ void first_eval(const RunParts& p, LoopState& s, bool resuming) {
   if (!resuming) result.layer0_init = result.layer0_final;
   result.final_eval_loss = s.st.loss;
   result.final_eval_acc = s.st.accuracy;
+  result.final_eval_bpb = s.st.bits_per_byte;
 }
 
 // A stop before `step`: --stop-after, or a signal in a single process (with several ranks a stop
@@ -215,8 +217,15 @@ bool log_step(const RunParts& p, LoopState& s, double lr) {
   s.result.layer0_final = layer_zero(p, s.st, s.norms);
   s.result.final_eval_loss = s.st.loss;
   s.result.final_eval_acc = s.st.accuracy;
+  s.result.final_eval_bpb = s.st.bits_per_byte;
   if (!std::isfinite(s.st.loss)) {
-    diverge(s.result, step + 1, p.model.locate_nonfinite(p.eval), "eval loss");
+    diverge(s.result, step + 1,
+            s.st.nonfinite_row < p.eval.size()
+                ? p.model.locate_nonfinite(
+                      slice_batch(p.eval, s.st.nonfinite_row,
+                                  std::min(p.eval.size(), s.st.nonfinite_row + eval_rows(p.c))))
+                : std::string(),
+            "eval loss");
     return false;
   }
   return true;
@@ -224,8 +233,12 @@ bool log_step(const RunParts& p, LoopState& s, double lr) {
 
 void report_progress(const RunParts& p, const LoopState& s, double loss, double lr, bool log_now) {
   char detail[160];
-  std::snprintf(detail, sizeof detail, "loss %.4f eval_loss %.4f eval_acc %.3f lr %.3g", loss,
-                s.st.loss, s.st.accuracy, lr);
+  int n = std::snprintf(detail, sizeof detail, "loss %.4f eval_loss %.4f eval_acc %.3f", loss,
+                        s.st.loss, s.st.accuracy);
+  if (std::isfinite(s.st.bits_per_byte) && n > 0 && std::size_t(n) < sizeof detail)
+    n += std::snprintf(detail + n, sizeof detail - std::size_t(n), " bpb %.4f", s.st.bits_per_byte);
+  if (n > 0 && std::size_t(n) < sizeof detail)
+    std::snprintf(detail + n, sizeof detail - std::size_t(n), " lr %.3g", lr);
   p.progress({"step", p.start, s.step + 1, p.steps, seconds_since(s.t0), detail, log_now});
 }
 

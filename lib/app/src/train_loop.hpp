@@ -33,7 +33,8 @@ struct RunParts {
   Rng& data_rng;
   std::size_t start, steps;  // this invocation's first step; the run's last
   std::size_t d_k;
-  bool lead;  // writes the files, shows progress
+  const std::vector<std::uint32_t>& token_bytes;  // per output id (bits per byte), or empty
+  bool lead;                                      // writes the files, shows progress
 };
 
 // What the loop carries from step to step and hands to the wrap-up.

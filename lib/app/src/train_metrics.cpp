@@ -17,7 +17,7 @@ namespace {
 constexpr double kTargetAccuracy = 0.95;
 
 std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool z_loss,
-                       bool skip_outliers) {
+                       bool skip_outliers, bool bits_per_byte) {
   std::ostringstream os;
   os << "step,loss,eval_loss,eval_acc,lr";
   for (std::size_t l = 0; l < layers; ++l)
@@ -38,6 +38,7 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool 
     os << ',' << p << "wq_grad_norm," << p << "wk_grad_norm," << p << "wq_norm," << p << "wk_norm";
   }
   os << ",jacobian_mean";
+  if (bits_per_byte) os << ",eval_bpb";
   if (z_loss) os << ",z_loss";
   if (skip_outliers) os << ",skipped";
   return os.str();
@@ -52,44 +53,112 @@ std::string csv_number(double x) {
 
 }  // namespace
 
+namespace {
+
+// The running sums of a chunked evaluation (what reduce_eval sums across shards).
+struct EvalSums {
+  double rows = 0, labelled = 0, loss = 0, correct = 0, bytes = 0;
+  std::vector<double> head;  // per head: rows·(entropy, max weight, saturated, jacobian[, recall])
+  std::vector<double> max_logit;
+  double qk_n = 0, qk_mean = 0, qk_m2 = 0;  // Chan et al.'s pooled mean and squared deviations
+};
+
+// Adds one chunk's q·k values: its own two-pass mean and squared deviations, pooled exactly.
+void add_dots(EvalSums& s, const Tensor4<float>& dots) {
+  if (dots.size() == 0) return;
+  double mean = 0, m2 = 0;
+  for (float x : dots) mean += x;
+  mean /= static_cast<double>(dots.size());
+  for (float x : dots) m2 += (x - mean) * (x - mean);
+  const double n = static_cast<double>(dots.size()), total = s.qk_n + n;
+  const double delta = mean - s.qk_mean;
+  s.qk_m2 += m2 + delta * delta * s.qk_n * n / total;
+  s.qk_mean += delta * n / total;
+  s.qk_n = total;
+}
+
+}  // namespace
+
 EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
-                   const TaskConfig& task, std::size_t d_k) {
+                   const TaskConfig& task, std::size_t d_k, std::size_t chunk,
+                   const std::vector<std::uint32_t>& token_bytes) {
+  check_arg(chunk > 0, "evaluate", "chunk", "at least 1 row", "0");
   EvalStats st;
-  const LossResult lr = masked_cross_entropy(backend.eval_logits(eval), eval.targets, false);
-  st.loss = lr.loss;
-  st.accuracy = lr.accuracy;
-  st.rows = eval.size();
-  st.labelled = lr.labelled;
-  const std::vector<int> key_pos =
-      task.kind == TaskKind::recall ? recall_key_positions(eval) : std::vector<int>();
-  Tensor4<float> dots;  // layer 0's unscaled q·k
-  for (std::size_t l = 0; l < layers; ++l) {
-    LayerAttention a = backend.attention(l);
-    const auto h = attention_health(a.weights, a.scores);
-    st.health.insert(st.health.end(), h.begin(), h.end());
-    if (!key_pos.empty()) {
-      const auto m = correct_key_mass(a.weights, eval.length() - 1, key_pos);
-      st.recall_mass.insert(st.recall_mass.end(), m.begin(), m.end());
-    }
-    if (l == 0) {
-      dots = std::move(a.dots);
-      const std::size_t tq = a.weights.shape()[2], tk = a.weights.shape()[3];
-      if (a.weights.shape()[0] > 0 && a.weights.shape()[1] > 0) {
-        st.example_tq = tq;
-        st.example_tk = tk;
-        st.example_attention.assign(a.weights.data(), a.weights.data() + tq * tk);
-        st.example_key = key_pos.empty() ? -1 : key_pos[0];
+  EvalSums sums;
+  const bool recall = task.kind == TaskKind::recall;
+  for (std::size_t begin = 0; begin < eval.size(); begin += chunk) {
+    const std::size_t end = std::min(eval.size(), begin + chunk);
+    const Batch part = chunk >= eval.size() ? eval : slice_batch(eval, begin, end);
+    const auto rows = static_cast<double>(end - begin);
+    const LossResult lr = masked_cross_entropy(backend.eval_logits(part), part.targets, false);
+    const auto lab = static_cast<double>(lr.labelled);
+    sums.rows += rows;
+    sums.labelled += lab;
+    sums.loss += lr.loss * lab;
+    sums.correct += std::round(lr.accuracy * lab);  // a count: exact
+    if (!std::isfinite(lr.loss) && st.nonfinite_row == static_cast<std::size_t>(-1))
+      st.nonfinite_row = begin;
+    if (!token_bytes.empty())
+      for (int t : part.targets)
+        if (t >= 0 && static_cast<std::size_t>(t) < token_bytes.size())
+          sums.bytes += token_bytes[t];
+    const std::vector<int> key_pos = recall ? recall_key_positions(part) : std::vector<int>();
+    std::size_t head_index = 0;
+    for (std::size_t l = 0; l < layers; ++l) {
+      LayerAttention a = backend.attention(l);
+      const auto h = attention_health(a.weights, a.scores);
+      const std::vector<double> mass =
+          recall ? correct_key_mass(a.weights, part.length() - 1, key_pos) : std::vector<double>();
+      for (std::size_t i = 0; i < h.size(); ++i, ++head_index) {
+        const std::size_t per_head = recall ? 5 : 4;
+        if (sums.head.size() < (head_index + 1) * per_head) {
+          sums.head.resize((head_index + 1) * per_head, 0.0);
+          sums.max_logit.push_back(h[i].max_abs_logit);
+        }
+        double* out = sums.head.data() + head_index * per_head;
+        out[0] += rows * h[i].entropy;
+        out[1] += rows * h[i].max_weight;
+        out[2] += rows * h[i].saturated_fraction;
+        out[3] += rows * h[i].jacobian_norm;
+        if (recall) out[4] += rows * mass[i];
+        // NaN (a diverged eval) stays NaN, as the whole set's maximum would
+        double& m = sums.max_logit[head_index];
+        if (std::isnan(h[i].max_abs_logit) || h[i].max_abs_logit > m) m = h[i].max_abs_logit;
+      }
+      if (l == 0) {
+        add_dots(sums, a.dots);
+        const std::size_t tq = a.weights.shape()[2], tk = a.weights.shape()[3];
+        if (begin == 0 && a.weights.shape()[0] > 0 && a.weights.shape()[1] > 0) {
+          st.example_tq = tq;
+          st.example_tk = tk;
+          st.example_attention.assign(a.weights.data(), a.weights.data() + tq * tk);
+          st.example_key = key_pos.empty() ? -1 : key_pos[0];
+        }
       }
     }
   }
-  double mean = 0, sq = 0;
-  for (float x : dots) mean += x;
-  mean /= static_cast<double>(dots.size());
-  for (float x : dots) sq += (x - mean) * (x - mean);
-  st.qk_var_ratio = sq / static_cast<double>(std::max<std::size_t>(dots.size() - 1, 1)) /
-                    static_cast<double>(d_k);
-  st.qk_mean = mean;
-  st.qk_count = dots.size();
+  st.rows = static_cast<std::size_t>(sums.rows);
+  st.labelled = static_cast<std::size_t>(sums.labelled);
+  st.loss = sums.labelled > 0 ? sums.loss / sums.labelled : 0.0;
+  st.accuracy = sums.labelled > 0 ? sums.correct / sums.labelled : 0.0;
+  st.target_bytes = sums.bytes;
+  if (!token_bytes.empty() && sums.bytes > 0)
+    st.bits_per_byte = sums.loss / (std::log(2.0) * sums.bytes);
+  const std::size_t per_head = recall ? 5 : 4;
+  for (std::size_t i = 0; i < sums.max_logit.size(); ++i) {
+    const double* h = sums.head.data() + i * per_head;
+    HeadHealth health;
+    health.entropy = h[0] / sums.rows;
+    health.max_weight = h[1] / sums.rows;
+    health.saturated_fraction = h[2] / sums.rows;
+    health.jacobian_norm = h[3] / sums.rows;
+    health.max_abs_logit = sums.max_logit[i];
+    st.health.push_back(health);
+    if (recall) st.recall_mass.push_back(h[4] / sums.rows);
+  }
+  st.qk_mean = sums.qk_mean;
+  st.qk_count = static_cast<std::size_t>(sums.qk_n);
+  st.qk_var_ratio = sums.qk_m2 / std::max(sums.qk_n - 1, 1.0) / static_cast<double>(d_k);
   return st;
 }
 
@@ -118,11 +187,11 @@ void write_attention_file(const std::string& path, const EvalStats& init, std::s
 void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k) {
   if (comm.size() == 1) return;
   // Sums: [rows, labelled, loss·labelled, acc·labelled, qk count, qk sum, qk squares about 0,
-  // then per head rows·(entropy, max weight, saturated, jacobian[, recall mass])].
+  // then per head rows·(entropy, max weight, saturated, jacobian[, recall mass]), target bytes].
   const std::size_t heads = st.health.size();
   const bool recall = !st.recall_mass.empty();
   const std::size_t per_head = recall ? 5 : 4;
-  std::vector<double> sums(7 + heads * per_head, 0.0);
+  std::vector<double> sums(8 + heads * per_head, 0.0);
   const auto rows = static_cast<double>(st.rows), lab = static_cast<double>(st.labelled);
   const auto n = static_cast<double>(st.qk_count);
   const double var = st.qk_var_ratio * static_cast<double>(d_k);
@@ -143,12 +212,15 @@ void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k) {
     if (recall) h[4] = rows * st.recall_mass[i];
     maxima[i] = st.health[i].max_abs_logit;
   }
+  sums.back() = st.target_bytes;
   comm.allreduce_sum(sums.data(), sums.size());
   comm.allreduce_max(maxima.data(), maxima.size());
   st.rows = static_cast<std::size_t>(sums[0]);
   st.labelled = static_cast<std::size_t>(sums[1]);
   st.loss = sums[1] > 0 ? sums[2] / sums[1] : 0.0;
   st.accuracy = sums[1] > 0 ? sums[3] / sums[1] : 0.0;
+  st.target_bytes = sums.back();
+  if (st.target_bytes > 0) st.bits_per_byte = sums[2] / (std::log(2.0) * st.target_bytes);
   st.qk_count = static_cast<std::size_t>(sums[4]);
   st.qk_mean = sums[4] > 0 ? sums[5] / sums[4] : 0.0;
   const double ss = sums[6] - sums[4] * st.qk_mean * st.qk_mean;
@@ -182,8 +254,13 @@ nlohmann::json json_number(double x) {
 
 MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
                        const std::string& resume_csv, std::size_t resumed_step, bool z_loss,
-                       bool skip_outliers)
-    : path_(path), heads_(heads), recall_(recall), z_loss_(z_loss), skip_outliers_(skip_outliers) {
+                       bool skip_outliers, bool bits_per_byte)
+    : path_(path),
+      heads_(heads),
+      recall_(recall),
+      z_loss_(z_loss),
+      skip_outliers_(skip_outliers),
+      bits_per_byte_(bits_per_byte) {
   std::vector<std::string> kept_json;
   if (!resume_csv.empty()) {  // the JSON rows of the resumed run, up to the resumed step
     std::ifstream in(jsonl_path(resume_csv));
@@ -201,6 +278,14 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
     std::ifstream in(resume_csv);
     std::string line;
     std::getline(in, line);  // header
+    // A text run written before the eval_bpb column: its kept rows get nan there, after the
+    // jacobian_mean column.
+    std::size_t pad_after = 0;  // commas before the insertion point; 0: no padding
+    if (bits_per_byte && line.find(",eval_bpb") == std::string::npos) {
+      const std::size_t at = line.find(",jacobian_mean");
+      if (at != std::string::npos)
+        pad_after = static_cast<std::size_t>(std::count(line.begin(), line.begin() + at, ',')) + 1;
+    }
     while (std::getline(in, line)) {
       std::stringstream ss(line);
       std::string step_s, loss_s, eval_s, acc_s;
@@ -211,13 +296,22 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
       if (acc_s.empty()) continue;
       const auto step = std::stoul(step_s);
       if (step > resumed_step) continue;
+      if (pad_after > 0) {  // before comma number pad_after (from 0), or at the end
+        std::size_t pos = std::string::npos, from = 0;
+        for (std::size_t k = 0; k <= pad_after; ++k) {
+          pos = line.find(',', from);
+          if (pos == std::string::npos) break;
+          from = pos + 1;
+        }
+        line.insert(pos == std::string::npos ? line.size() : pos, ",nan");
+      }
       kept.push_back(line);
       if (step == 0) kept_init_eval_loss_ = std::stod(eval_s);
       if (std::stod(acc_s) >= kTargetAccuracy && steps_to_target_ < 0)
         steps_to_target_ = static_cast<int>(step);
     }
   }
-  csv_ = csv_header(layers, heads, recall, z_loss, skip_outliers) + '\n';
+  csv_ = csv_header(layers, heads, recall, z_loss, skip_outliers, bits_per_byte) + '\n';
   for (const auto& row : kept) csv_ += row + '\n';
   flush();
 }
@@ -246,6 +340,7 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
   const double jacobian_mean =
       st.health.empty() ? 0.0 : jac / static_cast<double>(st.health.size());
   row_csv << ',' << csv_number(jacobian_mean);
+  if (bits_per_byte_) row_csv << ',' << csv_number(st.bits_per_byte);
   if (z_loss_) row_csv << ',' << csv_number(train_z_term);
   if (skip_outliers_) row_csv << ',' << (skipped ? 1 : 0);
   row_csv << '\n';
@@ -259,6 +354,7 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
                         {"jacobian_mean", json_number(jacobian_mean)}};
   if (z_loss_) row["z_loss"] = json_number(train_z_term);
   if (skip_outliers_) row["skipped"] = skipped ? 1 : 0;
+  if (bits_per_byte_) row["eval_bpb"] = json_number(st.bits_per_byte);
   nlohmann::json heads = nlohmann::json::array(), layers = nlohmann::json::array();
   for (std::size_t i = 0; i < st.health.size(); ++i) {
     const auto& h = st.health[i];

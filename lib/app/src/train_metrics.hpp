@@ -2,7 +2,9 @@
 // OUT/metrics.csv (one row per logged step). Internal to the app (lib/app/src).
 #pragma once
 
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +19,13 @@ namespace attnlab::app {
 // What one evaluation measures.
 struct EvalStats {
   double loss = 0, accuracy = 0;
+  // Bits per byte of the text the labelled targets stand for: Σ loss / (ln 2 · Σ bytes); NaN
+  // when the task has no byte table (token_bytes empty).
+  double bits_per_byte = std::numeric_limits<double>::quiet_NaN();
+  double target_bytes = 0;  // Σ bytes of the labelled targets (reduce_eval adds the shards')
+  // The first row of the eval set whose chunk gave a non-finite loss (npos: none), so that a
+  // diverged eval can be replayed on that chunk alone.
+  std::size_t nonfinite_row = static_cast<std::size_t>(-1);
   std::vector<HeadHealth> health;   // layers × heads, row-major
   std::vector<double> recall_mass;  // layers × heads (recall only)
   double qk_var_ratio = 0;          // layer 0, all heads: Var(q·k) / d_k
@@ -33,8 +42,14 @@ struct EvalStats {
 
 // Loss and accuracy of the eval forward, the attention health of every head, the recall mass on
 // the correct key (recall), and the premise check Var(q·k)/d_k of layer 0.
+// The set is run in chunks of at most `chunk` rows, so its memory is a chunk's, not the set's;
+// the figures are combined as reduce_eval combines shards (sums over labelled positions, means
+// weighted by rows, maxima, Var(q·k) pooled exactly), so they do not depend on the chunk size
+// beyond rounding. token_bytes: the bytes of text each output id stands for (bits per byte), or
+// empty.
 EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
-                   const TaskConfig& task, std::size_t d_k);
+                   const TaskConfig& task, std::size_t d_k, std::size_t chunk,
+                   const std::vector<std::uint32_t>& token_bytes = {});
 
 // OUT/attention.json: the example attention at initialisation and at the end of a run, for the
 // study report's heatmaps: {"layer": 0, "head": 0, "example": 0, "query_position", "key_position"
@@ -58,11 +73,13 @@ struct LayerNorms {
 // wq_norm, wk_norm}, jacobian_mean[, z_loss][, skipped]. loss is the training batch's cross-entropy
 // alone (comparable across runs with and without a z-loss); z_loss, in runs with one, its z-loss
 // term z · mean log Z² (the loss trained on is their sum); skipped, in runs with --skip-outliers,
-// 1 when the row's step skipped its update as an outlier, else 0 (0 in the step-0 row). Values are
+// 1 when the row's step skipped its update as an outlier, else 0 (0 in the step-0 row); eval_bpb,
+// in text runs, the eval loss in bits per byte of the text (EvalStats::bits_per_byte). Values are
 // %.7g; non-finite ones "nan", "inf", "-inf".
 // Beside it, OUT/metrics.jsonl: one JSON object per row with keys that do not depend on the model's
 // size, for pandas (read_json(lines=True)) and experiment trackers:
-//   {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean"[, "z_loss"][, "skipped"],
+//   {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean"[, "z_loss"][, "skipped"][,
+//    "eval_bpb"],
 //    "heads": [{"layer", "head", "entropy", "max_logit", "saturated", "jacobian"[,
 //    "recall_mass"]}], "layers": [{"layer", "wq_grad_norm", "wk_grad_norm", "wq_norm", "wk_norm"}]}
 // with full double precision and null for a non-finite value.
@@ -72,10 +89,11 @@ class MetricsLog {
   // rows of `resume_csv` and of its .jsonl twin (read before truncating, so they may be the same
   // files) up to `resumed_step`.
   // z_loss: the run has a z-loss (the z_loss column); skip_outliers: it skips outlier steps (the
-  // skipped column).
+  // skipped column); bits_per_byte: a text task (the eval_bpb column; rows kept from a run written
+  // before that column get nan).
   MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
              const std::string& resume_csv = "", std::size_t resumed_step = 0, bool z_loss = false,
-             bool skip_outliers = false);
+             bool skip_outliers = false, bool bits_per_byte = false);
 
   // train_loss: the cross-entropy; train_z_term: the z-loss term (written when the run has one);
   // skipped: the step skipped its update (written when the run skips outliers).
@@ -94,7 +112,7 @@ class MetricsLog {
 
   std::string path_, csv_, jsonl_;
   std::size_t heads_;
-  bool recall_, z_loss_, skip_outliers_;
+  bool recall_, z_loss_, skip_outliers_, bits_per_byte_;
   std::optional<double> kept_init_eval_loss_;
   int steps_to_target_ = -1;
 };

@@ -51,11 +51,13 @@ void read_outlier_skip(const std::string& text, const std::string& path, Outlier
   skip = std::move(read);
 }
 
-RunSaver::RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only)
+RunSaver::RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only,
+                   std::string run_context)
     : path_(std::move(path)),
       config_json_(std::move(config_json)),
       enabled_(enabled),
-      weights_only_(weights_only) {}
+      weights_only_(weights_only),
+      run_context_(std::move(run_context)) {}
 
 void RunSaver::save(std::size_t step, TrainBackend& backend, OptimizerGroups<float>& optimizer,
                     const ParameterList<float>& params, const Rng& data_rng,
@@ -69,6 +71,7 @@ void RunSaver::save(std::size_t step, TrainBackend& backend, OptimizerGroups<flo
   meta.data_rng = data_rng.state();
   meta.weights_only = weights_only_;
   if (outliers) meta.outliers = outlier_skip_json(*outliers);
+  meta.run_context = run_context_;
   StateTensors state;
   if (!weights_only_) {
     for (auto& t : optimizer.state_tensors()) state.emplace_back(t.first, std::move(t.second));

@@ -33,7 +33,9 @@ class RunSaver {
  public:
   // config_json: the effective config (to_json_text). Disabled: save() does nothing. weights_only:
   // no optimizer state in the file (train --weights-only).
-  RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only = false);
+  // run_context: run_context_json of the run (kept for a resume).
+  RunSaver(std::string path, std::string config_json, bool enabled, bool weights_only = false,
+           std::string run_context = "");
 
   // Brings the host mirror up to date from the backend, then writes atomically. `outliers`: the
   // run's --skip-outliers state (null when off).
@@ -44,6 +46,7 @@ class RunSaver {
  private:
   std::string path_, config_json_;
   bool enabled_, weights_only_;
+  std::string run_context_;
 };
 
 }  // namespace attnlab::app

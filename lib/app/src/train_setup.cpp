@@ -43,7 +43,7 @@ using json = nlohmann::json;
 // The run's recipe as JSON: every field but the run control that a resumed run may change.
 json recipe_json(const TrainConfig& c) {
   json j = c;
-  for (const char* k : {"out", "save_every", "steps"}) j.erase(k);
+  for (const char* k : {"out", "save_every", "steps", "eval_batch"}) j.erase(k);
   return j;
 }
 
@@ -94,6 +94,8 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["init_eval_loss"] = r.init_eval_loss;
   j["final_eval_loss"] = std::isfinite(r.final_eval_loss) ? json(r.final_eval_loss) : json(nullptr);
   j["final_eval_acc"] = r.final_eval_acc;
+  if (c.task.kind == TaskKind::text)  // bits per byte of the text: compares across vocabularies
+    j["final_eval_bpb"] = std::isfinite(r.final_eval_bpb) ? json(r.final_eval_bpb) : json(nullptr);
   j["final_train_loss"] =
       std::isfinite(r.final_train_loss) ? json(r.final_train_loss) : json(nullptr);
   j["steps_to_95"] = r.steps_to_target;
@@ -168,9 +170,8 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
   if (!diff.empty())
     check_arg(false, "train", "resume: " + diff,
               at_path(want, diff).dump() +
-                  " (the saved run's; only steps, out and save_every (and the --threads/--device "
-                  "of the run context) may "
-                  "change)",
+                  " (the saved run's; only steps, out, save_every and eval_batch (and the "
+                  "--threads/--device of the run context) may change)",
               at_path(got, diff).dump());
   check_arg(config_in.steps >= static_cast<int>(resumed.step), "train", "steps",
             ">= the saved step " + std::to_string(resumed.step) + " when resuming",
@@ -349,7 +350,7 @@ std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model,
     write_config_file(c.out + "/config.json", c);
     log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start,
-                c.z_loss > 0, c.skip_outliers > 0);
+                c.z_loss > 0, c.skip_outliers > 0, c.task.kind == TaskKind::text);
   }
   return log;
 }

@@ -86,9 +86,12 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
 
   std::optional<OutlierSkip> outliers = outlier_skip(c, resumed, resuming);
   std::optional<MetricsLog> log = open_outputs(c, model, lead, resuming, start);
-  const RunSaver saver(c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint && lead,
-                       c.weights_only);
+  const RunSaver saver(
+      c.out + "/model.safetensors", to_json_text(c), c.write_checkpoint && lead, c.weights_only,
+      run_context_json(
+          {.threads = context.threads, .thread_split = c.thread_split, .device = context.backend}));
   const ProgressFn progress = c.progress && lead ? terminal_progress() : ProgressFn();
+  const std::vector<std::uint32_t> token_bytes = token_byte_table(c.task);
   const RunParts p{.c = c,
                    .context = context,
                    .comm = comm,
@@ -107,6 +110,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
                    .start = start,
                    .steps = steps,
                    .d_k = c.model.block.attention.head_dim_k(),
+                   .token_bytes = token_bytes,
                    .lead = lead};
   setup_done();  // from here on every rank is in the run: an error is a RankFailure
 
@@ -224,16 +228,45 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   const Batch eval = text            ? text_eval_set(c, valid)
                      : valid.empty() ? eval_batch(c.task, static_cast<std::size_t>(c.eval_size))
                                      : read_data_file(valid, &shape);
-  const Tensor3<float> logits = model.forward(eval);
-  if (!logits_file.empty()) {
-    save_safetensors(logits_file, {make_stored_tensor<float>("logits", logits)},
-                     {{"format", "pt"}});
+  // In chunks of eval_rows, as the trainer evaluates; the first chunk also holds the shown
+  // examples, whose attention weights are read after it.
+  const std::size_t B = eval.size(), T = eval.length();
+  const std::size_t first =
+      std::min(B, std::max<std::size_t>(eval_rows(c), static_cast<std::size_t>(std::max(show, 0))));
+  TokenIds pred({B, T});
+  Tensor3<float> all_logits;  // (B, T, V) when logits_file asks for them
+  double loss_sum = 0, correct = 0, bytes = 0;
+  std::size_t labelled = 0;
+  const std::vector<std::uint32_t> token_bytes = token_byte_table(c.task);
+  Tensor4<float> shown_weights;
+  for (std::size_t begin = 0; begin < B;) {
+    const std::size_t end = begin == 0 ? first : std::min(B, begin + eval_rows(c));
+    const Batch part = end - begin == B ? eval : slice_batch(eval, begin, end);
+    const Tensor3<float> logits = model.forward(part);
+    const LossResult l = masked_cross_entropy(logits, part.targets, false);
+    loss_sum += l.loss * double(l.labelled);
+    correct += std::round(l.accuracy * double(l.labelled));
+    labelled += l.labelled;
+    for (int t : part.targets)
+      if (t >= 0 && std::size_t(t) < token_bytes.size()) bytes += token_bytes[std::size_t(t)];
+    const TokenIds p = predictions(logits);
+    std::copy(p.begin(), p.end(), pred.begin() + std::ptrdiff_t(begin * T));
+    if (!logits_file.empty() && begin == 0)
+      all_logits = Tensor3<float>::from_shape({B, T, logits.shape()[2]});
+    if (!logits_file.empty())
+      std::copy(logits.begin(), logits.end(),
+                all_logits.begin() + std::ptrdiff_t(begin * T * logits.shape()[2]));
+    if (begin == 0) shown_weights = model.attention_weights(0);
+    begin = end;
   }
-  const LossResult loss = masked_cross_entropy(logits, eval.targets, false);
-  const TokenIds pred = predictions(logits);
+  if (!logits_file.empty())
+    save_safetensors(logits_file, {make_stored_tensor<float>("logits", all_logits)},
+                     {{"format", "pt"}});
   EvalReport r;
-  r.loss = loss.loss;
-  r.accuracy = loss.accuracy;
+  r.loss = labelled ? loss_sum / double(labelled) : 0.0;
+  r.accuracy = labelled ? correct / double(labelled) : 0.0;
+  r.bits_per_byte =
+      bytes > 0 ? loss_sum / (std::log(2.0) * bytes) : std::numeric_limits<double>::quiet_NaN();
   r.examples = static_cast<int>(eval.size());
   std::ostringstream os;
   os << "run " << run_dir << ": task " << to_string(c.task.kind) << ", step " << meta.step
@@ -243,12 +276,16 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
      << (!valid.empty() ? valid
          : text         ? "the last 10% of " + c.data_file
                         : std::string("the task's fixed eval set"))
-     << "): " << eval.size() << " examples, " << loss.labelled << " labelled positions\n";
+     << "): " << eval.size() << " examples, " << labelled << " labelled positions\n";
   char buf[160];
-  std::snprintf(buf, sizeof buf, "loss %.4f  accuracy %.4f\n", r.loss, r.accuracy);
+  std::snprintf(buf, sizeof buf, "loss %.4f  accuracy %.4f", r.loss, r.accuracy);
   os << buf;
-  const std::size_t T = eval.length();
-  const auto p = model.attention_weights(0);
+  if (std::isfinite(r.bits_per_byte)) {
+    std::snprintf(buf, sizeof buf, "  bits per byte %.4f", r.bits_per_byte);
+    os << buf;
+  }
+  os << '\n';
+  const auto& p = shown_weights;
   for (std::size_t b = 0;
        b < std::min<std::size_t>(static_cast<std::size_t>(std::max(show, 0)), eval.size()); ++b) {
     os << "\nexample " << b << ":\n";

@@ -72,7 +72,8 @@ class Model {
   // ("embedding", "blocks.0.attn", ..., "head"); "" if none (or when the check is off: a device
   // backend).
   std::string first_nonfinite_stage() const;
-  // The same for `batch`, replayed with the check on when it was off.
+  // The same for `batch`, replayed (with the check on when it was off), so that it holds whichever
+  // batch ran last.
   std::string locate_nonfinite(const Batch& batch);
   // The underlying network.
   Transformer<float>& transformer();

@@ -33,6 +33,9 @@ struct RunMeta {
   // The --skip-outliers state (metadata "outliers": the detectors' windows and the skipped count,
   // as JSON text; train_saver.hpp's outlier_skip_json), "" when the run does not skip outliers.
   std::string outliers;
+  // How the run was run where that changes its results (metadata "run_context", JSON text; ""
+  // in checkpoints written before it was kept): RunContextRecord (attnlab/app/run_config.hpp).
+  std::string run_context;
   // read_run_meta only: the names and shapes of the model's tensors (not the optimizer's), for a
   // check against the config before a model is built.
   std::vector<std::pair<std::string, std::vector<std::size_t>>> model_tensors;

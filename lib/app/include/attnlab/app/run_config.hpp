@@ -18,6 +18,7 @@
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/blas.hpp"
+#include "attnlab/context.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/nn/transformer.hpp"
@@ -119,6 +120,9 @@ struct TrainConfig {
   std::uint64_t seed = 0;
   int eval_every = 50;
   int eval_size = 512;
+  // Rows per eval forward: the eval set runs in chunks of this many rows (0: --batch), so its
+  // memory does not grow with eval_size. The figures do not depend on it beyond rounding.
+  int eval_batch = 0;
   // Run control: may differ when a run is resumed (see train_model). The thread count, the stop
   // flag and the backend are not in the config: they travel in the Context given to train_model
   // (attnlab/context.hpp), so a run may be resumed with another thread count or on the other
@@ -188,6 +192,20 @@ void read_run_config(const std::string& run_dir, TrainConfig& config);
 // the first tensor that differs.
 void read_saved_config(const RunMeta& meta, const std::string& path, TrainConfig& config);
 
+// The run context a checkpoint keeps, so that a resumed run goes on as the uninterrupted one
+// would: the thread count, how the threads share a step, and the device (each changes the last
+// digits of the results).
+struct RunContextRecord {
+  int threads = 1;
+  ThreadSplit thread_split = ThreadSplit::batch;
+  Backend device = Backend::cpu;
+};
+// {"threads": N, "thread_split": "...", "device": "..."}.
+std::string run_context_json(const RunContextRecord& record);
+// The record of meta.run_context; nullopt when the checkpoint has none. Throws CheckpointError
+// naming `path` for a record that does not parse.
+std::optional<RunContextRecord> read_run_context(const RunMeta& meta, const std::string& path);
+
 // What a training run allocates, in bytes, estimated from its config before anything is built (the
 // model's float parameters are exact; activations are an upper estimate of what a step keeps).
 struct MemoryEstimate {
@@ -198,6 +216,8 @@ struct MemoryEstimate {
 };
 // Validates the config first (its task must be prepared: prepare_task).
 MemoryEstimate estimate_memory(const TrainConfig& config);
+// The rows of one eval forward: eval_batch, or batch when it is 0, at most eval_size.
+std::size_t eval_rows(const TrainConfig& config);
 
 // The memory a run may use, in bytes, and where that figure came from: ATTNLAB_MEMORY_LIMIT when
 // set (bytes, or with a K, M, G or T suffix, binary; "none" turns the check off), else the smaller

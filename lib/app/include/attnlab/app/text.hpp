@@ -36,11 +36,17 @@ class TextVocab {
   std::vector<int> encode(std::string_view text, const std::string& source) const;
   // The UTF-8 text of one token (one byte in byte mode).
   std::string decode(int id) const;
+  // The bytes of original text one token stands for (1 in byte mode; its character's UTF-8 length
+  // in character mode): the denominator of bits per byte.
+  std::size_t token_bytes(int id) const;
 
  private:
   bool bytes_ = false;
   std::vector<char32_t> chars_;  // sorted
 };
+
+// token_bytes of every id of a text task's vocabulary (bits per byte); empty for other tasks.
+std::vector<std::uint32_t> token_byte_table(const TaskConfig& task);
 
 // The code points of `text`, validated as UTF-8 (DataFileError naming `source` and the byte offset
 // of the first invalid sequence otherwise).

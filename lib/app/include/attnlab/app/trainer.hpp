@@ -44,6 +44,7 @@ struct TrainResult {
   double init_eval_loss = 0;
   double final_eval_loss = 0;
   double final_eval_acc = 0;
+  double final_eval_bpb = std::numeric_limits<double>::quiet_NaN();  // text tasks: bits per byte
   double final_train_loss = 0;
   int steps_to_target = -1;  // first logged step with eval accuracy >= 0.95
   // Steps whose update --skip-outliers skipped (TrainConfig::skip_outliers), over the whole run: a
@@ -144,6 +145,7 @@ TrainResult train_model(const TrainConfig& config, const Context& context,
 struct EvalReport {
   double loss = 0;
   double accuracy = 0;
+  double bits_per_byte = std::numeric_limits<double>::quiet_NaN();  // text tasks
   int examples = 0;
   std::string text;  // human-readable: examples with predictions, query attention for recall
 };
