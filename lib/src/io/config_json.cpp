@@ -17,6 +17,11 @@ namespace config_json {
 
 void check_keys(const nlohmann::json& j, std::string_view type,
                 std::initializer_list<std::string_view> fields) {
+  check_keys(j, type, std::vector<std::string_view>(fields));
+}
+
+void check_keys(const nlohmann::json& j, std::string_view type,
+                const std::vector<std::string_view>& fields) {
   if (!j.is_object())
     throw ConfigError("", "expected a JSON object (" + std::string(type) + "), got " +
                               std::string(j.type_name()));
@@ -129,24 +134,36 @@ std::string shown(const nlohmann::json& j) {
 
 }  // namespace config_json
 
+namespace {
+
+// SdpaConfig's JSON fields but the optional scale, in order: the one list the writer, the key
+// check and the reader walk. A new field of the config (an AttentionVariant knob a layer fixes)
+// is one line here.
+template <class Config, class Visit>
+void visit_sdpa_fields(Config& v, Visit&& visit) {
+  visit("scaling", v.scaling);
+  visit("causal", v.causal);
+  visit("window", v.window);
+  visit("softcap", v.softcap);
+  visit("path", v.path);
+}
+
+}  // namespace
+
 // By hand: the optional scale is null or a number (nlohmann 3.11 has no std::optional support).
 void to_json(nlohmann::json& j, const SdpaConfig& v) {
-  j = {{"scaling", v.scaling},
-       {"scale", v.scale ? nlohmann::json(*v.scale) : nlohmann::json(nullptr)},
-       {"causal", v.causal},
-       {"window", v.window},
-       {"softcap", v.softcap},
-       {"path", v.path}};
+  j = nlohmann::json::object();
+  visit_sdpa_fields(v, [&](const char* key, const auto& field) { j[key] = field; });
+  j["scale"] = v.scale ? nlohmann::json(*v.scale) : nlohmann::json(nullptr);
 }
 
 void from_json(const nlohmann::json& j, SdpaConfig& v) {
-  config_json::check_keys(j, "SdpaConfig",
-                          {"scaling", "scale", "causal", "window", "softcap", "path"});
-  config_json::read_field(j, "scaling", v.scaling);
-  config_json::read_field(j, "causal", v.causal);
-  config_json::read_field(j, "window", v.window);
-  config_json::read_field(j, "softcap", v.softcap);
-  config_json::read_field(j, "path", v.path);
+  std::vector<std::string_view> keys;
+  visit_sdpa_fields(v, [&](const char* key, auto&) { keys.emplace_back(key); });
+  keys.insert(keys.begin() + 1, "scale");  // after scaling, as the files spell it
+  config_json::check_keys(j, "SdpaConfig", keys);
+  visit_sdpa_fields(v,
+                    [&](const char* key, auto& field) { config_json::read_field(j, key, field); });
   if (const auto it = j.find("scale"); it != j.end()) {
     if (it->is_null()) {
       v.scale.reset();

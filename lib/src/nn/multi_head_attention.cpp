@@ -128,9 +128,15 @@ void MultiHeadAttention<T>::reset_cache() {
 }
 
 template <class T>
-SdpaOptions MultiHeadAttention<T>::sdpa_options() const {
+SdpaOptions MultiHeadAttention<T>::layer_options() const {
   SdpaOptions options = config_.sdpa;
   if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
+  return options;
+}
+
+template <class T>
+SdpaOptions MultiHeadAttention<T>::sdpa_options() const {
+  SdpaOptions options = layer_options();
   if (config_.learnable_scale) {
     std::vector<T> log_s(H_);
     if (log_scale.on_device()) {
@@ -153,9 +159,8 @@ std::vector<double> MultiHeadAttention<T>::head_scales() const {
 
 template <class T>
 SdpaOptions MultiHeadAttention<T>::options_of(const Context& ctx) const {
-  SdpaOptions options = config_.sdpa;
+  SdpaOptions options = layer_options();
   options.query_offset = ctx.spec_.query_offset;
-  if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
   const std::vector<T> scales = ctx.scale_.to_vector();
   options.head_scale.assign(scales.begin(), scales.end());
   return options;
@@ -254,8 +259,7 @@ Buffer<T> MultiHeadAttention<T>::attend(Context& ctx, const Buffer<T>& x, const 
 template <class T>
 void MultiHeadAttention<T>::resolve_call(Context& ctx, std::size_t B, std::size_t Tq,
                                          std::size_t Tk, KVCache<T>* cache) {
-  SdpaOptions options = config_.sdpa;
-  if (config_.alibi) options.alibi_slopes = alibi_slopes(H_);
+  SdpaOptions options = layer_options();
   if (cache) options.query_offset += cache->length;         // bottom-right causal
   if (this->training() && config_.dropout > 0 && !cache) {  // the backward regenerates the mask
     options.dropout_p = config_.dropout;

@@ -58,7 +58,7 @@ std::vector<double> alibi_slopes(std::size_t heads) {
   return slopes;
 }
 
-SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, AttentionSpec sizes,
+SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, const AttentionSizes& sizes,
                       const std::string& prefix) {
   const auto heads = static_cast<std::ptrdiff_t>(sizes.H);
   if (options.scale) check_scale_value(*options.scale, op, prefix + "scale");
@@ -73,13 +73,9 @@ SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, Attention
     }
   }
   SdpaCall call;
-  call.spec = sizes;
-  call.spec.causal = options.causal;
-  call.spec.query_offset = options.query_offset;
-  call.spec.window = options.window;
-  call.spec.dropout_p = options.dropout_p;
-  call.spec.dropout_seed = options.dropout_seed;
-  call.spec.softcap = options.softcap;
+  static_cast<AttentionSizes&>(call.spec) = sizes;
+  static_cast<AttentionVariant&>(call.spec) = options;
+  static_cast<AttentionDropout&>(call.spec) = options;
   check_attention_spec(call.spec, std::string(op).c_str(), prefix);
   call.scale =
       options.head_scale.empty()
@@ -93,7 +89,7 @@ SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, Attention
 
 xt::xtensor<bool, 4> sdpa_dropout_mask(const SdpaOptions& options, std::size_t B, std::size_t H,
                                        std::size_t Tq, std::size_t Tk) {
-  AttentionSpec sizes;
+  AttentionSizes sizes;
   sizes.B = B, sizes.H = sizes.Hkv = H, sizes.Tq = Tq, sizes.Tk = Tk, sizes.D = sizes.Dv = 1;
   const AttentionSpec s = resolve_sdpa("sdpa_dropout_mask", options, sizes).spec;
   xt::xtensor<bool, 4> mask = xt::ones<bool>({B, H, Tq, Tk});

@@ -19,30 +19,47 @@
 
 namespace attnlab {
 
-// The sizes and variant choices of one attention call, without pointers: what a cache keeps.
-//   q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv).
-struct AttentionSpec {
+// The sizes of one attention call: q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv).
+struct AttentionSizes {
   std::size_t B = 0, H = 0, Hkv = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
+};
+
+// The variant choices of the score rule: the ONE declaration of each, shared by every link of the
+// option chain. SdpaConfig (a layer's choices and a run config's spelling,
+// attnlab/ops/attention.hpp) derives from it, so does the AttentionSpec that every path reads;
+// resolve_sdpa copies it whole (and AttentionDropout, below, beside it). A new variant field is
+// declared here, checked in check_attention_variant below, and read by its helper in the score rule
+// (attnlab/attention/score_rule.hpp); a run config spells it in lib/src/io/config_json.cpp.
+struct AttentionVariant {
   // Causal with a query offset o: query i sees key j iff j <= i + o. o = 0 is PyTorch's is_causal
   // (top-left aligned); o = Tk - Tq is causal_lower_right (bottom-right aligned), the case of Tq
   // new queries decoding against Tk cached keys. The offset is 0 unless causal.
   bool causal = false;
   std::size_t query_offset = 0;
 
-  // Sliding window w (causal only): query i sees keys j with i + o - w < j <= i + o, its w latest;
-  // 0 = no window.
+  // Sliding window w (causal only): query i sees keys j with i + o - w < j <= i + o, its w latest,
+  // itself included (Beltagy et al. 2020, Mistral); 0 = no window. The fused paths skip the key
+  // tiles outside the band.
   std::size_t window = 0;
-  // Dropout on the attention weights (after the softmax, before P V), in training: weight (b,h,i,j)
-  // is kept with probability 1 - p and scaled by 1 / (1 - p), its mask drawn from dropout_seed by
-  // attnlab/attention/dropout.hpp (regenerated in the backward, the same on every path). p in
-  // [0, 1); 0 = no dropout.
+  // Score softcap c (Gemma 2 uses 50; FlashAttention's `softcap`): the scaled dot u = s_h · q·k
+  // becomes c · tanh(u / c) before ALiBi's term and the bias are added
+  // (attnlab/attention/score_rule.hpp); the backward multiplies dS by 1 − tanh²(u / c). Finite and
+  // >= 0; 0 = no cap.
+  double softcap = 0.0;
+};
+
+// Dropout on the attention weights (after the softmax, before P V), in training: weight (b,h,i,j)
+// is kept with probability 1 - p and scaled by 1 / (1 - p), its mask drawn from dropout_seed by
+// attnlab/attention/dropout.hpp (regenerated in the backward, the same on every path). p in
+// [0, 1); 0 = no dropout. Per call only, apart from the variant: a layer's config never holds it
+// (it would apply in evaluation too); the layer sets it in training (AttentionConfig::dropout).
+struct AttentionDropout {
   double dropout_p = 0.0;
   std::uint64_t dropout_seed = 0;
-  // Score softcap c (Gemma 2, FlashAttention's `softcap`): the scaled dot u = s_h · q·k becomes
-  // c · tanh(u / c) before ALiBi's term and the bias are added (attnlab/attention/score_rule.hpp);
-  // the backward multiplies dS by 1 − tanh²(u / c). Finite and >= 0; 0 = no cap.
-  double softcap = 0.0;
+};
 
+// The sizes and variant choices of one attention call, without pointers: what a cache keeps.
+struct AttentionSpec : AttentionSizes, AttentionVariant, AttentionDropout {
   // The query heads per K/V head (1 without grouped-query attention).
   ATTNLAB_HD std::size_t group() const { return H / Hkv; }
   // The K/V head that query head h reads (grouped-query attention: H / Hkv query heads share one).
@@ -96,21 +113,16 @@ AttentionParams<T> attention_params(const AttentionSpec& spec, const T* q, const
   return a;
 }
 
-// Throws std::invalid_argument "<op>: <prefix><field> expected ..., got ..." unless the spec
-// describes a call this version runs: Hkv >= 1 dividing H (grouped-query attention: H / Hkv query
-// heads share one K/V head), no query offset and no window without causal, a dropout probability
-// in [0, 1). The one home of these rules: resolve_sdpa (the options of the op and of a layer) and
-// the raw calls of every backend (check_attention_params) run it. Host only; sizes are checked
-// against the tensors at the entry points.
-inline void check_attention_spec(const AttentionSpec& s, const char* op,
-                                 const std::string& prefix = "") {
+// Throws std::invalid_argument "<op>: <prefix><field> expected ..., got ..." unless the variant and
+// dropout are ones this version runs: no query offset and no window without causal, a dropout
+// probability in [0, 1), a finite softcap >= 0. The one home of these rules: resolve_sdpa (the
+// options of the op and of a layer) and the raw calls of every backend (through
+// check_attention_spec) run it. Host only.
+inline void check_attention_variant(const AttentionVariant& s, const AttentionDropout& d,
+                                    const char* op, const std::string& prefix = "") {
   const auto fail = [&](const std::string& field, const std::string& what) {
     throw std::invalid_argument(std::string(op) + ": " + prefix + field + " expected " + what);
   };
-  if (s.Hkv == 0 || s.H % s.Hkv != 0) {
-    fail("Hkv (key/value heads)",
-         "a divisor of H = " + std::to_string(s.H) + ", got " + std::to_string(s.Hkv));
-  }
   if (!s.causal && s.query_offset != 0) {
     fail("query_offset", "0 without causal (the offset shifts the causal diagonal), got " +
                              std::to_string(s.query_offset));
@@ -119,12 +131,24 @@ inline void check_attention_spec(const AttentionSpec& s, const char* op,
     fail("window", "0 without causal (a sliding window bounds the causal keys), got " +
                        std::to_string(s.window));
   }
-  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0)) {
-    fail("dropout_p", "a probability in [0, 1), got " + std::to_string(s.dropout_p));
+  if (!(d.dropout_p >= 0.0 && d.dropout_p < 1.0)) {
+    fail("dropout_p", "a probability in [0, 1), got " + std::to_string(d.dropout_p));
   }
   if (!(s.softcap >= 0.0 && s.softcap <= std::numeric_limits<double>::max())) {
     fail("softcap", "a finite cap > 0, or 0 for none, got " + std::to_string(s.softcap));
   }
+}
+
+// check_attention_variant, and Hkv >= 1 dividing H (grouped-query attention: H / Hkv query heads
+// share one K/V head). Sizes are checked against the tensors at the entry points.
+inline void check_attention_spec(const AttentionSpec& s, const char* op,
+                                 const std::string& prefix = "") {
+  if (s.Hkv == 0 || s.H % s.Hkv != 0) {
+    throw std::invalid_argument(std::string(op) + ": " + prefix +
+                                "Hkv (key/value heads) expected a divisor of H = " +
+                                std::to_string(s.H) + ", got " + std::to_string(s.Hkv));
+  }
+  check_attention_variant(s, s, op, prefix);
 }
 
 template <class T>

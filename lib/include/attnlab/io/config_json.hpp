@@ -85,6 +85,8 @@ struct is_vector<std::vector<T, A>> : std::true_type {};
 // Throws ConfigError unless j is an object whose keys are all in `fields`.
 void check_keys(const nlohmann::json& j, std::string_view type,
                 std::initializer_list<std::string_view> fields);
+void check_keys(const nlohmann::json& j, std::string_view type,
+                const std::vector<std::string_view>& fields);
 
 // Config files nest no deeper than this (ours: 5 levels).
 inline constexpr std::size_t kMaxConfigDepth = 64;

@@ -227,6 +227,9 @@ class MultiHeadAttention : public SequenceModule<T> {
   Grads backward_projections(const Context& ctx);
 
   AttentionParams<T> params(const Context& ctx) const;  // attention_params over ctx's buffers
+  // The layer's own options, before a call adds its offset, dropout or scales: config_.sdpa and
+  // ALiBi's slopes. Every SdpaOptions of the layer starts here.
+  SdpaOptions layer_options() const;
   SdpaOptions options_of(const Context& ctx) const;  // the options of that forward, its scales in
   // x: (B, T, C) checked; key_mask: (B, Tk) checked and copied to the backend as bytes.
   Buffer<unsigned char> upload_mask(const KeyMask* key_mask, std::size_t B, std::size_t Tk);

@@ -122,23 +122,13 @@ inline SdpaPath parse_sdpa_path(std::string_view text) {
 double scaling_factor(Scaling mode, std::size_t d);
 
 // The choices of the score rule that a layer fixes once: what AttentionConfig::sdpa holds and a
-// run config spells (scaling, scale, causal, window, path). SdpaOptions adds what one call
-// supplies.
-struct SdpaConfig {
+// run config spells (scaling, scale, causal, window, softcap, path; query_offset, which a layer
+// sets per call from its cache). The variant fields are declared once, in AttentionVariant
+// (attnlab/attention/params.hpp): causal, query_offset, window, softcap. SdpaOptions adds what one
+// call supplies.
+struct SdpaConfig : AttentionVariant {
   Scaling scaling = Scaling::sqrt_dk;
   std::optional<double> scale;  // explicit scale, overrides `scaling`; must be finite and > 0
-  bool causal = false;
-  // Causal only: query i sees keys j ≤ i + query_offset (Tk − Tq aligns the queries with the last
-  // keys); 0 without causal, std::invalid_argument otherwise. The type of AttentionSpec's field.
-  std::size_t query_offset = 0;
-  // Causal only: a sliding window of w keys, query i sees keys j with i + o - w < j <= i + o (its w
-  // latest, itself included; Beltagy et al. 2020, Mistral). 0 = no window. The fused paths skip
-  // the key tiles outside the band.
-  std::size_t window = 0;
-  // Score softcap c > 0 (Gemma 2 uses 50; FlashAttention's `softcap`): the scaled dot u = s · q·k
-  // becomes c · tanh(u / c) before ALiBi's term and a bias are added and the mask applied (the
-  // score rule, attnlab/attention/score_rule.hpp), on every path. 0 = none; finite and >= 0.
-  double softcap = 0;
   SdpaPath path = SdpaPath::automatic;
   // Fused path tiles: query rows x keys per tile; 0 = the tuned default (128 x 512). Results agree
   // to rounding for any tile size; tests use small tiles to cross tile edges on small inputs.
@@ -148,7 +138,7 @@ struct SdpaConfig {
 
 // The options of one call of the op: the layer's choices, and what a layer derives per call
 // (MultiHeadAttention fills these from its own config: learnable_scale, alibi, dropout).
-struct SdpaOptions : SdpaConfig {
+struct SdpaOptions : SdpaConfig, AttentionDropout {
   SdpaOptions() = default;
   SdpaOptions(const SdpaConfig& config) : SdpaConfig(config) {}  // NOLINT: widening, on purpose
 
@@ -162,11 +152,9 @@ struct SdpaOptions : SdpaConfig {
   // constant bias saves the (B,H,Tq,Tk) gradient of the scores that the sum over its broadcast
   // axes needs.
   bool bias_requires_grad = true;
-  // Dropout on the attention weights, p in [0, 1) (std::invalid_argument otherwise); 0 = none. The
-  // key: fold the run's seed, the step and the layer with attention::dropout_key(seed, step, layer)
-  // so that every call draws a fresh mask and a resumed run draws the same ones.
-  double dropout_p = 0.0;
-  std::uint64_t dropout_seed = 0;
+  // (Dropout: dropout_p and dropout_seed of AttentionDropout. The key: fold the run's seed, the
+  // step and the layer with attention::dropout_key(seed, step, layer) so that every call draws a
+  // fresh mask and a resumed run draws the same ones.)
 };
 
 // ALiBi's slopes for H heads, the geometric sequence of Press et al. 2022: m_h = 2^(-8(h+1)/H)
@@ -195,12 +183,12 @@ struct SdpaCall {
   SdpaPath path = SdpaPath::reference;  // resolve_sdpa_path's choice (never `automatic`)
 };
 
-// The one translator from options to a call: checks the options against the sizes in `sizes` (B,
-// H, Hkv, Tq, Tk, D, Dv), fills the spec's variant fields and checks it (check_attention_spec),
-// and resolves the per-head scales and the CPU path. The one home of the options' rules: the
-// entry points call it after checking the shapes, AttentionConfig::validate on the layer's sizes.
-// Throws std::invalid_argument "<op>: <prefix><field> expected ..., got ...".
-SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, AttentionSpec sizes,
+// The one translator from options to a call: checks the options against the sizes, makes the
+// spec of the sizes and the options' AttentionVariant (copied whole) and checks it
+// (check_attention_spec), and resolves the per-head scales and the CPU path. The one home of the
+// options' rules: the entry points call it after checking the shapes, AttentionConfig::validate
+// on the layer's sizes. Throws std::invalid_argument "<op>: <prefix><field> expected ..., got ...".
+SdpaCall resolve_sdpa(std::string_view op, const SdpaOptions& options, const AttentionSizes& sizes,
                       const std::string& prefix = "");
 
 // What the backward needs besides q, k and v. The CPU and the CUDA entry points fill the same cache
