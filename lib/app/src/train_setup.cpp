@@ -273,13 +273,13 @@ double seconds_since(TrainClock::time_point t) {
 // same code whatever it is. A CUDA backend made for this run goes to own_ops, which the caller
 // makes before the model, whose buffers it must outlive.
 DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_ops,
-                             std::unique_ptr<DeviceOps<float>>& own_ops) {
+                             std::unique_ptr<DeviceOps<float>>& own_ops, const char* op) {
   DeviceOps<float>* ops = &cpu_ops<float>();
   if (context.backend == Backend::cuda) {
     if (!device_ops) {
       if (!cuda_available()) {
         check_arg(
-            false, "train", "device", "a usable CUDA device for 'cuda'",
+            false, op, "device", "a usable CUDA device for 'cuda'",
             cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
       }
       own_ops = make_cuda_device_ops<float>();

@@ -63,10 +63,11 @@ bool is_bad_input(const std::exception& e);
 // (the caller rethrows its own error when this returns).
 void agree_on_setup(Communicator& comm, bool failed, bool bad_input);
 double seconds_since(TrainClock::time_point t);
-// The backend, chosen once (a CUDA backend made for this run goes to own_ops, which the caller
-// makes before the model, whose buffers it must outlive).
+// The backend, chosen once, the one way train and generate pick it (a CUDA backend made for this
+// run goes to own_ops, which the caller makes before the model, whose buffers it must outlive).
+// `op` names the caller in the error for a missing device.
 DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_ops,
-                             std::unique_ptr<DeviceOps<float>>& own_ops);
+                             std::unique_ptr<DeviceOps<float>>& own_ops, const char* op = "train");
 // The batch-parallel step's thread count (TrainConfig::thread_split).
 int batch_threads(const TrainConfig& c, const Context& context, DeviceOps<float>& ops,
                   const Shard& shard);

@@ -182,14 +182,7 @@ GenerateReport generate_from_run(const GenerateRequest& request, const Context& 
   check_arg(request.tokens >= 1, "generate", "tokens", ">= 1", std::to_string(request.tokens));
   const ThreadScope threads(context.threads);
   std::unique_ptr<DeviceOps<float>> own_ops;  // outlives the model on it
-  if (context.backend == Backend::cuda) {
-    if (!cuda_available()) {
-      check_arg(
-          false, "generate", "device", "a usable CUDA device for 'cuda'",
-          cuda_built() ? "none (no driver or no GPU)" : "none (attnlab was built without CUDA)");
-    }
-    own_ops = make_cuda_device_ops<float>();
-  }
+  DeviceOps<float>* ops = choose_ops(context, nullptr, own_ops, "generate");
   LoadedRun run = load_run(request.run_dir);
   const TrainConfig& c = run.config;
   check_arg(c.task.kind == TaskKind::text, "generate", "checkpoint",
@@ -198,7 +191,7 @@ GenerateReport generate_from_run(const GenerateRequest& request, const Context& 
   const TextVocab vocab(c.task);
   check_arg(!request.prompt.empty(), "generate", "--prompt", "at least one character", "''");
   const std::vector<int> prompt = vocab.encode(request.prompt, "--prompt");
-  if (own_ops) run.model->to(*own_ops);
+  if (ops != &cpu_ops<float>()) run.model->to(*ops);
   Sampler sampler(request.sampler);
   GenerateReport report;
   const auto t0 = Clock::now();
