@@ -7,12 +7,21 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define ATTNLAB_FMA_X86 1
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#define ATTNLAB_AMX_LINUX 1
 #endif
 
 namespace attnlab {
@@ -101,6 +110,44 @@ float loop_scalar(std::int64_t iters, float seed) {
 }
 #endif
 
+#ifdef ATTNLAB_AMX_LINUX
+// The tile configuration (palette 1): tiles 0-3 accumulate 16 x 16 floats, 4-5 hold A (16 rows of
+// 32 bf16), 6-7 hold B (16 rows of 32 bf16 pairs); 64 bytes per row each.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// 4 TDPBF16PS per iteration on zero operands (their timing does not depend on the values), the
+// accumulators independent so that the tile unit never waits for a result.
+__attribute__((target("amx-tile,amx-bf16"))) float loop_amx(std::int64_t iters, float seed) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+  alignas(64) static const std::uint16_t zeros[16 * 32] = {};
+  alignas(64) float out[16 * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, zeros, 64);
+  _tile_loadd(5, zeros, 64);
+  _tile_loadd(6, zeros, 64);
+  _tile_loadd(7, zeros, 64);
+  for (std::int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0] + seed;
+}
+#endif
+
 struct Loop {
   const char* name;
   float (*run)(std::int64_t, float);
@@ -183,6 +230,51 @@ FmaPeak measure_fma_peak(int threads, double seconds, int rounds) {
     }
   }
   return peak;
+}
+
+const AmxSupport& amx_support() {
+  static const AmxSupport support = [] {
+    AmxSupport s;
+#ifdef ATTNLAB_AMX_LINUX
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) {
+      s.reason = "this CPU has no AMX bf16 tiles (amx_tile, amx_bf16)";
+      return s;
+    }
+    constexpr int kReqXcompPerm = 0x1023, kXtileData = 18;  // linux/arch/x86/include/uapi/asm
+    if (::syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) != 0) {
+      s.reason = std::string(
+                     "the kernel did not grant the AMX tile state (arch_prctl "
+                     "ARCH_REQ_XCOMP_PERM: ") +
+                 std::strerror(errno) + ")";
+      return s;
+    }
+    s.usable = true;
+#else
+    s.reason = "AMX needs Linux on x86-64";
+#endif
+    return s;
+  }();
+  return support;
+}
+
+FmaPeak measure_amx_peak(int threads, double seconds, int rounds) {
+  const char* op = "measure_amx_peak";
+  check_arg(threads >= 1, op, "threads", ">= 1", std::to_string(threads));
+  check_arg(std::isfinite(seconds) && seconds > 0, op, "seconds", "a finite time > 0",
+            std::to_string(seconds));
+  check_arg(rounds >= 1, op, "rounds", ">= 1", std::to_string(rounds));
+  const AmxSupport& amx = amx_support();
+  if (!amx.usable) throw std::runtime_error(std::string(op) + ": " + amx.reason);
+#ifdef ATTNLAB_AMX_LINUX
+  const Loop loop{"amx bf16", loop_amx, 4.0 * 16 * 16 * 32 * 2};  // 4 tiles of 16x16x32 FMAs
+  FmaPeak peak;
+  peak.gflops = time_loop(loop, threads, seconds, rounds, peak.threads);
+  peak.vector = loop.name;
+  return peak;
+#else
+  return {};
+#endif
 }
 
 std::string to_string(const FmaPeak& peak) {

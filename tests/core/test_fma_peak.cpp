@@ -1,9 +1,11 @@
 // The cores' FMA peak (attnlab/fma_peak.hpp): a rate per thread count from the widest loop the CPU
-// runs, never below what an sgemm reaches on the same cores, and bad arguments named.
+// runs, never below what an sgemm reaches on the same cores, and bad arguments named; the AMX bf16
+// peak where AMX is usable.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 
@@ -11,6 +13,12 @@
 #include "attnlab/fma_peak.hpp"
 
 using namespace attnlab;
+
+namespace {
+// tests/CMakeLists.txt registers this as a ctest skip marker: the AMX case is reported as skipped
+// on machines without AMX, never as passed.
+constexpr const char* kAmxSkipMarker = "ATTNLAB_TEST_SKIPPED_NO_AMX";
+}  // namespace
 
 TEST_CASE("measure_fma_peak: a rate per thread count, from a loop this CPU runs") {
   const CpuFeatures& cpu = blas_info().cpu;
@@ -58,4 +66,28 @@ TEST_CASE("measure_fma_peak: bad arguments named") {
   CHECK_THROWS_AS((void)measure_fma_peak(1, std::nan("")), std::invalid_argument);
   CHECK_THROWS_WITH_AS((void)measure_fma_peak(1, 0.01, 0),
                        "measure_fma_peak: rounds expected >= 1, got 0", std::invalid_argument);
+}
+
+// Where AMX is usable: a rate per thread count from the tile loop, above what the same cores'
+// FMA loop reaches (a TDPBF16PS does 8,192 multiply-adds; a zmm FMA 16). Elsewhere the test is
+// reported as skipped, with the reason, and the call refuses with that reason.
+TEST_CASE("measure_amx_peak: the AMX bf16 tile peak where AMX is usable, a refusal elsewhere") {
+  const AmxSupport& amx = amx_support();
+  CHECK(amx.usable == amx.reason.empty());
+  if (!amx.usable) {
+    CHECK_THROWS_WITH_AS(measure_amx_peak(1), ("measure_amx_peak: " + amx.reason).c_str(),
+                         std::runtime_error);
+    std::cout << kAmxSkipMarker << ": " << amx.reason << std::endl;
+    return;
+  }
+  const FmaPeak fma = measure_fma_peak(1, 0.005, 2);
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    const FmaPeak peak = measure_amx_peak(threads, 0.005, 2);
+    CHECK(peak.threads == threads);
+    CHECK(peak.vector == "amx bf16");
+    CHECK(std::isfinite(peak.gflops));
+    if (threads == 1) CHECK(peak.gflops > fma.gflops);
+  }
+  CHECK_THROWS_AS(measure_amx_peak(0), std::invalid_argument);
 }

@@ -202,6 +202,9 @@ void print_throughput(const TrainResult& r) {
                "sgemm peak measured now, %.1f GFLOP/s (core %s)\n",
                100 * gflops / r.fma_peak.gflops, to_string(r.fma_peak).c_str(),
                100 * gflops / r.gemm_peak_gflops, r.gemm_peak_gflops, blas_info().core.c_str());
+  if (r.amx_peak.gflops > 0)
+    std::fprintf(stdout, "bf16: %.0f%% of the cores' AMX bf16 peak measured now, %s\n",
+                 100 * gflops / r.amx_peak.gflops, to_string(r.amx_peak).c_str());
 }
 
 // A finished run's last lines on rank 0: steps, time, losses, throughput and the output files.

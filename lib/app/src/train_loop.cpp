@@ -361,6 +361,8 @@ void fill_result(const RunParts& p, LoopState& s, const TaskShape& shape) {
       p.comm.size() == 1) {
     result.fma_peak = measure_fma_peak(p.context.threads);
     result.gemm_peak_gflops = measure_gemm_peak_gflops<float>(p.context.threads);
+    if (p.c.precision == GemmPrecision::bf16 && amx_support().usable)
+      result.amx_peak = measure_amx_peak(p.context.threads);
   }
 }
 

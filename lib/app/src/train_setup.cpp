@@ -130,6 +130,10 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
                         {"of_fma_peak", gflops / r.fma_peak.gflops},
                         {"sgemm_peak_gflops", r.gemm_peak_gflops},
                         {"of_sgemm_peak", gflops / r.gemm_peak_gflops}};
+    if (r.amx_peak.gflops > 0) {  // a bf16 run where AMX is usable
+      j["utilisation"]["amx_peak_gflops"] = r.amx_peak.gflops;
+      j["utilisation"]["of_amx_peak"] = gflops / r.amx_peak.gflops;
+    }
   }
   j["device"] = r.device;
   j["blas_core"] = blas_info().core;

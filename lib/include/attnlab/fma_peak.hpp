@@ -29,4 +29,20 @@ FmaPeak measure_fma_peak(int threads, double seconds = 0.02, int rounds = 3);
 // "512.3 GFLOP/s (2 threads, avx512 zmm)".
 std::string to_string(const FmaPeak& peak);
 
+// Whether this process can run AMX bf16 tiles: the CPU has them (amx_tile and amx_bf16 in
+// /proc/cpuinfo) and the kernel granted the tile data state (Linux asks for it per process:
+// arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, requested here once). `reason` says why not.
+struct AmxSupport {
+  bool usable = false;
+  std::string reason;  // "" when usable
+};
+const AmxSupport& amx_support();
+
+// The cores' AMX bf16 peak, measured as measure_fma_peak measures the FMA peak: a register-only
+// loop of TDPBF16PS (bf16 products summed in fp32: 16 x 16 x 32 multiply-adds each) into four
+// independent accumulator tiles, in every thread of a team; FmaPeak::vector is "amx bf16". The
+// denominator of a bf16 step's utilisation where AMX runs its GEMMs. Throws std::runtime_error
+// with amx_support().reason where AMX is not usable, std::invalid_argument for bad arguments.
+FmaPeak measure_amx_peak(int threads, double seconds = 0.02, int rounds = 3);
+
 }  // namespace attnlab

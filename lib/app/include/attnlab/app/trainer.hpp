@@ -72,6 +72,9 @@ struct TrainResult {
   // (measure_gemm_peak_gflops, nanoGPT's and llm.c's MFU denominator).
   FmaPeak fma_peak;
   double gemm_peak_gflops = 0;
+  // bf16 runs where AMX is usable (amx_support): the cores' AMX bf16 peak (measure_amx_peak), the
+  // denominator of a bf16 step's utilisation; gflops 0 otherwise.
+  FmaPeak amx_peak;
   // The threads of the batch-parallel step (TrainConfig::thread_split): 1 when each op split its
   // own work instead.
   int batch_threads = 1;
