@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../parallel_rows.hpp"
-#include "relu_kernels.hpp"
+#include "kernels/relu.hpp"
 
 namespace attnlab {
 
