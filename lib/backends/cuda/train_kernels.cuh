@@ -12,6 +12,12 @@
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/kernel_math.hpp"
 #include "device_compat.cuh"
+#include "kernels/gelu.hpp"
+#include "kernels/norms.hpp"
+#include "kernels/optimizers.hpp"
+#include "kernels/relu.hpp"
+#include "kernels/rope.hpp"
+#include "kernels/swiglu.hpp"
 #include "reduce.cuh"
 
 namespace attnlab::cuda::train {
@@ -159,30 +165,29 @@ __global__ void __launch_bounds__(kElementThreads)
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
     relu_forward_kernel(T* y, const T* x, std::size_t n) {
-  for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    y[i] = x[i] > T(0) ? x[i] : T(0);
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = cm::relu_element(x[i]);
 }
 
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
     relu_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = x[i] > T(0) ? dy[i] : T(0);
+    dx[i] = cm::relu_backward_element(dy[i], x[i]);
 }
 
-// ReLU², with the CPU core's arithmetic (lib/src/ops/relu.cpp): the same bits.
+// ReLU², with the CPU core's arithmetic (kernel_math::relu_squared_element): the same bits.
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
     relu_squared_forward_kernel(T* y, const T* x, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
+    y[i] = cm::relu_squared_element(x[i]);
 }
 
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
     relu_squared_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = x[i] > T(0) ? (T(2) * x[i]) * dy[i] : T(0);
+    dx[i] = cm::relu_squared_backward_element(dy[i], x[i]);
 }
 
 // SwiGLU over n = rows · F outputs, element i = (row i / F, column i % F) of h (rows, 2F) = [a |

@@ -1,8 +1,9 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
-// raw-pointer cores of softcapping (ops/softcap.cpp), called by the xtensor op pair and by the CPU
-// device backend. Elementwise over n values, cut across threads as
-// ../parallel_rows.hpp says (the same bits for any cut); the element arithmetic is
-// kernel_math::softcap_element and softcap_slope, the CUDA kernels' too.
+// Softcapping (attnlab/ops/softcap.hpp): the raw-pointer cores that the op front
+// (lib/src/ops/softcap.cpp, where they are defined) and the CPU backend (lib/backends/cpu) call.
+// Elementwise over n values, cut across threads as lib/src/parallel_rows.hpp says (the same bits
+// for any cut). The element arithmetic, kernel_math::softcap_element and softcap_slope, stays in
+// the public attnlab/kernel_math.hpp because the attention score rule caps its scores with it; the
+// CUDA kernels (lib/backends/cuda/elementwise.cuh) run it too. Seen by nvcc: no xtensor here.
 #pragma once
 
 #include <cstddef>
