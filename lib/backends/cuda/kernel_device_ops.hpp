@@ -1,5 +1,5 @@
 // The one launch glue of the device kernels: DeviceOps (attnlab/device_ops.hpp) written once over
-// the kernels of this folder (train_kernels.cuh, attention_*_kernels.cuh), with every grid, block
+// the kernels of this folder (elementwise.cuh, attention_*_kernels.cuh), with every grid, block
 // size, shared-memory size and argument list stated here and nowhere else. It is compiled twice:
 //   by nvcc in cuda_device_ops.cu, with CudaRuntime (cudaMalloc with a caching allocator, <<<>>>
 //   launches, cuBLAS), for the CUDA backend;
@@ -31,7 +31,7 @@
 #include "attention_fused_kernels.cuh"
 #include "attention_reference_kernels.cuh"
 #include "attnlab/device_ops.hpp"
-#include "train_kernels.cuh"
+#include "elementwise.cuh"
 
 namespace attnlab::cuda {
 
