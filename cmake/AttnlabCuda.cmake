@@ -61,9 +61,10 @@ function(attnlab_add_cuda_backend target)
   file(GLOB sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/lib/backends/cuda/*.cu")
   list(APPEND sources "${PROJECT_SOURCE_DIR}/lib/backends/cuda/runtime.cpp")
   add_library(attnlab_cuda STATIC ${sources})
-  # The kernels include only attnlab's CUDA headers (never xtensor); C++17 is what every supported
-  # nvcc accepts.
+  # The kernels include only attnlab's device-safe headers (never xtensor): the public ones and the
+  # ops' element math in lib/src/kernels. C++17 is what every supported nvcc accepts.
   target_include_directories(attnlab_cuda PRIVATE "${PROJECT_SOURCE_DIR}/lib/include"
+                                                  "${PROJECT_SOURCE_DIR}/lib/src"
                                                   "${PROJECT_SOURCE_DIR}/lib/backends/cuda")
   set_target_properties(attnlab_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
                                                 CUDA_RUNTIME_LIBRARY Static)

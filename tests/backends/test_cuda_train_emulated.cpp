@@ -1,4 +1,4 @@
-// The training-step CUDA kernels (lib/backends/cuda/train_kernels.cuh) run on the CPU under the
+// The training-step CUDA kernels (lib/backends/cuda: one .cuh per family) run on the CPU under the
 // emulator of the CUDA thread model (attnlab/backends/cuda_emulator.hpp), against the CPU ops:
 // embedding, LayerNorm, RMSNorm, GELU, bias and column sums, fused softmax cross-entropy, AdamW,
 // SGD, the sum of squares, and the glue of a device-resident model (add, scale, exp, head
@@ -27,11 +27,15 @@
 
 // clang-format off
 #include "attnlab/backends/cuda_emulator.hpp"
-#include "train_kernels.cuh"
+#include "cross_entropy.cuh"
+#include "elementwise.cuh"
+#include "embedding.cuh"
+#include "norms.cuh"
+#include "optimizers.cuh"
 // clang-format on
 
 using namespace attnlab;
-namespace tk = attnlab::cuda::train;
+namespace tk = attnlab::cuda::kernels;
 
 namespace {
 

@@ -1,6 +1,7 @@
 // The CPU backend's DeviceOps (attnlab/backends/cpu.hpp): each operation is a CPU op's raw-pointer
-// core (ops/*_kernels.hpp, ops/softmax.hpp, the attention kernels; the xtensor ops are checked
-// fronts over the same cores), or an element helper of attnlab/kernel_math.hpp. No copies in
+// core (lib/src/kernels/<op>.hpp, the headers meant for the op fronts and this backend, and the
+// softmax rows of attnlab/ops/softmax.hpp; the xtensor ops are checked fronts over the same cores),
+// or the element math of the optimizers (lib/src/kernels/optimizers.hpp). No copies in
 // the hot path; small scratch (per-chunk partial sums, per-slice dL/ds) is kept between calls.
 // The CPU attention paths allocate their own per-thread tile scratch, as they do under the ops.
 #include <algorithm>
@@ -17,17 +18,18 @@
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/memory.hpp"
-#include "ops/attention_kernels.hpp"
-#include "ops/cross_entropy_kernels.hpp"
-#include "ops/embedding_kernels.hpp"
-#include "ops/gelu_kernels.hpp"
-#include "ops/linear_kernels.hpp"
-#include "ops/norm_kernels.hpp"
-#include "ops/relu_kernels.hpp"
-#include "ops/rope_kernels.hpp"
-#include "ops/row_kernels.hpp"
-#include "ops/softcap_kernels.hpp"
-#include "ops/swiglu_kernels.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/cross_entropy.hpp"
+#include "kernels/embedding.hpp"
+#include "kernels/gelu.hpp"
+#include "kernels/linear.hpp"
+#include "kernels/norms.hpp"
+#include "kernels/optimizers.hpp"
+#include "kernels/relu.hpp"
+#include "kernels/rope.hpp"
+#include "kernels/rows.hpp"
+#include "kernels/softcap.hpp"
+#include "kernels/swiglu.hpp"
 #include "parallel_rows.hpp"
 
 namespace attnlab {

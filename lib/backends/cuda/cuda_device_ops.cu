@@ -20,8 +20,8 @@ namespace {
 
 class CudaRuntime {
  public:
-  static constexpr unsigned kMaxStrideBlocks = train::kMaxElementBlocks;
-  static constexpr unsigned kSumBlocks = train::kSumBlocks;
+  static constexpr unsigned kMaxStrideBlocks = kernels::kMaxElementBlocks;
+  static constexpr unsigned kSumBlocks = kernels::kSumBlocks;
 
   CudaRuntime() = default;
   CudaRuntime(const CudaRuntime&) = delete;

@@ -1,5 +1,6 @@
 // The one launch glue of the device kernels: DeviceOps (attnlab/device_ops.hpp) written once over
-// the kernels of this folder (train_kernels.cuh, attention_*_kernels.cuh), with every grid, block
+// the kernels of this folder (one .cuh per family: elementwise, norms, embedding, cross_entropy,
+// optimizers, rope, attention_*_kernels), with every grid, block
 // size, shared-memory size and argument list stated here and nowhere else. It is compiled twice:
 //   by nvcc in cuda_device_ops.cu, with CudaRuntime (cudaMalloc with a caching allocator, <<<>>>
 //   launches, cuBLAS), for the CUDA backend;
@@ -31,7 +32,12 @@
 #include "attention_fused_kernels.cuh"
 #include "attention_reference_kernels.cuh"
 #include "attnlab/device_ops.hpp"
-#include "train_kernels.cuh"
+#include "cross_entropy.cuh"
+#include "elementwise.cuh"
+#include "embedding.cuh"
+#include "norms.cuh"
+#include "optimizers.cuh"
+#include "rope.cuh"
 
 namespace attnlab::cuda {
 
@@ -64,55 +70,55 @@ class KernelDeviceOps final : public DeviceOps<T> {
 
   // ---- elementwise and broadcast: grid-stride kernels ----------------------------------------
   void add(T* y, const T* a, const T* b, std::size_t n) override {
-    if (n > 0) elements(train::add_kernel<T>, n, y, a, b, n);
+    if (n > 0) elements(kernels::add_kernel<T>, n, y, a, b, n);
   }
   void scale(T* x, T factor, std::size_t n) override {
-    if (n > 0) elements(train::scale_by_value_kernel<T>, n, x, factor, n);
+    if (n > 0) elements(kernels::scale_by_value_kernel<T>, n, x, factor, n);
   }
   void exp(T* y, const T* x, std::size_t n) override {
-    if (n > 0) elements(train::exp_kernel<T>, n, y, x, n);
+    if (n > 0) elements(kernels::exp_kernel<T>, n, y, x, n);
   }
   void add_bias(T* y, const T* b, std::size_t rows, std::size_t C) override {
-    if (rows > 0 && C > 0) elements(train::add_bias_kernel<T>, rows * C, y, b, rows, C);
+    if (rows > 0 && C > 0) elements(kernels::add_bias_kernel<T>, rows * C, y, b, rows, C);
   }
   void column_sum(T* db, const T* dy, std::size_t rows, std::size_t C) override {
-    if (C > 0) columns(train::column_sum_kernel<T>, C, db, dy, rows, C);
+    if (C > 0) columns(kernels::column_sum_kernel<T>, C, db, dy, rows, C);
   }
 
   // ---- heads ----------------------------------------------------------------------------------
   void split_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
                    std::size_t D) override {
     const std::size_t n = B * Tn * H * D;
-    if (n > 0) elements(train::permute_heads_kernel<T>, n, out, x, B, Tn, H, D, true);
+    if (n > 0) elements(kernels::permute_heads_kernel<T>, n, out, x, B, Tn, H, D, true);
   }
   void merge_heads(T* out, const T* x, std::size_t B, std::size_t Tn, std::size_t H,
                    std::size_t D) override {
     const std::size_t n = B * Tn * H * D;
-    if (n > 0) elements(train::permute_heads_kernel<T>, n, out, x, B, Tn, H, D, false);
+    if (n > 0) elements(kernels::permute_heads_kernel<T>, n, out, x, B, Tn, H, D, false);
   }
   void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
                 std::size_t n) override {
-    if (H > 0) per_row(train::head_dot_kernel<T>, H, "head_dot", out, a, c, B, H, n);
+    if (H > 0) per_row(kernels::head_dot_kernel<T>, H, "head_dot", out, a, c, B, H, n);
   }
 
   // ---- layers: one block per row, columns one thread each -----------------------------------
   void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
                          std::size_t C) override {
     if (rows > 0 && C > 0) {
-      per_row(train::embedding_forward_kernel<T>, rows, "embedding_forward", y, ids, table, C);
+      per_row(kernels::embedding_forward_kernel<T>, rows, "embedding_forward", y, ids, table, C);
     }
   }
   void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows, std::size_t V,
                           std::size_t C) override {
     if (V > 0 && C > 0) {
-      per_row(train::embedding_backward_kernel<T>, V, "embedding_backward", dtable, dy, ids, rows,
+      per_row(kernels::embedding_backward_kernel<T>, V, "embedding_backward", dtable, dy, ids, rows,
               C);
     }
   }
   void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
                          std::size_t rows, std::size_t C, T eps) override {
     if (rows > 0 && C > 0) {
-      per_row(train::layernorm_forward_kernel<T>, rows, "layernorm_forward", y, mean, rstd, x,
+      per_row(kernels::layernorm_forward_kernel<T>, rows, "layernorm_forward", y, mean, rstd, x,
               gamma, beta, C, eps);
     }
   }
@@ -120,15 +126,16 @@ class KernelDeviceOps final : public DeviceOps<T> {
                           const T* rstd, const T* gamma, std::size_t rows, std::size_t C) override {
     if (C == 0) return;
     if (rows > 0) {
-      per_row(train::norm_backward_rows_kernel<T>, rows, "layernorm_backward", dx, dy, x, mean,
+      per_row(kernels::norm_backward_rows_kernel<T>, rows, "layernorm_backward", dx, dy, x, mean,
               rstd, gamma, C);
     }
-    columns(train::norm_backward_columns_kernel<T>, C, dgamma, dbeta, dy, x, mean, rstd, rows, C);
+    columns(kernels::norm_backward_columns_kernel<T>, C, dgamma, dbeta, dy, x, mean, rstd, rows, C);
   }
   void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows, std::size_t C,
                        T eps) override {
     if (rows > 0 && C > 0) {
-      per_row(train::rmsnorm_forward_kernel<T>, rows, "rmsnorm_forward", y, rstd, x, gamma, C, eps);
+      per_row(kernels::rmsnorm_forward_kernel<T>, rows, "rmsnorm_forward", y, rstd, x, gamma, C,
+              eps);
     }
   }
   void rmsnorm_backward(T* dx, T* dgamma, const T* dy, const T* x, const T* rstd, const T* gamma,
@@ -136,51 +143,51 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (C == 0) return;
     const T* no_mean = nullptr;  // RMSNorm: x̂ = x · rstd, no mean(g) term
     if (rows > 0) {
-      per_row(train::norm_backward_rows_kernel<T>, rows, "rmsnorm_backward", dx, dy, x, no_mean,
+      per_row(kernels::norm_backward_rows_kernel<T>, rows, "rmsnorm_backward", dx, dy, x, no_mean,
               rstd, gamma, C);
     }
-    columns(train::norm_backward_columns_kernel<T>, C, dgamma, static_cast<T*>(nullptr), dy, x,
+    columns(kernels::norm_backward_columns_kernel<T>, C, dgamma, static_cast<T*>(nullptr), dy, x,
             no_mean, rstd, rows, C);
   }
   void gelu_forward(T* y, const T* x, std::size_t n, bool exact) override {
-    if (n > 0) elements(train::gelu_forward_kernel<T>, n, y, x, n, exact);
+    if (n > 0) elements(kernels::gelu_forward_kernel<T>, n, y, x, n, exact);
   }
   void gelu_backward(T* dx, const T* dy, const T* x, std::size_t n, bool exact) override {
-    if (n > 0) elements(train::gelu_backward_kernel<T>, n, dx, dy, x, n, exact);
+    if (n > 0) elements(kernels::gelu_backward_kernel<T>, n, dx, dy, x, n, exact);
   }
   void relu_forward(T* y, const T* x, std::size_t n) override {
-    if (n > 0) elements(train::relu_forward_kernel<T>, n, y, x, n);
+    if (n > 0) elements(kernels::relu_forward_kernel<T>, n, y, x, n);
   }
   void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
-    if (n > 0) elements(train::relu_backward_kernel<T>, n, dx, dy, x, n);
+    if (n > 0) elements(kernels::relu_backward_kernel<T>, n, dx, dy, x, n);
   }
   void relu_squared_forward(T* y, const T* x, std::size_t n) override {
-    if (n > 0) elements(train::relu_squared_forward_kernel<T>, n, y, x, n);
+    if (n > 0) elements(kernels::relu_squared_forward_kernel<T>, n, y, x, n);
   }
   void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
-    if (n > 0) elements(train::relu_squared_backward_kernel<T>, n, dx, dy, x, n);
+    if (n > 0) elements(kernels::relu_squared_backward_kernel<T>, n, dx, dy, x, n);
   }
   void swiglu_forward(T* y, const T* h, std::size_t rows, std::size_t F) override {
-    if (rows * F > 0) elements(train::swiglu_forward_kernel<T>, rows * F, y, h, rows * F, F);
+    if (rows * F > 0) elements(kernels::swiglu_forward_kernel<T>, rows * F, y, h, rows * F, F);
   }
   void swiglu_backward(T* dh, const T* dy, const T* h, std::size_t rows, std::size_t F) override {
     if (rows * F > 0) {
-      elements(train::swiglu_backward_kernel<T>, rows * F, dh, dy, h, rows * F, F);
+      elements(kernels::swiglu_backward_kernel<T>, rows * F, dh, dy, h, rows * F, F);
     }
   }
   void softcap_forward(T* y, const T* x, std::size_t n, T cap) override {
-    if (n > 0) elements(train::softcap_forward_kernel<T>, n, y, x, n, cap);
+    if (n > 0) elements(kernels::softcap_forward_kernel<T>, n, y, x, n, cap);
   }
   void softcap_backward(T* dx, const T* dy, const T* y, std::size_t n, T cap) override {
-    if (n > 0) elements(train::softcap_backward_kernel<T>, n, dx, dy, y, n, cap);
+    if (n > 0) elements(kernels::softcap_backward_kernel<T>, n, dx, dy, y, n, cap);
   }
   void rope(T* x, const T* cos, const T* sin, const kernel_math::RopeShape& shape) override {
     const std::size_t pairs = shape.slices * shape.Tn * (shape.rot / 2);
-    if (pairs > 0) elements(train::rope_kernel<T>, pairs, x, cos, sin, shape, pairs);
+    if (pairs > 0) elements(kernels::rope_kernel<T>, pairs, x, cos, sin, shape, pairs);
   }
   void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                std::uint32_t stream) override {
-    if (n > 0) elements(train::dropout_kernel<T>, n, y, x, n, p, key, stream);
+    if (n > 0) elements(kernels::dropout_kernel<T>, n, y, x, n, p, key, stream);
   }
   // With w_transposed, W (and dW) are stored (Out,In): the same GEMMs with W's transpose flag
   // flipped and its leading dimension In, and dW as dyᵀ x.
@@ -214,13 +221,13 @@ class KernelDeviceOps final : public DeviceOps<T> {
                              std::size_t rows, std::size_t V, int ignore_index, T z_loss) override {
     Scratch<T> inv_n(rt_, 1);  // 1 / #labelled, written by the mean kernel
     if (rows > 0 && V > 0) {
-      per_row(train::cross_entropy_rows_kernel<T>, rows, "softmax_cross_entropy", row_loss, dlogits,
-              logits, targets, rows, V, ignore_index, z_loss);
+      per_row(kernels::cross_entropy_rows_kernel<T>, rows, "softmax_cross_entropy", row_loss,
+              dlogits, logits, targets, rows, V, ignore_index, z_loss);
     }
-    rt_.launch(train::cross_entropy_mean_kernel<T>, dim3(1), dim3(train::kRowThreads), 0, loss,
+    rt_.launch(kernels::cross_entropy_mean_kernel<T>, dim3(1), dim3(kernels::kRowThreads), 0, loss,
                inv_n.data, static_cast<const T*>(row_loss), targets, rows, V, ignore_index);
     if (rows > 0 && V > 0) {
-      elements(train::scale_kernel<T>, rows * V, dlogits, static_cast<const T*>(inv_n.data),
+      elements(kernels::scale_kernel<T>, rows * V, dlogits, static_cast<const T*>(inv_n.data),
                rows * V);
     }
   }
@@ -335,21 +342,21 @@ class KernelDeviceOps final : public DeviceOps<T> {
   // ---- optimizers and norms ------------------------------------------------------------------
   void adamw_update(T* param, T* m, T* v, const T* grad, std::size_t n,
                     const kernel_math::AdamWScalars<T>& scalars) override {
-    if (n > 0) elements(train::adamw_kernel<T>, n, param, m, v, grad, n, scalars);
+    if (n > 0) elements(kernels::adamw_kernel<T>, n, param, m, v, grad, n, scalars);
   }
   void sgd_update(T* param, T* buf, const T* grad, std::size_t n, T lr, T momentum, T weight_decay,
                   bool first_step) override {
     if (n > 0) {
-      elements(train::sgd_kernel<T>, n, param, buf, grad, n, lr, momentum, weight_decay,
+      elements(kernels::sgd_kernel<T>, n, param, buf, grad, n, lr, momentum, weight_decay,
                first_step);
     }
   }
   // Runtime::kSumBlocks partial sums, then their sum in one block: a fixed order, no atomics.
   void sum_of_squares(double* out, double* partial, const T* x, std::size_t n) override {
-    rt_.launch(train::sum_of_squares_partial_kernel<T>, dim3(Runtime::kSumBlocks),
-               dim3(train::kElementThreads), 0, partial, x, n);
-    rt_.launch(train::sum_partials_kernel<double>, dim3(1), dim3(train::kElementThreads), 0, out,
-               static_cast<const double*>(partial), std::size_t{Runtime::kSumBlocks});
+    rt_.launch(kernels::sum_of_squares_partial_kernel<T>, dim3(Runtime::kSumBlocks),
+               dim3(kernels::kElementThreads), 0, partial, x, n);
+    rt_.launch(kernels::sum_partials_kernel<double>, dim3(1), dim3(kernels::kElementThreads), 0,
+               out, static_cast<const double*>(partial), std::size_t{Runtime::kSumBlocks});
   }
   std::size_t sum_of_squares_scratch() const override { return Runtime::kSumBlocks; }
 
@@ -364,13 +371,13 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void muon_momentum(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
                      bool nesterov) override {
     if (n > 0)
-      elements(train::muon_momentum_kernel<T>, n, u, m, g, n, beta, one_minus_beta, nesterov);
+      elements(kernels::muon_momentum_kernel<T>, n, u, m, g, n, beta, one_minus_beta, nesterov);
   }
   void divide_by_norm(T* x, const double* sum_of_squares, std::size_t n, T eps) override {
-    if (n > 0) elements(train::divide_by_norm_kernel<T>, n, x, sum_of_squares, n, eps);
+    if (n > 0) elements(kernels::divide_by_norm_kernel<T>, n, x, sum_of_squares, n, eps);
   }
   void axpby(T* y, const T* x, std::size_t n, T a, T b) override {
-    if (n > 0) elements(train::axpby_kernel<T>, n, y, x, n, a, b);
+    if (n > 0) elements(kernels::axpby_kernel<T>, n, y, x, n, a, b);
   }
 
  private:
@@ -416,15 +423,15 @@ class KernelDeviceOps final : public DeviceOps<T> {
   // Elementwise kernels stride over n with at most Runtime::kMaxStrideBlocks blocks.
   template <class Kernel, class... Args>
   void elements(Kernel kernel, std::size_t n, Args... args) {
-    rt_.launch(kernel, dim3(train::element_blocks(n, Runtime::kMaxStrideBlocks)),
-               dim3(train::kElementThreads), 0, args...);
+    rt_.launch(kernel, dim3(kernels::element_blocks(n, Runtime::kMaxStrideBlocks)),
+               dim3(kernels::kElementThreads), 0, args...);
   }
   // Column reductions: one thread per column.
   template <class Kernel, class... Args>
   void columns(Kernel kernel, std::size_t C, Args... args) {
     rt_.launch(kernel,
-               dim3(static_cast<unsigned>(kernel_math::tile_count(C, train::kElementThreads))),
-               dim3(train::kElementThreads), 0, args...);
+               dim3(static_cast<unsigned>(kernel_math::tile_count(C, kernels::kElementThreads))),
+               dim3(kernels::kElementThreads), 0, args...);
   }
   // Row kernels: one block per row; rows must fit the grid's x extent.
   template <class Kernel, class... Args>
@@ -434,7 +441,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
                                   " rows, at most " +
                                   std::to_string(std::numeric_limits<int>::max()));
     }
-    rt_.launch(kernel, dim3(static_cast<unsigned>(rows)), dim3(train::kRowThreads), 0, args...);
+    rt_.launch(kernel, dim3(static_cast<unsigned>(rows)), dim3(kernels::kRowThreads), 0, args...);
   }
 
   // The fused kernels' shared memory for tile rows `tile`, and the largest tile that fits.

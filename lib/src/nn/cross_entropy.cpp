@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "../ops/cross_entropy_kernels.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
+#include "kernels/cross_entropy.hpp"
 
 namespace attnlab {
 

@@ -11,9 +11,9 @@
 #include <xtensor/xbuilder.hpp>
 
 #include "attention_checks.hpp"
-#include "attention_kernels.hpp"
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/ops/softmax.hpp"
+#include "kernels/attention.hpp"
 
 namespace attnlab {
 

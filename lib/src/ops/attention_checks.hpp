@@ -1,6 +1,7 @@
-// Private to lib/src/ops: the boundary checks and cache filling shared by the CPU entry points
-// (attention.cpp) and the CUDA ones (attention_cuda.cpp), so both take SdpaOptions and SdpaCache
-// with the same messages. Defined and instantiated (float, double) in attention.cpp.
+// Private to the library: the boundary checks and cache filling shared by the CPU entry points
+// (lib/src/ops/attention.cpp) and the CUDA ones (lib/backends/cuda/attention_cuda.cpp), so both
+// take SdpaOptions and SdpaCache with the same messages. Defined and instantiated (float, double)
+// in attention.cpp.
 #pragma once
 
 #include <string_view>

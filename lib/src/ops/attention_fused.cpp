@@ -22,8 +22,8 @@
 // Dropout (P ⊙ M / (1 − p) before P V, after the row sums) regenerates its mask per tile in the
 // backward: dV_j += (P ⊙ M/(1−p))ᵀ dO_i, dP = (dO_i V_jᵀ) ⊙ M/(1−p); D_i = rowsum(dO ⊙ O) holds.
 // Extra memory: two Br x Bc tiles (three with dropout) and O(Tk) per thread, plus O and lse.
-#include "attention_kernels.hpp"
-#include "row_kernels.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/rows.hpp"
 
 #include <algorithm>
 #include <cmath>

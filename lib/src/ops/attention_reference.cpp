@@ -11,12 +11,12 @@
 #include <cstddef>
 #include <memory>
 
-#include "attention_kernels.hpp"
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/threads.hpp"
+#include "kernels/attention.hpp"
 
 namespace attnlab::detail {
 

@@ -9,7 +9,7 @@
 
 #include "../parallel_rows.hpp"
 #include "attnlab/ops/softmax.hpp"
-#include "cross_entropy_kernels.hpp"
+#include "kernels/cross_entropy.hpp"
 
 namespace attnlab {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "../parallel_rows.hpp"
-#include "embedding_kernels.hpp"
+#include "kernels/embedding.hpp"
 
 namespace attnlab {
 

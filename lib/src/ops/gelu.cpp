@@ -9,7 +9,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "../parallel_rows.hpp"
-#include "gelu_kernels.hpp"
+#include "kernels/gelu.hpp"
 
 namespace attnlab {
 

@@ -7,7 +7,7 @@
 #include "../parallel_rows.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/threads.hpp"
-#include "linear_kernels.hpp"
+#include "kernels/linear.hpp"
 #include "shape_helpers.hpp"
 
 namespace attnlab {

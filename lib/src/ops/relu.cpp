@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../parallel_rows.hpp"
-#include "relu_kernels.hpp"
+#include "kernels/relu.hpp"
 
 namespace attnlab {
 
@@ -15,9 +15,9 @@ template <class T>
 void relu_forward_elements(T* y, const T* x, std::size_t n, bool squared) {
   for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
     if (squared) {
-      for (std::size_t i = i0; i < i1; ++i) y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
+      for (std::size_t i = i0; i < i1; ++i) y[i] = kernel_math::relu_squared_element(x[i]);
     } else {
-      for (std::size_t i = i0; i < i1; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+      for (std::size_t i = i0; i < i1; ++i) y[i] = kernel_math::relu_element(x[i]);
     }
   });
 }
@@ -26,9 +26,10 @@ template <class T>
 void relu_backward_elements(T* dx, const T* dy, const T* x, std::size_t n, bool squared) {
   for_row_chunks(n, 1, [&](std::size_t i0, std::size_t i1, std::size_t) {
     if (squared) {
-      for (std::size_t i = i0; i < i1; ++i) dx[i] = x[i] > T(0) ? (T(2) * x[i]) * dy[i] : T(0);
+      for (std::size_t i = i0; i < i1; ++i)
+        dx[i] = kernel_math::relu_squared_backward_element(dy[i], x[i]);
     } else {
-      for (std::size_t i = i0; i < i1; ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
+      for (std::size_t i = i0; i < i1; ++i) dx[i] = kernel_math::relu_backward_element(dy[i], x[i]);
     }
   });
 }

@@ -8,8 +8,8 @@
 #include <xsimd/xsimd.hpp>
 
 #include "../parallel_rows.hpp"
-#include "norm_kernels.hpp"
-#include "row_kernels.hpp"
+#include "kernels/norms.hpp"
+#include "kernels/rows.hpp"
 #include "shape_helpers.hpp"
 
 namespace attnlab {

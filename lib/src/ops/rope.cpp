@@ -5,7 +5,7 @@
 
 #include "../parallel_rows.hpp"
 #include "attnlab/kernel_math.hpp"
-#include "rope_kernels.hpp"
+#include "kernels/rope.hpp"
 
 namespace attnlab {
 

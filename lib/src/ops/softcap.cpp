@@ -7,7 +7,7 @@
 
 #include "../parallel_rows.hpp"
 #include "attnlab/kernel_math.hpp"
-#include "softcap_kernels.hpp"
+#include "kernels/softcap.hpp"
 
 namespace attnlab {
 

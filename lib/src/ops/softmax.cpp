@@ -1,6 +1,6 @@
 #include "attnlab/ops/softmax.hpp"
 
-#include "row_kernels.hpp"
+#include "kernels/rows.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
 
 #include "../parallel_rows.hpp"
 #include "attnlab/kernel_math.hpp"
-#include "swiglu_kernels.hpp"
+#include "kernels/swiglu.hpp"
 
 namespace attnlab {
 

@@ -2,7 +2,8 @@
 // host memory, copies are memcpy, and every kernel is one of attnlab's CPU ops on raw pointers (the
 // row kernels of the norms, softmax and cross-entropy, the vectorised GELU, blas::gemm for the
 // linear layers and attention, the CPU attention paths over AttentionParams), with the optimizer
-// updates of attnlab/kernel_math.hpp, so the arithmetic is that of the CPU Modules and optimizers.
+// updates the CUDA kernels run too (kernel_math::adamw_element, ...), so the arithmetic is that of
+// the CPU Modules and optimizers.
 // Work is cut over rows / (b, h) slices for the calling thread's num_threads()
 // (attnlab/threads.hpp) as the ops do: results are deterministic for a fixed thread count. Calls
 // are synchronous.

@@ -7,8 +7,8 @@
 //
 // Reference: torch.nn.functional.silu(a) * b with (a, b) = h.chunk(2, dim=-1). One GEMM computes
 // both projections (the layout of Hugging Face's fused gate_up_proj); the same arithmetic on every
-// backend (attnlab/kernel_math.hpp, silu_element and swiglu_gate_slope); DeviceOps::swiglu_forward
-// / swiglu_backward run it on a backend's buffers.
+// backend (kernel_math::silu_element and swiglu_gate_slope); DeviceOps::swiglu_forward /
+// swiglu_backward run it on a backend's buffers.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // A CPU emulation of the CUDA thread model, just enough to run attnlab's kernels
-// (lib/backends/cuda/*_kernels.cuh) with the C++ compiler on a machine without a GPU:
+// (lib/backends/cuda/*.cuh) with the C++ compiler on a machine without a GPU:
 //   - the blocks of the grid run one after another; each CUDA thread of a block is a fiber (its own
 //     stack) on the calling OS thread, and the fibers of a block take turns: a fiber runs until it
 //     waits at a barrier (or ends), then the next runnable one runs. Switching fibers is a dozen

@@ -1,15 +1,18 @@
 // The host side of the GPU attention op (attnlab/ops/attention_cuda.hpp): the CPU op's checks and
-// cache (attention_checks.hpp), device copies, and the CUDA backend's DeviceOps
-// (attnlab/device_ops.hpp), whose attention calls are the GPU paths.
+// cache (lib/src/ops/attention_checks.hpp), device copies, and the CUDA backend's DeviceOps
+// (attnlab/device_ops.hpp), whose attention calls are the GPU paths. Part of the CUDA backend, but
+// compiled by the C++ compiler into the library in every build (lib/CMakeLists.txt): it names no
+// CUDA type, and without the backend its calls throw as make_cuda_device_ops does
+// (without_cuda.cpp), so the op needs no stub.
 #include "attnlab/ops/attention_cuda.hpp"
 
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
-#include "attention_checks.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
+#include "ops/attention_checks.hpp"
 
 namespace attnlab {
 

@@ -1,9 +1,12 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the CPU
-// attention kernels behind sdpa_forward / sdpa_backward / sdpa_scores, over raw pointers and the
-// one parameter struct (attnlab/attention/params.hpp), as the CUDA backend's attention calls
-// (attnlab/device_ops.hpp) are. The entry points (attention.cpp) check shapes and options once;
-// these assume valid params. Buffers are contiguous row-major; every output is assigned.
-// dscale_part (B·H) receives, per (b, h) slice, dL/ds_h = ⟨dQ, Q⟩ / s_h.
+// Attention (attnlab/ops/attention.hpp): the CPU kernels behind sdpa_forward / sdpa_backward /
+// sdpa_scores, over raw pointers and the one parameter struct (attnlab/attention/params.hpp), as
+// the CUDA backend's attention calls (attnlab/device_ops.hpp) are. The op's entry points
+// (lib/src/ops/attention.cpp) check shapes and options once and call these, and so does the CPU
+// backend (lib/backends/cpu); they are defined in lib/src/ops/attention_reference.cpp and
+// attention_fused.cpp. The per-score arithmetic every path shares is attnlab/attention/ and
+// attnlab/kernel_math.hpp; the CUDA kernels are lib/backends/cuda/attention_*_kernels.cuh. These
+// assume valid params. Buffers are contiguous row-major; every output is assigned. dscale_part
+// (B·H) receives, per (b, h) slice, dL/ds_h = ⟨dQ, Q⟩ / s_h.
 #pragma once
 
 #include <cstddef>

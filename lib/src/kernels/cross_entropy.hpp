@@ -1,8 +1,9 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
-// raw-pointer cores of softmax cross-entropy (ops/cross_entropy.cpp), called by the xtensor op pair
-// and by the CPU device backend's fused call. A row is labelled when its target is in [0, V) and is
-// not ignore_index (the op validates targets first; the backend's contract treats out-of-range
-// targets as unlabelled).
+// Softmax cross-entropy (attnlab/ops/cross_entropy.hpp): the raw-pointer cores that the op pair
+// (lib/src/ops/cross_entropy.cpp, where they are defined), the loss Module and the CPU backend's
+// fused call (lib/backends/cpu) share; the CUDA kernels are lib/backends/cuda/cross_entropy.cuh,
+// on the online softmax of attnlab/kernel_math.hpp. A row is labelled when its target is in [0, V)
+// and is not ignore_index (the op validates targets first; the backend's contract treats
+// out-of-range targets as unlabelled).
 #pragma once
 
 #include <cstddef>

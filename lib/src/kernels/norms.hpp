@@ -1,13 +1,29 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
-// raw-pointer cores of LayerNorm (ops/layernorm.cpp) and RMSNorm (ops/rmsnorm.cpp), called by the
-// xtensor ops and by the CPU device backend alike, so the two cannot drift. Rows are cut as
-// ../parallel_rows.hpp says (deterministic for a fixed thread count); the column sums dγ, dβ keep
-// one partial per chunk in `scratch` (resized here, kept by the caller between calls) and add them
-// in chunk order. Every output is assigned.
+// LayerNorm (attnlab/ops/layernorm.hpp) and RMSNorm (attnlab/ops/rmsnorm.hpp): the element math of
+// their backward, which the CUDA kernels run (lib/backends/cuda/norms.cuh), and the raw-pointer
+// cores that the op fronts (lib/src/ops/layernorm.cpp, rmsnorm.cpp, where they are defined) and the
+// CPU backend (lib/backends/cpu) call, so the two cannot drift. Rows are cut as
+// lib/src/parallel_rows.hpp says (deterministic for a fixed thread count); the column sums dγ, dβ
+// keep one partial per chunk in `scratch` (resized here, kept by the caller between calls) and add
+// them in chunk order. Every output is assigned. Seen by nvcc: no xtensor, no xsimd, no OpenMP
+// here.
 #pragma once
 
 #include <cstddef>
 #include <vector>
+
+#include "attnlab/kernel_math.hpp"
+
+namespace attnlab::kernel_math {
+
+// The normalisation backward of one element (LayerNorm and RMSNorm): with g = dy ⊙ γ,
+//   dx = rstd · (g − mean_g − x̂ · mean_g_xhat)
+// (RMSNorm passes mean_g = 0: no centring).
+template <class T>
+ATTNLAB_HD inline T norm_backward_element(T g, T xhat, T rstd, T mean_g, T mean_g_xhat) {
+  return rstd * (g - mean_g - xhat * mean_g_xhat);
+}
+
+}  // namespace attnlab::kernel_math
 
 namespace attnlab::detail {
 

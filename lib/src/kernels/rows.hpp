@@ -1,6 +1,6 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): vectorised
-// (xsimd) kernels on one contiguous row, shared by the softmax, the fused attention path and the
-// norms.
+// Vectorised (xsimd) helpers on one contiguous row, shared by the CPU cores: the softmax
+// (lib/src/ops/softmax.cpp), the fused attention path, the norms, and the CPU backend
+// (lib/backends/cpu). Host only: xsimd, so never included by what nvcc compiles.
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,7 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
-// raw-pointer cores of the embedding lookup (ops/embedding.cpp), called by the xtensor op and by
-// the CPU device backend. Ids are validated by the caller; an id of kNoToken
-// (-1) gives a row of zeros and no gradient. Every output is assigned.
+// The embedding lookup (attnlab/ops/embedding.hpp): the raw-pointer cores that the op front
+// (lib/src/ops/embedding.cpp, where they are defined) and the CPU backend (lib/backends/cpu) call;
+// the CUDA kernels are lib/backends/cuda/embedding.cuh. Ids are validated by the caller; an id of
+// kNoToken (-1) gives a row of zeros and no gradient. Every output is assigned.
 #pragma once
 
 #include <cstddef>

@@ -1,9 +1,9 @@
-// Private to the library (lib/src, and lib/backends/cpu, which calls the same cores): the
-// raw-pointer cores of linear_forward / linear_backward (ops/linear.cpp), shared with the CPU
-// device backend (backends/cpu_device_ops.cpp). Rows are cut into contiguous chunks, one per thread
-// (the cut depends only on rows and num_threads()), one blas::gemm per chunk; sums over rows (dW,
-// db) are added in chunk / row order, so results are deterministic for a fixed thread count. Every
-// output is assigned.
+// Linear (attnlab/ops/linear.hpp): the raw-pointer cores of linear_forward / linear_backward that
+// the op front (lib/src/ops/linear.cpp, where they are defined) and the CPU backend
+// (lib/backends/cpu) call. Rows are cut into contiguous chunks, one per thread (the cut depends
+// only on rows and num_threads()), one blas::gemm per chunk; sums over rows (dW, db) are added in
+// chunk / row order, so results are deterministic for a fixed thread count. Every output is
+// assigned. (A device backend runs its own GEMMs: the CUDA one cuBLAS.)
 #pragma once
 
 #include <cstddef>
