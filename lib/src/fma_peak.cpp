@@ -193,14 +193,17 @@ double time_loop(const Loop& loop, int threads, double seconds, int rounds, int&
   return best;
 }
 
-}  // namespace
-
-FmaPeak measure_fma_peak(int threads, double seconds, int rounds) {
-  const char* op = "measure_fma_peak";
+void check_peak_args(const char* op, int threads, double seconds, int rounds) {
   check_arg(threads >= 1, op, "threads", ">= 1", std::to_string(threads));
   check_arg(std::isfinite(seconds) && seconds > 0, op, "seconds", "a finite time > 0",
             std::to_string(seconds));
   check_arg(rounds >= 1, op, "rounds", ">= 1", std::to_string(rounds));
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, double seconds, int rounds) {
+  check_peak_args("measure_fma_peak", threads, seconds, rounds);
   Loop loops[3];
   int n = 0;
 #ifdef ATTNLAB_FMA_X86
@@ -260,10 +263,7 @@ const AmxSupport& amx_support() {
 
 FmaPeak measure_amx_peak(int threads, double seconds, int rounds) {
   const char* op = "measure_amx_peak";
-  check_arg(threads >= 1, op, "threads", ">= 1", std::to_string(threads));
-  check_arg(std::isfinite(seconds) && seconds > 0, op, "seconds", "a finite time > 0",
-            std::to_string(seconds));
-  check_arg(rounds >= 1, op, "rounds", ">= 1", std::to_string(rounds));
+  check_peak_args(op, threads, seconds, rounds);
   const AmxSupport& amx = amx_support();
   if (!amx.usable) throw std::runtime_error(std::string(op) + ": " + amx.reason);
 #ifdef ATTNLAB_AMX_LINUX

@@ -349,10 +349,13 @@ TEST_CASE(
 
   const test::TempDir dir;
   const std::string csv = dir.file("summary.csv");
+  runs[1].final_eval_bpb = 1.75;  // a text run's bits per byte travels too (NaN for the others)
   std::ofstream(csv) << summary_csv(runs);
   std::vector<RunRecord> back = read_summary_csv(csv);
   mark_working(back);
   REQUIRE(back.size() == 4);
+  CHECK(back[1].final_eval_bpb == 1.75);
+  CHECK(std::isnan(back[0].final_eval_bpb));
   CHECK(back[1].layer0_final.max_logit == 20.0);
   CHECK(back[2].layer0_init.max_logit == 4.0);
   CHECK(back[0].layer0_init.wk_norm == 1.25);
@@ -370,4 +373,5 @@ TEST_CASE(
   REQUIRE(old.size() == 1);
   CHECK(std::isnan(old[0].layer0_init.max_logit));
   CHECK(std::isnan(old[0].layer0_final.wk_norm));
+  CHECK(std::isnan(old[0].final_eval_bpb));
 }

@@ -213,6 +213,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
         r.init_eval_loss = t.init_eval_loss;
         r.final_eval_loss = t.final_eval_loss;
         r.final_eval_acc = t.final_eval_acc;
+        r.final_eval_bpb = t.final_eval_bpb;
         r.steps_to_target = t.steps_to_target;
         r.diverged = t.diverged;
         r.diverged_step = t.diverged_step;

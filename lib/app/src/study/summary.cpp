@@ -280,7 +280,7 @@ std::string summary_csv(const std::vector<RunRecord>& runs) {
   os << "group,mode,d_k,lr,seed,steps,init_eval_loss,final_eval_loss,final_eval_acc,"
         "steps_to_95,failed,diverged,diverged_step,works,init_qk_var_ratio,init_jacobian,"
         "l0_max_logit_init,l0_max_logit_final,l0_entropy_init,l0_entropy_final,l0_wq_norm_init,"
-        "l0_wk_norm_init,l0_wq_norm_final,l0_wk_norm_final,seconds,dir\n";
+        "l0_wk_norm_init,l0_wq_norm_final,l0_wk_norm_final,final_eval_bpb,seconds,dir\n";
   const auto g = [](double x) { return std::isfinite(x) ? fmt("%.6g", x) : std::string("nan"); };
   for (const auto& r : runs) {
     os << csv_cell(r.group) << ',' << csv_cell(r.mode) << ',' << r.d_k << ',' << fmt("%g", r.lr)
@@ -293,8 +293,8 @@ std::string summary_csv(const std::vector<RunRecord>& runs) {
        << g(r.layer0_final.max_logit) << ',' << g(r.layer0_init.entropy) << ','
        << g(r.layer0_final.entropy) << ',' << g(r.layer0_init.wq_norm) << ','
        << g(r.layer0_init.wk_norm) << ',' << g(r.layer0_final.wq_norm) << ','
-       << g(r.layer0_final.wk_norm) << ',' << fmt("%.2f", r.seconds) << ',' << csv_cell(r.dir)
-       << '\n';
+       << g(r.layer0_final.wk_norm) << ',' << g(r.final_eval_bpb) << ',' << fmt("%.2f", r.seconds)
+       << ',' << csv_cell(r.dir) << '\n';
   }
   return os.str();
 }
@@ -329,6 +329,7 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
       optional_col("l0_entropy_init"),   optional_col("l0_entropy_final"),
       optional_col("l0_wq_norm_init"),   optional_col("l0_wk_norm_init"),
       optional_col("l0_wq_norm_final"),  optional_col("l0_wk_norm_final")};
+  const std::size_t c_bpb = optional_col("final_eval_bpb");  // text tasks; newer summaries
   std::vector<RunRecord> runs;
   for (int n = 2; std::getline(in, line); ++n) {
     if (line.empty()) continue;
@@ -360,6 +361,7 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
                        &r.layer0_final.wq_norm,  &r.layer0_final.wk_norm};
       for (int i = 0; i < 8; ++i)
         if (c_l0[i] < cells.size()) *l0[i] = std::stod(cells[c_l0[i]]);  // "nan" reads as NaN
+      if (c_bpb < cells.size()) r.final_eval_bpb = std::stod(cells[c_bpb]);
       runs.push_back(std::move(r));
     } catch (const std::logic_error&) {
       throw std::invalid_argument(path + ": line " + std::to_string(n) +

@@ -78,6 +78,9 @@ struct RunRecord {
   double init_eval_loss = 0;
   double final_eval_loss = 0;  // NaN when diverged
   double final_eval_acc = 0;
+  // Text tasks: the final eval loss in bits per byte (TrainResult::final_eval_bpb); NaN otherwise
+  // and in summaries written before the column.
+  double final_eval_bpb = std::numeric_limits<double>::quiet_NaN();
   int steps_to_target = -1;  // first eval step with accuracy >= kTargetAccuracy; -1 never
   bool diverged = false;
   int diverged_step = -1;
