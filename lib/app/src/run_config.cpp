@@ -53,7 +53,7 @@ void check_train_config(const json& j) {
 }  // namespace
 
 ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
-                    chars)
+                    chars, tokenizer_hash)
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config, task, data_file, valid_file, model,
                             optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
