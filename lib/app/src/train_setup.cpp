@@ -23,6 +23,7 @@
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/text.hpp"
+#include "attnlab/app/token_file.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
@@ -184,6 +185,11 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
 // of data_file, or the whole of valid_file when given.
 Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
                     std::vector<int>* train_tokens) {
+  if (c.task.vocab == VocabKind::bpe) {
+    check_arg(valid_file.empty(), "train", "valid_file",
+              "none for a BPE run (its eval set is the token directory's val.bin)", valid_file);
+    return token_eval_set(c);
+  }
   const TextVocab vocab(c.task);
   const auto block = static_cast<std::size_t>(c.task.block);
   std::vector<int> valid;
@@ -201,6 +207,11 @@ Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
 }
 
 TrainData::TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task) {
+  if (c.task.kind == TaskKind::text && c.task.vocab == VocabKind::bpe) {
+    eval = text_eval_set(c, c.valid_file, nullptr);
+    tokens = std::make_shared<const TokenFile>(c.data_file, check_token_dir(c), kTrainBin);
+    return;
+  }
   if (c.task.kind == TaskKind::text) {
     eval = text_eval_set(c, c.valid_file, &text);
     return;
@@ -217,6 +228,7 @@ TrainData::TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task
 }
 
 Batch TrainData::next(std::size_t batch, Rng& rng) const {
+  if (tokens) return token_batch(*tokens, static_cast<std::size_t>(task.block), batch, rng);
   if (task.kind == TaskKind::text)
     return text_batch(text, static_cast<std::size_t>(task.block), batch, rng);
   if (!file) return generate_batch(task, batch, rng);
@@ -347,6 +359,7 @@ std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model,
   if (lead) {
     std::filesystem::create_directories(c.out);
     write_config_file(c.out + "/config.json", c);
+    if (c.task.kind == TaskKind::text && c.task.vocab == VocabKind::bpe) copy_tokenizer(c, c.out);
     log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start,
                 c.z_loss > 0, c.skip_outliers > 0);
