@@ -43,7 +43,8 @@ std::string string_at(const json& j, const char* key, const std::string& source)
 
 void check_keys(const json& j, std::initializer_list<const char*> keys, const std::string& where,
                 const std::string& source) {
-  for (const auto& [key, value] : j.items()) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
     if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; }))
       fail(source, where + "unknown key '" + key + "'");
   }
@@ -51,15 +52,15 @@ void check_keys(const json& j, std::initializer_list<const char*> keys, const st
 
 TokenPart read_part(const json& j, const char* file, const std::string& source) {
   const std::string where = std::string("files.") + file;
-  const auto it = j["files"].find(file);
-  if (it == j["files"].end() || !it->is_object()) fail(source, where + ": expected an object");
+  const auto it = j.at("files").find(file);
+  if (it == j.at("files").end() || !it->is_object()) fail(source, where + ": expected an object");
   check_keys(*it, {"tokens", "bytes"}, where + ": ", source);
   TokenPart p;
   p.tokens = count_at(*it, "tokens", where + ".", source, std::uint64_t{1} << 48);
   p.bytes = count_at(*it, "bytes", where + ".", source);
-  const auto docs = j["documents"].find(file);
+  const auto docs = j.at("documents").find(file);
   const std::string dwhere = std::string("documents.") + file;
-  if (docs == j["documents"].end() || !docs->is_array())
+  if (docs == j.at("documents").end() || !docs->is_array())
     fail(source, dwhere + ": expected an array of document start offsets");
   if (docs->size() > std::max<std::uint64_t>(p.tokens, 1))
     fail(source, dwhere + ": " + std::to_string(docs->size()) + " documents in " +
