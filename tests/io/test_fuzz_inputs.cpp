@@ -21,6 +21,7 @@
 #include "attnlab/app/token_file.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "helpers.hpp"
+#include "tokenizer_helpers.hpp"
 
 using namespace attnlab;
 
@@ -136,6 +137,16 @@ TEST_CASE("fuzz seeds: the token header seeds are read or refused as expected") 
     }
     CHECK(read == expected.at(f.filename().string()));
   }
+}
+
+TEST_CASE("fuzz regressions: a tokenizer model with a zero-length piece is refused by name") {
+  // fuzz_tokenizer_model's first find: SentencePiece's loader threw its own exception (from its
+  // double-array trie) instead of returning a status.
+  if (!test::sentencepiece_or_skip()) return;
+  const std::string path = test::data_path("fuzz-regressions/tokenizer_model-zero-length-piece");
+  const std::string want = path + ": is not a SentencePiece model";
+  CHECK_THROWS_WITH_AS(app::Tokenizer::load(path), doctest::Contains(want.c_str()),
+                       app::DataFileError);
 }
 
 namespace {

@@ -91,11 +91,18 @@ struct Tokenizer::Impl {
 
 Tokenizer Tokenizer::from_bytes(std::string_view model, const std::string& source) {
   auto impl = std::make_shared<Impl>();
-  const auto status = impl->sp.LoadFromSerializedProto(model);
-  if (!status.ok()) {
-    fail(source, "is not a SentencePiece model (" + std::string(status.message()) +
-                     "; make one with attnlab tokenize train)");
+  std::string problem;
+  bool loaded = false;
+  try {  // SentencePiece throws too, on some malformed models (a zero-length piece)
+    const auto status = impl->sp.LoadFromSerializedProto(model);
+    loaded = status.ok();
+    problem = status.message();
+  } catch (const std::exception& e) {
+    problem = e.what();
   }
+  if (!loaded)
+    fail(source,
+         "is not a SentencePiece model (" + problem + "; make one with attnlab tokenize train)");
   const int n = impl->sp.GetPieceSize();
   int byte_pieces = 0;
   impl->texts.reserve(static_cast<std::size_t>(n));
