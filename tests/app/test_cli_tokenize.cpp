@@ -1,8 +1,9 @@
 // attnlab tokenize and BPE runs, as a user runs them: tokenize train and encode, a short training
-// run from the token directory that keeps its tokenizer, eval and generate decoding BPE, and the
-// bad inputs (a truncated .bin, ids past the vocabulary, a model that is not one, data encoded with
-// another tokenizer than the run's), each one line "attnlab: error: ..." with status 2. Without
-// SentencePiece, the tokenizer cases are skipped and tokenize says what is missing.
+// run from the token directory that keeps its tokenizer, eval and generate decoding BPE, a saved
+// and resumed run equal to the uninterrupted one, and the bad inputs (a truncated .bin, ids past
+// the vocabulary, a model that is not one, data encoded with another tokenizer than the run's),
+// each one line "attnlab: error: ..." with status 2. Without SentencePiece, the tokenizer cases are
+// skipped and tokenize says what is missing.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -89,6 +90,20 @@ TEST_CASE("cli tokenizer: tokenize, train from the token directory, eval and gen
   // The run no longer needs the token directory's model: generate reads the run's copy.
   fs::remove(tokens / "tokenizer.model");
   CHECK(cli("generate --checkpoint " + q(run) + " --prompt 'To be' --tokens 5", dir).status == 0);
+}
+
+TEST_CASE("cli tokenizer: a BPE run saved and resumed follows the uninterrupted run exactly") {
+  if (!sentencepiece_or_skip()) return;
+  const auto dir = scratch("tokenize_resume");
+  const fs::path tokens = tokens_dir(dir);
+  const std::string common = std::string("train ") + kTinyBpe + " --data " + q(tokens) +
+                             " --steps 20 --eval-every 5 --warmup 0";
+  REQUIRE(cli(common + " --out " + q(dir / "full"), dir).status == 0);
+  CHECK(cli(common + " --stop-after 10 --out " + q(dir / "split"), dir).status == 130);
+  REQUIRE(cli("train --quiet --resume " + q(dir / "split") + " --threads 1", dir).status == 0);
+  const std::string full = slurp(dir / "full" / "metrics.csv");
+  CHECK(full.size() > 100);
+  CHECK(full == slurp(dir / "split" / "metrics.csv"));
 }
 
 TEST_CASE("cli token file bad input: one line naming the file, status 2") {

@@ -157,12 +157,15 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
                           "optimizer state to resume from; evaluate it instead");
   }
   TrainConfig saved;
+  saved.task.tokenizer = c.resume + "/" + kTokenizerModel;  // a BPE run's own copy
   read_saved_config(resumed, resume_path, saved);
   // The saved config is the recipe; only run control and steps may differ (both resolved, so a
   // run saved before the model recorded its vocabularies compares equal).
   const TaskShape saved_shape = task_shape(saved.task);
   saved.model = resolve_model(saved.model, saved_shape);
   TrainConfig given = config_in;
+  given.task.tokenizer = c.task.tokenizer;  // the token directory's (prepare_token_task)
+  given.task.tokenizer_hash = c.task.tokenizer_hash;
   given.model = resolve_model(given.model, task_shape(given.task));
   const json want = recipe_json(saved), got = recipe_json(given);
   const std::string diff = first_difference(want, got);
