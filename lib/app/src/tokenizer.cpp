@@ -31,27 +31,6 @@ std::string read_bytes(const std::string& path, const char* what) {
   return ss.str();
 }
 
-// The text a piece stands for (see Tokenizer::text).
-std::string piece_text(const std::string& piece, bool is_byte, bool is_text) {
-  if (is_byte) {
-    unsigned value = 0;
-    std::sscanf(piece.c_str(), "<0x%02X>", &value);
-    return std::string(1, static_cast<char>(value));
-  }
-  if (!is_text) return {};
-  static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-  std::string out;
-  for (std::size_t i = 0; i < piece.size();) {
-    if (piece.compare(i, kSpace.size(), kSpace) == 0) {
-      out += ' ';
-      i += kSpace.size();
-    } else {
-      out += piece[i++];
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string sentencepiece_missing(std::string_view what) {
@@ -83,6 +62,31 @@ Tokenizer Tokenizer::load(const std::string& path) {
 bool sentencepiece_built() {
   return true;
 }
+
+namespace {
+
+// The text a piece stands for (see Tokenizer::text).
+std::string piece_text(const std::string& piece, bool is_byte, bool is_text) {
+  if (is_byte) {
+    unsigned value = 0;
+    std::sscanf(piece.c_str(), "<0x%02X>", &value);
+    return std::string(1, static_cast<char>(value));
+  }
+  if (!is_text) return {};
+  static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+  std::string out;
+  for (std::size_t i = 0; i < piece.size();) {
+    if (piece.compare(i, kSpace.size(), kSpace) == 0) {
+      out += ' ';
+      i += kSpace.size();
+    } else {
+      out += piece[i++];
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
