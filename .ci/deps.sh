@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages attnlab needs (build, tests, CLI, plots, benchmarks; clang-format
 # for the format check, LLVM's libomp for the tsan preset, Open MPI for data-parallel training,
-# oneDNN for the float GEMMs with the OpenCL headers its CMake package asks for).
+# oneDNN for the float GEMMs with the OpenCL headers its CMake package asks for, SentencePiece for
+# the BPE tokenizer).
 # Idempotent: packages already present are skipped, so a ready machine pays nothing.
 set -euo pipefail
 packages=(
@@ -11,6 +12,7 @@ packages=(
   clang-format libomp-14-dev
   libopenmpi-dev openmpi-bin
   libdnnl-dev ocl-icd-opencl-dev
+  libsentencepiece-dev
 )
 missing=()
 for p in "${packages[@]}"; do

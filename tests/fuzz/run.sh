@@ -4,8 +4,9 @@
 # build/fuzz/corpus/<target>; a crash is written to build/fuzz/crash-<target>-* and makes the script
 # exit non-zero. Needs clang and libclang-rt-14-dev (Debian 12):
 #   apt-get install -y clang libclang-rt-14-dev libomp-14-dev
+# FUZZ_RUNS=N in the environment also stops each target after N inputs.
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]   (targets: safetensors checkpoint
-# data_file run_config study_config checkpoint_meta)
+# data_file run_config study_config checkpoint_meta token_header tokenizer_model)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
@@ -24,10 +25,12 @@ for t in "${targets[@]}"; do
   # The config readers take the config dictionary, and any single allocation over 256 MB counts
   # as a crash (-malloc_limit_mb): a config must never make its reader allocate without bound.
   case $t in
-    run_config | study_config | checkpoint_meta)
+    run_config | study_config | checkpoint_meta | token_header)
       limits=(-dict=tests/fuzz/config.dict -malloc_limit_mb=256) ;;
+    tokenizer_model) limits=(-malloc_limit_mb=256) ;;
     *) limits=(-dict=tests/fuzz/safetensors.dict) ;;
   esac
+  [ -n "${FUZZ_RUNS:-}" ] && limits+=(-runs="$FUZZ_RUNS")
   build/fuzz/tests/fuzz/fuzz_"$t" "$corpus" "tests/fuzz/corpus/$t" \
     -max_total_time="$seconds" -max_len=16384 -timeout=10 -rss_limit_mb=2048 "${limits[@]}" \
     -artifact_prefix="build/fuzz/crash-$t-" -print_final_stats=1 >"$log" 2>&1

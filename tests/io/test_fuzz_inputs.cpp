@@ -18,8 +18,10 @@
 #include "attnlab/app/data_file.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/study.hpp"
+#include "attnlab/app/token_file.hpp"
 #include "attnlab/io/checkpoint.hpp"
 #include "helpers.hpp"
+#include "tokenizer_helpers.hpp"
 
 using namespace attnlab;
 
@@ -109,6 +111,42 @@ TEST_CASE("fuzz seeds: the data-file seeds are read or refused as expected") {
     REQUIRE(expected.count(f.filename().string()) == 1);
     CHECK(reads_as_data_file(f.string()) == expected.at(f.filename().string()));
   }
+}
+
+TEST_CASE("fuzz seeds: the token header seeds are read or refused as expected") {
+  const std::map<std::string, bool> expected = {{"valid", true},
+                                                {"dtype_too_small", false},
+                                                {"documents_unsorted", false},
+                                                {"document_past_end", false},
+                                                {"model_outside", false},
+                                                {"truncated", false},
+                                                {"negative_count", false}};
+  const auto files = files_in(test::data_path("../fuzz/corpus/token_header"));
+  CHECK(files.size() == expected.size());
+  for (const auto& f : files) {
+    CAPTURE(f.string());
+    REQUIRE(expected.count(f.filename().string()) == 1);
+    std::ifstream in(f, std::ios::binary);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    bool read = true;
+    try {
+      app::parse_token_header(text, f.string());
+    } catch (const app::DataFileError& e) {
+      CHECK(std::string(e.what()).rfind(f.string() + ": ", 0) == 0);
+      read = false;
+    }
+    CHECK(read == expected.at(f.filename().string()));
+  }
+}
+
+TEST_CASE("fuzz regressions: a tokenizer model with a zero-length piece is refused by name") {
+  // fuzz_tokenizer_model's first find: SentencePiece's loader threw its own exception (from its
+  // double-array trie) instead of returning a status.
+  if (!test::sentencepiece_or_skip()) return;
+  const std::string path = test::data_path("fuzz-regressions/tokenizer_model-zero-length-piece");
+  const std::string want = path + ": is not a SentencePiece model";
+  CHECK_THROWS_WITH_AS(app::Tokenizer::load(path), doctest::Contains(want.c_str()),
+                       app::DataFileError);
 }
 
 namespace {

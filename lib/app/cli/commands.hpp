@@ -15,6 +15,8 @@
 #include "attnlab/app/saturation.hpp"
 #include "attnlab/app/study.hpp"
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/app/token_file.hpp"
+#include "attnlab/app/tokenizer.hpp"
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/context.hpp"
 #include "attnlab/distributed.hpp"
@@ -92,5 +94,16 @@ struct MakeDataCommand {
 };
 void add_make_data_command(CLI::App& cli, MakeDataCommand& make_data);
 int run_make_data_command(const MakeDataCommand& make_data);
+
+// tokenize: a BPE tokenizer trained (tokenize train), or text encoded with one (tokenize encode).
+struct TokenizeCommand {
+  CLI::App* cmd = nullptr;
+  CLI::App* train = nullptr;
+  CLI::App* encode = nullptr;
+  app::TokenizerTrainOptions train_options;
+  app::EncodeOptions encode_options;
+};
+void add_tokenize_command(CLI::App& cli, TokenizeCommand& tokenize);
+int run_tokenize_command(const TokenizeCommand& tokenize);
 
 }  // namespace attnlab::cli

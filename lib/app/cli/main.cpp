@@ -41,6 +41,7 @@ struct Commands {
   SaturationCommand saturation;
   GenerateCommand generate;
   MakeDataCommand make_data;
+  TokenizeCommand tokenize;
 };
 
 // The build: version, git revision, backends (CUDA with its devices, MPI, OpenMP's threads), BLAS.
@@ -57,10 +58,13 @@ std::string version_text(CliContext& cli) {
       !mpi_built() ? "not built"
                    : (cli.world > 1 ? "built, " + std::to_string(cli.world) + " processes"
                                     : "built (launch with mpirun -np N)");
+  const std::string sentencepiece =
+      app::sentencepiece_built() ? "built (BPE: attnlab tokenize)" : "not built";
   return std::string("attnlab ") + ATTNLAB_VERSION + " (git " + ATTNLAB_GIT_REVISION + ")" +
          "\nbackends: cpu (OpenMP, " + std::to_string(default_num_threads()) +
          " threads by default); cuda: " + cuda + "; mpi: " + mpi +
-         "\nblas: " + blas_summary(blas_info()) + "\ncpu features: " + to_string(blas_info().cpu);
+         "\ntokenizer: sentencepiece: " + sentencepiece + "\nblas: " + blas_summary(blas_info()) +
+         "\ncpu features: " + to_string(blas_info().cpu);
 }
 
 // The top-level options and every subcommand, bound to `commands`.
@@ -77,6 +81,7 @@ void add_commands(CLI::App& app, Commands& commands, CliContext& cli) {
   add_saturation_command(app, commands.saturation);
   add_generate_command(app, commands.generate);
   add_make_data_command(app, commands.make_data);
+  add_tokenize_command(app, commands.tokenize);
 }
 
 // Parses the command line: nullopt when a subcommand is to run, else the exit status (help and
@@ -95,7 +100,8 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv, const CliContext&
       return error_line(
           cli,
           std::string("unknown subcommand '") + argv[1] +
-              "' (expected train, eval, generate, study, gradcheck, saturation or make-data)",
+              "' (expected train, eval, generate, study, gradcheck, saturation, make-data or "
+              "tokenize)",
           kExitBadInput);
     return error_line(cli, e.what(), kExitBadInput);
   } catch (const std::exception& e) {  // --config or --resume could not be loaded
@@ -119,6 +125,7 @@ int run_command(const CLI::App& app, Commands& c, Communicator& comm, CliContext
   if (*c.gradcheck.cmd) return run_gradcheck_command(c.gradcheck);
   if (*c.saturation.cmd) return run_saturation_command(c.saturation, cli);
   if (*c.make_data.cmd) return run_make_data_command(c.make_data);
+  if (*c.tokenize.cmd) return run_tokenize_command(c.tokenize);
   return 0;
 }
 

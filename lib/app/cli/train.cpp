@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attnlab/app/param_groups.hpp"
+#include "attnlab/app/token_file.hpp"
 #include "attnlab/blas.hpp"
 #include "commands.hpp"
 
@@ -49,6 +50,7 @@ void add_config_sources(CLI::App& train, TrainConfig& tc) {
       .add_option_function<std::string>(
           "--resume",
           [&tc](const std::string& dir) {
+            tc.task.tokenizer = dir + "/" + app::kTokenizerModel;  // a BPE run's own copy
             read_run_config(dir, tc);
             tc.resume = dir;
             tc.out = dir;
@@ -63,8 +65,8 @@ void add_data_flags(CLI::App& train, TrainConfig& tc) {
   train
       .add_option("--data", tc.data_file,
                   "train on this data file (format: data/README.md; with --task text, any text "
-                  "file)")
-      ->check(CLI::ExistingFile);
+                  "file, or a token directory of attnlab tokenize encode)")
+      ->check(CLI::ExistingPath);
   train.add_option("--valid", tc.valid_file, "evaluate on this data file")
       ->check(CLI::ExistingFile);
 }
@@ -336,7 +338,8 @@ int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
   }
   tc.progress = !t.quiet;
   tc.measure_peaks = true;
-  prepare_task(tc);  // a text task's vocabulary, from --data
+  prepare_token_task(tc);  // a token directory's BPE tokenizer, from --data DIR
+  prepare_task(tc);        // a text task's vocabulary, from --data
   try {
     validate(tc);
   } catch (const std::invalid_argument& e) {

@@ -52,8 +52,22 @@ void check_train_config(const json& j) {
 
 }  // namespace
 
-ATTNLAB_JSON_FIELDS(TaskConfig, kind, keys, values, pairs, queries, symbols, length, block, vocab,
-                    chars)
+// TaskConfig's JSON is ATTNLAB_JSON_FIELDS written out, for one difference: tokenizer_hash is
+// written only when a BPE run has one, so that every other config keeps exactly its keys.
+void to_json(json& nlohmann_json_j, const TaskConfig& nlohmann_json_t) {
+  NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(NLOHMANN_JSON_TO, kind, keys, values, pairs, queries,
+                                           symbols, length, block, vocab, chars))
+  if (!nlohmann_json_t.tokenizer_hash.empty())
+    nlohmann_json_j["tokenizer_hash"] = nlohmann_json_t.tokenizer_hash;
+}
+void from_json(const json& nlohmann_json_j, TaskConfig& nlohmann_json_t) {
+  config_json::check_keys(nlohmann_json_j, "TaskConfig",
+                          {"kind", "keys", "values", "pairs", "queries", "symbols", "length",
+                           "block", "vocab", "chars", "tokenizer_hash"});
+  NLOHMANN_JSON_EXPAND(NLOHMANN_JSON_PASTE(ATTNLAB_JSON_READ_FIELD, kind, keys, values, pairs,
+                                           queries, symbols, length, block, vocab, chars,
+                                           tokenizer_hash))
+}
 ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config, task, data_file, valid_file, model,
                             optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
                             muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,

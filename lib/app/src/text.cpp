@@ -102,6 +102,17 @@ TextVocab::TextVocab(const TaskConfig& task) {
     bytes_ = true;
     return;
   }
+  if (task.vocab == VocabKind::bpe) {
+    check_arg(!task.tokenizer.empty(), "task", "tokenizer",
+              "the BPE model (a token directory's, from --data DIR)", "none");
+    bpe_ = Tokenizer::load(task.tokenizer);
+    if (!task.tokenizer_hash.empty() && bpe_->hash() != task.tokenizer_hash) {
+      fail(task.tokenizer, "tokenizer hash " + bpe_->hash() + " differs from the expected " +
+                               task.tokenizer_hash +
+                               " (tokens.json's or the run's: the ids were made with another)");
+    }
+    return;
+  }
   try {
     chars_ = decode_utf8(task.chars, "task.chars");
   } catch (const DataFileError& e) {
@@ -114,8 +125,24 @@ TextVocab::TextVocab(const TaskConfig& task) {
             "task", "chars", "distinct characters in code point order", "'" + task.chars + "'");
 }
 
+std::size_t TextVocab::size() const {
+  return bytes_ ? 256 : bpe_ ? bpe_->size() : chars_.size();
+}
+
+std::size_t TextVocab::token_bytes(int id) const {
+  check_arg(id >= 0 && static_cast<std::size_t>(id) < size(), "TextVocab::token_bytes", "id",
+            "in [0, " + std::to_string(size()) + ")", std::to_string(id));
+  if (bytes_) return 1;
+  if (bpe_) return bpe_->token_bytes(id);
+  return encode_utf8(chars_[static_cast<std::size_t>(id)]).size();
+}
+
 std::vector<int> TextVocab::encode(std::string_view text, const std::string& source) const {
   std::vector<int> ids;
+  if (bpe_) {
+    decode_utf8(text, source);  // SentencePiece would replace invalid bytes
+    return bpe_->encode(text);
+  }
   if (bytes_) {
     ids.reserve(text.size());
     for (char c : text) ids.push_back(static_cast<unsigned char>(c));
@@ -139,11 +166,8 @@ std::string TextVocab::decode(int id) const {
   check_arg(id >= 0 && static_cast<std::size_t>(id) < size(), "TextVocab::decode", "id",
             "in [0, " + std::to_string(size()) + ")", std::to_string(id));
   if (bytes_) return std::string(1, static_cast<char>(id));
+  if (bpe_) return bpe_->text(id);
   return encode_utf8(chars_[static_cast<std::size_t>(id)]);
-}
-
-std::size_t TextVocab::token_bytes(int id) const {
-  return decode(id).size();
 }
 
 std::vector<std::uint32_t> token_byte_table(const TaskConfig& task) {

@@ -23,6 +23,7 @@
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/text.hpp"
+#include "attnlab/app/token_file.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
@@ -162,12 +163,15 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
                           "optimizer state to resume from; evaluate it instead");
   }
   TrainConfig saved;
+  saved.task.tokenizer = c.resume + "/" + kTokenizerModel;  // a BPE run's own copy
   read_saved_config(resumed, resume_path, saved);
   // The saved config is the recipe; only run control and steps may differ (both resolved, so a
   // run saved before the model recorded its vocabularies compares equal).
   const TaskShape saved_shape = task_shape(saved.task);
   saved.model = resolve_model(saved.model, saved_shape);
   TrainConfig given = config_in;
+  given.task.tokenizer = c.task.tokenizer;  // the token directory's (prepare_token_task)
+  given.task.tokenizer_hash = c.task.tokenizer_hash;
   given.model = resolve_model(given.model, task_shape(given.task));
   const json want = recipe_json(saved), got = recipe_json(given);
   const std::string diff = first_difference(want, got);
@@ -189,6 +193,11 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
 // of data_file, or the whole of valid_file when given.
 Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
                     std::vector<int>* train_tokens) {
+  if (c.task.vocab == VocabKind::bpe) {
+    check_arg(valid_file.empty(), "train", "valid_file",
+              "none for a BPE run (its eval set is the token directory's val.bin)", valid_file);
+    return token_eval_set(c);
+  }
   const TextVocab vocab(c.task);
   const auto block = static_cast<std::size_t>(c.task.block);
   std::vector<int> valid;
@@ -206,6 +215,11 @@ Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
 }
 
 TrainData::TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task) {
+  if (c.task.kind == TaskKind::text && c.task.vocab == VocabKind::bpe) {
+    eval = text_eval_set(c, c.valid_file, nullptr);
+    tokens = std::make_shared<const TokenFile>(c.data_file, check_token_dir(c), kTrainBin);
+    return;
+  }
   if (c.task.kind == TaskKind::text) {
     eval = text_eval_set(c, c.valid_file, &text);
     return;
@@ -222,6 +236,7 @@ TrainData::TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task
 }
 
 Batch TrainData::next(std::size_t batch, Rng& rng) const {
+  if (tokens) return token_batch(*tokens, static_cast<std::size_t>(task.block), batch, rng);
   if (task.kind == TaskKind::text)
     return text_batch(text, static_cast<std::size_t>(task.block), batch, rng);
   if (!file) return generate_batch(task, batch, rng);
@@ -352,6 +367,7 @@ std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model,
   if (lead) {
     std::filesystem::create_directories(c.out);
     write_config_file(c.out + "/config.json", c);
+    if (c.task.kind == TaskKind::text && c.task.vocab == VocabKind::bpe) copy_tokenizer(c, c.out);
     log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start,
                 c.z_loss > 0, c.skip_outliers > 0, c.task.kind == TaskKind::text);

@@ -45,12 +45,15 @@ Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
 
 // The training data: batches generated from the data Rng, or drawn (by the same Rng) from a file;
 // the eval set fixed by the task, or read from a file.
+class TokenFile;
+
 struct TrainData {
   TrainData(const TrainConfig& c, const TaskShape& shape);
   Batch next(std::size_t batch, Rng& rng) const;
   TaskConfig task;
   std::optional<Batch> file;
-  std::vector<int> text;  // task text: the training part's tokens
+  std::vector<int> text;                    // task text: the training part's tokens
+  std::shared_ptr<const TokenFile> tokens;  // task text, vocab bpe: the memory-mapped train.bin
   Batch eval;
 };
 

@@ -23,6 +23,7 @@
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/text.hpp"
+#include "attnlab/app/token_file.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
@@ -49,6 +50,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   const int world = comm.size(), rank = comm.rank();
   const bool lead = rank == 0;
   TrainConfig c = config_in;
+  prepare_token_task(c);
   prepare_task(c);
   const bool resuming = !c.resume.empty();
   const RunMeta resumed = resuming ? check_resume(config_in, c) : RunMeta{};
@@ -166,6 +168,8 @@ LoadedRun load_run(const std::string& run_dir) {
   const std::string path = run_dir + "/model.safetensors";
   LoadedRun r;
   r.meta = read_run_meta(path);
+  // A BPE run reads its own copy of the tokenizer (the config keeps only its hash).
+  r.config.task.tokenizer = run_dir + "/" + kTokenizerModel;
   read_saved_config(r.meta, path, r.config);
   check_memory(estimate_memory(r.config), "load " + path);
   Rng rng(r.config.seed);

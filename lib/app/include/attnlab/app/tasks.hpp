@@ -38,8 +38,9 @@ inline constexpr int kAbsent = kNoToken;  // -1: a field not present at a positi
 
 enum class TaskKind { recall, mqar, reverse, sort, text };
 
-// A text task's vocabulary: the characters of the text, or the 256 byte values (any file).
-enum class VocabKind { chars, bytes };
+// A text task's vocabulary: the characters of the text, the 256 byte values (any file), or the
+// pieces of a BPE tokenizer (a token directory of attnlab tokenize encode).
+enum class VocabKind { chars, bytes, bpe };
 
 }  // namespace attnlab::app
 
@@ -63,6 +64,8 @@ struct EnumTable<app::VocabKind> {
       {app::VocabKind::chars, "char",
        "the characters of the text (of --data, stored in the checkpoint)"},
       {app::VocabKind::bytes, "byte", "the 256 byte values, for any file"},
+      {app::VocabKind::bpe, "bpe",
+       "the BPE pieces of a token directory (--data DIR from attnlab tokenize encode)"},
   };
   static constexpr EnumParseText parse = {"task", "vocab"};
 };
@@ -92,6 +95,11 @@ struct TaskConfig {
   // text: the vocabulary, and for VocabKind::chars its characters in code point order (UTF-8)
   VocabKind vocab = VocabKind::chars;
   std::string chars;
+  // text, VocabKind::bpe: the tokenizer model's hash (fnv1a64_hex, attnlab/app/tokenizer.hpp), kept
+  // in the run config; and where the model is read from, set when a run starts or is loaded (the
+  // token directory's or the run directory's tokenizer.model), never saved.
+  std::string tokenizer_hash;
+  std::string tokenizer;
 };
 
 // What a model needs to know about a task's data.

@@ -4,7 +4,9 @@
 //  - Vocabulary. Character level (VocabKind::chars): the distinct Unicode code points of the
 //    training file, sorted, stored in the run config (TaskConfig::chars, UTF-8) and so in the
 //    checkpoint: eval and generate need no data file. Byte level (VocabKind::bytes): the 256 byte
-//    values, nothing stored, for any file.
+//    values, nothing stored, for any file. BPE (VocabKind::bpe): the pieces of a SentencePiece
+//    model (attnlab/app/tokenizer.hpp), trained on memory-mapped token files
+//    (attnlab/app/token_file.hpp); the run directory keeps a copy of the model.
 //  - Split by position: the first 90% of the tokens train, the last 10% validate.
 //  - Training batches: B random contiguous blocks of `block` tokens from the training part, the
 //    targets the next tokens (every position labelled).
@@ -13,36 +15,41 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/app/tokenizer.hpp"
 
 namespace attnlab::app {
 
 // A text file's tokens under a vocabulary. Errors are DataFileError ("FILE: what").
 class TextVocab {
  public:
-  // The vocabulary of a text task's config: bytes, or the code points of task.chars. Throws
-  // std::invalid_argument naming the field for chars that are empty, not valid UTF-8, unsorted or
-  // repeated.
+  // The vocabulary of a text task's config: bytes, the code points of task.chars, or the BPE model
+  // at task.tokenizer. Throws std::invalid_argument naming the field for chars that are empty, not
+  // valid UTF-8, unsorted or repeated; DataFileError naming the model when it cannot be loaded or
+  // its hash is not task.tokenizer_hash (when that is set).
   explicit TextVocab(const TaskConfig& task);
   bool bytes() const { return bytes_; }
-  std::size_t size() const { return bytes_ ? 256 : chars_.size(); }
+  std::size_t size() const;
   // The ids of `text`. `source` names it in errors: invalid UTF-8 (with the byte offset and a hint
   // to use the byte vocabulary) and characters outside the vocabulary (with the character, its code
   // point and offset).
   std::vector<int> encode(std::string_view text, const std::string& source) const;
-  // The UTF-8 text of one token (one byte in byte mode).
+  // The UTF-8 text of one token (one byte in byte mode; a BPE piece's text, which may be part of a
+  // character or nothing: Tokenizer::text).
   std::string decode(int id) const;
-  // The bytes of original text one token stands for (1 in byte mode; its character's UTF-8 length
-  // in character mode): the denominator of bits per byte.
+  // The bytes of original UTF-8 text one token stands for: a character's UTF-8 length, 1 for a
+  // byte, Tokenizer::token_bytes for a BPE piece. The denominator of bits per byte.
   std::size_t token_bytes(int id) const;
 
  private:
   bool bytes_ = false;
   std::vector<char32_t> chars_;  // sorted
+  std::optional<Tokenizer> bpe_;
 };
 
 // token_bytes of every id of a text task's vocabulary (bits per byte); empty for other tasks.
