@@ -24,42 +24,57 @@ std::string hex_code_point(char32_t c) {
 
 }  // namespace
 
+namespace {
+
+// The UTF-8 sequence at text[i] (i < size): its length with its code point in `c`, or 0 when it
+// is not UTF-8 (a stray byte, a cut sequence, an overlong form, a UTF-16 surrogate or a code point
+// past U+10FFFF). The one UTF-8 rule of the app.
+std::size_t utf8_sequence(std::string_view text, std::size_t i, char32_t& c) {
+  const auto b0 = static_cast<unsigned char>(text[i]);
+  std::size_t n = 0;
+  char32_t min = 0;
+  if (b0 < 0x80) {
+    c = b0;
+    return 1;
+  } else if ((b0 & 0xE0) == 0xC0) {
+    n = 2, c = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    n = 3, c = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    n = 4, c = b0 & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (i + n > text.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    const auto b = static_cast<unsigned char>(text[i + k]);
+    if ((b & 0xC0) != 0x80) return 0;
+    c = (c << 6) | (b & 0x3F);
+  }
+  if (c < min || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::size_t first_invalid_utf8(std::string_view text) {
+  char32_t c = 0;
+  for (std::size_t i = 0, n = 0; i < text.size(); i += n)
+    if ((n = utf8_sequence(text, i, c)) == 0) return i;
+  return std::string_view::npos;
+}
+
 std::vector<char32_t> decode_utf8(std::string_view text, const std::string& source) {
   std::vector<char32_t> out;
   out.reserve(text.size());
-  std::size_t i = 0;
-  const auto invalid = [&](std::size_t at) {
-    fail(source, "invalid UTF-8 at byte offset " + std::to_string(at) +
-                     " (for arbitrary files use the byte vocabulary: --vocab " +
-                     std::string(enum_name(VocabKind::bytes)) + ")");
-  };
-  while (i < text.size()) {
-    const auto b0 = static_cast<unsigned char>(text[i]);
-    std::size_t n = 0;
-    char32_t c = 0, min = 0;
-    if (b0 < 0x80) {
-      out.push_back(b0);
-      ++i;
-      continue;
-    } else if ((b0 & 0xE0) == 0xC0) {
-      n = 2, c = b0 & 0x1F, min = 0x80;
-    } else if ((b0 & 0xF0) == 0xE0) {
-      n = 3, c = b0 & 0x0F, min = 0x800;
-    } else if ((b0 & 0xF8) == 0xF0) {
-      n = 4, c = b0 & 0x07, min = 0x10000;
-    } else {
-      invalid(i);
-    }
-    if (i + n > text.size()) invalid(i);
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto b = static_cast<unsigned char>(text[i + k]);
-      if ((b & 0xC0) != 0x80) invalid(i);
-      c = (c << 6) | (b & 0x3F);
-    }
-    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
-    if (c < min || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) invalid(i);
+  char32_t c = 0;
+  for (std::size_t i = 0, n = 0; i < text.size(); i += n) {
+    n = utf8_sequence(text, i, c);
+    if (n == 0)
+      fail(source, "invalid UTF-8 at byte offset " + std::to_string(i) +
+                       " (for arbitrary files use the byte vocabulary: --vocab " +
+                       std::string(enum_name(VocabKind::bytes)) + ")");
     out.push_back(c);
-    i += n;
   }
   return out;
 }

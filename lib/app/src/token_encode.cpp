@@ -12,6 +12,7 @@
 
 #include "attnlab/app/data_file.hpp"
 #include "attnlab/app/token_file.hpp"
+#include "attnlab/app/text.hpp"
 #include "attnlab/app/tokenizer.hpp"
 #include "attnlab/io/safetensors.hpp"
 
@@ -21,38 +22,6 @@ namespace {
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw DataFileError(source + ": " + what);
-}
-
-// The offset of the first invalid UTF-8 sequence in `s`, or npos (the rules of decode_utf8).
-std::size_t invalid_utf8_at(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto b0 = static_cast<unsigned char>(s[i]);
-    if (b0 < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t n = 0;
-    char32_t c = 0, min = 0;
-    if ((b0 & 0xE0) == 0xC0) {
-      n = 2, c = b0 & 0x1F, min = 0x80;
-    } else if ((b0 & 0xF0) == 0xE0) {
-      n = 3, c = b0 & 0x0F, min = 0x800;
-    } else if ((b0 & 0xF8) == 0xF0) {
-      n = 4, c = b0 & 0x07, min = 0x10000;
-    } else {
-      return i;
-    }
-    if (i + n > s.size()) return i;
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80) return i;
-      c = (c << 6) | (b & 0x3F);
-    }
-    if (c < min || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) return i;
-    i += n;
-  }
-  return std::string_view::npos;
 }
 
 // SentencePiece's encoding of a text, word by word with a cache. Exact: the models of attnlab
@@ -141,7 +110,7 @@ class DocumentReader {
     bool eof = false;
     const auto emit = [&](std::size_t n) {
       const std::string_view piece(buf.data() + pos, n);
-      if (const std::size_t bad = invalid_utf8_at(piece); bad != std::string_view::npos)
+      if (const std::size_t bad = first_invalid_utf8(piece); bad != std::string_view::npos)
         fail(path, "invalid UTF-8 at byte offset " + std::to_string(consumed + pos + bad));
       if (n) text(piece);
     };

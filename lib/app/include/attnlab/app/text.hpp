@@ -58,6 +58,9 @@ std::vector<std::uint32_t> token_byte_table(const TaskConfig& task);
 // The code points of `text`, validated as UTF-8 (DataFileError naming `source` and the byte offset
 // of the first invalid sequence otherwise).
 std::vector<char32_t> decode_utf8(std::string_view text, const std::string& source);
+// The byte offset of the first sequence in `text` that is not UTF-8 (decode_utf8's rules), or
+// std::string_view::npos.
+std::size_t first_invalid_utf8(std::string_view text);
 std::string encode_utf8(char32_t c);
 
 // The sorted distinct characters of a UTF-8 text, as UTF-8: TaskConfig::chars for it.
