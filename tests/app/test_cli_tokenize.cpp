@@ -6,6 +6,7 @@
 // skipped and tokenize says what is missing.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -82,8 +83,17 @@ TEST_CASE("cli tokenizer: tokenize, train from the token directory, eval and gen
   const auto rows = csv_rows(slurp(run / "metrics.csv"));
   REQUIRE(rows.size() >= 2);
   CHECK(std::stod(rows.back().at("eval_loss")) < std::stod(rows.front().at("eval_loss")));
-  // eval reads val.bin; generate decodes pieces back to text, the prompt first.
-  CHECK(cli("eval --checkpoint " + q(run), dir).status == 0);
+  // eval reads val.bin, reports bits per byte (the same as the run's last row, which the eval set
+  // equals) and shows decoded next tokens; generate decodes pieces back to text, the prompt first.
+  const Run e = cli("eval --checkpoint " + q(run) + " --show 1", dir);
+  REQUIRE(e.status == 0);
+  char bpb[64];
+  std::snprintf(bpb, sizeof bpb, "bits per byte %.4f", std::stod(rows.back().at("eval_bpb")));
+  CHECK(e.out.find(bpb) != std::string::npos);
+  CHECK(e.out.find("next tokens: ") != std::string::npos);
+  CHECK(e.out.find("next chars") == std::string::npos);
+  check_bad_input("eval --checkpoint " + q(run) + " --valid " + q(dir / "tokens.model"), dir,
+                  "eval: valid_file expected none for a BPE run");
   const Run g = cli("generate --checkpoint " + q(run) + " --prompt 'To be' --tokens 20", dir);
   REQUIRE(g.status == 0);
   CHECK(g.out.rfind("To be", 0) == 0);

@@ -192,9 +192,9 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
 // A text task's eval set: eval_size fixed blocks of the validation tokens, which are the last 10%
 // of data_file, or the whole of valid_file when given.
 Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
-                    std::vector<int>* train_tokens) {
+                    std::vector<int>* train_tokens, const char* op) {
   if (c.task.vocab == VocabKind::bpe) {
-    check_arg(valid_file.empty(), "train", "valid_file",
+    check_arg(valid_file.empty(), op, "valid_file",
               "none for a BPE run (its eval set is the token directory's val.bin)", valid_file);
     return token_eval_set(c);
   }
@@ -208,7 +208,7 @@ Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
     valid = std::move(split.valid);
   }
   if (!valid_file.empty()) valid = vocab.encode(read_text_file(valid_file), valid_file);
-  check_arg(valid.size() > block, "train", "valid_file",
+  check_arg(valid.size() > block, op, "valid_file",
             "a text of at least block + 1 = " + std::to_string(block + 1) + " tokens",
             std::to_string(valid.size()) + " tokens");
   return text_eval_batch(valid, block, static_cast<std::size_t>(c.eval_size));

@@ -39,9 +39,10 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
 RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c);
 
 // A text task's eval set: eval_size fixed blocks of the validation tokens, which are the last 10%
-// of data_file, or the whole of valid_file when given; the training tokens into train_tokens.
+// of data_file, or the whole of valid_file when given; the training tokens into train_tokens. `op`
+// names the caller in errors.
 Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
-                    std::vector<int>* train_tokens = nullptr);
+                    std::vector<int>* train_tokens = nullptr, const char* op = "train");
 
 // The training data: batches generated from the data Rng, or drawn (by the same Rng) from a file;
 // the eval set fixed by the task, or read from a file.

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 
@@ -222,7 +223,7 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   Model& model = *run.model;
   const std::string valid = !valid_file.empty() ? valid_file : c.valid_file;
   const bool text = c.task.kind == TaskKind::text;
-  const Batch eval = text            ? text_eval_set(c, valid)
+  const Batch eval = text            ? text_eval_set(c, valid, nullptr, "eval")
                      : valid.empty() ? eval_batch(c.task, static_cast<std::size_t>(c.eval_size))
                                      : read_data_file(valid, &shape);
   // In chunks of eval_rows, as the trainer evaluates; the first chunk also holds the shown
@@ -283,21 +284,24 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   }
   os << '\n';
   const auto& p = shown_weights;
+  const bool bpe = text && c.task.vocab == VocabKind::bpe;
+  std::optional<TextVocab> vocab;  // loaded once (a BPE model is a file)
+  if (text && show > 0) vocab.emplace(c.task);
   for (std::size_t b = 0;
        b < std::min<std::size_t>(static_cast<std::size_t>(std::max(show, 0)), eval.size()); ++b) {
     os << "\nexample " << b << ":\n";
     if (text) {
-      const TextVocab vocab(c.task);
       std::string input, predicted;
       for (std::size_t t = 0; t < T; ++t) {
-        input += vocab.decode(eval.fields[0](b, t));
-        predicted += vocab.decode(pred(b, t));
+        input += vocab->decode(eval.fields[0](b, t));
+        predicted += vocab->decode(pred(b, t));
       }
       os << "  text:       "
          << nlohmann::json(input).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-         << "\n  next chars: "
+         << (bpe ? "\n  next tokens: " : "\n  next chars: ")
          << nlohmann::json(predicted).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-         << "  (the model's most likely next character at each position)\n";
+         << (bpe ? "  (the model's most likely next token at each position, decoded)\n"
+                 : "  (the model's most likely next character at each position)\n");
     } else if (c.task.kind == TaskKind::recall) {
       os << "  pairs (key:value):";
       for (std::size_t t = 0; t + 1 < T; ++t)
