@@ -11,8 +11,8 @@
 #include <unordered_map>
 
 #include "attnlab/app/data_file.hpp"
-#include "attnlab/app/token_file.hpp"
 #include "attnlab/app/text.hpp"
+#include "attnlab/app/token_file.hpp"
 #include "attnlab/app/tokenizer.hpp"
 #include "attnlab/io/safetensors.hpp"
 
