@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -271,6 +272,36 @@ bool onednn_bf16_self_check() {
 
 bool onednn_amx() {
   return dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+}
+
+}  // namespace detail
+#else
+namespace detail {
+
+// Without oneDNN the engine is never chosen (onednn_built() is false), but the dispatch still
+// names these functions: they link, and refuse if ever reached.
+[[noreturn]] void no_onednn(const char* op) {
+  throw std::logic_error(std::string(op) + ": attnlab was built without oneDNN");
+}
+void onednn_gemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
+                 float*, int) {
+  no_onednn("onednn_gemm");
+}
+void onednn_bf16_gemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
+                      float*, int) {
+  no_onednn("onednn_bf16_gemm");
+}
+bool onednn_self_check() {
+  return false;
+}
+bool onednn_bf16_self_check() {
+  return false;
+}
+std::string onednn_name() {
+  return "oneDNN (not built)";
+}
+bool onednn_amx() {
+  return false;
 }
 
 }  // namespace detail
