@@ -89,6 +89,10 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
   const char* op = "sdpa_forward_cuda";
   const SdpaCall call = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
   const AttentionSpec& spec = call.spec;
+  check_arg(!options.score_program && !options.mask_program && !options.block_mask, op,
+            "score_program, mask_program and block_mask",
+            "none: attention programs run on the CPU paths (sdpa_forward) in this version",
+            "a program");
   cuda::require_device(op);
   SdpaCache<T> c;
   detail::fill_sdpa_cache(c, call, options, key_mask, bias);
@@ -130,6 +134,7 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
                  Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
                  Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}),
                  Tensor1<T>::from_shape({s.H}),
+                 {},
                  {}};
   Tensor4<T> scratch;  // dS (B,H,Tq,Tk) when the bias broadcasts
   Tensor4<T>* dscores = cache.bias_grad ? &detail::dscores_for(g, scratch, cache) : nullptr;

@@ -131,7 +131,46 @@ SdpaCall check_sdpa_inputs(std::string_view op, const Tensor4<T>& q, const Tenso
                        {b.begin(), b.end()}, "or extent 1 on the batch and head axes");
     }
   }
+  check_sdpa_programs(op, options, s, bias != nullptr);
   return resolve_sdpa(op, options, s);
+}
+
+void check_sdpa_programs(std::string_view op, const SdpaOptions& options,
+                         const AttentionSizes& sizes, bool has_bias) {
+  if (options.score_program) {
+    const bool alibi = !options.alibi_slopes.empty();
+    check_arg(options.softcap == 0 && !alibi && !has_bias, op, "score_program",
+              "no softcap, alibi_slopes or bias beside it (give them in the program: "
+              "attnlab/attention/programs.hpp has each)",
+              std::string(options.softcap != 0 ? "a softcap"
+                          : alibi              ? "alibi_slopes"
+                                               : "a bias") +
+                  " and the program '" + options.score_program->name() + "'");
+  } else {
+    check_arg(options.program_params.empty(), op, "program_params", "none without a score_program",
+              std::to_string(options.program_params.size()) + " parameter(s)");
+  }
+  for (std::size_t k = 0; k < options.program_params.size(); ++k) {
+    for (double x : options.program_params[k]) {
+      check_arg(std::isfinite(x), op, "program_params[" + std::to_string(k) + "]", "finite values",
+                std::to_string(x));
+    }
+  }
+  const bool mask = options.mask_program || options.block_mask;
+  if (mask) {
+    const std::string name =
+        (options.mask_program ? *options.mask_program : options.block_mask->program()).name();
+    check_arg(!options.causal && options.window == 0, op, "mask_program",
+              "no causal or window beside it (give them in the mask: masks::causal, "
+              "masks::sliding_window)",
+              std::string(options.causal ? "causal" : "a window") + " and the mask '" + name + "'");
+  }
+  if (options.block_mask) {
+    check_arg(!options.mask_program || options.mask_program == options.block_mask->program_ptr(),
+              op, "block_mask", "one built from the call's mask_program",
+              "one built from '" + options.block_mask->program().name() + "'");
+    options.block_mask->check_matches(sizes, std::string(op).c_str());
+  }
 }
 
 template <class T>
@@ -147,6 +186,40 @@ void fill_sdpa_cache(SdpaCache<T>& cache, const SdpaCall& call, const SdpaOption
   cache.path = call.path;
   cache.tile_rows = options.tile_rows;
   cache.tile_keys = options.tile_keys;
+  cache.score_program = options.score_program;
+  cache.program_params.clear();
+  for (const auto& values : options.program_params) {
+    cache.program_params.emplace_back(values.begin(), values.end());
+  }
+  cache.program_grad = options.score_program && !options.program_params.empty() &&
+                       options.program_params_require_grad;
+  cache.block_mask = options.block_mask;
+  cache.mask_program =
+      options.block_mask ? options.block_mask->program_ptr() : options.mask_program;
+  if (cache.mask_program && !cache.block_mask && cache.path == SdpaPath::fused) {
+    cache.block_mask = std::make_shared<const attention::BlockMask>(attention::build_block_mask(
+        cache.mask_program, call.spec, options.tile_rows, options.tile_keys));
+  }
+}
+
+template <class T>
+ProgramBinding<T>::ProgramBinding(const SdpaCache<T>& cache, AttentionParams<T>& p) {
+  if (!cache.has_program()) return;
+  for (const auto& values : cache.program_params) {
+    values_.push_back(values.data());
+    sizes_.push_back(values.size());
+    width_ += values.size();
+  }
+  args_ = {values_.data(), sizes_.data(), values_.size(), &status_};
+  p.score_program = cache.score_program.get();
+  p.mask_program = cache.mask_program.get();
+  p.block_mask = cache.path == SdpaPath::fused ? cache.block_mask.get() : nullptr;
+  p.program_args = &args_;
+}
+
+template <class T>
+void ProgramBinding<T>::rethrow(std::string_view op) const {
+  if (status_.failed()) throw std::invalid_argument(std::string(op) + ": " + status_.message());
 }
 
 template <class T>
@@ -227,7 +300,11 @@ Tensor4<T> sdpa_scores(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOptio
       c, detail::check_sdpa_inputs<T>("sdpa_scores", q, k, nullptr, options, key_mask, bias),
       options, key_mask, bias);
   Tensor4<T> scores({c.spec.B, c.spec.H, c.spec.Tq, c.spec.Tk});
-  detail::sdpa_reference_scores(scores.data(), c.params(q.data(), k.data(), nullptr));
+  c.path = SdpaPath::reference;  // no block mask: every position is scored
+  AttentionParams<T> p = c.params(q.data(), k.data(), nullptr);
+  const detail::ProgramBinding<T> programs(c, p);
+  detail::sdpa_reference_scores(scores.data(), p);
+  programs.rethrow("sdpa_scores");
   return scores;
 }
 
@@ -239,7 +316,8 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
       detail::check_sdpa_inputs<T>("sdpa_forward", q, k, &v, options, key_mask, bias);
   detail::fill_sdpa_cache(cache, call, options, key_mask, bias);
   const AttentionSpec& spec = call.spec;
-  const AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
+  AttentionParams<T> p = cache.params(q.data(), k.data(), v.data());
+  const detail::ProgramBinding<T> programs(cache, p);
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
   // The saved tensors keep their memory from one call to the next of the same shape.
   if (cache.path == SdpaPath::fused) {
@@ -253,6 +331,7 @@ Tensor4<T> sdpa_forward(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<
     cache.p.resize({spec.B, spec.H, spec.Tq, spec.Tk});
     detail::sdpa_reference_forward(out.data(), cache.p.data(), p);
   }
+  programs.rethrow("sdpa_forward");
   return out;
 }
 
@@ -281,9 +360,17 @@ SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, co
                  Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
                  Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}),
                  Tensor1<T>::from_shape({s.H}),
+                 {},
                  {}};
   Tensor4<T> scratch;  // dS (B,H,Tq,Tk) when the bias broadcasts
   if (cache.bias_grad) p.dscores = detail::dscores_for(g, scratch, cache).data();
+  const detail::ProgramBinding<T> programs(cache, p);
+  std::vector<T> program_grads;  // (B·Hkv, Σ parameter sizes): one row per K/V slice
+  if (cache.program_grad) {
+    program_grads.assign(s.B * s.Hkv * programs.width(), T(0));
+    p.program_grads = program_grads.data();
+    p.program_grad_width = programs.width();
+  }
   std::vector<T> dscale_part(s.B * s.H);
   if (cache.path == SdpaPath::fused) {
     detail::sdpa_fused_backward(g.dq.data(), g.dk.data(), g.dv.data(), dscale_part.data(),
@@ -293,7 +380,21 @@ SdpaGrads<T> sdpa_backward(const Tensor4<T>& dout, const SdpaCache<T>& cache, co
     detail::sdpa_reference_backward(g.dq.data(), g.dk.data(), g.dv.data(), dscale_part.data(),
                                     dout.data(), cache.p.data(), p);
   }
+  programs.rethrow("sdpa_backward");
   detail::sum_dscale(g, dscale_part, s.H);
+  if (cache.program_grad) {  // the slices' rows in order: deterministic
+    std::size_t offset = 0;
+    for (const auto& values : cache.program_params) {
+      Tensor1<T> grad = Tensor1<T>::from_shape({values.size()});
+      grad.fill(T(0));
+      for (std::size_t slice = 0; slice < s.B * s.Hkv; ++slice) {
+        const T* row = program_grads.data() + slice * programs.width() + offset;
+        for (std::size_t e = 0; e < values.size(); ++e) grad(e) += row[e];
+      }
+      g.dprogram.push_back(std::move(grad));
+      offset += values.size();
+    }
+  }
   if (scratch.size() != 0) {
     const auto& b = cache.bias.shape();
     g.dbias = sum_to_bias_shape(scratch, {b[0], b[1], b[2], b[3]});
@@ -333,7 +434,8 @@ Tensor4<T> sdpa_weights(const Tensor4<T>& q, const Tensor4<T>& k, const SdpaOpti
   template void detail::check_sdpa_backward_inputs<T>(std::string_view, const Tensor4<T>&,         \
                                                       const SdpaCache<T>&, const Tensor4<T>&,      \
                                                       const Tensor4<T>&, const Tensor4<T>&);       \
-  template void detail::sum_dscale<T>(SdpaGrads<T>&, const std::vector<T>&, std::size_t);
+  template void detail::sum_dscale<T>(SdpaGrads<T>&, const std::vector<T>&, std::size_t);          \
+  template class detail::ProgramBinding<T>;
 ATTNLAB_INSTANTIATE_SDPA(float)
 ATTNLAB_INSTANTIATE_SDPA(double)
 #undef ATTNLAB_INSTANTIATE_SDPA

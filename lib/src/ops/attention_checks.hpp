@@ -38,6 +38,33 @@ void check_sdpa_backward_inputs(std::string_view op, const Tensor4<T>& dout,
 template <class T>
 Tensor4<T>& dscores_for(SdpaGrads<T>& g, Tensor4<T>& scratch, const SdpaCache<T>& cache);
 
+// Throws std::invalid_argument unless the options' attention programs fit the call: a score
+// program without a softcap, ALiBi or a bias; a mask program without causal or a window; a block
+// mask built from the mask program for these sizes; finite program parameters.
+void check_sdpa_programs(std::string_view op, const SdpaOptions& options,
+                         const AttentionSizes& sizes, bool has_bias);
+
+// A cache's programs bound into the params of one CPU call (attnlab/attention/program.hpp): the
+// captured parameters' pointers and the call's error status, alive while the kernel runs.
+template <class T>
+class ProgramBinding {
+ public:
+  ProgramBinding(const SdpaCache<T>& cache, AttentionParams<T>& p);
+  ProgramBinding(const ProgramBinding&) = delete;
+  ProgramBinding& operator=(const ProgramBinding&) = delete;
+  // Σ of the parameters' sizes: the width of a row of AttentionParams::program_grads.
+  std::size_t width() const { return width_; }
+  // Throws std::invalid_argument "<op>: <the program's first error>" if the program raised one.
+  void rethrow(std::string_view op) const;
+
+ private:
+  std::vector<const T*> values_;
+  std::vector<std::size_t> sizes_;
+  std::size_t width_ = 0;
+  attention::ProgramStatus status_;
+  attention::ProgramArgs<T> args_;
+};
+
 // g.dscale(h) = Σ_b dscale_part[b·H + h], in a fixed order.
 template <class T>
 void sum_dscale(SdpaGrads<T>& g, const std::vector<T>& dscale_part, std::size_t H);

@@ -23,6 +23,7 @@
 // backward: dV_j += (P ⊙ M/(1−p))ᵀ dO_i, dP = (dO_i V_jᵀ) ⊙ M/(1−p); D_i = rowsum(dO ⊙ O) holds.
 // Extra memory: two Br x Bc tiles (three with dropout) and O(Tk) per thread, plus O and lse.
 #include "kernels/attention.hpp"
+#include "kernels/attention_program.hpp"
 #include "kernels/rows.hpp"
 
 #include <algorithm>
@@ -76,6 +77,27 @@ std::size_t tile_or_default(std::size_t tile, std::size_t fallback) {
   return tile != 0 ? tile : fallback;
 }
 
+// The key tiles of one row block for head (b, h): with a block mask, its tiles from the block's
+// first visible key (empty ones skipped, the state passed on); without, tiles of tile_keys from
+// `first` to `keys` (the built-in rule's bounds), partial for a program. visit(j0, bc, state).
+template <class T, class Visit>
+void for_each_key_tile(const AttentionParams<T>& p, std::size_t b, std::size_t h, std::size_t i0,
+                       std::size_t tile_rows, std::size_t tile_keys, std::size_t first,
+                       std::size_t keys, Visit&& visit) {
+  if (p.block_mask != nullptr) {
+    const auto& rb = p.block_mask->row_block(b, h, i0 / tile_rows);
+    std::size_t t = 0;
+    for (std::size_t j0 = rb.lo; j0 < rb.hi; j0 += tile_keys, ++t) {
+      const attention::BlockState state = p.block_mask->state(rb, t);
+      if (state != attention::BlockState::empty) visit(j0, std::min(tile_keys, rb.hi - j0), state);
+    }
+    return;
+  }
+  for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
+    visit(j0, std::min(tile_keys, keys - j0), attention::BlockState::partial);
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -84,18 +106,26 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
   const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
   tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
   tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
+  if (p.block_mask != nullptr) {  // its tiles are the kernel's
+    tile_rows = p.block_mask->tile_rows();
+    tile_keys = p.block_mask->tile_keys();
+  }
+  const bool program = p.has_program();
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
   // One task per (K/V slice, row block): for each key block, the g = H / Hkv query heads of the
   // group take their turn on it while it is hot in cache, so each K/V tile is read once per group
   // (grouped-query attention), not once per query head. The rule's key bounds depend on the rows
-  // only, so the group shares them.
+  // only, so the group shares them. A block mask may differ by head: each head then walks its own
+  // tiles.
   const std::size_t group = p.group(), row_blocks = (Tq + tile_rows - 1) / tile_rows;
   const auto task_count = static_cast<std::ptrdiff_t>(p.B * p.Hkv * row_blocks);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) S, then P
-    // (g, Br) running max and sum of each head's rows
+    std::vector<unsigned char> visible(program ? sb.size() : 0);           // (Br,Bc), programs
+    // (g, Br) running max and sum of each head's rows; whether a key tile of head g ran yet
     std::vector<T> m(group * tile_rows), l(group * tile_rows);
+    std::vector<char> begun(group);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t task = 0; task < task_count; ++task) {
       const std::size_t kv = static_cast<std::size_t>(task) / row_blocks;
@@ -109,44 +139,65 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
       const std::size_t keys = attention::key_end(p, i0 + br - 1);
       std::fill(m.begin(), m.end(), kHidden<T>);
       std::fill(l.begin(), l.end(), T(0));
-      for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
-        const std::size_t bc = std::min(tile_keys, keys - j0);
+      std::fill(begun.begin(), begun.end(), char(0));
+      // One key tile [j0, j0 + bc) of query head g of the group.
+      const auto key_tile = [&](std::size_t g, std::size_t j0, std::size_t bc,
+                                attention::BlockState state) {
         const int cols = static_cast<int>(bc);
-        for (std::size_t g = 0; g < group; ++g) {
-          const std::size_t bh = kv * group + g, b = bh / H, h = bh % H;
-          const T* qp = p.q + bh * Tq * D;
-          T* o_i = out + (bh * Tq + i0) * Dv;
-          T* mg = m.data() + g * tile_rows;
-          T* lg = l.data() + g * tile_rows;
-          // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
-          blas::gemm<T>(false, true, rows, cols, d, p.scale[h], qp + i0 * D, d, kp + j0 * D, d,
-                        T(0), sb.data(), cols);
+        const std::size_t bh = kv * group + g, b = bh / H, h = bh % H;
+        const T* qp = p.q + bh * Tq * D;
+        T* o_i = out + (bh * Tq + i0) * Dv;
+        T* mg = m.data() + g * tile_rows;
+        T* lg = l.data() + g * tile_rows;
+        // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
+        blas::gemm<T>(false, true, rows, cols, d, p.scale[h], qp + i0 * D, d, kp + j0 * D, d, T(0),
+                      sb.data(), cols);
+        if (program) {
+          program_scores(sb.data(), static_cast<T*>(nullptr), visible.data(), p, b, h, i0, br, j0,
+                         bc, state);
+        } else {
           score_tile(sb.data(), p, b, h, i0, br, j0, bc);
-          for (std::size_t r = 0; r < br; ++r) {
-            T* row = sb.data() + r * bc;
-            const T m_new = std::max(mg[r], row_max(row, bc));
-            if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
-              // ... unless the row holds NaN (row_max ignores it): propagate, never hide it.
-              const bool has_nan = std::any_of(row, row + bc, [](T x) { return std::isnan(x); });
-              std::fill(row, row + bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
-              if (has_nan) mg[r] = lg[r] = std::numeric_limits<T>::quiet_NaN();
-              continue;
-            }
-            const T sum = exp_shifted_inplace(row, bc, m_new);  // P = exp(S − m'), hidden -> 0
-            // Dropout after the sum (l normalises the weights before dropout): P ⊙ M / (1 − p).
-            attention::attention_dropout_row(p, bh, i0 + r, j0, bc, row);
-            if (j0 > first) {
-              const T correction = std::exp(mg[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
-              lg[r] *= correction;
-              T* o_row = o_i + r * Dv;
-              for (std::size_t c = 0; c < Dv; ++c) o_row[c] *= correction;
-            }
-            lg[r] += sum;
-            mg[r] = m_new;
+        }
+        for (std::size_t r = 0; r < br; ++r) {
+          T* row = sb.data() + r * bc;
+          const T m_new = std::max(mg[r], row_max(row, bc));
+          if (m_new == kHidden<T>) {  // nothing visible yet: P = 0, O_i row stays 0
+            // ... unless the row holds NaN (row_max ignores it): propagate, never hide it.
+            const bool has_nan = std::any_of(row, row + bc, [](T x) { return std::isnan(x); });
+            std::fill(row, row + bc, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+            if (has_nan) mg[r] = lg[r] = std::numeric_limits<T>::quiet_NaN();
+            continue;
           }
-          // O_i = correction · O_i + P V_j (the first block assigns)  (Br,Bc) x (Bc,Dv) -> (Br,Dv)
-          blas::gemm<T>(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
-                        j0 > first ? T(1) : T(0), o_i, dv);
+          const T sum = exp_shifted_inplace(row, bc, m_new);  // P = exp(S − m'), hidden -> 0
+          // Dropout after the sum (l normalises the weights before dropout): P ⊙ M / (1 − p).
+          attention::attention_dropout_row(p, bh, i0 + r, j0, bc, row);
+          if (begun[g]) {
+            const T correction = std::exp(mg[r] - m_new);  // e^(−inf) = 0 for a row unseen so far
+            lg[r] *= correction;
+            T* o_row = o_i + r * Dv;
+            for (std::size_t c = 0; c < Dv; ++c) o_row[c] *= correction;
+          }
+          lg[r] += sum;
+          mg[r] = m_new;
+        }
+        // O_i = correction · O_i + P V_j (the first block assigns)  (Br,Bc) x (Bc,Dv) -> (Br,Dv)
+        blas::gemm<T>(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
+                      begun[g] ? T(1) : T(0), o_i, dv);
+        begun[g] = 1;
+      };
+      if (p.block_mask != nullptr) {
+        for (std::size_t g = 0; g < group; ++g) {
+          const std::size_t bh = kv * group + g;
+          for_each_key_tile(p, bh / H, bh % H, i0, tile_rows, tile_keys, first, keys,
+                            [&](std::size_t j0, std::size_t bc, attention::BlockState state) {
+                              key_tile(g, j0, bc, state);
+                            });
+        }
+      } else {
+        for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
+          for (std::size_t g = 0; g < group; ++g) {
+            key_tile(g, j0, std::min(tile_keys, keys - j0), attention::BlockState::partial);
+          }
         }
       }
       for (std::size_t g = 0; g < group; ++g) {
@@ -155,7 +206,7 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
         T* lsep = lse + bh * Tq;
         const T* mg = m.data() + g * tile_rows;
         const T* lg = l.data() + g * tile_rows;
-        if (first >= keys) std::fill(o_i, o_i + br * Dv, T(0));  // no key block ran
+        if (!begun[g]) std::fill(o_i, o_i + br * Dv, T(0));  // no key block ran
         for (std::size_t r = 0; r < br; ++r) {
           T* o_row = o_i + r * Dv;
           if (lg[r] == T(0)) {  // the row sees no key: O = 0, lse = -inf, never NaN
@@ -179,22 +230,33 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
   const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
   tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
   tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
+  if (p.block_mask != nullptr) {  // its tiles are the kernel's
+    tile_rows = p.block_mask->tile_rows();
+    tile_keys = p.block_mask->tile_keys();
+  }
   const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
   // One K/V slice (b, kv head) per task: dK and dV start at 0 and every query head of its group
-  // (bh = kv·g + r, r in order) adds into them, so grouped-query attention sums without races.
+  // (bh = kv·g + r, r in order) adds into them, so grouped-query attention sums without races. A
+  // score program's parameter gradients go to the slice's own row of p.program_grads, in the
+  // order of the loops below: the same sums at any thread count.
   const std::size_t group = p.group();
   const auto kv_count = static_cast<std::ptrdiff_t>(p.B * p.Hkv);
+  const bool program = p.has_program();
+  const bool program_grads = p.score_program != nullptr && p.program_grads != nullptr;
 #pragma omp parallel num_threads(num_threads())
   {
-    std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));   // (Br,Bc) S, then P
-    std::vector<T> dpb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) dP, then dS
+    const std::size_t tile = std::min(tile_rows, Tq) * std::min(tile_keys, Tk);
+    std::vector<T> sb(tile);   // (Br,Bc) S, then P
+    std::vector<T> dpb(tile);  // (Br,Bc) dP, then dS
     // (Br,Bc) P ⊙ M / (1 − p), with dropout only
     const bool dropout = p.dropout_p != 0;
-    std::vector<T> pdb(dropout ? dpb.size() : 0);
-    // (Br,Bc) the softcap's slope 1 − tanh²(U/c) at U = s · Q_i K_jᵀ, with a softcap only
-    const bool capped = p.softcap != 0;
-    std::vector<T> slb(capped ? dpb.size() : 0);
-    std::vector<T> delta(Tq);  // (Tq,) D_i = rowsum(dO ⊙ O)
+    std::vector<T> pdb(dropout ? tile : 0);
+    // (Br,Bc) dS/dU: the softcap's slope 1 − tanh²(U/c) at U = s · Q_i K_jᵀ, or a score program's
+    const bool sloped = p.softcap != 0 || p.score_program != nullptr;
+    std::vector<T> slb(sloped ? tile : 0);
+    std::vector<unsigned char> visible(program ? tile : 0);  // (Br,Bc), programs
+    std::vector<T> ub(program_grads ? tile : 0);             // (Br,Bc) U, for ∂f/∂θ
+    std::vector<T> delta(Tq);                                // (Tq,) D_i = rowsum(dO ⊙ O)
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
       const auto kv = static_cast<std::size_t>(kv_index);
@@ -202,6 +264,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
       T* dvp = dv + kv * Tk * Dv;
       std::fill(dkp, dkp + Tk * D, T(0));
       std::fill(dvp, dvp + Tk * Dv, T(0));
+      const std::vector<T*> grads = program_grads ? program_grad_row(p, kv) : std::vector<T*>();
       for (std::size_t bh = kv * group; bh < (kv + 1) * group; ++bh) {
         const std::size_t b = bh / H, h = bh % H;
         const T s = p.scale[h];
@@ -223,13 +286,18 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
           const std::size_t first = attention::key_begin(p, i0);        // earlier keys: hidden
           const std::size_t keys = attention::key_end(p, i0 + br - 1);  // later keys: hidden
           const int rows = static_cast<int>(br);
-          for (std::size_t j0 = first; j0 < keys; j0 += tile_keys) {
-            const std::size_t bc = std::min(tile_keys, keys - j0);
+          const auto key_tile = [&](std::size_t j0, std::size_t bc, attention::BlockState state) {
             const int cols = static_cast<int>(bc);
             // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
             blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
                           sb.data(), cols);
-            score_tile(sb.data(), p, b, h, i0, br, j0, bc, capped ? slb.data() : nullptr);
+            if (program_grads) std::copy_n(sb.data(), br * bc, ub.data());
+            if (program) {
+              program_scores(sb.data(), sloped ? slb.data() : nullptr, visible.data(), p, b, h, i0,
+                             br, j0, bc, state);
+            } else {
+              score_tile(sb.data(), p, b, h, i0, br, j0, bc, sloped ? slb.data() : nullptr);
+            }
             for (std::size_t r = 0; r < br; ++r) {  // P = exp(S − lse): the forward's weights
               T* row = sb.data() + r * bc;
               const T row_lse = lsep[i0 + r];
@@ -264,15 +332,21 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                 std::copy_n(dpb.data() + r * bc, bc, p.dscores + (bh * Tq + i0 + r) * Tk + j0);
               }
             }
-            // dU = dS ⊙ (1 − tanh²(U/c)) with a softcap
-            for (std::size_t e = 0; capped && e < br * bc; ++e) dpb[e] *= slb[e];
+            // A score program's parameters: Σ dS · ∂f/∂θ at U
+            if (program_grads) {
+              program_tile_grads(p, grads, ub.data(), dpb.data(), visible.data(), b, h, i0, br, j0,
+                                 bc);
+            }
+            // dU = dS ⊙ dS/dU with a softcap or a score program
+            for (std::size_t e = 0; sloped && e < br * bc; ++e) dpb[e] *= slb[e];
             // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
             blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
                           dqp + i0 * D, d);
             // dK_j += s · dSᵀ Q_i                       (Bc,Br) x (Br,D) -> (Bc,D)
             blas::gemm<T>(true, false, cols, d, rows, s, dpb.data(), cols, qp + i0 * D, d, T(1),
                           dkp + j0 * D, d);
-          }
+          };
+          for_each_key_tile(p, b, h, i0, tile_rows, tile_keys, first, keys, key_tile);
         }
         // dL/ds = Σ dS ⊙ (Q Kᵀ) = ⟨dS K, Q⟩ = ⟨dQ, Q⟩ / s
         T acc = 0;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/score_rule.hpp"
@@ -17,19 +18,34 @@
 #include "attnlab/ops/softmax.hpp"
 #include "attnlab/threads.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_program.hpp"
 
 namespace attnlab::detail {
 
 namespace {
 
-// One (b, h) slice of S = s · Q Kᵀ with hidden positions at -inf: sp (Tq,Tk).
+// U = s · Q Kᵀ of one (b, h) slice: up (Tq,Tk).
 template <class T>
-void scores_slice(T* sp, const AttentionParams<T>& p, std::size_t bh) {
-  const std::size_t b = bh / p.H, h = bh % p.H, kv = p.kv_slice_of(bh);
+void scaled_dots(T* up, const AttentionParams<T>& p, std::size_t bh) {
+  const std::size_t h = bh % p.H, kv = p.kv_slice_of(bh);
   const int m = static_cast<int>(p.Tq), n = static_cast<int>(p.Tk), d = static_cast<int>(p.D);
-  // s · Q Kᵀ                                             (Tq,D) x (D,Tk) -> (Tq,Tk)
+  //                                                      (Tq,D) x (D,Tk) -> (Tq,Tk)
   blas::gemm<T>(false, true, m, n, d, p.scale[h], p.q + bh * p.Tq * p.D, d, p.k + kv * p.Tk * p.D,
-                d, T(0), sp, n);
+                d, T(0), up, n);
+}
+
+// One (b, h) slice of S = s · Q Kᵀ with hidden positions at -inf: sp (Tq,Tk). With a program,
+// visible (Tq,Tk) receives the slice's visibility and slope (optional) ∂S/∂U: the mask program is
+// evaluated at every position (no block skipping on this path).
+template <class T>
+void scores_slice(T* sp, const AttentionParams<T>& p, std::size_t bh,
+                  unsigned char* visible = nullptr, T* slope = nullptr) {
+  const std::size_t b = bh / p.H, h = bh % p.H;
+  scaled_dots(sp, p, bh);
+  if (p.has_program()) {
+    program_scores(sp, slope, visible, p, b, h, 0, p.Tq, 0, p.Tk, attention::BlockState::partial);
+    return;
+  }
   for (std::size_t i = 0; i < p.Tq; ++i) attention::score_row(p, b, h, i, 0, p.Tk, sp + i * p.Tk);
 }
 
@@ -38,9 +54,13 @@ void scores_slice(T* sp, const AttentionParams<T>& p, std::size_t bh) {
 template <class T>
 void sdpa_reference_scores(T* scores, const AttentionParams<T>& p) {
   const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
-  for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
-    scores_slice(scores + bh * p.Tq * p.Tk, p, static_cast<std::size_t>(bh));
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<unsigned char> visible(p.has_program() ? p.Tq * p.Tk : 0);
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
+      scores_slice(scores + bh * p.Tq * p.Tk, p, static_cast<std::size_t>(bh), visible.data());
+    }
   }
 }
 
@@ -61,14 +81,15 @@ void sdpa_reference_forward(T* out, T* probs, const AttentionParams<T>& p) {
   const bool dropout = p.dropout_p != 0;
 #pragma omp parallel num_threads(num_threads())
   {
-    // Per-thread scratch for the dropped weights (dropout only).
+    // Per-thread scratch for the dropped weights (dropout only), and a program's visibility.
     const std::unique_ptr<T[]> pd(dropout ? new T[Tq * Tk] : nullptr);
+    std::vector<unsigned char> visible(p.has_program() ? Tq * Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
       const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));
       T* pp = probs + bh * Tq * Tk;
-      scores_slice(pp, p, static_cast<std::size_t>(bh));  // S, hidden positions at -inf
-      softmax_rows_forward(pp, pp, Tq, Tk);               // P = softmax(S), in place
+      scores_slice(pp, p, static_cast<std::size_t>(bh), visible.data());  // S, hidden at -inf
+      softmax_rows_forward(pp, pp, Tq, Tk);  // P = softmax(S), in place
       if (dropout) dropped_slice(pd.get(), pp, p, static_cast<std::size_t>(bh));
       // O = P V (P ⊙ M / (1 − p) with dropout)          (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
       blas::gemm<T>(false, false, m, dv, n, T(1), dropout ? pd.get() : pp, n, p.v + kv * Tk * Dv,
@@ -91,13 +112,19 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
   {
     // Per-thread scratch: dP, then dS in place; left uninitialised (gemm assigns it with beta = 0).
     // With dropout, the dropped weights Pd too.
+    // With a score program: U, the slope dS/dU, S recomputed, the visibility.
     const bool dropout = p.dropout_p != 0, capped = p.softcap != 0;
+    const bool program = p.score_program != nullptr;
     const std::unique_ptr<T[]> ds(new T[Tq * Tk]);
     const std::unique_ptr<T[]> pd(dropout ? new T[Tq * Tk] : nullptr);
-    const std::unique_ptr<T[]> slope(capped ? new T[Tq * Tk] : nullptr);
+    const std::unique_ptr<T[]> slope(capped || program ? new T[Tq * Tk] : nullptr);
+    const std::unique_ptr<T[]> u(program ? new T[Tq * Tk] : nullptr);
+    const std::unique_ptr<T[]> recomputed(program ? new T[Tq * Tk] : nullptr);
+    std::vector<unsigned char> visible(program ? Tq * Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
       const auto kv = static_cast<std::size_t>(kv_index);
+      const std::vector<T*> grads = program_grad_row(p, kv);
       const T* kp = p.k + kv * Tk * D;
       const T* vp = p.v + kv * Tk * Dv;
       for (std::size_t r = 0; r < group; ++r) {
@@ -120,7 +147,16 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
         // dS = P ⊙ (dP − rowsum(dP ⊙ P)); hidden positions have P = 0, hence dS = 0 there.
         softmax_rows_backward(ds.get(), ds.get(), pp, Tq, Tk);
         if (p.dscores != nullptr) std::copy_n(ds.get(), Tq * Tk, p.dscores + bh * Tq * Tk);
-        if (capped) {
+        if (program) {
+          // dU = dS ⊙ f'(U) and the parameters' Σ dS · ∂f/∂θ, from U = s · Q Kᵀ recomputed
+          scaled_dots(u.get(), p, bh);
+          std::copy_n(u.get(), Tq * Tk, recomputed.get());
+          program_scores(recomputed.get(), slope.get(), visible.data(), p, bh / p.H, bh % p.H, 0,
+                         Tq, 0, Tk, attention::BlockState::partial);
+          program_tile_grads(p, grads, u.get(), ds.get(), visible.data(), bh / p.H, bh % p.H, 0, Tq,
+                             0, Tk);
+          for (std::size_t e = 0; e < Tq * Tk; ++e) ds[e] *= slope[e];
+        } else if (capped) {
           // dU = dS ⊙ (1 − tanh²(U/c)), U = s · Q Kᵀ        (Tq,D) x (D,Tk) -> (Tq,Tk)
           blas::gemm<T>(false, true, m, n, d, s, qp, d, kp, d, T(0), slope.get(), n);
           attention::cap_row(p, Tq * Tk, slope.get(), slope.get());

@@ -19,6 +19,14 @@
 
 namespace attnlab {
 
+namespace attention {  // attnlab/attention/program.hpp: the CPU paths' programs
+class ScoreProgram;
+class MaskProgram;
+class BlockMask;
+template <class T>
+struct ProgramArgs;
+}  // namespace attention
+
 // The sizes of one attention call: q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv).
 struct AttentionSizes {
   std::size_t B = 0, H = 0, Hkv = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
@@ -96,6 +104,21 @@ struct AttentionParams : AttentionSpec {
   // over its broadcast axes. The fused paths write the tiles they visit and leave the rest (keys
   // the rule hides from a whole tile): pass zeroed memory.
   T* dscores = nullptr;
+
+  // Attention programs (attnlab/attention/program.hpp), host objects read by the CPU paths only
+  // (the CUDA entry points refuse them). score_program maps each visible scaled dot u to f(u);
+  // mask_program hides keys; block_mask (with mask_program, built for this call's sizes) lets the
+  // fused path skip tiles and fixes its tile sizes. program_args: the captured parameters' values;
+  // program_grads (backward, optional): one row of all parameters' elements per K/V slice
+  // (B·Hkv rows of program_grad_width), each summed in a fixed order, for the caller to reduce.
+  const attention::ScoreProgram* score_program = nullptr;
+  const attention::MaskProgram* mask_program = nullptr;
+  const attention::BlockMask* block_mask = nullptr;
+  const attention::ProgramArgs<T>* program_args = nullptr;
+  T* program_grads = nullptr;
+  std::size_t program_grad_width = 0;
+
+  bool has_program() const { return score_program != nullptr || mask_program != nullptr; }
 };
 
 // The one translator's last step (attnlab/ops/attention.hpp, resolve_sdpa, gives the spec): the
@@ -151,9 +174,17 @@ inline void check_attention_spec(const AttentionSpec& s, const char* op,
   check_attention_variant(s, s, op, prefix);
 }
 
+// The raw calls' check (attnlab/device_ops.hpp): the spec, and no attention program (programs run
+// through sdpa_forward and sdpa_backward, which bind their parameters and report their errors).
 template <class T>
 void check_attention_params(const AttentionParams<T>& p, const char* op) {
   check_attention_spec(p, op);
+  if (p.has_program()) {
+    throw std::invalid_argument(
+        std::string(op) +
+        ": score_program and mask_program expected none on a raw device "
+        "call (attention programs run through sdpa_forward), got a program");
+  }
 }
 
 }  // namespace attnlab

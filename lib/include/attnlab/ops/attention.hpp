@@ -55,6 +55,7 @@
 #include "attnlab/xtensor_config.hpp"
 
 #include <array>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,6 +67,7 @@
 #include <xtensor/xtensor.hpp>
 
 #include "attnlab/attention/params.hpp"
+#include "attnlab/attention/program.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/tensor.hpp"
 
@@ -155,6 +157,21 @@ struct SdpaOptions : SdpaConfig, AttentionDropout {
   // (Dropout: dropout_p and dropout_seed of AttentionDropout. The key: fold the run's seed, the
   // step and the layer with attention::dropout_key(seed, step, layer) so that every call draws a
   // fresh mask and a resumed run draws the same ones.)
+
+  // Attention programs (attnlab/attention/program.hpp; the CPU paths only). score_program maps
+  // each visible scaled dot to f(u, b, h, i, j, params); it excludes the softcap, ALiBi and the
+  // bias (give them in the program). program_params: the values of its captured parameters, read
+  // as params(k, index); their gradients come back in SdpaGrads::dprogram unless
+  // program_params_require_grad is false. mask_program hides keys; it excludes causal and the
+  // window (masks::causal, masks::sliding_window). block_mask: the mask program's block mask for
+  // this call's sizes (it carries the program, so mask_program may stay empty); without one, a
+  // fused call builds it, which evaluates the mask at every position: build it once with
+  // attention::build_block_mask and reuse it.
+  std::shared_ptr<const attention::ScoreProgram> score_program;
+  std::vector<std::vector<double>> program_params;
+  bool program_params_require_grad = true;
+  std::shared_ptr<const attention::MaskProgram> mask_program;
+  std::shared_ptr<const attention::BlockMask> block_mask;
 };
 
 // ALiBi's slopes for H heads, the geometric sequence of Press et al. 2022: m_h = 2^(-8(h+1)/H)
@@ -213,9 +230,17 @@ struct SdpaCache {
   Tensor3<T> lse;  // (B,H,Tq) log Σ_j exp(S_ij) over visible keys; -inf for a row with none
   // The CPU fused path's tiles (SdpaOptions::tile_rows, tile_keys); 0 = the tuned default.
   std::size_t tile_rows = 0, tile_keys = 0;
+  // Attention programs of the call (SdpaOptions), the captured parameters' values in T, and the
+  // block mask the fused path used (the options' or one built for the call).
+  std::shared_ptr<const attention::ScoreProgram> score_program;
+  std::vector<std::vector<T>> program_params;
+  bool program_grad = false;
+  std::shared_ptr<const attention::MaskProgram> mask_program;
+  std::shared_ptr<const attention::BlockMask> block_mask;
 
   bool has_weights() const { return p.size() != 0; }
   bool has_bias() const { return bias.size() != 0; }
+  bool has_program() const { return score_program || mask_program; }
 
   // The parameters of this cache's call over q, k, v: the spec, and pointers into q, k, v and into
   // this cache's scales and mask (valid while the cache and the tensors are unchanged).
@@ -270,6 +295,9 @@ struct SdpaGrads {
   Tensor1<T> dscale;  // (H,) dL/ds_h = Σ over batch, rows and keys of dS ⊙ (Q Kᵀ)
   Tensor4<T> dbias;   // the bias's shape: dS summed over its broadcast axes; empty without a bias
                       // or with SdpaOptions::bias_requires_grad false
+  // One per captured parameter of a score program (SdpaOptions::program_params), its size, summed
+  // in a fixed order; empty without a program or with program_params_require_grad false.
+  std::vector<Tensor1<T>> dprogram;
 };
 
 // dBias from dS = dL/dS (B,H,Tq,Tk): the sum over the axes that a bias of shape `bias_shape`
