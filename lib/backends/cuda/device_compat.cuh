@@ -34,6 +34,8 @@
 #define ATTNLAB_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 // A fixed-size shared array of the block.
 #define ATTNLAB_STATIC_SHARED(type, name, count) __shared__ type name[count]
+// #pragma unroll before a loop: nvcc's, which the C++ compiler does not know (-Wunknown-pragmas).
+#define ATTNLAB_UNROLL _Pragma("unroll")
 
 using attnlab_bf16 = __nv_bfloat16;
 using attnlab_f16 = __half;
@@ -159,6 +161,7 @@ __device__ __forceinline__ void attnlab_cp_async_wait_all() {
 #elif defined(ATTNLAB_CUDA_EMULATION)
 
 // ATTNLAB_DYNAMIC_SHARED and ATTNLAB_STATIC_SHARED: defined by the emulator.
+#define ATTNLAB_UNROLL
 
 using attnlab_bf16 = ::attnlab::emu::Bf16;
 using attnlab_f16 = ::attnlab::emu::Half;
