@@ -1,0 +1,609 @@
+// Tensor-core fused attention, FlashAttention-2's algorithm (Dao 2023, Algorithms 1 and 2) on
+// mma.sync m16n8k16: bf16 operands, fp32 accumulators and softmax, head dims 64 and 128.
+//
+//   inputs     q (B,H,Tq,HD), k and v (B,Hkv,Tk,HD), dO (B,H,Tq,HD): bf16, contiguous, row-major,
+//              as the fp32 kernels' (attention_fused_kernels.cuh). Sizes, scale s_h (H floats in
+//              device memory) and variants come from an AttentionParams<float>, whose own q, k, v
+//              are not read.
+//   outputs    O (B,H,Tq,HD) and the log-sum-exp LSE (B,H,Tq) in fp32; dQ (B,H,Tq,HD), dK and dV
+//              (B,Hkv,Tk,HD) in fp32.
+//
+//   forward    one block per (tile of 64 query rows, b·h): 4 warps of 16 rows each. Q, and K/V
+//   tiles
+//              of 64 keys, go to shared memory by cp.async (16-byte copies, zero-filled past Tq and
+//              Tk); K and V are double-buffered, the next tile in flight while this one is used.
+//              Per key tile a warp computes S = Q Kᵀ (16 × 64: ldmatrix.x4 for Q and K, 8 × HD/16
+//              mma), the score rule on every element of its fragments, the online softmax in
+//              registers (each lane holds 2 rows; row max over the quad by __shfl_xor_sync, the row
+//              sum kept per lane and summed over the quad at the end), rescales O, and adds P V
+//              with P rounded to bf16 in registers (the S accumulators become the A fragments) and
+//              V by ldmatrix.x4.trans.
+//   row_dot    D = rowsum(dO ⊙ O), one warp per row (dO bf16, O fp32).
+//   dK/dV      one block per (tile of 64 keys, b·kv head): 4 warps of 16 keys each, K and V loaded
+//              once; loop over the group's query heads (grouped-query attention) and the query
+//              tiles that can see the keys, Q and dO (and LSE, D) double-buffered. Per query tile a
+//              warp computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 64 queries), recomputes
+//              Pᵀ = exp(Sᵀ − LSE), dSᵀ = s·Pᵀ ⊙ (dPᵀ − D) (⊙ the softcap's slope), and adds
+//              dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ in bf16 straight from its registers
+//              (dO and Q by ldmatrix.trans).
+//   dQ         one block per (tile of 64 query rows, b·h): loop over the key tiles it can see, K
+//              and V double-buffered; S = Q Kᵀ, dP = dO Vᵀ, dS as above, dQ += dS K (K by .trans).
+// Every output element has exactly one writer, which sums in a fixed order: deterministic, no
+// atomics, no zeroed output needed. The score rule (attnlab/attention/score_rule.hpp) is applied
+// per fragment element (score_of_scaled, or capped / capped_slope / score_of_capped in the
+// backward), so causal with a query offset, the sliding window, the key mask, ALiBi, an additive
+// bias, the softcap and grouped-query attention (kv_slice_of) come from the one rule; key_begin,
+// key_end, query_begin and query_end skip the tiles it hides from a whole tile. Not supported:
+// dropout, and the dscores output (the launches throw).
+//
+// Shared memory rows are HD + 8 bf16 (16 bytes of padding: ldmatrix's 8 row addresses fall in
+// different banks). Forward: Q + 2 K + 2 V tiles = 5 · 64 · (HD + 8) · 2 bytes (46,080 for
+// HD = 64, 87,040 for 128); backward: 6 tiles and 4 · 64 floats (56,320 and 105,472): above 48 KiB,
+// the launch raises the kernel's limit (CudaRuntime::launch does), sm_80 and later.
+//
+// Device code only, on raw pointers, except the launch glue at the end, templated on a Runtime
+// with KernelDeviceOps's launch(kernel, grid, block, shared_bytes, args...)
+// (kernel_device_ops.hpp): under nvcc the CUDA runtime, on the CPU the emulator
+// (attnlab/backends/cuda_emulator.hpp, included first), whose mma, ldmatrix and cp.async hold
+// per-lane fragments as on the hardware.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "attnlab/attention/params.hpp"
+#include "attnlab/attention/score_rule.hpp"
+#include "attnlab/kernel_math.hpp"
+#include "device_compat.cuh"
+#include "reduce.cuh"
+
+namespace attnlab::cuda::tc {
+
+namespace cm = kernel_math;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * detail::kWarpSize;
+constexpr int kRows = 16 * kWarps;  // query rows of a tile (forward, dQ), keys of a tile (dK/dV)
+constexpr int kKeys = 64;           // keys of a tile (forward, dQ), query rows of a tile (dK/dV)
+constexpr int kPad = 8;             // bf16 elements of padding per shared-memory row
+
+template <int HD>
+struct Shape {
+  static_assert(HD == 64 || HD == 128, "head dims 64 and 128");
+  static constexpr int kLd = HD + kPad;    // shared-memory row stride, in bf16
+  static constexpr int kTile = 64 * kLd;   // one 64-row tile
+  static constexpr int kDSteps = HD / 16;  // k-steps of 16 over the head dim
+  static constexpr int kDTiles = HD / 8;   // n-tiles of 8 over the head dim
+};
+constexpr int kKeyTiles = kKeys / 8;  // n-tiles of 8 over a tile's 64 columns
+
+// ---- fragments ---------------------------------------------------------------------------------
+
+// cp.async of rows [row0, row0 + 64) of a (rows, HD) bf16 matrix into a shared tile of row stride
+// HD + kPad, 16 bytes a copy; rows at or past `rows` are zero-filled (no global read).
+template <int HD>
+__device__ inline void async_tile(attnlab_bf16* dst, const attnlab_bf16* src, std::size_t row0,
+                                  std::size_t rows) {
+  constexpr int chunks = HD / 8;
+  for (int e = static_cast<int>(threadIdx.x); e < 64 * chunks; e += kThreads) {
+    const int r = e / chunks, c = e % chunks;
+    const std::size_t row = row0 + static_cast<std::size_t>(r);
+    const bool in = row < rows;
+    attnlab_cp_async_16_zfill(dst + r * Shape<HD>::kLd + c * 8, in ? src + row * HD + c * 8 : src,
+                              in ? 16u : 0u);
+  }
+}
+
+// The A fragment (16 × 16, rows r0.., columns k0..) of a row-major shared tile: ldmatrix.x4 of the
+// four 8 × 8 quarters, in a0..a7's order (rows +0/+8, then columns +0/+8).
+__device__ inline void load_a(std::uint32_t (&a)[4], const attnlab_bf16* tile, int ld, int r0,
+                              int k0) {
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, m = lane / 8, j = lane % 8;
+  attnlab_ldmatrix_x4(a, tile + (r0 + j + 8 * (m % 2)) * ld + k0 + 8 * (m / 2));
+}
+
+// The B fragments (16 × 8) of the n-tiles n0 and n0 + 8, k-step k0, of B(k, n) = tile(n, k): the
+// tile's rows are B's columns (K for Q Kᵀ). b[0], b[1] for n0; b[2], b[3] for n0 + 8.
+__device__ inline void load_b_of_rows(std::uint32_t (&b)[4], const attnlab_bf16* tile, int ld,
+                                      int n0, int k0) {
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, m = lane / 8, j = lane % 8;
+  attnlab_ldmatrix_x4(b, tile + (n0 + j + 8 * (m / 2)) * ld + k0 + 8 * (m % 2));
+}
+
+// The same for B(k, n) = tile(k, n) (V for P V), by ldmatrix.trans.
+__device__ inline void load_b_trans(std::uint32_t (&b)[4], const attnlab_bf16* tile, int ld, int k0,
+                                    int n0) {
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, m = lane / 8, j = lane % 8;
+  attnlab_ldmatrix_x4_trans(b, tile + (k0 + j + 8 * (m % 2)) * ld + n0 + 8 * (m / 2));
+}
+
+// d += A B for the two n-tiles whose B fragments load_b_* gave.
+__device__ inline void mma_pair(float (&d0)[4], float (&d1)[4], const std::uint32_t (&a)[4],
+                                const std::uint32_t (&b)[4]) {
+  const std::uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  attnlab_mma_m16n8k16_bf16(d0, a, b0, d0);
+  attnlab_mma_m16n8k16_bf16(d1, a, b1, d1);
+}
+
+// The A fragment of columns 16kk.. of a 16 × 64 accumulator (its n-tiles 2kk and 2kk + 1), rounded
+// to bf16: the C layout of two adjacent n-tiles is the A layout of their 16 columns.
+__device__ inline void accumulator_as_a(std::uint32_t (&a)[4], const float (&c)[kKeyTiles][4],
+                                        int kk) {
+  a[0] = attnlab_pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = attnlab_pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = attnlab_pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = attnlab_pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+template <int M, int N>
+__device__ inline void zero(float (&x)[M][N]) {
+  ATTNLAB_UNROLL
+  for (int i = 0; i < M; ++i) {
+    ATTNLAB_UNROLL
+    for (int j = 0; j < N; ++j) x[i][j] = 0.0f;
+  }
+}
+
+// acc (16 × 64) = A Bᵀ with A the warp's 16 rows (from r0) of tile `a` and B the 64 rows of tile
+// `b`, both (64, HD) in shared memory: Q Kᵀ, dO Vᵀ, K Qᵀ, V dOᵀ.
+template <int HD>
+__device__ inline void rows_times_rows(float (&acc)[kKeyTiles][4], const attnlab_bf16* a, int r0,
+                                       const attnlab_bf16* b) {
+  constexpr int ld = Shape<HD>::kLd;
+  zero(acc);
+  ATTNLAB_UNROLL
+  for (int kt = 0; kt < Shape<HD>::kDSteps; ++kt) {
+    std::uint32_t af[4];
+    load_a(af, a, ld, r0, 16 * kt);
+    ATTNLAB_UNROLL
+    for (int np = 0; np < kKeyTiles / 2; ++np) {
+      std::uint32_t bf[4];
+      load_b_of_rows(bf, b, ld, 16 * np, 16 * kt);
+      mma_pair(acc[2 * np], acc[2 * np + 1], af, bf);
+    }
+  }
+}
+
+// acc (16 × HD) += P B with P (16 × 64) in the warp's accumulators (rounded to bf16) and B the
+// (64, HD) tile `b` in shared memory: P V, Pᵀ dO, dSᵀ Q, dS K.
+template <int HD>
+__device__ inline void accumulate_product(float (&acc)[Shape<HD>::kDTiles][4],
+                                          const float (&p)[kKeyTiles][4], const attnlab_bf16* b) {
+  ATTNLAB_UNROLL
+  for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+    std::uint32_t pa[4];
+    accumulator_as_a(pa, p, kk);
+    ATTNLAB_UNROLL
+    for (int dp = 0; dp < Shape<HD>::kDTiles / 2; ++dp) {
+      std::uint32_t bf[4];
+      load_b_trans(bf, b, Shape<HD>::kLd, 16 * kk, 16 * dp);
+      mma_pair(acc[2 * dp], acc[2 * dp + 1], pa, bf);
+    }
+  }
+}
+
+__device__ inline float quad_max(float x) {
+  x = cm::max_of(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return cm::max_of(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ inline std::size_t min_size(std::size_t x, std::size_t y) {
+  return x < y ? x : y;
+}
+
+// ---- forward -----------------------------------------------------------------------------------
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    tc_forward_kernel(float* out, float* lse, const attnlab_bf16* q, const attnlab_bf16* k,
+                      const attnlab_bf16* v, AttentionParams<float> a) {
+  using S = Shape<HD>;
+  ATTNLAB_DYNAMIC_SHARED(smem_raw);
+  attnlab_bf16* qs = reinterpret_cast<attnlab_bf16*>(smem_raw);  // (64, HD)
+  attnlab_bf16* ks = qs + S::kTile;                              // 2 × (64, HD)
+  attnlab_bf16* vs = ks + 2 * S::kTile;                          // 2 × (64, HD)
+
+  const int warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const std::size_t kv = a.kv_slice_of(bh);
+  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * kRows;
+  const float s = a.scale[h];
+  const attnlab_bf16* kg = k + kv * a.Tk * HD;
+  const attnlab_bf16* vg = v + kv * a.Tk * HD;
+  // The lane's two rows: g and g + 8 of the warp's 16 (accumulator elements 0, 1 and 2, 3).
+  const std::size_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8};
+
+  // The tile's queries see keys [key_begin(i0), key_end(last)); tiles outside are skipped.
+  const std::size_t last = min_size(i0 + kRows, a.Tq) - 1;
+  const std::size_t key_start = attention::key_begin(a, i0) / kKeys * kKeys;
+  const std::size_t key_stop = attention::key_end(a, last);
+  const int tiles =
+      key_stop > key_start ? static_cast<int>(cm::tile_count(key_stop - key_start, kKeys)) : 0;
+
+  async_tile<HD>(qs, q + bh * a.Tq * HD, i0, a.Tq);
+  if (tiles > 0) {
+    async_tile<HD>(ks, kg, key_start, a.Tk);
+    async_tile<HD>(vs, vg, key_start, a.Tk);
+  }
+  attnlab_cp_async_commit();
+
+  float o[S::kDTiles][4];
+  zero(o);
+  float row_max[2] = {cm::negative_infinity<float>(), cm::negative_infinity<float>()};
+  float row_sum[2] = {0.0f, 0.0f};  // the lane's part: its 16 columns of each tile
+
+  for (int it = 0; it < tiles; ++it) {
+    const std::size_t j0 = key_start + static_cast<std::size_t>(it) * kKeys;
+    const int buf = it % 2;
+    if (it + 1 < tiles) {  // the next K/V tile into the other buffer, read two barriers ago
+      async_tile<HD>(ks + (1 - buf) * S::kTile, kg, j0 + kKeys, a.Tk);
+      async_tile<HD>(vs + (1 - buf) * S::kTile, vg, j0 + kKeys, a.Tk);
+    }
+    attnlab_cp_async_commit();
+    attnlab_cp_async_wait<1>();  // every group but the newest (the next tile): this tile is in
+    __syncthreads();
+    const attnlab_bf16* kt = ks + buf * S::kTile;
+    const attnlab_bf16* vt = vs + buf * S::kTile;
+
+    float sc[kKeyTiles][4];  // S = Q Kᵀ, then the scores, then the weights
+    rows_times_rows<HD>(sc, qs, 16 * warp, kt);
+    float tile_max[2] = {cm::negative_infinity<float>(), cm::negative_infinity<float>()};
+    ATTNLAB_UNROLL
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      ATTNLAB_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const std::size_t i = row[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
+        const float x = i < a.Tq && j < a.Tk
+                            ? attention::score_of_scaled(a, b, h, i, j, s * sc[nt][e])
+                            : cm::negative_infinity<float>();
+        sc[nt][e] = x;
+        tile_max[e / 2] = cm::max_of(tile_max[e / 2], x);
+      }
+    }
+    float rescale[2];
+    ATTNLAB_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float new_max = cm::max_of(row_max[r], quad_max(tile_max[r]));
+      rescale[r] = cm::exp_shifted(row_max[r], new_max);  // 0 while the row has seen nothing
+      row_max[r] = new_max;
+      row_sum[r] *= rescale[r];
+    }
+    ATTNLAB_UNROLL
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      ATTNLAB_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float p = cm::exp_shifted(sc[nt][e], row_max[e / 2]);
+        row_sum[e / 2] += p;  // in fp32, before P is rounded to bf16 for P V
+        sc[nt][e] = p;
+      }
+    }
+    ATTNLAB_UNROLL
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      ATTNLAB_UNROLL
+      for (int e = 0; e < 4; ++e) o[dt][e] *= rescale[e / 2];
+    }
+    accumulate_product<HD>(o, sc, vt);
+    __syncthreads();  // buffer `buf` is refilled at the next iteration
+  }
+  attnlab_cp_async_wait_all();  // nothing is left in flight at the exit (no key tile: Q)
+
+  // O = O / l (0 for a row with no visible key); LSE = m + log l (-inf for such a row).
+  ATTNLAB_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const cm::OnlineSoftmax<float> state{row_max[r], quad_sum(row_sum[r])};
+    const std::size_t i = row[r];
+    if (i >= a.Tq) continue;
+    const float inverse = state.inverse_sum();
+    float* o_row = out + (bh * a.Tq + i) * HD;
+    ATTNLAB_UNROLL
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      o_row[8 * dt + 2 * t] = o[dt][2 * r] * inverse;
+      o_row[8 * dt + 2 * t + 1] = o[dt][2 * r + 1] * inverse;
+    }
+    if (t == 0) lse[bh * a.Tq + i] = state.log_sum_exp();
+  }
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+
+// D = rowsum(dO ⊙ O) over `rows` rows of HD, one warp per row.
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    tc_row_dot_kernel(float* row_dot, const attnlab_bf16* dout, const float* out,
+                      std::size_t rows) {
+  const std::size_t r =
+      static_cast<std::size_t>(blockIdx.x) * kWarps + threadIdx.x / detail::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize;
+  if (r >= rows) return;  // whole warps leave together
+  float acc = 0.0f;
+  for (int c = lane; c < HD; c += detail::kWarpSize) {
+    acc += attnlab_bf16_to_float(dout[r * HD + c]) * out[r * HD + c];
+  }
+  acc = detail::warp_sum(acc);
+  if (lane == 0) row_dot[r] = acc;
+}
+
+// The backward's elements of one tile pair, in place: given the accumulators of the scaled dot
+// (before s) and of dP, p becomes P = exp(S − LSE) and dp becomes s·dS ⊙ slope, dS = P ⊙ (dP − D).
+// query(nt, e) and key(nt, e) locate an element; lse_of / dot_of give its row's LSE and D.
+template <class Query, class Key, class Lse, class Dot>
+__device__ inline void tile_gradient(float (&p)[kKeyTiles][4], float (&dp)[kKeyTiles][4],
+                                     const AttentionParams<float>& a, std::size_t b, std::size_t h,
+                                     float s, Query query, Key key, Lse lse_of, Dot dot_of) {
+  ATTNLAB_UNROLL
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+    ATTNLAB_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const std::size_t i = query(nt, e), j = key(nt, e);
+      const float capped = attention::capped(a, s * p[nt][e]);
+      const float slope = attention::capped_slope(a, capped);
+      const float score = i < a.Tq && j < a.Tk ? attention::score_of_capped(a, b, h, i, j, capped)
+                                               : cm::negative_infinity<float>();
+      const float weight = cm::weight_from_lse(score, lse_of(nt, e));  // 0 when hidden
+      p[nt][e] = weight;
+      dp[nt][e] = s * cm::softmax_backward_element(weight, dp[nt][e], dot_of(nt, e)) * slope;
+    }
+  }
+}
+
+// dK and dV of one tile of 64 keys of K/V slice blockIdx.y, over the query tiles of every query
+// head of its group that can see them.
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    tc_key_pass_kernel(float* dk, float* dv, const attnlab_bf16* q, const attnlab_bf16* k,
+                       const attnlab_bf16* v, const attnlab_bf16* dout, const float* lse,
+                       const float* row_dot, AttentionParams<float> a) {
+  using S = Shape<HD>;
+  ATTNLAB_DYNAMIC_SHARED(smem_raw);
+  attnlab_bf16* ks = reinterpret_cast<attnlab_bf16*>(smem_raw);  // (64 keys, HD)
+  attnlab_bf16* vs = ks + S::kTile;                              // (64 keys, HD)
+  attnlab_bf16* qs = vs + S::kTile;                              // 2 × (64 queries, HD)
+  attnlab_bf16* dos = qs + 2 * S::kTile;                         // 2 × (64 queries, HD)
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * S::kTile);   // 2 × 64
+  float* dot_s = lse_s + 2 * kKeys;                              // 2 × 64
+
+  const int warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
+  const std::size_t kv = blockIdx.y, group = a.group();
+  const std::size_t j0 = static_cast<std::size_t>(blockIdx.x) * kRows;
+  // Queries before query_begin(j0) see none of these keys, nor do those from query_end(last key).
+  const std::size_t first_query = attention::query_begin(a, j0) / kKeys * kKeys;
+  const std::size_t query_stop = attention::query_end(a, min_size(j0 + kRows, a.Tk) - 1);
+  const std::size_t per_head =
+      query_stop > first_query ? cm::tile_count(query_stop - first_query, kKeys) : 0;
+  const int tiles = static_cast<int>(group * per_head);
+  // Tile `it`: query tile it % per_head of head slice kv·G + it / per_head.
+  const auto slice_of = [&](int it) {
+    return kv * group + static_cast<std::size_t>(it) / per_head;
+  };
+  const auto first_of = [&](int it) {
+    return first_query + static_cast<std::size_t>(it) % per_head * kKeys;
+  };
+  const auto issue = [&](int it, int buf) {
+    const std::size_t bh = slice_of(it), i0 = first_of(it);
+    async_tile<HD>(qs + buf * S::kTile, q + bh * a.Tq * HD, i0, a.Tq);
+    async_tile<HD>(dos + buf * S::kTile, dout + bh * a.Tq * HD, i0, a.Tq);
+    for (int r = static_cast<int>(threadIdx.x); r < kKeys; r += kThreads) {
+      const bool in = i0 + r < a.Tq;
+      lse_s[buf * kKeys + r] = in ? lse[bh * a.Tq + i0 + r] : cm::negative_infinity<float>();
+      dot_s[buf * kKeys + r] = in ? row_dot[bh * a.Tq + i0 + r] : 0.0f;
+    }
+  };
+
+  async_tile<HD>(ks, k + kv * a.Tk * HD, j0, a.Tk);
+  async_tile<HD>(vs, v + kv * a.Tk * HD, j0, a.Tk);
+  if (tiles > 0) issue(0, 0);
+  attnlab_cp_async_commit();
+
+  float dka[S::kDTiles][4], dva[S::kDTiles][4];
+  zero(dka);
+  zero(dva);
+  for (int it = 0; it < tiles; ++it) {
+    const int buf = it % 2;
+    const std::size_t bh = slice_of(it), i0 = first_of(it);
+    const std::size_t b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+    if (it + 1 < tiles) issue(it + 1, 1 - buf);
+    attnlab_cp_async_commit();
+    attnlab_cp_async_wait<1>();
+    __syncthreads();
+    const attnlab_bf16* qt = qs + buf * S::kTile;
+    const attnlab_bf16* dot = dos + buf * S::kTile;
+    const float* lse_t = lse_s + buf * kKeys;
+    const float* dot_t = dot_s + buf * kKeys;
+
+    float pt[kKeyTiles][4], dst[kKeyTiles][4];  // Sᵀ then Pᵀ; dPᵀ then s·dSᵀ
+    rows_times_rows<HD>(pt, ks, 16 * warp, qt);
+    rows_times_rows<HD>(dst, vs, 16 * warp, dot);
+    // Element (nt, e): key row g (+8 for e ≥ 2) of the warp's 16, query column 8nt + 2t + e % 2.
+    tile_gradient(
+        pt, dst, a, b, h, a.scale[h], [&](int nt, int e) { return i0 + 8 * nt + 2 * t + e % 2; },
+        [&](int, int e) { return j0 + 16 * warp + g + 8 * (e / 2); },
+        [&](int nt, int e) { return lse_t[8 * nt + 2 * t + e % 2]; },
+        [&](int nt, int e) { return dot_t[8 * nt + 2 * t + e % 2]; });
+    accumulate_product<HD>(dva, pt, dot);  // dV += Pᵀ dO
+    accumulate_product<HD>(dka, dst, qt);  // dK += s·dSᵀ Q
+    __syncthreads();                       // buffer `buf` is refilled at the next iteration
+  }
+  attnlab_cp_async_wait_all();
+
+  // Keys that no query sees keep their zero accumulators: every element is written.
+  ATTNLAB_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t j = j0 + 16 * warp + g + 8 * r;
+    if (j >= a.Tk) continue;
+    float* dk_row = dk + (kv * a.Tk + j) * HD;
+    float* dv_row = dv + (kv * a.Tk + j) * HD;
+    ATTNLAB_UNROLL
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      dk_row[8 * dt + 2 * t] = dka[dt][2 * r];
+      dk_row[8 * dt + 2 * t + 1] = dka[dt][2 * r + 1];
+      dv_row[8 * dt + 2 * t] = dva[dt][2 * r];
+      dv_row[8 * dt + 2 * t + 1] = dva[dt][2 * r + 1];
+    }
+  }
+}
+
+// dQ of one tile of 64 query rows of head slice blockIdx.y, over the key tiles it can see.
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    tc_query_pass_kernel(float* dq, const attnlab_bf16* q, const attnlab_bf16* k,
+                         const attnlab_bf16* v, const attnlab_bf16* dout, const float* lse,
+                         const float* row_dot, AttentionParams<float> a) {
+  using S = Shape<HD>;
+  ATTNLAB_DYNAMIC_SHARED(smem_raw);
+  attnlab_bf16* qs = reinterpret_cast<attnlab_bf16*>(smem_raw);  // (64, HD)
+  attnlab_bf16* dos = qs + S::kTile;                             // (64, HD)
+  attnlab_bf16* ks = dos + S::kTile;                             // 2 × (64, HD)
+  attnlab_bf16* vs = ks + 2 * S::kTile;                          // 2 × (64, HD)
+
+  const int warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
+  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const std::size_t kv = a.kv_slice_of(bh);
+  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * kRows;
+  const float s = a.scale[h];
+  const attnlab_bf16* kg = k + kv * a.Tk * HD;
+  const attnlab_bf16* vg = v + kv * a.Tk * HD;
+  const std::size_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8};
+  float row_lse[2], row_d[2];
+  ATTNLAB_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const bool in = row[r] < a.Tq;
+    row_lse[r] = in ? lse[bh * a.Tq + row[r]] : cm::negative_infinity<float>();
+    row_d[r] = in ? row_dot[bh * a.Tq + row[r]] : 0.0f;
+  }
+
+  const std::size_t last = min_size(i0 + kRows, a.Tq) - 1;
+  const std::size_t key_start = attention::key_begin(a, i0) / kKeys * kKeys;
+  const std::size_t key_stop = attention::key_end(a, last);
+  const int tiles =
+      key_stop > key_start ? static_cast<int>(cm::tile_count(key_stop - key_start, kKeys)) : 0;
+
+  async_tile<HD>(qs, q + bh * a.Tq * HD, i0, a.Tq);
+  async_tile<HD>(dos, dout + bh * a.Tq * HD, i0, a.Tq);
+  if (tiles > 0) {
+    async_tile<HD>(ks, kg, key_start, a.Tk);
+    async_tile<HD>(vs, vg, key_start, a.Tk);
+  }
+  attnlab_cp_async_commit();
+
+  float dqa[S::kDTiles][4];
+  zero(dqa);
+  for (int it = 0; it < tiles; ++it) {
+    const std::size_t j0 = key_start + static_cast<std::size_t>(it) * kKeys;
+    const int buf = it % 2;
+    if (it + 1 < tiles) {
+      async_tile<HD>(ks + (1 - buf) * S::kTile, kg, j0 + kKeys, a.Tk);
+      async_tile<HD>(vs + (1 - buf) * S::kTile, vg, j0 + kKeys, a.Tk);
+    }
+    attnlab_cp_async_commit();
+    attnlab_cp_async_wait<1>();
+    __syncthreads();
+    const attnlab_bf16* kt = ks + buf * S::kTile;
+    const attnlab_bf16* vt = vs + buf * S::kTile;
+
+    float p[kKeyTiles][4], ds[kKeyTiles][4];  // S then P; dP then s·dS
+    rows_times_rows<HD>(p, qs, 16 * warp, kt);
+    rows_times_rows<HD>(ds, dos, 16 * warp, vt);
+    // Element (nt, e): query row g (+8 for e ≥ 2) of the warp's 16, key column 8nt + 2t + e % 2.
+    tile_gradient(
+        p, ds, a, b, h, s, [&](int, int e) { return row[e / 2]; },
+        [&](int nt, int e) { return j0 + 8 * nt + 2 * t + e % 2; },
+        [&](int, int e) { return row_lse[e / 2]; }, [&](int, int e) { return row_d[e / 2]; });
+    accumulate_product<HD>(dqa, ds, kt);  // dQ += s·dS K
+    __syncthreads();
+  }
+  attnlab_cp_async_wait_all();
+
+  ATTNLAB_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= a.Tq) continue;
+    float* dq_row = dq + (bh * a.Tq + row[r]) * HD;
+    ATTNLAB_UNROLL
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      dq_row[8 * dt + 2 * t] = dqa[dt][2 * r];
+      dq_row[8 * dt + 2 * t + 1] = dqa[dt][2 * r + 1];
+    }
+  }
+}
+
+// ---- launch glue -------------------------------------------------------------------------------
+
+template <int HD>
+constexpr std::size_t forward_smem() {
+  return sizeof(attnlab_bf16) * 5 * Shape<HD>::kTile;
+}
+template <int HD>
+constexpr std::size_t backward_smem() {  // the key pass's; the query pass takes 6 tiles only
+  return sizeof(attnlab_bf16) * 6 * Shape<HD>::kTile + sizeof(float) * 4 * kKeys;
+}
+
+// Throws std::invalid_argument unless the tensor-core kernels run this call: head dims HD, no
+// dropout, no dscores, a grid that fits.
+inline void check_tc_params(const AttentionParams<float>& a, std::size_t head_dim, const char* op) {
+  check_attention_params(a, op);
+  const auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(std::string(op) + ": " + what);
+  };
+  if (a.D != head_dim || a.Dv != head_dim) {
+    fail("head dims D = " + std::to_string(a.D) + ", Dv = " + std::to_string(a.Dv) +
+         ", the kernel's are " + std::to_string(head_dim));
+  }
+  if (a.dropout_p != 0.0) fail("dropout is not supported by the tensor-core kernels");
+  if (a.dscores != nullptr) fail("dscores is not written by the tensor-core kernels");
+  if (a.B * a.H > 65535 || cm::tile_count(a.Tq > a.Tk ? a.Tq : a.Tk, kRows) > 0x7fffffffu) {
+    fail("B*H = " + std::to_string(a.B * a.H) + " exceeds 65535 (grid y)");
+  }
+}
+
+// O (B,H,Tq,HD) and LSE (B,H,Tq) in fp32 from bf16 q, k, v in device memory. rt.launch as
+// KernelDeviceOps's Runtime.
+template <int HD, class Runtime>
+void tc_attention_forward(Runtime& rt, float* out, float* lse, const attnlab_bf16* q,
+                          const attnlab_bf16* k, const attnlab_bf16* v,
+                          const AttentionParams<float>& a) {
+  check_tc_params(a, HD, "sdpa tensor-core forward");
+  if (a.B * a.H * a.Tq == 0) return;
+  rt.launch(
+      tc_forward_kernel<HD>,
+      dim3(static_cast<unsigned>(cm::tile_count(a.Tq, kRows)), static_cast<unsigned>(a.B * a.H)),
+      dim3(kThreads), forward_smem<HD>(), out, lse, q, k, v, a);
+}
+
+// dQ (B,H,Tq,HD), dK and dV (B,Hkv,Tk,HD) in fp32 from the forward's O and LSE and dO (bf16).
+// row_dot: B·H·Tq floats of device scratch (D = rowsum(dO ⊙ O)). Deterministic.
+template <int HD, class Runtime>
+void tc_attention_backward(Runtime& rt, float* dq, float* dk, float* dv, float* row_dot,
+                           const attnlab_bf16* q, const attnlab_bf16* k, const attnlab_bf16* v,
+                           const attnlab_bf16* dout, const float* out, const float* lse,
+                           const AttentionParams<float>& a) {
+  check_tc_params(a, HD, "sdpa tensor-core backward");
+  const std::size_t rows = a.B * a.H * a.Tq;
+  if (rows > 0) {
+    rt.launch(tc_row_dot_kernel<HD>, dim3(static_cast<unsigned>(cm::tile_count(rows, kWarps))),
+              dim3(kThreads), 0, row_dot, dout, out, rows);
+  }
+  if (a.B * a.Hkv * a.Tk > 0) {
+    rt.launch(tc_key_pass_kernel<HD>,
+              dim3(static_cast<unsigned>(cm::tile_count(a.Tk, kRows)),
+                   static_cast<unsigned>(a.B * a.Hkv)),
+              dim3(kThreads), backward_smem<HD>(), dk, dv, q, k, v, dout, lse,
+              static_cast<const float*>(row_dot), a);
+  }
+  if (rows > 0) {
+    rt.launch(
+        tc_query_pass_kernel<HD>,
+        dim3(static_cast<unsigned>(cm::tile_count(a.Tq, kRows)), static_cast<unsigned>(a.B * a.H)),
+        dim3(kThreads), sizeof(attnlab_bf16) * 6 * Shape<HD>::kTile, dq, q, k, v, dout, lse,
+        static_cast<const float*>(row_dot), a);
+  }
+}
+
+}  // namespace attnlab::cuda::tc
