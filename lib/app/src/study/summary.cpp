@@ -402,10 +402,11 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
         if (c_l0[i] < cells.size()) *l0[i] = std::stod(cells[c_l0[i]]);  // "nan" reads as NaN
       if (c_bpb < cells.size()) r.final_eval_bpb = std::stod(cells[c_bpb]);
       const std::size_t n_mech = std::size(kMechanism);
-      for (std::size_t i = 0; i < c_mech.size(); ++i)
-        if (c_mech[i] < cells.size())
-          (i < n_mech ? r.layer0_init : r.layer0_final).*kMechanism[i % n_mech].field =
-              std::stod(cells[c_mech[i]]);
+      for (std::size_t i = 0; i < c_mech.size(); ++i) {
+        // Through a reference: GCC 12 assigns `(c ? a : b).*field` to a copy.
+        LayerZeroStats& z = i < n_mech ? r.layer0_init : r.layer0_final;
+        if (c_mech[i] < cells.size()) z.*kMechanism[i % n_mech].field = std::stod(cells[c_mech[i]]);
+      }
       runs.push_back(std::move(r));
     } catch (const std::logic_error&) {
       throw std::invalid_argument(path + ": line " + std::to_string(n) +
