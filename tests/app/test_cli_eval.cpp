@@ -125,18 +125,22 @@ TEST_CASE(
 
   check_bad_input(common + (dir / "bad").string() + "' --eval-batch -1", dir, "--eval-batch");
 
-  // A text run saved before metrics.csv had eval_bpb resumes with nan in the rows it keeps.
+  // A text run saved before metrics.csv had eval_bpb and the mechanism columns resumes with nan in
+  // the rows it keeps.
   REQUIRE(cli(common + (dir / "old").string() + "' --stop-after 10", dir).status == 130);
   const fs::path csv = dir / "old" / "metrics.csv";
-  const auto without_bpb = [](const std::string& text) {  // drops the column after jacobian_mean
+  const auto without_bpb = [](const std::string& text) {  // drops the columns after jacobian_mean
     std::string out;
     std::istringstream in(text);
+    std::size_t last = 0;  // jacobian_mean's index, from the header
     for (std::string line; std::getline(in, line); out += '\n') {
       std::istringstream cells(line);
       std::vector<std::string> kept;
       for (std::string cell; std::getline(cells, cell, ',');) kept.push_back(cell);
-      for (std::size_t i = 0; i < kept.size(); ++i)
-        if (i != kept.size() - 1) out += (i ? "," : "") + kept[i];  // eval_bpb is last here
+      if (last == 0)
+        last = static_cast<std::size_t>(std::find(kept.begin(), kept.end(), "jacobian_mean") -
+                                        kept.begin());
+      for (std::size_t i = 0; i <= last && i < kept.size(); ++i) out += (i ? "," : "") + kept[i];
     }
     return out;
   };
@@ -148,6 +152,10 @@ TEST_CASE(
   REQUIRE(kept_bpb.size() == 3);
   CHECK(kept_bpb[0] == "nan");  // steps 0 and 10: kept from the old file
   CHECK(kept_bpb[1] == "nan");
+  const std::vector<std::string> kept_q = column(resumed, "l0h0_q_norm");
+  REQUIRE(kept_q.size() == 3);
+  CHECK(kept_q[1] == "nan");
+  CHECK(std::stod(kept_q[2]) > 0);
   CHECK(std::stod(kept_bpb[2]) ==
         doctest::Approx(std::stod(column(resumed, "eval_loss")[2]) / std::log(2.0)).epsilon(1e-6));
   const std::vector<std::string> resumed_loss = column(resumed, "eval_loss"),

@@ -98,7 +98,7 @@ std::map<std::string, CheckResult> checks_of(const std::vector<RunRecord>& runs)
   REQUIRE(families.size() == 1);
   std::map<std::string, CheckResult> out;
   for (auto& c : proxy_checks(runs, families.front())) out[c.id] = c;
-  REQUIRE(out.size() == 6);
+  REQUIRE(out.size() == 9);  // C1–C6 and the amendments C2a, C4a, C6a
   return out;
 }
 
@@ -109,8 +109,18 @@ TEST_CASE("proxy checks: a family that behaves as the paper says holds C1 to C6"
   for (const auto& [id, c] : checks) {
     CAPTURE(id);
     CAPTURE(c.numbers);
+    CHECK(c.amendment == (id.size() == 3));
+    if (c.amendment) {
+      CHECK(c.reason.size() > 20);
+      continue;
+    }
     CHECK(c.verdict == Verdict::holds);
   }
+  CHECK(checks.at("C4a").verdict == Verdict::holds);
+  // Records without the q/k norm columns (NaN) cannot say where the growth comes from.
+  CHECK(checks.at("C6a").verdict == Verdict::inconclusive);
+  CHECK(checks.at("C6a").numbers ==
+        "not computable from this CSV (needs the per-head q/k norm columns)");
   CHECK(checks.at("C6").numbers.find("slope 1.000") == 0);
   // C5: the 6 non-diverged failures (w64 at 0.3, w128 and w256 at 0.1, two seeds) are evaluable;
   // the 4 diverged ones have no finite entropy.
@@ -206,4 +216,72 @@ TEST_CASE("proxy checks: families are groups <family>/w<width> with two widths o
   for (const char* id : {"| C1 |", "| C2 |", "| C3 |", "| C4 |", "| C5 |", "| C6 |"})
     CHECK(md.find(id) != std::string::npos);
   CHECK(md.find("| holds |") != std::string::npos);
+}
+
+TEST_CASE("proxy checks, amended C4: one step of the grid passes whichever its ratio") {
+  // At w256 1/√d_k's good LR is 0.003 and 1/d_k's 0.01: one step, ×3.33 > 10^0.5.
+  Family f = paper_family();
+  f[256]["sqrt_dk"].loss = {2.9, 2.4, 2.05, 2.2, 2.6, 3.5, kNaN};
+  f[256]["dk"].loss = {3.3, 2.8, 2.4, 2.1, 2.35, 2.4, 2.8};
+  auto checks = checks_of(make_runs(f));
+  CHECK(checks.at("C4").verdict == Verdict::fails);
+  CHECK(checks.at("C4").numbers.find("(ratio 3.33) ✗") != std::string::npos);
+  CHECK(checks.at("C4a").verdict == Verdict::holds);
+  CHECK(checks.at("C4a").numbers.find("w256 good LR 1/d_k 0.01 vs 1/√d_k 0.003 (1 grid step) ✓") !=
+        std::string::npos);
+  // Two steps (0.003 to 0.03) fail both.
+  f[256]["dk"].loss = {3.3, 2.8, 2.4, 2.15, 2.1, 2.4, 2.8};
+  checks = checks_of(make_runs(f));
+  CHECK(checks.at("C4").verdict == Verdict::fails);
+  CHECK(checks.at("C4a").verdict == Verdict::fails);
+  CHECK(checks.at("C4a").numbers.find("(2 grid steps) ✗") != std::string::npos);
+}
+
+TEST_CASE("proxy checks, amended C2: qk-norm's logits against 1/√d_k's, not its own growth") {
+  Family f = paper_family();  // 1/√d_k grows 20× where it fails
+  for (int w : {64, 128, 256}) f[w]["qk_norm"].growth = std::vector<double>(7, 1.5);
+  auto checks = checks_of(make_runs(f));
+  CHECK(checks.at("C2").verdict == Verdict::holds);
+  CHECK(checks.at("C2a").verdict == Verdict::holds);
+  // qk-norm's own logits grow 15×, yet stay at 0.75 of 1/√d_k's: both fail.
+  f[128]["qk_norm"].growth[5] = 15;
+  checks = checks_of(make_runs(f));
+  CHECK(checks.at("C2").verdict == Verdict::fails);
+  CHECK(checks.at("C2a").verdict == Verdict::fails);
+  CHECK(checks.at("C2a").numbers.find("(ratio 0.75)") != std::string::npos);
+  // 15× from a small start, ending far below 1/√d_k's: C2 fails, C2a holds.
+  f = paper_family();
+  for (int w : {64, 128, 256}) f[w]["qk_norm"].growth = std::vector<double>(7, 1.5);
+  f[128]["qk_norm"].growth[5] = 15;
+  auto runs = make_runs(f);
+  for (auto& r : runs)
+    if (r.mode == "sqrt_dk" && r.layer0_final.max_logit >= 10 * r.layer0_init.max_logit)
+      r.layer0_final.max_logit *= 100;  // where it grew 20×: 2000× its start
+  checks = checks_of(runs);
+  CHECK(checks.at("C2").verdict == Verdict::fails);
+  CHECK(checks.at("C2a").verdict == Verdict::holds);
+}
+
+TEST_CASE("proxy checks, amended C6: slopes on log(‖q‖‖k‖) at the max-logit pair") {
+  auto runs = make_runs(paper_family());
+  // The max logit is s‖q‖‖k‖|cos| with cos fixed (slope 1), or the norms grow as its square root
+  // (slope 2); the seeds' ends differ, so the slope across runs is defined.
+  for (const double slope : {1.0, 2.0}) {
+    for (auto& r : runs) {
+      for (LayerZeroStats* z : {&r.layer0_init, &r.layer0_final}) {
+        if (!std::isfinite(z->max_logit)) continue;
+        if (z == &r.layer0_final) z->max_logit *= 1 + 0.5 * r.seed;
+        const double qk = std::pow(z->max_logit, 1 / slope);
+        z->q_norm = std::sqrt(qk);
+        z->k_norm = std::sqrt(qk);
+      }
+    }
+    const auto checks = checks_of(runs);
+    CAPTURE(slope);
+    CAPTURE(checks.at("C6a").numbers);
+    CHECK(checks.at("C6a").verdict == (slope == 1.0 ? Verdict::holds : Verdict::fails));
+    CHECK(checks.at("C6a").numbers.find("within runs: median slope " +
+                                        std::string(slope == 1.0 ? "1.000" : "2.000")) == 0);
+    runs = make_runs(paper_family());
+  }
 }

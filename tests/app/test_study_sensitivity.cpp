@@ -162,7 +162,7 @@ TEST_CASE(
       run("sqrt_dk", 1e-3, 2, init, 0.98 * init),            // stalled
       run("sqrt_dk", 1e-2, 0, init, kStallFraction * init),  // stalled: on the bar
       run("sqrt_dk", 1e-2, 1, init, nan, true),              // diverged: non-finite
-      run("sqrt_dk", 1e-2, 2, init, 4.2),                    // diverged: above init
+      run("sqrt_dk", 1e-2, 2, init, init + 10.5),            // diverged: past the margin
       run("sqrt_dk", 1e-1, 0, init, 0.5 * init, true),       // diverged: the flag
   };
   CHECK(failure_kind(runs[0]) == FailureKind::none);
@@ -172,6 +172,10 @@ TEST_CASE(
   CHECK(failure_kind(runs[4]) == FailureKind::diverged);
   CHECK(failure_kind(runs[5]) == FailureKind::diverged);
   CHECK(failure_kind(runs[6]) == FailureKind::diverged);
+  // Worse than at initialisation but within kDivergenceMargin: stalled, not diverged (the success
+  // table, which counts run_diverged, says the same).
+  CHECK(failure_kind(run("sqrt_dk", 1e-2, 2, init, 4.2)) == FailureKind::stalled);
+  CHECK_FALSE(run_diverged(run("sqrt_dk", 1e-2, 2, init, init + 10)));
   // Just under the stall bar is slow; so is a run under the failure bar that does not work, and a
   // working run is none.
   CHECK(failure_kind(run("sqrt_dk", 1, 0, init, 0.969 * init)) == FailureKind::slow);
@@ -301,7 +305,8 @@ TEST_CASE(
   // Collapsed and within 3% of init: saturated comes first.
   CHECK(failure_kind(with_layer0(3.95, 5e4, 1e-3)) == FailureKind::saturated);
   // Diverged comes before saturated; no layer-0 figures: never saturated.
-  CHECK(failure_kind(with_layer0(4.5, 5e4, 1e-3)) == FailureKind::diverged);
+  CHECK(failure_kind(with_layer0(init + 10.5, 5e4, 1e-3)) == FailureKind::diverged);
+  CHECK(failure_kind(with_layer0(4.5, 5e4, 1e-3)) == FailureKind::saturated);  // within the margin
   CHECK(failure_kind(with_layer0(3.47, nan, nan)) == FailureKind::slow);
   RunRecord no_start = with_layer0(3.47, 5e4, 1e-3);
   no_start.layer0_init = {};

@@ -101,6 +101,14 @@ Tensor4<float> Model::attention_dots(std::size_t layer) const {
   return sdpa_scores(attn.queries(), attn.keys(), raw);
 }
 
+Tensor4<float> Model::attention_queries(std::size_t layer) const {
+  return impl_->net.block(layer).attention().queries();
+}
+
+Tensor4<float> Model::attention_keys(std::size_t layer) const {
+  return impl_->net.block(layer).attention().keys();
+}
+
 std::string Model::w_q_name(std::size_t layer) const {
   return "blocks." + std::to_string(layer) + ".attn.w_q";
 }

@@ -205,7 +205,11 @@ Tensor3<float> TrainBackend::eval_logits(const Batch& batch) {
 }
 
 LayerAttention TrainBackend::attention(std::size_t layer) {
-  LayerAttention a{model_.attention_weights(layer), model_.attention_logits(layer), {}};
+  LayerAttention a{model_.attention_weights(layer),
+                   model_.attention_logits(layer),
+                   {},
+                   model_.attention_queries(layer),
+                   model_.attention_keys(layer)};
   if (layer == 0) a.dots = model_.attention_dots(0);
   return a;
 }

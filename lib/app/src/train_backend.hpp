@@ -17,10 +17,11 @@
 
 namespace attnlab::app {
 
-// Layer l's attention in the last eval forward: P and S (B,H,T,T), and for layer 0 the unscaled
-// q·k (B,H,T,T) of the Var(q·k)/d_k premise check (empty for other layers).
+// Layer l's attention in the last eval forward: P and S (B,H,T,T), for layer 0 the unscaled
+// q·k (B,H,T,T) of the Var(q·k)/d_k premise check (empty for other layers), and the queries
+// (B,H,T,D) and keys (B,Hkv,T,D) the core saw (the max-logit pairs of the metrics).
 struct LayerAttention {
-  Tensor4<float> weights, scores, dots;
+  Tensor4<float> weights, scores, dots, queries, keys;
 };
 
 class TrainBackend {

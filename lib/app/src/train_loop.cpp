@@ -56,9 +56,48 @@ EvalStats eval_all(const RunParts& p) {
 void log_row(const RunParts& p, LayerNorms& norms, std::size_t step, double train_loss,
              double train_z_term, double lr, const EvalStats& st, bool skipped = false,
              bool write = true) {
-  for (std::size_t l = 0; l < p.model.layers(); ++l) {
-    norms.wq[l] = tensor_norm(find_param(p.params, p.model.w_q_name(l))->value);
-    norms.wk[l] = tensor_norm(find_param(p.params, p.model.w_k_name(l))->value);
+  const std::size_t layers = p.model.layers(), heads = p.model.heads();
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  norms.wq_sigma1.assign(layers * heads, nan);
+  norms.wk_sigma1.assign(layers * heads, nan);
+  for (auto* v : {&norms.ln_gain_max, &norms.qn_gamma_max, &norms.qn_beta_norm, &norms.kn_gamma_max,
+                  &norms.kn_beta_norm})
+    v->assign(layers, nan);
+  // max |x| and ‖x‖ of a named parameter, NaN when the model has none by that name.
+  const auto max_abs = [&](const std::string& name) {
+    const Parameter<float>* q = find_param(p.params, name);
+    if (!q) return nan;
+    double m = 0;
+    for (float x : q->value) m = std::max(m, std::abs(static_cast<double>(x)));
+    return m;
+  };
+  const auto norm_of = [&](const std::string& name) {
+    const Parameter<float>* q = find_param(p.params, name);
+    return q ? tensor_norm(q->value) : nan;
+  };
+  for (std::size_t l = 0; l < layers; ++l) {
+    const auto& wq = find_param(p.params, p.model.w_q_name(l))->value;
+    const auto& wk = find_param(p.params, p.model.w_k_name(l))->value;
+    norms.wq[l] = tensor_norm(wq);
+    norms.wk[l] = tensor_norm(wk);
+    // σ₁ per head: W_Q (C, H·D), W_K (C, Hkv·D); query head h reads key head h / (H / Hkv).
+    const std::size_t D = p.d_k;
+    if (wq.dimension() == 2 && wk.dimension() == 2 && D > 0 && wq.shape()[1] == heads * D &&
+        wk.shape()[1] % D == 0 && wk.shape()[1] / D > 0 && heads % (wk.shape()[1] / D) == 0) {
+      const std::size_t kv = wk.shape()[1] / D;
+      const auto sq = head_spectral_norms(wq.data(), wq.shape()[0], heads, D);
+      const auto sk = head_spectral_norms(wk.data(), wk.shape()[0], kv, D);
+      for (std::size_t h = 0; h < heads; ++h) {
+        norms.wq_sigma1[l * heads + h] = sq[h];
+        norms.wk_sigma1[l * heads + h] = sk[h / (heads / kv)];
+      }
+    }
+    const std::string block = "blocks." + std::to_string(l) + ".";
+    norms.ln_gain_max[l] = max_abs(block + "ln1.gamma");
+    norms.qn_gamma_max[l] = max_abs(block + "attn.q_norm.gamma");
+    norms.qn_beta_norm[l] = norm_of(block + "attn.q_norm.beta");
+    norms.kn_gamma_max[l] = max_abs(block + "attn.k_norm.gamma");
+    norms.kn_beta_norm[l] = norm_of(block + "attn.k_norm.beta");
   }
   if (p.log && write) p.log->write(step, train_loss, lr, st, norms, train_z_term, skipped);
 }
@@ -80,6 +119,26 @@ LayerZeroStats layer_zero(const RunParts& p, const EvalStats& st, const LayerNor
   }
   if (!norms.wq.empty()) z.wq_norm = norms.wq[0];
   if (!norms.wk.empty()) z.wk_norm = norms.wk[0];
+  // The mechanism figures: at layer 0's max-logit pair, of the head that holds it.
+  std::size_t top = heads;
+  for (std::size_t h = 0; h < heads && h < st.pairs.size(); ++h)
+    if (!std::isnan(st.pairs[h].abs_logit) &&
+        (top == heads || st.pairs[h].abs_logit > st.pairs[top].abs_logit))
+      top = h;
+  if (top < heads) {
+    z.q_norm = st.pairs[top].q_norm;
+    z.k_norm = st.pairs[top].k_norm;
+    z.qk_cos = st.pairs[top].cos;
+    if (top < norms.wq_sigma1.size()) z.wq_sigma1 = norms.wq_sigma1[top];
+    if (top < norms.wk_sigma1.size()) z.wk_sigma1 = norms.wk_sigma1[top];
+  }
+  if (!norms.ln_gain_max.empty()) {
+    z.ln_gain_max = norms.ln_gain_max[0];
+    z.qn_gamma_max = norms.qn_gamma_max[0];
+    z.qn_beta_norm = norms.qn_beta_norm[0];
+    z.kn_gamma_max = norms.kn_gamma_max[0];
+    z.kn_beta_norm = norms.kn_beta_norm[0];
+  }
   return z;
 }
 
@@ -206,7 +265,8 @@ void update_weights(const RunParts& p) {
 }
 
 // A logged step after its update: the replicas agree, the eval, metrics.csv's row. False when the
-// eval loss is non-finite (the run diverged).
+// eval loss diverged (loss_diverged: non-finite, or more than kDivergenceMargin nats above the
+// loss at initialisation).
 bool log_step(const RunParts& p, LoopState& s, double lr) {
   const std::size_t step = s.step;
   p.backend.sync_host();  // the weight norms of the row and the checksum read the host copy
@@ -226,6 +286,13 @@ bool log_step(const RunParts& p, LoopState& s, double lr) {
                                   std::min(p.eval.size(), s.st.nonfinite_row + eval_rows(p.c))))
                 : std::string(),
             "eval loss");
+    return false;
+  }
+  if (loss_diverged(s.st.loss, s.result.init_eval_loss)) {  // finite, but blown up
+    char where[128];
+    std::snprintf(where, sizeof where, "eval loss %.3g > %.4g at initialisation + %g nats",
+                  s.st.loss, s.result.init_eval_loss, kDivergenceMargin);
+    diverge(s.result, step + 1, where, "eval loss");
     return false;
   }
   return true;

@@ -16,8 +16,24 @@ namespace {
 
 constexpr double kTargetAccuracy = 0.95;
 
+// The mechanism columns, in their order: per head, then per layer.
+std::vector<std::string> mechanism_columns(std::size_t layers, std::size_t heads, bool qk_norm) {
+  std::vector<std::string> out;
+  for (std::size_t l = 0; l < layers; ++l)
+    for (std::size_t h = 0; h < heads; ++h)
+      for (const char* f : {"q_norm", "k_norm", "qk_cos", "wq_sigma1", "wk_sigma1"})
+        out.push_back("l" + std::to_string(l) + "h" + std::to_string(h) + "_" + f);
+  for (std::size_t l = 0; l < layers; ++l) {
+    out.push_back("l" + std::to_string(l) + "_ln_gain_max");
+    if (qk_norm)
+      for (const char* f : {"qn_gamma_max", "qn_beta_norm", "kn_gamma_max", "kn_beta_norm"})
+        out.push_back("l" + std::to_string(l) + "_" + f);
+  }
+  return out;
+}
+
 std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool z_loss,
-                       bool skip_outliers, bool bits_per_byte) {
+                       bool skip_outliers, bool bits_per_byte, bool qk_norm) {
   std::ostringstream os;
   os << "step,loss,eval_loss,eval_acc,lr";
   for (std::size_t l = 0; l < layers; ++l)
@@ -41,6 +57,7 @@ std::string csv_header(std::size_t layers, std::size_t heads, bool recall, bool 
   if (bits_per_byte) os << ",eval_bpb";
   if (z_loss) os << ",z_loss";
   if (skip_outliers) os << ",skipped";
+  for (const auto& name : mechanism_columns(layers, heads, qk_norm)) os << ',' << name;
   return os.str();
 }
 
@@ -60,6 +77,7 @@ struct EvalSums {
   double rows = 0, labelled = 0, loss = 0, correct = 0, bytes = 0;
   std::vector<double> head;  // per head: rows·(entropy, max weight, saturated, jacobian[, recall])
   std::vector<double> max_logit;
+  std::vector<MaxLogitPair> pairs;          // per head: the set's max-logit pair so far
   double qk_n = 0, qk_mean = 0, qk_m2 = 0;  // Chan et al.'s pooled mean and squared deviations
 };
 
@@ -109,11 +127,17 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
       const auto h = attention_health(a.weights, a.scores);
       const std::vector<double> mass =
           recall ? correct_key_mass(a.weights, part.length() - 1, key_pos) : std::vector<double>();
+      const std::vector<MaxLogitPair> pairs =
+          a.scores.size() > 0 && a.queries.size() > 0 && a.keys.size() > 0
+              ? max_logit_pairs(a.scores, a.queries, a.keys)
+              : std::vector<MaxLogitPair>(h.size());
       for (std::size_t i = 0; i < h.size(); ++i, ++head_index) {
         const std::size_t per_head = recall ? 5 : 4;
         if (sums.head.size() < (head_index + 1) * per_head) {
           sums.head.resize((head_index + 1) * per_head, 0.0);
           sums.max_logit.push_back(h[i].max_abs_logit);
+          sums.pairs.emplace_back();
+          sums.pairs.back().abs_logit = -1;  // no chunk yet
         }
         double* out = sums.head.data() + head_index * per_head;
         out[0] += rows * h[i].entropy;
@@ -124,6 +148,13 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
         // NaN (a diverged eval) stays NaN, as the whole set's maximum would
         double& m = sums.max_logit[head_index];
         if (std::isnan(h[i].max_abs_logit) || h[i].max_abs_logit > m) m = h[i].max_abs_logit;
+        MaxLogitPair& pair = sums.pairs[head_index];  // NaN once a chunk's maximum is
+        if (std::isnan(h[i].max_abs_logit)) {
+          pair = MaxLogitPair{};
+        } else if (!std::isnan(pair.abs_logit) && pairs[i].abs_logit > pair.abs_logit) {
+          pair = pairs[i];
+          pair.b += begin;
+        }
       }
       if (l == 0) {
         add_dots(sums, a.dots);
@@ -154,6 +185,7 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
     health.jacobian_norm = h[3] / sums.rows;
     health.max_abs_logit = sums.max_logit[i];
     st.health.push_back(health);
+    st.pairs.push_back(sums.pairs[i].abs_logit < 0 ? MaxLogitPair{} : sums.pairs[i]);
     if (recall) st.recall_mass.push_back(h[4] / sums.rows);
   }
   st.qk_mean = sums.qk_mean;
@@ -234,6 +266,32 @@ void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k) {
     if (recall) st.recall_mass[i] = h[4] / sums[0];
     st.health[i].max_abs_logit = maxima[i];
   }
+  // The max-logit pairs: the figures of the rank(s) that hold the global maximum (their mean, if
+  // two ranks tie), NaN when the maximum is.
+  if (st.pairs.size() != heads) return;
+  std::vector<double> at_max(4 * heads, 0.0);
+  for (std::size_t i = 0; i < heads; ++i) {
+    const MaxLogitPair& q = st.pairs[i];
+    if (std::isnan(maxima[i]) || !(q.abs_logit == maxima[i])) continue;
+    double* x = at_max.data() + 4 * i;
+    x[0] = q.q_norm;
+    x[1] = q.k_norm;
+    x[2] = q.cos;
+    x[3] = 1;
+  }
+  comm.allreduce_sum(at_max.data(), at_max.size());
+  for (std::size_t i = 0; i < heads; ++i) {
+    const double* x = at_max.data() + 4 * i;
+    MaxLogitPair& q = st.pairs[i];
+    if (x[3] > 0) {
+      q.abs_logit = maxima[i];
+      q.q_norm = x[0] / x[3];
+      q.k_norm = x[1] / x[3];
+      q.cos = x[2] / x[3];
+    } else {
+      q = MaxLogitPair{};
+    }
+  }
 }
 
 namespace {
@@ -254,13 +312,15 @@ nlohmann::json json_number(double x) {
 
 MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
                        const std::string& resume_csv, std::size_t resumed_step, bool z_loss,
-                       bool skip_outliers, bool bits_per_byte)
+                       bool skip_outliers, bool bits_per_byte, bool qk_norm)
     : path_(path),
+      layers_(layers),
       heads_(heads),
       recall_(recall),
       z_loss_(z_loss),
       skip_outliers_(skip_outliers),
-      bits_per_byte_(bits_per_byte) {
+      bits_per_byte_(bits_per_byte),
+      qk_norm_(qk_norm) {
   std::vector<std::string> kept_json;
   if (!resume_csv.empty()) {  // the JSON rows of the resumed run, up to the resumed step
     std::ifstream in(jsonl_path(resume_csv));
@@ -281,6 +341,10 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
     // A text run written before the eval_bpb column: its kept rows get nan there, after the
     // jacobian_mean column.
     std::size_t pad_after = 0;  // commas before the insertion point; 0: no padding
+    // A run written before the mechanism columns: its kept rows get nan in each, at the end.
+    const std::vector<std::string> mechanism = mechanism_columns(layers, heads, qk_norm);
+    const bool pad_mechanism =
+        !mechanism.empty() && line.find("," + mechanism.front()) == std::string::npos;
     if (bits_per_byte && line.find(",eval_bpb") == std::string::npos) {
       const std::size_t at = line.find(",jacobian_mean");
       if (at != std::string::npos)
@@ -305,13 +369,15 @@ MetricsLog::MetricsLog(const std::string& path, std::size_t layers, std::size_t 
         }
         line.insert(pos == std::string::npos ? line.size() : pos, ",nan");
       }
+      if (pad_mechanism)
+        for (std::size_t k = 0; k < mechanism.size(); ++k) line += ",nan";
       kept.push_back(line);
       if (step == 0) kept_init_eval_loss_ = std::stod(eval_s);
       if (std::stod(acc_s) >= kTargetAccuracy && steps_to_target_ < 0)
         steps_to_target_ = static_cast<int>(step);
     }
   }
-  csv_ = csv_header(layers, heads, recall, z_loss, skip_outliers, bits_per_byte) + '\n';
+  csv_ = csv_header(layers, heads, recall, z_loss, skip_outliers, bits_per_byte, qk_norm) + '\n';
   for (const auto& row : kept) csv_ += row + '\n';
   flush();
 }
@@ -343,6 +409,24 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
   if (bits_per_byte_) row_csv << ',' << csv_number(st.bits_per_byte);
   if (z_loss_) row_csv << ',' << csv_number(train_z_term);
   if (skip_outliers_) row_csv << ',' << (skipped ? 1 : 0);
+  const auto at = [](const std::vector<double>& v, std::size_t i) {
+    return i < v.size() ? v[i] : std::numeric_limits<double>::quiet_NaN();
+  };
+  const std::size_t cells = layers_ * heads_;
+  for (std::size_t i = 0; i < cells; ++i) {
+    const MaxLogitPair pair = i < st.pairs.size() ? st.pairs[i] : MaxLogitPair{};
+    row_csv << ',' << csv_number(pair.q_norm) << ',' << csv_number(pair.k_norm) << ','
+            << csv_number(pair.cos) << ',' << csv_number(at(norms.wq_sigma1, i)) << ','
+            << csv_number(at(norms.wk_sigma1, i));
+  }
+  for (std::size_t l = 0; l < layers_; ++l) {
+    row_csv << ',' << csv_number(at(norms.ln_gain_max, l));
+    if (qk_norm_)
+      row_csv << ',' << csv_number(at(norms.qn_gamma_max, l)) << ','
+              << csv_number(at(norms.qn_beta_norm, l)) << ','
+              << csv_number(at(norms.kn_gamma_max, l)) << ','
+              << csv_number(at(norms.kn_beta_norm, l));
+  }
   row_csv << '\n';
   csv_ += row_csv.str();
 
@@ -365,14 +449,28 @@ void MetricsLog::write(std::size_t step, double train_loss, double lr, const Eva
                            {"saturated", json_number(h.saturated_fraction)},
                            {"jacobian", json_number(h.jacobian_norm)}};
     if (recall_) head["recall_mass"] = json_number(st.recall_mass.at(i));
+    const MaxLogitPair pair = i < st.pairs.size() ? st.pairs[i] : MaxLogitPair{};
+    head["q_norm"] = json_number(pair.q_norm);
+    head["k_norm"] = json_number(pair.k_norm);
+    head["qk_cos"] = json_number(pair.cos);
+    head["wq_sigma1"] = json_number(at(norms.wq_sigma1, i));
+    head["wk_sigma1"] = json_number(at(norms.wk_sigma1, i));
     heads.push_back(std::move(head));
   }
   for (std::size_t l = 0; l < norms.wq.size(); ++l) {
-    layers.push_back({{"layer", l},
-                      {"wq_grad_norm", json_number(norms.wq_grad[l])},
-                      {"wk_grad_norm", json_number(norms.wk_grad[l])},
-                      {"wq_norm", json_number(norms.wq[l])},
-                      {"wk_norm", json_number(norms.wk[l])}});
+    nlohmann::json layer = {{"layer", l},
+                            {"wq_grad_norm", json_number(norms.wq_grad[l])},
+                            {"wk_grad_norm", json_number(norms.wk_grad[l])},
+                            {"wq_norm", json_number(norms.wq[l])},
+                            {"wk_norm", json_number(norms.wk[l])},
+                            {"ln_gain_max", json_number(at(norms.ln_gain_max, l))}};
+    if (qk_norm_) {
+      layer["qn_gamma_max"] = json_number(at(norms.qn_gamma_max, l));
+      layer["qn_beta_norm"] = json_number(at(norms.qn_beta_norm, l));
+      layer["kn_gamma_max"] = json_number(at(norms.kn_gamma_max, l));
+      layer["kn_beta_norm"] = json_number(at(norms.kn_beta_norm, l));
+    }
+    layers.push_back(std::move(layer));
   }
   row["heads"] = std::move(heads);
   row["layers"] = std::move(layers);

@@ -26,7 +26,10 @@ struct EvalStats {
   // The first row of the eval set whose chunk gave a non-finite loss (npos: none), so that a
   // diverged eval can be replayed on that chunk alone.
   std::size_t nonfinite_row = static_cast<std::size_t>(-1);
-  std::vector<HeadHealth> health;   // layers × heads, row-major
+  std::vector<HeadHealth> health;  // layers × heads, row-major
+  // layers × heads: where each head's largest |scaled logit| is, over the whole set, with the
+  // norms and cosine of its query and key (max_logit_pairs; b counts from the set's first row)
+  std::vector<MaxLogitPair> pairs;
   std::vector<double> recall_mass;  // layers × heads (recall only)
   double qk_var_ratio = 0;          // layer 0, all heads: Var(q·k) / d_k
   // What the shards' figures are combined by (reduce_eval).
@@ -66,11 +69,21 @@ void reduce_eval(Communicator& comm, EvalStats& st, std::size_t d_k);
 // Per-layer weight statistics of a logged step.
 struct LayerNorms {
   std::vector<double> wq_grad, wk_grad, wq, wk;  // one per layer
+  // layers × heads: σ₁ of each head's block of W_Q and of W_K (head_spectral_norms; a key head
+  // serves H / Hkv query heads, each listed with it)
+  std::vector<double> wq_sigma1, wk_sigma1;
+  // One per layer: max |γ| of the block's input norm; with qk-norm, max |γ| and ‖β‖ of its q and
+  // k norms. NaN where the layer has no such parameter.
+  std::vector<double> ln_gain_max, qn_gamma_max, qn_beta_norm, kn_gamma_max, kn_beta_norm;
 };
 
 // OUT/metrics.csv. Columns: step, loss, eval_loss, eval_acc, lr, per head l<L>h<H>_{entropy,
 // max_logit, saturated, jacobian[, recall_mass]}, per layer l<L>_{wq_grad_norm, wk_grad_norm,
-// wq_norm, wk_norm}, jacobian_mean[, z_loss][, skipped]. loss is the training batch's cross-entropy
+// wq_norm, wk_norm}, jacobian_mean[, eval_bpb][, z_loss][, skipped], then the mechanism columns:
+// per head l<L>h<H>_{q_norm, k_norm, qk_cos} (EvalStats::pairs: at the head's max-logit pair) and
+// l<L>h<H>_{wq_sigma1, wk_sigma1}, per layer l<L>_ln_gain_max and, with qk-norm,
+// l<L>_{qn_gamma_max, qn_beta_norm, kn_gamma_max, kn_beta_norm} (LayerNorms). loss is the training
+// batch's cross-entropy
 // alone (comparable across runs with and without a z-loss); z_loss, in runs with one, its z-loss
 // term z · mean log Z² (the loss trained on is their sum); skipped, in runs with --skip-outliers,
 // 1 when the row's step skipped its update as an outlier, else 0 (0 in the step-0 row); eval_bpb,
@@ -81,7 +94,9 @@ struct LayerNorms {
 //   {"step", "loss", "eval_loss", "eval_acc", "lr", "jacobian_mean"[, "z_loss"][, "skipped"][,
 //    "eval_bpb"],
 //    "heads": [{"layer", "head", "entropy", "max_logit", "saturated", "jacobian"[,
-//    "recall_mass"]}], "layers": [{"layer", "wq_grad_norm", "wk_grad_norm", "wq_norm", "wk_norm"}]}
+//    "recall_mass"], "q_norm", "k_norm", "qk_cos", "wq_sigma1", "wk_sigma1"}], "layers":
+//    [{"layer", "wq_grad_norm", "wk_grad_norm", "wq_norm", "wk_norm", "ln_gain_max"[,
+//    "qn_gamma_max", "qn_beta_norm", "kn_gamma_max", "kn_beta_norm"]}]}
 // with full double precision and null for a non-finite value.
 class MetricsLog {
  public:
@@ -90,10 +105,11 @@ class MetricsLog {
   // files) up to `resumed_step`.
   // z_loss: the run has a z-loss (the z_loss column); skip_outliers: it skips outlier steps (the
   // skipped column); bits_per_byte: a text task (the eval_bpb column; rows kept from a run written
-  // before that column get nan).
+  // before that column get nan); qk_norm: the model has qk-norm (its γ and β columns). Rows kept
+  // from a run written before the mechanism columns get nan in them.
   MetricsLog(const std::string& path, std::size_t layers, std::size_t heads, bool recall,
              const std::string& resume_csv = "", std::size_t resumed_step = 0, bool z_loss = false,
-             bool skip_outliers = false, bool bits_per_byte = false);
+             bool skip_outliers = false, bool bits_per_byte = false, bool qk_norm = false);
 
   // train_loss: the cross-entropy; train_z_term: the z-loss term (written when the run has one);
   // skipped: the step skipped its update (written when the run skips outliers).
@@ -111,8 +127,8 @@ class MetricsLog {
   void flush();
 
   std::string path_, csv_, jsonl_;
-  std::size_t heads_;
-  bool recall_, z_loss_, skip_outliers_, bits_per_byte_;
+  std::size_t layers_, heads_;
+  bool recall_, z_loss_, skip_outliers_, bits_per_byte_, qk_norm_;
   std::optional<double> kept_init_eval_loss_;
   int steps_to_target_ = -1;
 };

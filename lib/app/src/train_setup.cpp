@@ -115,7 +115,17 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
     return json{{"max_logit", num(z.max_logit)},
                 {"entropy", num(z.entropy)},
                 {"wq_norm", num(z.wq_norm)},
-                {"wk_norm", num(z.wk_norm)}};
+                {"wk_norm", num(z.wk_norm)},
+                {"q_norm", num(z.q_norm)},
+                {"k_norm", num(z.k_norm)},
+                {"qk_cos", num(z.qk_cos)},
+                {"wq_sigma1", num(z.wq_sigma1)},
+                {"wk_sigma1", num(z.wk_sigma1)},
+                {"ln_gain_max", num(z.ln_gain_max)},
+                {"qn_gamma_max", num(z.qn_gamma_max)},
+                {"qn_beta_norm", num(z.qn_beta_norm)},
+                {"kn_gamma_max", num(z.kn_gamma_max)},
+                {"kn_beta_norm", num(z.kn_beta_norm)}};
   };
   j["layer0"] = {{"init", layer0(r.layer0_init)}, {"final", layer0(r.layer0_final)}};
   j["seconds"] = r.seconds;
@@ -370,7 +380,8 @@ std::optional<MetricsLog> open_outputs(const TrainConfig& c, const Model& model,
     if (c.task.kind == TaskKind::text && c.task.vocab == VocabKind::bpe) copy_tokenizer(c, c.out);
     log.emplace(c.out + "/metrics.csv", model.layers(), model.heads(),
                 c.task.kind == TaskKind::recall, resuming ? c.resume + "/metrics.csv" : "", start,
-                c.z_loss > 0, c.skip_outliers > 0, c.task.kind == TaskKind::text);
+                c.z_loss > 0, c.skip_outliers > 0, c.task.kind == TaskKind::text,
+                c.model.block.attention.qk_norm);
   }
   return log;
 }

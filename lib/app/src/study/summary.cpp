@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -28,9 +29,12 @@ int mode_rank(const std::string& m) {
 
 }  // namespace
 
+bool run_diverged(const RunRecord& r) {
+  return r.diverged || loss_diverged(r.final_eval_loss, r.init_eval_loss);
+}
+
 bool run_failed(const RunRecord& r) {
-  return r.diverged || !std::isfinite(r.final_eval_loss) ||
-         r.final_eval_loss >= kFailedFraction * r.init_eval_loss;
+  return run_diverged(r) || r.final_eval_loss >= kFailedFraction * r.init_eval_loss;
 }
 
 bool attention_collapsed(const RunRecord& r) {
@@ -42,8 +46,7 @@ bool attention_collapsed(const RunRecord& r) {
 
 FailureKind failure_kind(const RunRecord& r) {
   if (r.works) return FailureKind::none;
-  if (r.diverged || !std::isfinite(r.final_eval_loss) || r.final_eval_loss > r.init_eval_loss)
-    return FailureKind::diverged;
+  if (run_diverged(r)) return FailureKind::diverged;
   if (attention_collapsed(r)) return FailureKind::saturated;
   if (r.final_eval_loss >= kStallFraction * r.init_eval_loss) return FailureKind::stalled;
   return FailureKind::slow;
@@ -75,20 +78,20 @@ FailureCounts failure_counts(const std::vector<const RunRecord*>& runs) {
 }
 
 double effective_loss(const RunRecord& r) {
-  return r.diverged || !std::isfinite(r.final_eval_loss) ? r.init_eval_loss : r.final_eval_loss;
+  return run_diverged(r) ? r.init_eval_loss : r.final_eval_loss;
 }
 
 void mark_working(std::vector<RunRecord>& runs) {
   std::map<std::tuple<std::string, int, int>, double> best;  // (group, steps, d_k) -> best loss
   for (const auto& r : runs) {
-    if (r.has_target || r.diverged || !std::isfinite(r.final_eval_loss)) continue;
+    if (r.has_target || run_diverged(r)) continue;
     const auto key = std::make_tuple(r.group, r.steps, r.d_k);
     const auto it = best.find(key);
     if (it == best.end() || r.final_eval_loss < it->second) best[key] = r.final_eval_loss;
   }
   for (auto& r : runs) {
     if (r.has_target) {
-      r.works = !r.diverged && r.steps_to_target >= 0;
+      r.works = !run_diverged(r) && r.steps_to_target >= 0;
     } else {
       const auto it = best.find(std::make_tuple(r.group, r.steps, r.d_k));
       r.works =
@@ -140,7 +143,7 @@ LossStat loss_stat(const std::vector<const RunRecord*>& runs) {
   std::vector<double> x;
   for (const auto* r : runs) {
     x.push_back(effective_loss(*r));
-    s.diverged += r->diverged ? 1 : 0;
+    s.diverged += run_diverged(*r) ? 1 : 0;
   }
   s.n = static_cast<int>(x.size());
   s.mean = mean(x);
@@ -275,12 +278,42 @@ std::vector<std::string> csv_cells(const std::string& line, const std::string& w
 
 }  // namespace
 
+namespace {
+
+// The mechanism columns of LayerZeroStats (optional on reading: NaN where a summary lacks them),
+// each written as l0_<name>_init and l0_<name>_final after final_eval_bpb.
+struct MechanismColumn {
+  const char* name;
+  double LayerZeroStats::*field;
+};
+constexpr MechanismColumn kMechanism[] = {
+    {"q_norm", &LayerZeroStats::q_norm},
+    {"k_norm", &LayerZeroStats::k_norm},
+    {"qk_cos", &LayerZeroStats::qk_cos},
+    {"wq_sigma1", &LayerZeroStats::wq_sigma1},
+    {"wk_sigma1", &LayerZeroStats::wk_sigma1},
+    {"ln_gain_max", &LayerZeroStats::ln_gain_max},
+    {"qn_gamma_max", &LayerZeroStats::qn_gamma_max},
+    {"qn_beta_norm", &LayerZeroStats::qn_beta_norm},
+    {"kn_gamma_max", &LayerZeroStats::kn_gamma_max},
+    {"kn_beta_norm", &LayerZeroStats::kn_beta_norm},
+};
+
+std::string mechanism_column(const MechanismColumn& m, bool final) {
+  return std::string("l0_") + m.name + (final ? "_final" : "_init");
+}
+
+}  // namespace
+
 std::string summary_csv(const std::vector<RunRecord>& runs) {
   std::ostringstream os;
   os << "group,mode,d_k,lr,seed,steps,init_eval_loss,final_eval_loss,final_eval_acc,"
         "steps_to_95,failed,diverged,diverged_step,works,init_qk_var_ratio,init_jacobian,"
         "l0_max_logit_init,l0_max_logit_final,l0_entropy_init,l0_entropy_final,l0_wq_norm_init,"
-        "l0_wk_norm_init,l0_wq_norm_final,l0_wk_norm_final,final_eval_bpb,seconds,dir\n";
+        "l0_wk_norm_init,l0_wq_norm_final,l0_wk_norm_final,final_eval_bpb";
+  for (const bool final : {false, true})
+    for (const auto& m : kMechanism) os << ',' << mechanism_column(m, final);
+  os << ",seconds,dir\n";
   const auto g = [](double x) { return std::isfinite(x) ? fmt("%.6g", x) : std::string("nan"); };
   for (const auto& r : runs) {
     os << csv_cell(r.group) << ',' << csv_cell(r.mode) << ',' << r.d_k << ',' << fmt("%g", r.lr)
@@ -293,8 +326,10 @@ std::string summary_csv(const std::vector<RunRecord>& runs) {
        << g(r.layer0_final.max_logit) << ',' << g(r.layer0_init.entropy) << ','
        << g(r.layer0_final.entropy) << ',' << g(r.layer0_init.wq_norm) << ','
        << g(r.layer0_init.wk_norm) << ',' << g(r.layer0_final.wq_norm) << ','
-       << g(r.layer0_final.wk_norm) << ',' << g(r.final_eval_bpb) << ',' << fmt("%.2f", r.seconds)
-       << ',' << csv_cell(r.dir) << '\n';
+       << g(r.layer0_final.wk_norm) << ',' << g(r.final_eval_bpb);
+    for (const LayerZeroStats* z : {&r.layer0_init, &r.layer0_final})
+      for (const auto& m : kMechanism) os << ',' << g(z->*m.field);
+    os << ',' << fmt("%.2f", r.seconds) << ',' << csv_cell(r.dir) << '\n';
   }
   return os.str();
 }
@@ -330,6 +365,10 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
       optional_col("l0_wq_norm_init"),   optional_col("l0_wk_norm_init"),
       optional_col("l0_wq_norm_final"),  optional_col("l0_wk_norm_final")};
   const std::size_t c_bpb = optional_col("final_eval_bpb");  // text tasks; newer summaries
+  std::vector<std::size_t> c_mech;  // kMechanism's, init then final; newer summaries
+  for (const bool final : {false, true})
+    for (const auto& m : kMechanism)
+      c_mech.push_back(optional_col(mechanism_column(m, final).c_str()));
   std::vector<RunRecord> runs;
   for (int n = 2; std::getline(in, line); ++n) {
     if (line.empty()) continue;
@@ -362,6 +401,12 @@ std::vector<RunRecord> read_summary_csv(const std::string& path) {
       for (int i = 0; i < 8; ++i)
         if (c_l0[i] < cells.size()) *l0[i] = std::stod(cells[c_l0[i]]);  // "nan" reads as NaN
       if (c_bpb < cells.size()) r.final_eval_bpb = std::stod(cells[c_bpb]);
+      const std::size_t n_mech = std::size(kMechanism);
+      for (std::size_t i = 0; i < c_mech.size(); ++i) {
+        // Through a reference: GCC 12 assigns `(c ? a : b).*field` to a copy.
+        LayerZeroStats& z = i < n_mech ? r.layer0_init : r.layer0_final;
+        if (c_mech[i] < cells.size()) z.*kMechanism[i % n_mech].field = std::stod(cells[c_mech[i]]);
+      }
       runs.push_back(std::move(r));
     } catch (const std::logic_error&) {
       throw std::invalid_argument(path + ": line " + std::to_string(n) +

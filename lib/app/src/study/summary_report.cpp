@@ -142,7 +142,11 @@ BudgetTables budget_tables(const GroupGrid& grid) {
   return {
       {"Final eval loss",
        "Mean over seeds [95% bootstrap interval]; a diverged seed counts as its "
-       "loss at initialisation and is marked (k div); `div`: every seed diverged.",
+       "loss at initialisation and is marked (k div); `div`: every seed diverged. Diverged: a "
+       "non-finite loss, or a loss more than " +
+           fmt("%.0f", kDivergenceMargin) +
+           " nats above the loss at initialisation (the trainer's test; applied here to the "
+           "final loss too, for runs trained before the trainer had it).",
        grid.lr_header,
        {}},
       {"Steps to " + fmt("%.0f", 100 * kTargetAccuracy) + "% eval accuracy",
@@ -161,8 +165,8 @@ BudgetTables budget_tables(const GroupGrid& grid) {
        {}},
       {"How runs fail",
        "Every run that does not work, over all LRs and seeds, by how it ended (failed or not: a "
-       "run can plateau below the failure bar); the share is of those runs. diverged: a "
-       "non-finite loss, or a final loss above the loss at initialisation; saturated: otherwise, "
+       "run can plateau below the failure bar); the share is of those runs. diverged: as in the "
+       "loss table, the same runs as the success table's; saturated: otherwise, "
        "layer 0's largest |scaled logit| ended ≥ " +
            fmt("%.0f", kSaturatedLogitGrowth) + "× its step-0 value and its attention entropy ≤ " +
            fmt("%.1f", kCollapsedEntropyFraction) +
@@ -226,7 +230,7 @@ std::vector<double> add_per_lr_rows(const std::vector<RunRecord>& runs, const Gr
                              (ls.diverged ? " (" + std::to_string(ls.diverged) + " div)" : ""));
     std::vector<double> reached;
     for (const auto* r : rs)
-      if (r->steps_to_target >= 0 && !r->diverged) reached.push_back(r->steps_to_target);
+      if (r->steps_to_target >= 0 && !run_diverged(*r)) reached.push_back(r->steps_to_target);
     rrow.push_back(reached.empty()
                        ? "—"
                        : with_ci("%.0f", mean(reached), bootstrap_mean_interval(reached)) + " (" +
@@ -251,7 +255,7 @@ void add_cell_summary_rows(const std::vector<RunRecord>& runs, const GroupGrid& 
   std::vector<double> jacs, vars;
   for (const auto* r : all) {
     failed += run_failed(*r) ? 1 : 0;
-    diverged += r->diverged ? 1 : 0;
+    diverged += run_diverged(*r) ? 1 : 0;
     jacs.push_back(r->init_jacobian);
     vars.push_back(r->init_qk_var_ratio);
   }

@@ -65,6 +65,10 @@ class Model {
   // The unscaled dot products q·k of layer l (B,H,T,T), every pair (no mask, bias or scale), for
   // the Var(q·k)/d_k premise check.
   Tensor4<float> attention_dots(std::size_t layer) const;
+  // The queries (B,H,T,D) and keys (B,Hkv,T,D) of layer l's last forward, as its core saw them
+  // (after QK-norm and RoPE).
+  Tensor4<float> attention_queries(std::size_t layer) const;
+  Tensor4<float> attention_keys(std::size_t layer) const;
   // Names of W_Q and W_K of layer l in parameters().
   std::string w_q_name(std::size_t layer) const;
   std::string w_k_name(std::size_t layer) const;

@@ -32,6 +32,18 @@
 //   C6 growth comes from the norms (their Fig. E.1): over the failed runs of C1's cells, the
 //      least-squares slope of log max-logit against log(‖W_Q‖·‖W_K‖), from each run's step-0 and
 //      final points (finite ones), is in [0.7, 1.3] (fewer than 3 points: inconclusive).
+// Amendments, written after the results and reported beside the checks above (which stay as
+// registered), each with its reason:
+//   C2a C2 in absolute terms: given C1, at every width qk_norm's sensitivity is below sqrt_dk's,
+//      and at every LR where sqrt_dk's cell grew, qk_norm's largest final max logit is at most
+//      0.1 x sqrt_dk's smallest (a diverged sqrt_dk run counts as unbounded) with a lower loss.
+//   C4a C4 in grid steps: at every width dk's good LR is at most one step of the grid (the LRs
+//      either arm ran at that width) above sqrt_dk's, and at the largest width dk's loss at LR 0.3
+//      is >= qk_norm's + 0.2. The grid's steps alternate x3.33 and x3, which 10^0.5 falls between.
+//   C6a C6 on the paper's regressors: over C1's failed runs, log max-logit against log(‖q‖·‖k‖) at
+//      the max-logit pair (LayerZeroStats::q_norm, k_norm): each run's slope from step 0 to its
+//      end (the median over runs) and the least-squares slope over the runs' ends, both in
+//      [0.7, 1.3]. Inconclusive, "not computable from this CSV", when the runs lack the columns.
 #pragma once
 
 #include <string>
@@ -66,10 +78,12 @@ inline const char* to_string(Verdict v) {
 }
 
 struct CheckResult {
-  std::string id;     // "C1" ... "C6"
+  std::string id;     // "C1" ... "C6"; the amendments "C2a", "C4a", "C6a"
   std::string claim;  // what the check asks, in a line
   Verdict verdict = Verdict::inconclusive;
-  std::string numbers;  // the figures that decided it
+  std::string numbers;     // the figures that decided it
+  bool amendment = false;  // written after the results (false: pre-registered)
+  std::string reason;      // an amendment's reason
 };
 
 // The groups of one family by width, ascending, and the budget (steps) the checks read: the
@@ -84,7 +98,7 @@ struct WidthFamily {
 // Every family with at least two widths, in the order of their first group.
 std::vector<WidthFamily> width_families(const std::vector<RunRecord>& runs);
 
-// C1 ... C6 on one family (definitions above).
+// C1 ... C6, then the amendments C2a, C4a, C6a, on one family (definitions above).
 std::vector<CheckResult> proxy_checks(const std::vector<RunRecord>& runs, const WidthFamily& f);
 
 // The checks as a report section: one row per check with its verdict and numbers.

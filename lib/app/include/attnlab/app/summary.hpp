@@ -2,8 +2,11 @@
 // summary.md and report.html.
 //
 // Definitions used in the tables:
-//   failed    final eval loss >= kFailedFraction x the eval loss at initialisation
-//   diverged  a non-finite loss stopped the run
+//   failed    final eval loss >= kFailedFraction x the eval loss at initialisation, or diverged
+//   diverged  run_diverged: the trainer flagged it (a non-finite loss, or an eval loss more than
+//             kDivergenceMargin nats above the loss at initialisation: loss_diverged), or its
+//             final loss passes the same rule (records of runs trained before the margin was
+//             part of the trainer's test: the summary applies the rule itself)
 //   works     for a task with an accuracy target: the run reached kTargetAccuracy (95%) eval
 //             accuracy and did not diverge; for text (no target): its final eval loss is within
 //             kTextWorkMargin of the best run's at the same group, budget and d_k, and it did
@@ -25,8 +28,7 @@
 //   how runs fail (failure_kind), for every run that does not work (not only the failed ones: a
 //             run that saturates its attention can plateau below the failure bar, e.g. at ln V of
 //             a uniform guess, as the recall runs at high LR do):
-//             diverged  a non-finite final loss, the diverged flag, or a final loss above the
-//                       loss at initialisation (training made it worse)
+//             diverged  run_diverged (above)
 //             saturated otherwise, layer 0's attention collapsed (attention_collapsed): its
 //                       largest |scaled logit| ended >= kSaturatedLogitGrowth (10) x its step-0
 //                       value and its entropy <= kCollapsedEntropyFraction (0.1) x its step-0
@@ -40,6 +42,7 @@
 // (study_stats.hpp).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -57,14 +60,34 @@ inline constexpr double kStallFraction = 0.97;
 inline constexpr double kSaturatedLogitGrowth = 10.0;
 inline constexpr double kCollapsedEntropyFraction = 0.1;
 
+// The divergence rule, one function for the trainer (every eval) and the summary (each record's
+// final loss): a loss diverged when it is not finite or exceeds the loss at initialisation by more
+// than kDivergenceMargin nats. 10 nats is e^-10 of the probability a run gave the right token at
+// initialisation: no healthy run ends there (in the committed studies no run ends above its
+// initial loss at all), while a run that blows up without overflowing ends at 1e22 and more.
+inline constexpr double kDivergenceMargin = 10.0;
+inline bool loss_diverged(double loss, double initial_loss) {
+  return !std::isfinite(loss) || loss > initial_loss + kDivergenceMargin;
+}
+
 // Layer 0's attention at one eval (the figures Wortsman et al. 2023 follow): the largest |scaled
 // logit| over its heads, its heads' mean attention entropy (nats), and the Frobenius norms of its
 // W_Q and W_K. NaN when not measured.
+// The mechanism figures after them (NaN in summaries written before they were logged): at the
+// layer's largest |scaled logit| (its head h*, example, query i and key j) the norms ‖q_i‖, ‖k_j‖
+// and their cosine; σ₁ of head h*'s blocks of W_Q and W_K (power iteration); the largest |γ| of
+// the block's input norm; with qk-norm, the largest |γ| and ‖β‖ of its q and k norms (NaN
+// without).
 struct LayerZeroStats {
-  double max_logit = std::numeric_limits<double>::quiet_NaN();
-  double entropy = std::numeric_limits<double>::quiet_NaN();
-  double wq_norm = std::numeric_limits<double>::quiet_NaN();
-  double wk_norm = std::numeric_limits<double>::quiet_NaN();
+  static constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  double max_logit = nan;
+  double entropy = nan;
+  double wq_norm = nan;
+  double wk_norm = nan;
+  double q_norm = nan, k_norm = nan, qk_cos = nan;
+  double wq_sigma1 = nan, wk_sigma1 = nan;
+  double ln_gain_max = nan;
+  double qn_gamma_max = nan, qn_beta_norm = nan, kn_gamma_max = nan, kn_beta_norm = nan;
 };
 
 struct RunRecord {
@@ -91,6 +114,9 @@ struct RunRecord {
   bool works = false;  // set by mark_working
   std::string dir;     // the run's output folder, relative to the study folder
 };
+
+// The record's diverged flag, or its final loss passes loss_diverged (definition above).
+bool run_diverged(const RunRecord& r);
 
 bool run_failed(const RunRecord& r);
 

@@ -5,7 +5,9 @@
 // OUT/attention.json (layer 0, head 0's weights on the first eval example at the first and the last
 // eval of the run: train_metrics.hpp, write_attention_file). A
 // non-finite loss stops the run cleanly: the summary records "diverged at step N" and the first
-// layer whose output was non-finite.
+// layer whose output was non-finite. So does an eval loss more than kDivergenceMargin (10) nats
+// above the loss at initialisation (loss_diverged, summary.hpp), a run that blew up without
+// overflowing; its summary names the two losses in place of a layer.
 //
 // Determinism: the initial weights come from Rng(seed) and the data stream from a second Rng
 // derived from the seed only (never from the scaling mode or the LR), so within a seed every arm of
@@ -52,7 +54,7 @@ struct TrainResult {
   int skipped_steps = 0;
   bool diverged = false;
   int diverged_step = -1;
-  std::string diverged_where;  // the first layer that produced a non-finite value
+  std::string diverged_where;  // the first layer that produced a non-finite value, or the losses
   bool interrupted = false;
   double init_qk_var_ratio = 0;  // Var(q·k)/d_k at step 0, layer 0, on the eval set
   double init_jacobian = 0;      // layer 0 head 0's mean softmax Jacobian norm at step 0
