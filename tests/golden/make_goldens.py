@@ -33,6 +33,10 @@ What it makes (all paths relative to the repository root):
   tests/data/golden/swiglu.json         SwiGLU: the op silu(a) * b on [a | b], and LLaMA's MLP
                                         w2(silu(w1 x) * w3 x) with and without biases, its weights
                                         stored as attnlab's fused fc1.w = [W_gate | W_up]
+  tests/data/golden/flex.json           attention programs (score and mask functions) against
+                                        FlexAttention's forward; gradients by autograd of the
+                                        same programs written densely (FlexAttention has no CPU
+                                        backward)
   tests/data/interop/torch_written.safetensors  file written by the Python safetensors package
 
 How to run (from the repository root):
@@ -47,6 +51,7 @@ layers.json's softcap and relu_squared cases were added later with the same torc
 committed values were kept (the relu_squared case was spliced into the committed file). rope.json was made with the same torch on the same machine.
 softcap.json and swiglu.json were made with Debian's python3-torch 1.13 on an AMD EPYC (Zen 4).
 z_loss.json was made with Debian's python3-torch 1.13 (/usr/bin/python3 z_loss.json).
+flex.json was made with pip's torch 2.15.0+cu132 (CPU) on an AMD EPYC (Zen 4).
 
 Conventions:
   * Every computation is in float64. Inputs are drawn from a torch.Generator
@@ -477,6 +482,93 @@ def softcap_cases():
         tensors.update({"out": out, "p": p, "dq": grads[0], "dk": grads[1], "dv": grads[2]})
         if bias is not None:
             tensors["dbias"] = grads[3]
+        out_cases.append(case(name, config, tensors))
+    return out_cases
+
+
+FLEX_CASES = [
+    # name, B, H, T, D, score program, mask program
+    ("relative bias + learned cap, causal documents", 2, 2, 12, 4, "capped_relative", "document"),
+    ("learned ALiBi slopes, prefix-LM", 2, 2, 10, 3, "alibi", "prefix_lm"),
+    ("relative bias, no mask", 1, 3, 9, 4, "relative", None),
+    ("causal documents, no score program", 2, 2, 16, 4, None, "document"),
+]
+FLEX_DOCUMENTS = {12: [0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2],
+                  16: [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2]}
+FLEX_PREFIX = 4
+FLEX_RADIUS = 2
+
+
+def flex_cases():
+    """Attention programs against PyTorch's FlexAttention (score_mod, mask_mod, a block
+    mask from create_block_mask). FlexAttention has no CPU backward, so the forward is
+    FlexAttention's and the gradients (q, k, v and the captured parameters) come from
+    autograd of the same program written densely, which must equal FlexAttention's
+    forward to 1e-12 here. Programs: a relative-position bias table (H, 2R + 1) with a
+    learned per-head cap c_h tanh(s / c_h); learned ALiBi slopes s + m_h (j - i); masks:
+    causal documents (ids per position), prefix-LM (prefix 4)."""
+    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    out_cases = []
+    for idx, (name, b, h, t, d, score, mask) in enumerate(FLEX_CASES):
+        seed = 2600 + idx
+        g = gen(seed)
+        q, k, v, r = (randn(g, b, h, t, d) for _ in range(4))
+        params = []
+        if score == "capped_relative":
+            params = [0.5 * randn(g, h * (2 * FLEX_RADIUS + 1)), 2.0 + 0.3 * randn(g, h)]
+        elif score == "relative":
+            params = [0.5 * randn(g, h * (2 * FLEX_RADIUS + 1))]
+        elif score == "alibi":
+            params = [torch.tensor([0.5 / (hh + 1) for hh in range(h)], dtype=DT)]
+        ids = torch.tensor(FLEX_DOCUMENTS.get(t, [0] * t))
+
+        def score_of(s, bb, hh, i, j, prm):
+            if score in ("capped_relative", "relative"):
+                rel = torch.clamp(j - i, -FLEX_RADIUS, FLEX_RADIUS) + FLEX_RADIUS
+                bias = prm[0][hh * (2 * FLEX_RADIUS + 1) + rel]
+                if score == "relative":
+                    return s + bias
+                cap = prm[1][hh]
+                return cap * torch.tanh(s / cap) + bias
+            if score == "alibi":
+                return s + prm[0][hh] * (j - i).to(DT)
+            return s
+
+        def visible(bb, hh, i, j):
+            if mask == "document":
+                return (ids[i] == ids[j]) & (j <= i)
+            if mask == "prefix_lm":
+                return (j < FLEX_PREFIX) | (j <= i)
+            return i >= 0
+
+        block = None
+        if mask is not None:
+            block = create_block_mask(visible, None, None, t, t, device="cpu", BLOCK_SIZE=4)
+        flex_out = flex_attention(q, k, v, score_mod=lambda s, bb, hh, i, j:
+                                  score_of(s, bb, hh, i, j, params), block_mask=block)
+        # The same program densely, for autograd.
+        leaves = [q.clone().requires_grad_(), k.clone().requires_grad_(),
+                  v.clone().requires_grad_()] + [p.clone().requires_grad_() for p in params]
+        qq, kk, vv = leaves[:3]
+        prm = leaves[3:]
+        s = (qq @ kk.transpose(-2, -1)) / math.sqrt(d)
+        bi = torch.arange(b)[:, None, None, None]
+        hi = torch.arange(h)[None, :, None, None]
+        ii = torch.arange(t)[None, None, :, None]
+        jj = torch.arange(t)[None, None, None, :]
+        s = score_of(s, bi, hi, ii, jj, prm)
+        vis = visible(bi, hi, ii, jj).expand(b, h, t, t)
+        out = masked_softmax(s, vis) @ vv
+        close(out, flex_out)
+        grads = torch.autograd.grad((out * r).sum(), leaves)
+        config = {"score": score or "", "mask": mask or "", "radius": FLEX_RADIUS,
+                  "prefix": FLEX_PREFIX, "documents": ids.tolist(), "seed": seed,
+                  "params": len(params)}
+        tensors = {"q": q, "k": k, "v": v, "r": r, "out": flex_out,
+                   "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+        for pi, p in enumerate(params):
+            tensors[f"param{pi}"] = p
+            tensors[f"dparam{pi}"] = grads[3 + pi]
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -1312,6 +1404,7 @@ def main():
         "rope.json": rope_cases,
         "softcap.json": softcap_cases,
         "swiglu.json": swiglu_cases,
+        "flex.json": flex_cases,
     }
     wanted = sys.argv[1:] or list(makers) + ["interop"]
     for name in wanted:

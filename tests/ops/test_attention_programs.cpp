@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xbuilder.hpp>
 
 #include "attnlab/attention/programs.hpp"
@@ -474,4 +476,53 @@ TEST_CASE("attention programs: bad programs and bad combinations give clear erro
   p.score_program = options.score_program.get();
   CHECK_THROWS_WITH_AS(check_attention_params(p, "raw"), doctest::Contains("raw device call"),
                        std::invalid_argument);
+}
+
+TEST_CASE("golden: attention programs match PyTorch's FlexAttention on both CPU paths") {
+  // tests/golden/make_goldens.py flex.json: FlexAttention's forward (score_mod, mask_mod through
+  // create_block_mask), gradients by autograd of the same programs written densely, float64.
+  const auto& file = test::golden_file("flex.json");
+  REQUIRE(file.at("cases").size() >= 3);
+  for (const auto& c : file.at("cases")) {
+    const std::string name = c.at("name");
+    CAPTURE(name);
+    const auto& config = c.at("config");
+    const std::string score = config.at("score"), mask = config.at("mask");
+    const auto radius = config.at("radius").get<std::size_t>();
+    const Tensor4<double> q = test::golden_tensor(c, "q"), k = test::golden_tensor(c, "k"),
+                          v = test::golden_tensor(c, "v"), r = test::golden_tensor(c, "r");
+    const std::size_t T = q.shape()[2];
+    for (SdpaPath path : kCpuPaths) {
+      CAPTURE(path);
+      SdpaOptions options = test::with_path({}, path);
+      if (score == "capped_relative") {
+        options.score_program = attention::score_program(CappedRelativeBias{radius}, score);
+      } else if (score == "relative") {
+        options.score_program = attention::relative_bias_program(radius);
+      } else if (score == "alibi") {
+        options.score_program = attention::alibi_program();
+      }
+      for (std::size_t p = 0; p < config.at("params").get<std::size_t>(); ++p) {
+        const xt::xarray<double> values = test::golden_tensor(c, "param" + std::to_string(p));
+        options.program_params.emplace_back(values.begin(), values.end());
+      }
+      if (mask == "document") {
+        options.mask_program =
+            attention::document_mask(config.at("documents").get<std::vector<std::int32_t>>(), T);
+      } else if (mask == "prefix_lm") {
+        options.mask_program = attention::prefix_lm_mask(config.at("prefix").get<std::size_t>());
+      }
+      Tensor4<double> out;
+      const auto g = forward_backward(q, k, v, r, options, out);
+      CHECK(test::rel_error(out, test::golden_tensor(c, "out")) < 1e-12);
+      CHECK(test::rel_error(g.dq, test::golden_tensor(c, "dq")) < 1e-12);
+      CHECK(test::rel_error(g.dk, test::golden_tensor(c, "dk")) < 1e-12);
+      CHECK(test::rel_error(g.dv, test::golden_tensor(c, "dv")) < 1e-12);
+      REQUIRE(g.dprogram.size() == options.program_params.size());
+      for (std::size_t p = 0; p < g.dprogram.size(); ++p) {
+        CHECK(test::rel_error(g.dprogram[p], test::golden_tensor(c, "dparam" + std::to_string(p))) <
+              1e-12);
+      }
+    }
+  }
 }
