@@ -3,9 +3,10 @@
 // attention at T = 4096, and the training-step figures. Google Benchmark flags pass through
 // (e.g. --benchmark_filter=fwdbwd/.*/T:256, --benchmark_min_time=0.1).
 // Own flags: --quick (a small grid, for a smoke run), --cpu-time (time with the process CPU
-// clock), --no-memory, --no-train, --no-variants, --no-generate, --torch=FILE (PyTorch eager's step
-// times from tests/bench/torch_step.py, for the training table's ratio column), --malloc-default
-// (leave glibc's malloc settings alone instead of attnlab::keep_freed_memory()).
+// clock), --no-memory, --no-train, --no-variants, --no-programs, --no-generate, --torch=FILE
+// (PyTorch eager's step times from tests/bench/torch_step.py, for the training table's ratio
+// column), --malloc-default (leave glibc's malloc settings alone instead of
+// attnlab::keep_freed_memory()).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "attnlab/threads.hpp"
 #include "bench_common.hpp"
 #include "bench_generate.hpp"
+#include "bench_programs.hpp"
 #include "bench_train.hpp"
 #include "bench_variants.hpp"
 
@@ -156,6 +158,7 @@ int main(int argc, char** argv) {
   // --malloc-default, to measure what it saves.
   bool keep_memory = true;
   bool quick = false, memory = true, train = true, variants = true, generation = true;
+  bool programs = true;
   std::string torch_file;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -173,6 +176,8 @@ int main(int argc, char** argv) {
       train = false;
     } else if (std::strcmp(argv[i], "--no-variants") == 0) {
       variants = false;
+    } else if (std::strcmp(argv[i], "--no-programs") == 0) {
+      programs = false;
     } else if (std::strcmp(argv[i], "--no-generate") == 0) {
       generation = false;
     } else {
@@ -201,6 +206,7 @@ int main(int argc, char** argv) {
   }
   if (train) register_train_benchmarks(quick);
   if (variants) register_variant_benchmarks();
+  if (programs) register_program_benchmarks();
   if (generation) register_generate_benchmarks();
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
@@ -216,6 +222,7 @@ int main(int argc, char** argv) {
   print_table(reporter.seconds, points);
   if (train) print_train_table(reporter.seconds, torch_file);
   if (variants) print_variant_table(reporter.seconds);
+  if (programs) print_program_table(reporter.seconds);
   if (generation) print_generate_table(reporter.seconds);
   if (memory) print_memory();
   std::printf("load average at end: %s\n", load_average().c_str());
