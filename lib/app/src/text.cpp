@@ -186,9 +186,12 @@ std::string TextVocab::decode(int id) const {
 }
 
 std::vector<std::uint32_t> token_byte_table(const TaskConfig& task) {
+  if (task.kind != TaskKind::text) return {};
+  return token_byte_table(TextVocab(task));
+}
+
+std::vector<std::uint32_t> token_byte_table(const TextVocab& vocab) {
   std::vector<std::uint32_t> table;
-  if (task.kind != TaskKind::text) return table;
-  const TextVocab vocab(task);
   for (std::size_t id = 0; id < vocab.size(); ++id)
     table.push_back(static_cast<std::uint32_t>(vocab.token_bytes(static_cast<int>(id))));
   return table;

@@ -74,7 +74,8 @@ namespace {
 
 // The running sums of a chunked evaluation (what reduce_eval sums across shards).
 struct EvalSums {
-  double rows = 0, labelled = 0, loss = 0, correct = 0, bytes = 0;
+  double rows = 0;
+  LossSums loss;
   std::vector<double> head;  // per head: rows·(entropy, max weight, saturated, jacobian[, recall])
   std::vector<double> max_logit;
   std::vector<MaxLogitPair> pairs;          // per head: the set's max-logit pair so far
@@ -97,6 +98,22 @@ void add_dots(EvalSums& s, const Tensor4<float>& dots) {
 
 }  // namespace
 
+void LossSums::add(const LossResult& chunk, const TokenIds& targets,
+                   const std::vector<std::uint32_t>& token_bytes) {
+  const auto lab = static_cast<double>(chunk.labelled);
+  labelled += lab;
+  loss += chunk.loss * lab;
+  correct += std::round(chunk.accuracy * lab);  // a count: exact
+  if (token_bytes.empty()) return;
+  for (int t : targets) {
+    if (t >= 0 && static_cast<std::size_t>(t) < token_bytes.size()) bytes += token_bytes[t];
+  }
+}
+
+double LossSums::bits_per_byte() const {
+  return bytes > 0 ? loss / (std::log(2.0) * bytes) : std::numeric_limits<double>::quiet_NaN();
+}
+
 EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
                    const TaskConfig& task, std::size_t d_k, std::size_t chunk,
                    const std::vector<std::uint32_t>& token_bytes) {
@@ -109,17 +126,10 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
     const Batch part = chunk >= eval.size() ? eval : slice_batch(eval, begin, end);
     const auto rows = static_cast<double>(end - begin);
     const LossResult lr = masked_cross_entropy(backend.eval_logits(part), part.targets, false);
-    const auto lab = static_cast<double>(lr.labelled);
     sums.rows += rows;
-    sums.labelled += lab;
-    sums.loss += lr.loss * lab;
-    sums.correct += std::round(lr.accuracy * lab);  // a count: exact
+    sums.loss.add(lr, part.targets, token_bytes);
     if (!std::isfinite(lr.loss) && st.nonfinite_row == static_cast<std::size_t>(-1))
       st.nonfinite_row = begin;
-    if (!token_bytes.empty())
-      for (int t : part.targets)
-        if (t >= 0 && static_cast<std::size_t>(t) < token_bytes.size())
-          sums.bytes += token_bytes[t];
     const std::vector<int> key_pos = recall ? recall_key_positions(part) : std::vector<int>();
     std::size_t head_index = 0;
     for (std::size_t l = 0; l < layers; ++l) {
@@ -169,12 +179,11 @@ EvalStats evaluate(TrainBackend& backend, std::size_t layers, const Batch& eval,
     }
   }
   st.rows = static_cast<std::size_t>(sums.rows);
-  st.labelled = static_cast<std::size_t>(sums.labelled);
-  st.loss = sums.labelled > 0 ? sums.loss / sums.labelled : 0.0;
-  st.accuracy = sums.labelled > 0 ? sums.correct / sums.labelled : 0.0;
-  st.target_bytes = sums.bytes;
-  if (!token_bytes.empty() && sums.bytes > 0)
-    st.bits_per_byte = sums.loss / (std::log(2.0) * sums.bytes);
+  st.labelled = static_cast<std::size_t>(sums.loss.labelled);
+  st.loss = sums.loss.mean_loss();
+  st.accuracy = sums.loss.accuracy();
+  st.target_bytes = sums.loss.bytes;
+  st.bits_per_byte = sums.loss.bits_per_byte();
   const std::size_t per_head = recall ? 5 : 4;
   for (std::size_t i = 0; i < sums.max_logit.size(); ++i) {
     const double* h = sums.head.data() + i * per_head;

@@ -9,12 +9,26 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/loss.hpp"
 #include "attnlab/app/metrics.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/distributed.hpp"
 #include "train_backend.hpp"
 
 namespace attnlab::app {
+
+// The loss sums of an evaluation in chunks (evaluate, evaluate_run): labelled positions, Σ loss,
+// Σ correct predictions (counts: exact) and Σ bytes of the labelled targets (a text task's
+// token_bytes; empty elsewhere).
+struct LossSums {
+  double labelled = 0, loss = 0, correct = 0, bytes = 0;
+  void add(const LossResult& chunk, const TokenIds& targets,
+           const std::vector<std::uint32_t>& token_bytes);
+  double mean_loss() const { return labelled > 0 ? loss / labelled : 0.0; }
+  double accuracy() const { return labelled > 0 ? correct / labelled : 0.0; }
+  // Σ loss / (ln 2 · Σ bytes), NaN without bytes.
+  double bits_per_byte() const;
+};
 
 // What one evaluation measures.
 struct EvalStats {

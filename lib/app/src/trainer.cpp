@@ -233,20 +233,17 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
       std::min(B, std::max<std::size_t>(eval_rows(c), static_cast<std::size_t>(std::max(show, 0))));
   TokenIds pred({B, T});
   Tensor3<float> all_logits;  // (B, T, V) when logits_file asks for them
-  double loss_sum = 0, correct = 0, bytes = 0;
-  std::size_t labelled = 0;
-  const std::vector<std::uint32_t> token_bytes = token_byte_table(c.task);
+  LossSums sums;
+  std::optional<TextVocab> vocab;  // loaded once (a BPE model is a file)
+  if (text) vocab.emplace(c.task);
+  const std::vector<std::uint32_t> token_bytes =
+      text ? token_byte_table(*vocab) : std::vector<std::uint32_t>();
   Tensor4<float> shown_weights;
   for (std::size_t begin = 0; begin < B;) {
     const std::size_t end = begin == 0 ? first : std::min(B, begin + eval_rows(c));
     const Batch part = end - begin == B ? eval : slice_batch(eval, begin, end);
     const Tensor3<float> logits = model.forward(part);
-    const LossResult l = masked_cross_entropy(logits, part.targets, false);
-    loss_sum += l.loss * double(l.labelled);
-    correct += std::round(l.accuracy * double(l.labelled));
-    labelled += l.labelled;
-    for (int t : part.targets)
-      if (t >= 0 && std::size_t(t) < token_bytes.size()) bytes += token_bytes[std::size_t(t)];
+    sums.add(masked_cross_entropy(logits, part.targets, false), part.targets, token_bytes);
     const TokenIds p = predictions(logits);
     std::copy(p.begin(), p.end(), pred.begin() + std::ptrdiff_t(begin * T));
     if (!logits_file.empty() && begin == 0)
@@ -261,10 +258,10 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
     save_safetensors(logits_file, {make_stored_tensor<float>("logits", all_logits)},
                      {{"format", "pt"}});
   EvalReport r;
-  r.loss = labelled ? loss_sum / double(labelled) : 0.0;
-  r.accuracy = labelled ? correct / double(labelled) : 0.0;
-  r.bits_per_byte =
-      bytes > 0 ? loss_sum / (std::log(2.0) * bytes) : std::numeric_limits<double>::quiet_NaN();
+  r.loss = sums.mean_loss();
+  r.accuracy = sums.accuracy();
+  r.bits_per_byte = sums.bits_per_byte();
+  const auto labelled = static_cast<std::size_t>(sums.labelled);
   r.examples = static_cast<int>(eval.size());
   std::ostringstream os;
   os << "run " << run_dir << ": task " << to_string(c.task.kind) << ", step " << meta.step
@@ -285,8 +282,6 @@ EvalReport evaluate_run(const std::string& run_dir, int show, const std::string&
   os << '\n';
   const auto& p = shown_weights;
   const bool bpe = text && c.task.vocab == VocabKind::bpe;
-  std::optional<TextVocab> vocab;  // loaded once (a BPE model is a file)
-  if (text && show > 0) vocab.emplace(c.task);
   for (std::size_t b = 0;
        b < std::min<std::size_t>(static_cast<std::size_t>(std::max(show, 0)), eval.size()); ++b) {
     os << "\nexample " << b << ":\n";

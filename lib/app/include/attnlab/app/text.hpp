@@ -54,6 +54,8 @@ class TextVocab {
 
 // token_bytes of every id of a text task's vocabulary (bits per byte); empty for other tasks.
 std::vector<std::uint32_t> token_byte_table(const TaskConfig& task);
+// The same from a vocabulary already loaded (a BPE model is read once).
+std::vector<std::uint32_t> token_byte_table(const TextVocab& vocab);
 
 // The code points of `text`, validated as UTF-8 (DataFileError naming `source` and the byte offset
 // of the first invalid sequence otherwise).
