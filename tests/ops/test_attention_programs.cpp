@@ -341,7 +341,8 @@ TEST_CASE("attention programs: the built-in variants as programs give the same b
       bias_program.program_params = {std::vector<double>(bias.begin(), bias.end())};
       pairs.push_back({"bias", base, bias_program, false, true});
       for (const Pair& pair : pairs) {
-        CAPTURE(pair.name);
+        const std::string pair_name = pair.name;
+        CAPTURE(pair_name);
         Tensor4<float> out_b, out_p;
         const auto gb =
             forward_backward(q, k, v, dout, pair.builtin, out_b,
@@ -358,7 +359,9 @@ TEST_CASE("attention programs: the built-in variants as programs give the same b
       }
     }
   }
-  // The softcap program's own slope is the dual numbers' derivative.
+  // The softcap program gives its own value and slope (the built-in's formula), and that slope is
+  // the dual numbers' derivative.
+  static_assert(attention::program_detail::OwnSlope<attention::programs::Softcap, float>::value);
   const auto cap = attention::ScoreFunction<attention::programs::Softcap>({2.5}, "softcap");
   AttentionSizes one;
   one.B = one.H = one.Tq = one.Tk = 1;

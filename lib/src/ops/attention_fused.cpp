@@ -153,8 +153,8 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
         blas::gemm<T>(false, true, rows, cols, d, p.scale[h], qp + i0 * D, d, kp + j0 * D, d, T(0),
                       sb.data(), cols);
         if (program) {
-          program_scores(sb.data(), static_cast<T*>(nullptr), visible.data(), p, b, h, i0, br, j0,
-                         bc, state);
+          (void)program_scores(sb.data(), static_cast<T*>(nullptr), visible.data(), p, b, h, i0, br,
+                               j0, bc, state);
         } else {
           score_tile(sb.data(), p, b, h, i0, br, j0, bc);
         }
@@ -293,8 +293,8 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                           sb.data(), cols);
             if (program_grads) std::copy_n(sb.data(), br * bc, ub.data());
             if (program) {
-              program_scores(sb.data(), sloped ? slb.data() : nullptr, visible.data(), p, b, h, i0,
-                             br, j0, bc, state);
+              (void)program_scores(sb.data(), sloped ? slb.data() : nullptr, visible.data(), p, b,
+                                   h, i0, br, j0, bc, state);
             } else {
               score_tile(sb.data(), p, b, h, i0, br, j0, bc, sloped ? slb.data() : nullptr);
             }
@@ -334,8 +334,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
             }
             // A score program's parameters: Σ dS · ∂f/∂θ at U
             if (program_grads) {
-              program_tile_grads(p, grads, ub.data(), dpb.data(), visible.data(), b, h, i0, br, j0,
-                                 bc);
+              program_tile_grads(p, grads, ub.data(), dpb.data(), b, h, i0, br, j0, bc);
             }
             // dU = dS ⊙ dS/dU with a softcap or a score program
             for (std::size_t e = 0; sloped && e < br * bc; ++e) dpb[e] *= slb[e];

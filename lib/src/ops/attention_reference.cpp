@@ -43,7 +43,8 @@ void scores_slice(T* sp, const AttentionParams<T>& p, std::size_t bh,
   const std::size_t b = bh / p.H, h = bh % p.H;
   scaled_dots(sp, p, bh);
   if (p.has_program()) {
-    program_scores(sp, slope, visible, p, b, h, 0, p.Tq, 0, p.Tk, attention::BlockState::partial);
+    (void)program_scores(sp, slope, visible, p, b, h, 0, p.Tq, 0, p.Tk,
+                         attention::BlockState::partial);
     return;
   }
   for (std::size_t i = 0; i < p.Tq; ++i) attention::score_row(p, b, h, i, 0, p.Tk, sp + i * p.Tk);
@@ -151,10 +152,9 @@ void sdpa_reference_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout,
           // dU = dS ⊙ f'(U) and the parameters' Σ dS · ∂f/∂θ, from U = s · Q Kᵀ recomputed
           scaled_dots(u.get(), p, bh);
           std::copy_n(u.get(), Tq * Tk, recomputed.get());
-          program_scores(recomputed.get(), slope.get(), visible.data(), p, bh / p.H, bh % p.H, 0,
-                         Tq, 0, Tk, attention::BlockState::partial);
-          program_tile_grads(p, grads, u.get(), ds.get(), visible.data(), bh / p.H, bh % p.H, 0, Tq,
-                             0, Tk);
+          (void)program_scores(recomputed.get(), slope.get(), visible.data(), p, bh / p.H, bh % p.H,
+                               0, Tq, 0, Tk, attention::BlockState::partial);
+          program_tile_grads(p, grads, u.get(), ds.get(), bh / p.H, bh % p.H, 0, Tq, 0, Tk);
           for (std::size_t e = 0; e < Tq * Tk; ++e) ds[e] *= slope[e];
         } else if (capped) {
           // dU = dS ⊙ (1 − tanh²(U/c)), U = s · Q Kᵀ        (Tq,D) x (D,Tk) -> (Tq,Tk)

@@ -144,18 +144,17 @@ class ScoreProgram {
  public:
   virtual ~ScoreProgram() = default;
   virtual const std::string& name() const = 0;
-  // tile (rows × cols): in u, out f(u) where visible[e] != 0 and -inf elsewhere. With slope set,
-  // also slope[e] = ∂f/∂u (0 where hidden).
+  // tile (rows × cols): in u, out f(u) where visible[e] != 0 (everywhere when visible is null)
+  // and -inf elsewhere. With slope set, also slope[e] = ∂f/∂u (0 where hidden).
   virtual void apply(float* tile, float* slope, const unsigned char* visible, const ProgramTile& t,
                      const ProgramArgs<float>& a) const = 0;
   virtual void apply(double* tile, double* slope, const unsigned char* visible,
                      const ProgramTile& t, const ProgramArgs<double>& a) const = 0;
-  // grads[k][index] += Σ_e dscore[e] · ∂f/∂θ_(k,index) at u[e], over visible e in row-major order.
-  virtual void accumulate_param_grads(const float* u, const float* dscore,
-                                      const unsigned char* visible, const ProgramTile& t,
+  // grads[k][index] += Σ_e dscore[e] · ∂f/∂θ_(k,index) at u[e], over the e with dscore[e] != 0
+  // (hidden keys have dS = 0) in row-major order.
+  virtual void accumulate_param_grads(const float* u, const float* dscore, const ProgramTile& t,
                                       const ProgramArgs<float>& a, float* const* grads) const = 0;
-  virtual void accumulate_param_grads(const double* u, const double* dscore,
-                                      const unsigned char* visible, const ProgramTile& t,
+  virtual void accumulate_param_grads(const double* u, const double* dscore, const ProgramTile& t,
                                       const ProgramArgs<double>& a, double* const* grads) const = 0;
 };
 
@@ -176,13 +175,15 @@ S call_score(const F& f, S s, const ProgramTile& t, std::size_t i, std::size_t j
   }
 }
 
+// Whether f gives its own value and slope: T value_and_slope(u, b, h, i, j, params, T& slope).
 template <class F, class T, class = void>
 struct OwnSlope : std::false_type {};
 template <class F, class T>
 struct OwnSlope<F, T,
-                std::void_t<decltype(std::declval<const F&>().slope(
+                std::void_t<decltype(std::declval<const F&>().value_and_slope(
                     std::declval<T>(), std::size_t{}, std::size_t{}, std::size_t{}, std::size_t{},
-                    std::declval<const ProgramParams<T>&>()))>> : std::true_type {};
+                    std::declval<const ProgramParams<T>&>(), std::declval<T&>()))>>
+    : std::true_type {};
 
 template <class T>
 std::string number(T x) {
@@ -207,15 +208,13 @@ class ScoreFunction final : public ScoreProgram {
              const ProgramArgs<double>& a) const override {
     apply_t(tile, slope, visible, t, a);
   }
-  void accumulate_param_grads(const float* u, const float* dscore, const unsigned char* visible,
-                              const ProgramTile& t, const ProgramArgs<float>& a,
-                              float* const* grads) const override {
-    grads_t(u, dscore, visible, t, a, grads);
+  void accumulate_param_grads(const float* u, const float* dscore, const ProgramTile& t,
+                              const ProgramArgs<float>& a, float* const* grads) const override {
+    grads_t(u, dscore, t, a, grads);
   }
-  void accumulate_param_grads(const double* u, const double* dscore, const unsigned char* visible,
-                              const ProgramTile& t, const ProgramArgs<double>& a,
-                              double* const* grads) const override {
-    grads_t(u, dscore, visible, t, a, grads);
+  void accumulate_param_grads(const double* u, const double* dscore, const ProgramTile& t,
+                              const ProgramArgs<double>& a, double* const* grads) const override {
+    grads_t(u, dscore, t, a, grads);
   }
 
  private:
@@ -229,7 +228,7 @@ class ScoreFunction final : public ScoreProgram {
       const std::size_t i = t.i0 + r;
       for (std::size_t c = 0; c < t.cols; ++c) {
         const std::size_t e = r * t.cols + c, j = t.j0 + c;
-        if (visible[e] == 0) {
+        if (visible != nullptr && visible[e] == 0) {
           tile[e] = hidden;
           if (slope != nullptr) slope[e] = T(0);
           continue;
@@ -239,8 +238,7 @@ class ScoreFunction final : public ScoreProgram {
         if (slope == nullptr) {
           y = program_detail::call_score(f_, u, t, i, j, params);
         } else if constexpr (program_detail::OwnSlope<F, T>::value) {
-          y = program_detail::call_score(f_, u, t, i, j, params);
-          slope[e] = static_cast<T>(f_.slope(u, t.b, t.h, i, j, params));
+          y = static_cast<T>(f_.value_and_slope(u, t.b, t.h, i, j, params, slope[e]));
         } else {
           Dual<T> du(u);
           du.ds = T(1);
@@ -255,15 +253,15 @@ class ScoreFunction final : public ScoreProgram {
   }
 
   template <class T>
-  void grads_t(const T* u, const T* dscore, const unsigned char* visible, const ProgramTile& t,
-               const ProgramArgs<T>& a, T* const* grads) const {
+  void grads_t(const T* u, const T* dscore, const ProgramTile& t, const ProgramArgs<T>& a,
+               T* const* grads) const {
     if (a.count == 0) return;
     const ProgramParams<Dual<T>> dual_params(a);
     for (std::size_t r = 0; r < t.rows; ++r) {
       const std::size_t i = t.i0 + r;
       for (std::size_t c = 0; c < t.cols; ++c) {
         const std::size_t e = r * t.cols + c;
-        if (visible[e] == 0 || dscore[e] == T(0)) continue;
+        if (dscore[e] == T(0)) continue;
         const Dual<T> d =
             program_detail::call_score(f_, Dual<T>(u[e]), t, i, t.j0 + c, dual_params);
         if (d.n < 0) {
@@ -304,8 +302,9 @@ std::shared_ptr<const ScoreProgram> score_program(F f, std::string name = "score
 }
 
 // The largest |slope − ∂f/∂u| over a grid of scores (each of `scores` at every (b, h, i, j) below
-// the given extents), relative to max(1, |∂f/∂u|), between a program's own slope and the dual
-// numbers' derivative. 0 for a program without its own slope. For tests of hand-given slopes.
+// the given extents), relative to max(1, |∂f/∂u|), between a program's own slope
+// (value_and_slope) and the dual numbers' derivative; infinity when its value differs from f's.
+// 0 for a program without its own slope. For tests of hand-given slopes.
 template <class F>
 double check_program_slope(const ScoreFunction<F>& program, const std::vector<double>& scores,
                            const AttentionSizes& sizes,
@@ -328,7 +327,11 @@ double check_program_slope(const ScoreFunction<F>& program, const std::vector<do
             ProgramTile t = t0;
             t.b = b, t.h = h;
             for (double u : scores) {
-              const double own = program.function().slope(u, b, h, i, j, plain);
+              double own = 0;
+              const double value = program.function().value_and_slope(u, b, h, i, j, plain, own);
+              if (value != program_detail::call_score(program.function(), u, t, i, j, plain)) {
+                return std::numeric_limits<double>::infinity();  // its value is not f's
+              }
               Dual<double> du(u);
               du.ds = 1.0;
               const double exact =
@@ -351,6 +354,9 @@ class MaskProgram {
   virtual const std::string& name() const = 0;
   // visible (rows × cols) = visible(b, h, i, j) over the tile, 1 or 0.
   virtual void evaluate(unsigned char* visible, const ProgramTile& t) const = 0;
+  // tile (rows × cols) = -inf where visible(b, h, i, j) is false, in one pass.
+  virtual void hide(float* tile, const ProgramTile& t) const = 0;
+  virtual void hide(double* tile, const ProgramTile& t) const = 0;
   // Whether the mask reads b and h (false: one block mask serves every batch row or head).
   virtual bool depends_on_batch() const = 0;
   virtual bool depends_on_head() const = 0;
@@ -380,8 +386,20 @@ class MaskFunction final : public MaskProgram {
       }
     }
   }
+  void hide(float* tile, const ProgramTile& t) const override { hide_t(tile, t); }
+  void hide(double* tile, const ProgramTile& t) const override { hide_t(tile, t); }
 
  private:
+  template <class T>
+  void hide_t(T* tile, const ProgramTile& t) const {
+    for (std::size_t r = 0; r < t.rows; ++r) {
+      T* row = tile + r * t.cols;
+      for (std::size_t c = 0; c < t.cols; ++c) {
+        if (!f_(t.b, t.h, t.i0 + r, t.j0 + c)) row[c] = -std::numeric_limits<T>::infinity();
+      }
+    }
+  }
+
   F f_;
   std::string name_;
   MaskDepends depends_;

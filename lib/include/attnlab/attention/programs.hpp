@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attnlab/attention/program.hpp"
+#include "attnlab/kernel_math.hpp"
 
 namespace attnlab::attention {
 
@@ -30,12 +31,14 @@ struct Softcap {
     const Plain c = static_cast<Plain>(cap);
     return c * tanh(u / c);
   }
-  // The built-in's slope 1 − (S / c)², from the capped value.
+  // S and the built-in's slope 1 − (S / c)², with the built-in's own functions: one tanh for both.
   template <class T>
-  T slope(T u, std::size_t, std::size_t, std::size_t, std::size_t, const ProgramParams<T>&) const {
+  T value_and_slope(T u, std::size_t, std::size_t, std::size_t, std::size_t,
+                    const ProgramParams<T>&, T& slope) const {
     const T c = static_cast<T>(cap);
-    const T t = c * std::tanh(u / c) / c;
-    return T(1) - t * t;
+    const T y = kernel_math::softcap_element(u, c);
+    slope = kernel_math::softcap_slope(y, c);
+    return y;
   }
 };
 
