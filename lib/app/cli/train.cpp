@@ -69,6 +69,47 @@ void add_data_flags(CLI::App& train, TrainConfig& tc) {
       ->check(CLI::ExistingPath);
   train.add_option("--valid", tc.valid_file, "evaluate on this data file")
       ->check(CLI::ExistingFile);
+  train
+      .add_option("--pack-documents", tc.pack_documents,
+                  "task text: the corpus is documents ended by this delimiter (escapes \\n \\t "
+                  "\\r \\\\; with no value a blank line); attention stays within a document, "
+                  "causally, and no target crosses one (CPU only). A BPE token directory uses "
+                  "its own document starts (tokenize encode --doc-delimiter)")
+      ->expected(0, 1)
+      ->default_str("\\n\\n");
+  train.add_flag("--pack-rope-restart", tc.pack_rope_restart,
+                 "with --pack-documents and --positions rope: positions restart at each document");
+}
+
+// --pack-documents' value with its escapes (\n, \t, \r, \\) decoded; one line and exit 2 for
+// an empty delimiter or another escape.
+std::string document_delimiter(const std::string& text) {
+  const auto bad = [&](const std::string& why) {
+    return BadInput(
+        "train: --pack-documents expected a non-empty delimiter (escapes \\n \\t "
+        "\\r \\\\; with no value a blank line), got '" +
+        text + "'" + why);
+  };
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\') {
+      out += text[i];
+      continue;
+    }
+    const char e = i + 1 < text.size() ? text[++i] : '\0';
+    if (e == 'n')
+      out += '\n';
+    else if (e == 't')
+      out += '\t';
+    else if (e == 'r')
+      out += '\r';
+    else if (e == '\\')
+      out += '\\';
+    else
+      throw bad(" (an unknown escape)");
+  }
+  if (out.empty()) throw bad("");
+  return out;
 }
 
 void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
@@ -336,6 +377,8 @@ int run_train_command(TrainCommand& t, Communicator& comm, CliContext& cli) {
     check_resume_flags(*t.cmd);
     restore_run_context(t, cli);
   }
+  if (t.cmd->count("--pack-documents") > 0)
+    tc.pack_documents = document_delimiter(tc.pack_documents);
   tc.progress = !t.quiet;
   tc.measure_peaks = true;
   prepare_token_task(tc);  // a token directory's BPE tokenizer, from --data DIR

@@ -4,6 +4,10 @@
 // attention option changes, so one seed gives every scaling mode identical initial weights.
 #include "attnlab/app/model.hpp"
 
+#include <cstdint>
+#include <optional>
+#include <vector>
+
 #include "attnlab/nn/transformer.hpp"
 
 namespace attnlab::app {
@@ -32,12 +36,26 @@ void Model::eval_mode() {
 
 Model::~Model() = default;
 
+namespace {
+// Packed documents' layout (attnlab/nn/multi_head_attention.hpp): one block mask per batch, which
+// every block's attention reads; none for a batch without documents.
+std::optional<SequenceLayout> layout_of(const Batch& batch, const TransformerConfig& config) {
+  if (batch.documents.size() == 0) return std::nullopt;
+  const SdpaConfig& sdpa = config.block.attention.sdpa;
+  return document_layout(std::vector<std::int32_t>(batch.documents.begin(), batch.documents.end()),
+                         batch.size(), batch.length(), batch.restart_positions, sdpa.tile_rows,
+                         sdpa.tile_keys);
+}
+}  // namespace
+
 Tensor3<float> Model::forward(const Batch& batch) {
-  return impl_->net.forward(batch.fields);
+  return to_tensor<float, 3>(forward_on_backend(batch), "Model::forward");
 }
 
 Buffer<float> Model::forward_on_backend(const Batch& batch) {
-  return impl_->net.forward(impl_->net.upload_fields(batch.fields));
+  const std::optional<SequenceLayout> layout = layout_of(batch, impl_->net.config());
+  return impl_->net.forward(impl_->net.upload_fields(batch.fields), nullptr,
+                            layout ? &*layout : nullptr);
 }
 
 void Model::backward(const Tensor3<float>& dlogits) {
@@ -129,7 +147,7 @@ std::string Model::locate_nonfinite(const Batch& batch) {
   // The host backend checks every forward; a device backend replays the batch with the check on.
   const bool device = !impl_->net.ops().host_memory();
   if (device) impl_->net.set_nonfinite_check(true);
-  impl_->net.forward(batch.fields);
+  forward_on_backend(batch);
   std::string where = impl_->net.first_nonfinite().value_or("");
   if (device) impl_->net.set_nonfinite_check(false);
   return where;

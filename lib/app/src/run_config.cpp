@@ -68,12 +68,13 @@ void from_json(const json& nlohmann_json_j, TaskConfig& nlohmann_json_t) {
                                            queries, symbols, length, block, vocab, chars,
                                            tokenizer_hash))
 }
-ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config, task, data_file, valid_file, model,
-                            optimizer, lr, beta1, beta2, momentum, muon_lr, muon_momentum,
-                            muon_nesterov, muon_ns_steps, muon_scale, weight_decay, decay_params,
-                            decay, param_groups, clip, z_loss, skip_outliers, schedule, min_lr,
-                            warmdown, warmup, steps, batch, grad_accum, precision, seed, eval_every,
-                            eval_size, eval_batch, out, save_every, weights_only)
+ATTNLAB_JSON_FIELDS_CHECKED(TrainConfig, check_train_config, task, data_file, valid_file,
+                            pack_documents, pack_rope_restart, model, optimizer, lr, beta1, beta2,
+                            momentum, muon_lr, muon_momentum, muon_nesterov, muon_ns_steps,
+                            muon_scale, weight_decay, decay_params, decay, param_groups, clip,
+                            z_loss, skip_outliers, schedule, min_lr, warmdown, warmup, steps, batch,
+                            grad_accum, precision, seed, eval_every, eval_size, eval_batch, out,
+                            save_every, weights_only)
 
 TransformerConfig default_model() {
   TransformerConfig m;
@@ -127,6 +128,27 @@ void validate(const TrainConfig& c) {
               "none");
     check_arg(c.model.block.attention.sdpa.causal, op, "model.block.attention.sdpa.causal",
               "true for task text (give --causal)", "false");
+  }
+  if (!c.pack_documents.empty()) {
+    check_arg(c.task.kind == TaskKind::text, op, "pack_documents (--pack-documents)",
+              "task text (packing cuts a text into documents)",
+              "task " + std::string(enum_name(c.task.kind)));
+    check_arg(c.model.block.attention.sdpa.window == 0, op, "pack_documents (--pack-documents)",
+              "no window beside it (the document mask replaces the causal rule)",
+              "window " + std::to_string(c.model.block.attention.sdpa.window));
+    check_arg(c.task.vocab != VocabKind::bpe || c.pack_documents == kDefaultDocumentDelimiter, op,
+              "pack_documents (--pack-documents)",
+              "the default delimiter for a BPE token directory (its documents were cut by "
+              "tokenize encode --doc-delimiter and are read from tokens.json)",
+              "a delimiter of " + std::to_string(c.pack_documents.size()) + " bytes");
+  }
+  if (c.pack_rope_restart) {
+    check_arg(!c.pack_documents.empty(), op, "pack_rope_restart (--pack-rope-restart)",
+              "pack_documents (--pack-documents) beside it", "no packing");
+    check_arg(c.model.positions == PositionEncoding::rope, op,
+              "pack_rope_restart (--pack-rope-restart)",
+              "positions rope (--positions rope): the restart is RoPE's",
+              "positions " + std::string(enum_name(c.model.positions)));
   }
   resolve_model(c.model, task_shape(c.task));
   // SGD's weight decay is torch.optim.SGD's coupled L2 (g + wd · p): it has no decoupled update to

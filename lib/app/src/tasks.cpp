@@ -148,6 +148,8 @@ Batch gather_batch(const Batch& batch, const std::vector<std::size_t>& rows) {
   };
   for (const auto& f : batch.fields) out.fields.push_back(copy(f));
   out.targets = copy(batch.targets);
+  if (batch.documents.size() != 0) out.documents = copy(batch.documents);
+  out.restart_positions = batch.restart_positions;
   return out;
 }
 

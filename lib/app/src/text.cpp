@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <unordered_set>
 
@@ -237,22 +238,71 @@ Batch blocks_at(const std::vector<int>& tokens, std::size_t block,
 }
 }  // namespace
 
-Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng) {
+DocumentBounds find_documents(const std::vector<int>& tokens, const std::vector<int>& delimiter) {
+  check_arg(!delimiter.empty(), "find_documents", "delimiter", "at least one token", "none");
+  DocumentBounds d;
+  d.starts.push_back(0);
+  d.delimiter_length = delimiter.size();
+  for (auto at = tokens.begin();
+       (at = std::search(at, tokens.end(), delimiter.begin(), delimiter.end())) != tokens.end();
+       at += static_cast<std::ptrdiff_t>(delimiter.size())) {
+    const auto o = static_cast<std::uint64_t>(at - tokens.begin());
+    d.delimiters.push_back(o);
+    if (o + delimiter.size() < tokens.size()) d.starts.push_back(o + delimiter.size());
+  }
+  return d;
+}
+
+void pack_documents(Batch& batch, const DocumentBounds& docs,
+                    const std::vector<std::size_t>& offsets) {
+  const std::size_t B = batch.size(), T = batch.length();
+  check_arg(offsets.size() == B, "pack_documents", "offsets",
+            "one per row (" + std::to_string(B) + ")", std::to_string(offsets.size()));
+  batch.documents = TokenIds::from_shape({B, T});
+  batch.restart_positions = docs.restart_positions;
+  const auto& starts = docs.starts;
+  const auto& delims = docs.delimiters;
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::uint64_t o = offsets[b];
+    // The first document start after o, and the last delimiter at or before o.
+    auto next = std::upper_bound(starts.begin(), starts.end(), o);
+    auto delim = std::upper_bound(delims.begin(), delims.end(), o);
+    int id = 0;
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::uint64_t at = o + t;
+      while (next != starts.end() && *next <= at) ++next, ++id;
+      while (delim != delims.end() && *delim <= at) ++delim;
+      batch.documents(b, t) = id;
+      const bool ends = next != starts.end() && *next == at + 1;
+      const bool in_delimiter =
+          delim != delims.begin() && at < *std::prev(delim) + docs.delimiter_length;
+      if (ends || in_delimiter) batch.targets(b, t) = kIgnoreIndex;
+    }
+  }
+}
+
+Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng,
+                 const DocumentBounds* docs) {
   check_arg(tokens.size() > block, "text_batch", "tokens",
             "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
   std::vector<std::size_t> offsets(batch);
   for (auto& o : offsets) o = static_cast<std::size_t>(rng.below(tokens.size() - block));
-  return blocks_at(tokens, block, offsets);
+  Batch out = blocks_at(tokens, block, offsets);
+  if (docs) pack_documents(out, *docs, offsets);
+  return out;
 }
 
-Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n) {
+Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n,
+                      const DocumentBounds* docs) {
   check_arg(tokens.size() > block, "text_eval_batch", "tokens",
             "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
   const std::size_t last = tokens.size() - block - 1;  // the largest offset
   n = std::min(n, last + 1);
   std::vector<std::size_t> offsets(n);
   for (std::size_t i = 0; i < n; ++i) offsets[i] = n == 1 ? 0 : i * last / (n - 1);
-  return blocks_at(tokens, block, offsets);
+  Batch out = blocks_at(tokens, block, offsets);
+  if (docs) pack_documents(out, *docs, offsets);
+  return out;
 }
 
 }  // namespace attnlab::app

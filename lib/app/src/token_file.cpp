@@ -117,22 +117,36 @@ Batch blocks_at(const TokenFile& tokens, std::size_t block,
 }
 }  // namespace
 
-Batch token_batch(const TokenFile& tokens, std::size_t block, std::size_t batch, Rng& rng) {
+DocumentBounds token_documents(const TokenFile& tokens, bool restart_positions) {
+  DocumentBounds d;
+  d.starts = tokens.documents();
+  if (d.starts.empty()) d.starts.push_back(0);
+  d.restart_positions = restart_positions;
+  return d;
+}
+
+Batch token_batch(const TokenFile& tokens, std::size_t block, std::size_t batch, Rng& rng,
+                  const DocumentBounds* docs) {
   check_arg(tokens.size() > block, "token_batch", "tokens",
             "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
   std::vector<std::size_t> offsets(batch);
   for (auto& o : offsets) o = static_cast<std::size_t>(rng.below(tokens.size() - block));
-  return blocks_at(tokens, block, offsets);
+  Batch out = blocks_at(tokens, block, offsets);
+  if (docs) pack_documents(out, *docs, offsets);
+  return out;
 }
 
-Batch token_eval_batch(const TokenFile& tokens, std::size_t block, std::size_t n) {
+Batch token_eval_batch(const TokenFile& tokens, std::size_t block, std::size_t n,
+                       const DocumentBounds* docs) {
   check_arg(tokens.size() > block, "token_eval_batch", "tokens",
             "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
   const std::size_t last = tokens.size() - block - 1;
   n = std::min(n, last + 1);
   std::vector<std::size_t> offsets(n);
   for (std::size_t i = 0; i < n; ++i) offsets[i] = n == 1 ? 0 : i * last / (n - 1);
-  return blocks_at(tokens, block, offsets);
+  Batch out = blocks_at(tokens, block, offsets);
+  if (docs) pack_documents(out, *docs, offsets);
+  return out;
 }
 
 void prepare_token_task(TrainConfig& c) {
@@ -183,8 +197,10 @@ TokenHeader check_token_dir(const TrainConfig& c) {
 Batch token_eval_set(const TrainConfig& c) {
   const TokenHeader h = check_token_dir(c);
   const TokenFile val(c.data_file, h, kValBin);
+  const DocumentBounds docs = token_documents(val, c.pack_rope_restart);
   return token_eval_batch(val, static_cast<std::size_t>(c.task.block),
-                          static_cast<std::size_t>(c.eval_size));
+                          static_cast<std::size_t>(c.eval_size),
+                          c.pack_documents.empty() ? nullptr : &docs);
 }
 
 void copy_tokenizer(const TrainConfig& c, const std::string& run_dir) {

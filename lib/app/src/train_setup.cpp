@@ -199,6 +199,49 @@ RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c) {
   return resumed;
 }
 
+namespace {
+// A delimiter as one line of an error message: newlines, tabs, returns and backslashes escaped.
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '\n')
+      out += "\\n";
+    else if (ch == '\t')
+      out += "\\t";
+    else if (ch == '\r')
+      out += "\\r";
+    else if (ch == '\\')
+      out += "\\\\";
+    else
+      out += ch;
+  }
+  return out;
+}
+}  // namespace
+
+std::optional<DocumentBounds> text_documents(const TrainConfig& c, const TextVocab& vocab,
+                                             const std::vector<int>& tokens,
+                                             const std::string& source, bool require,
+                                             const char* op) {
+  if (c.pack_documents.empty()) return std::nullopt;
+  const char* field = "pack_documents (--pack-documents)";
+  std::vector<int> delimiter;
+  try {
+    delimiter = vocab.encode(c.pack_documents, "the delimiter");
+  } catch (const DataFileError& e) {
+    check_arg(false, op, field, "a delimiter made of the text's characters",
+              "'" + escaped(c.pack_documents) + "' (" + e.what() + ")");
+  }
+  DocumentBounds docs = find_documents(tokens, delimiter);
+  docs.restart_positions = c.pack_rope_restart;
+  if (require) {
+    check_arg(!docs.delimiters.empty(), op, field,
+              "a delimiter that occurs in the training text of " + source,
+              "'" + escaped(c.pack_documents) + "', found 0 times");
+  }
+  return docs;
+}
+
 // A text task's eval set: eval_size fixed blocks of the validation tokens, which are the last 10%
 // of data_file, or the whole of valid_file when given.
 Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
@@ -221,17 +264,22 @@ Batch text_eval_set(const TrainConfig& c, const std::string& valid_file,
   check_arg(valid.size() > block, op, "valid_file",
             "a text of at least block + 1 = " + std::to_string(block + 1) + " tokens",
             std::to_string(valid.size()) + " tokens");
-  return text_eval_batch(valid, block, static_cast<std::size_t>(c.eval_size));
+  const std::optional<DocumentBounds> docs =
+      text_documents(c, vocab, valid, valid_file.empty() ? c.data_file : valid_file, false, op);
+  return text_eval_batch(valid, block, static_cast<std::size_t>(c.eval_size),
+                         docs ? &*docs : nullptr);
 }
 
 TrainData::TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task) {
   if (c.task.kind == TaskKind::text && c.task.vocab == VocabKind::bpe) {
     eval = text_eval_set(c, c.valid_file, nullptr);
     tokens = std::make_shared<const TokenFile>(c.data_file, check_token_dir(c), kTrainBin);
+    if (!c.pack_documents.empty()) docs = token_documents(*tokens, c.pack_rope_restart);
     return;
   }
   if (c.task.kind == TaskKind::text) {
     eval = text_eval_set(c, c.valid_file, &text);
+    docs = text_documents(c, TextVocab(c.task), text, c.data_file, true, "train");
     return;
   }
   if (!c.data_file.empty()) file = read_data_file(c.data_file, &shape);
@@ -246,9 +294,10 @@ TrainData::TrainData(const TrainConfig& c, const TaskShape& shape) : task(c.task
 }
 
 Batch TrainData::next(std::size_t batch, Rng& rng) const {
-  if (tokens) return token_batch(*tokens, static_cast<std::size_t>(task.block), batch, rng);
+  const DocumentBounds* packed = docs ? &*docs : nullptr;
+  if (tokens) return token_batch(*tokens, static_cast<std::size_t>(task.block), batch, rng, packed);
   if (task.kind == TaskKind::text)
-    return text_batch(text, static_cast<std::size_t>(task.block), batch, rng);
+    return text_batch(text, static_cast<std::size_t>(task.block), batch, rng, packed);
   if (!file) return generate_batch(task, batch, rng);
   std::vector<std::size_t> rows(batch);
   for (auto& r : rows) r = rng.below(file->size());

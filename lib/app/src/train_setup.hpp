@@ -14,6 +14,7 @@
 #include "attnlab/app/data_file.hpp"
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
+#include "attnlab/app/text.hpp"
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/distributed.hpp"
 #include "attnlab/optim/param_groups.hpp"
@@ -38,6 +39,15 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
 // resolved model and default out, and returns the checkpoint's metadata.
 RunMeta check_resume(const TrainConfig& config_in, TrainConfig& c);
 
+// With pack_documents: the documents of a char or byte text's tokens (its delimiter encoded by
+// vocab); std::nullopt without. Throws std::invalid_argument naming pack_documents for a
+// delimiter outside the vocabulary, and, with require, for one that never occurs in `tokens`
+// (`source` names the file).
+std::optional<DocumentBounds> text_documents(const TrainConfig& c, const TextVocab& vocab,
+                                             const std::vector<int>& tokens,
+                                             const std::string& source, bool require,
+                                             const char* op);
+
 // A text task's eval set: eval_size fixed blocks of the validation tokens, which are the last 10%
 // of data_file, or the whole of valid_file when given; the training tokens into train_tokens. `op`
 // names the caller in errors.
@@ -55,6 +65,7 @@ struct TrainData {
   std::optional<Batch> file;
   std::vector<int> text;                    // task text: the training part's tokens
   std::shared_ptr<const TokenFile> tokens;  // task text, vocab bpe: the memory-mapped train.bin
+  std::optional<DocumentBounds> docs;       // task text with pack_documents: the training part's
   Batch eval;
 };
 

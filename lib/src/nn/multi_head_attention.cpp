@@ -117,6 +117,9 @@ void MultiHeadAttention<T>::collect_parameters(const std::string& prefix, Parame
     out.push_back({prefix + "k_norm.beta", &k_norm_beta});
   }
   if (config_.learnable_scale) out.push_back({prefix + "log_scale", &log_scale});
+  for (std::size_t k = 0; k < program_params_.size(); ++k) {
+    out.push_back({prefix + "program." + program_names_[k], program_params_[k].get()});
+  }
 }
 
 template <class T>
@@ -159,8 +162,9 @@ std::vector<double> MultiHeadAttention<T>::head_scales() const {
 
 template <class T>
 SdpaOptions MultiHeadAttention<T>::options_of(const Context& ctx) const {
-  SdpaOptions options = layer_options();
-  options.query_offset = ctx.spec_.query_offset;
+  SdpaOptions options = ctx.options_;
+  options.dropout_p = 0;  // inspection: the weights before dropout
+  options.dropout_seed = 0;
   const std::vector<T> scales = ctx.scale_.to_vector();
   options.head_scale.assign(scales.begin(), scales.end());
   return options;
@@ -176,13 +180,15 @@ Tensor4<T> heads_to_host(const Buffer<T>& b, std::size_t B, std::size_t H, std::
   return out;
 }
 
-KeyMask mask_to_host(const Buffer<unsigned char>& mask) {
+}  // namespace
+
+template <class T>
+KeyMask MultiHeadAttention<T>::mask_to_host(const Buffer<unsigned char>& mask) {
   KeyMask out({mask.dim(0), mask.dim(1)});
   const std::vector<unsigned char> bytes = mask.to_vector();
   for (std::size_t i = 0; i < bytes.size(); ++i) out.data()[i] = bytes[i] != 0;
   return out;
 }
-}  // namespace
 
 template <class T>
 Tensor4<T> MultiHeadAttention<T>::queries(const Context& ctx) const {
@@ -197,7 +203,10 @@ Tensor4<T> MultiHeadAttention<T>::keys(const Context& ctx) const {
 template <class T>
 Tensor4<T> MultiHeadAttention<T>::attention_weights(const Context& ctx) const {
   if (ctx.empty()) return Tensor4<T>();
-  if (!ctx.fused_) return heads_to_host(ctx.p_, ctx.spec_.B, H_, ctx.spec_.Tq, ctx.spec_.Tk);
+  if (ctx.program_ && ctx.sdpa_.has_weights()) return ctx.sdpa_.p;
+  if (!ctx.fused_ && !ctx.program_) {
+    return heads_to_host(ctx.p_, ctx.spec_.B, H_, ctx.spec_.Tq, ctx.spec_.Tk);
+  }
   const KeyMask mask = ctx.mask_.empty() ? KeyMask() : mask_to_host(ctx.mask_);
   return sdpa_weights<T>(queries(ctx), keys(ctx), options_of(ctx),
                          ctx.mask_.empty() ? nullptr : &mask);
@@ -225,7 +234,7 @@ AttentionParams<T> MultiHeadAttention<T>::params(const Context& ctx) const {
 template <class T>
 Buffer<T> MultiHeadAttention<T>::attend(Context& ctx, const Buffer<T>& x, const Buffer<T>& context,
                                         const Buffer<unsigned char>* key_mask, bool self,
-                                        KVCache<T>* cache) {
+                                        KVCache<T>* cache, const SequenceLayout* layout) {
   if (self) {
     check_arg(config_.context_dim() == config_.d_model, "MultiHeadAttention", "self-attention",
               "d_context = d_model (" + std::to_string(config_.d_model) + ")",
@@ -240,8 +249,10 @@ Buffer<T> MultiHeadAttention<T>::attend(Context& ctx, const Buffer<T>& x, const 
     check_buffer("sdpa_forward", "key_mask", *key_mask, this->ops(),
                  {static_cast<std::ptrdiff_t>(B), static_cast<std::ptrdiff_t>(Tk)});
   }
+  check_arg(self || !layout, "MultiHeadAttention", "layout",
+            "none for cross-attention (a layout describes one sequence)", "a layout");
   ctx.valid_ = false;  // until the forward completes
-  resolve_call(ctx, B, Tq, Tk, cache);
+  resolve_call(ctx, B, Tq, Tk, cache, layout);
   ctx.self_ = self;
   ctx.x_ = x;
   ctx.context_ = context;
@@ -258,20 +269,25 @@ Buffer<T> MultiHeadAttention<T>::attend(Context& ctx, const Buffer<T>& x, const 
 // the op's one translator, and the path the backend runs.
 template <class T>
 void MultiHeadAttention<T>::resolve_call(Context& ctx, std::size_t B, std::size_t Tq,
-                                         std::size_t Tk, KVCache<T>* cache) {
+                                         std::size_t Tk, KVCache<T>* cache,
+                                         const SequenceLayout* layout) {
   SdpaOptions options = layer_options();
   if (cache) options.query_offset += cache->length;         // bottom-right causal
   if (this->training() && config_.dropout > 0 && !cache) {  // the backward regenerates the mask
     options.dropout_p = config_.dropout;
     options.dropout_seed = this->next_dropout_key();
   }
-  const SdpaCall call =
-      resolve_sdpa("sdpa_forward", options,
-                   {.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_});
+  bind_programs(ctx, options, B, Tq, Tk, cache, layout);
+  const AttentionSizes sizes{.B = B, .H = H_, .Hkv = Hkv_, .Tq = Tq, .Tk = Tk, .D = D_, .Dv = Dv_};
+  if (options.block_mask) options.block_mask->check_matches(sizes, "MultiHeadAttention");
+  const SdpaCall call = resolve_sdpa("sdpa_forward", options, sizes);
+  ctx.options_ = options;
   ctx.spec_ = call.spec;
   ctx.cached_ = cache != nullptr;
   ctx.fused_ = call.path == SdpaPath::fused;
-  if (ctx.fused_ && config_.sdpa.path != SdpaPath::fused) {
+  if (ctx.program_) {
+    // the host op's CPU paths take any head dims
+  } else if (ctx.fused_ && config_.sdpa.path != SdpaPath::fused) {
     try {  // automatic: the fused path when the backend's kernels take these head dims
       this->ops().check_fused(D_, Dv_);
     } catch (const std::invalid_argument&) {
@@ -328,8 +344,8 @@ void MultiHeadAttention<T>::project_qkv(Context& ctx, std::size_t Tnew, KVCache<
   }
   if (config_.rope) {  // the new tokens sit at positions past .. past + T - 1
     const std::size_t past = cache ? cache->length : 0;
-    rotate(q.data(), B * H_, Tq, past, false);
-    rotate(k.data(), B * Hkv_, Tnew, past, false);
+    rotate_heads(ctx, q.data(), H_, Tq, past, false);
+    rotate_heads(ctx, k.data(), Hkv_, Tnew, past, false);
   }
   if (cache) {
     cache->append(ops, k, v);
@@ -379,7 +395,9 @@ void MultiHeadAttention<T>::core_forward(Context& ctx) {
   const AttentionSpec& s = ctx.spec_;
   if (H_ == 1) ctx.merged_ = Buffer<T>();  // it shares o's storage: let o's buffer be reused
   Buffer<T>& o = Buffer<T>::reuse(ctx.o_, ops, {s.B, H_, s.Tq, Dv_});
-  if (ctx.fused_) {
+  if (ctx.program_) {
+    program_forward(ctx);
+  } else if (ctx.fused_) {
     ctx.p_ = Buffer<T>();
     ops.sdpa_fused_forward(o.data(), Buffer<T>::reuse(ctx.lse_, ops, {s.B, H_, s.Tq}).data(),
                            params(ctx));
@@ -431,15 +449,25 @@ Buffer<T> MultiHeadAttention<T>::forward(const Buffer<T>& x,
 }
 
 template <class T>
+Buffer<T> MultiHeadAttention<T>::forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask,
+                                         const SequenceLayout* layout) {
+  this->check_input(x);
+  Buffer<T> y = attend(last_, x, x, key_mask, true, nullptr, layout);
+  this->mark_forward(x.dim(0), x.dim(1));
+  return y;
+}
+
+template <class T>
 Buffer<T> MultiHeadAttention<T>::forward(Context& ctx, const Buffer<T>& x, const Buffer<T>* context,
-                                         const Buffer<unsigned char>* key_mask) {
+                                         const Buffer<unsigned char>* key_mask,
+                                         const SequenceLayout* layout) {
   this->check_input(x);
   if (context) {
     check_buffer("MultiHeadAttention", "context", *context, this->ops(),
                  {static_cast<std::ptrdiff_t>(x.dim(0)), kAnyExtent,
                   static_cast<std::ptrdiff_t>(config_.context_dim())});
   }
-  return attend(ctx, x, context ? *context : x, key_mask, context == nullptr);
+  return attend(ctx, x, context ? *context : x, key_mask, context == nullptr, nullptr, layout);
 }
 
 template <class T>

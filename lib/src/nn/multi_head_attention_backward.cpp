@@ -70,7 +70,9 @@ void MultiHeadAttention<T>::backward_core(const Context& ctx, const Buffer<T>& d
   Buffer<T>& dq = Buffer<T>::reuse(dq_, ops, {B, H_, Tq, D_});
   Buffer<T>& dk = Buffer<T>::reuse(dk_, ops, {B, Hkv_, Tk, D_});
   Buffer<T>& dv = Buffer<T>::reuse(dv_, ops, {B, Hkv_, Tk, Dv_});
-  if (ctx.fused_) {
+  if (ctx.program_) {
+    program_backward(ctx, dout);
+  } else if (ctx.fused_) {
     ops.sdpa_fused_backward(dq.data(), dk.data(), dv.data(),
                             Buffer<T>::reuse(ds_, ops, {B * H_ * Tq}).data(), dout.data(),
                             ctx.o_.data(), ctx.lse_.data(), params(ctx));
@@ -91,8 +93,8 @@ void MultiHeadAttention<T>::backward_core(const Context& ctx, const Buffer<T>& d
 template <class T>
 void MultiHeadAttention<T>::backward_rope(const Context& ctx) {
   if (!config_.rope) return;
-  rotate(dq_.data(), ctx.spec_.B * H_, ctx.spec_.Tq, 0, true);
-  rotate(dk_.data(), ctx.spec_.B * Hkv_, ctx.spec_.Tk, 0, true);
+  rotate_heads(ctx, dq_.data(), H_, ctx.spec_.Tq, 0, true);
+  rotate_heads(ctx, dk_.data(), Hkv_, ctx.spec_.Tk, 0, true);
 }
 
 // Through QK-norm: dq_raw_, dk_raw_ and the gains' and shifts' grads.

@@ -234,8 +234,16 @@ Tensor3<T> Transformer<T>::forward(const std::vector<TokenIds>& fields, const Ke
 
 template <class T>
 Buffer<T> Transformer<T>::forward(const std::vector<Buffer<int>>& ids,
-                                  const Buffer<unsigned char>* key_mask) {
-  return run("Transformer::forward", ids, key_mask, nullptr);
+                                  const Buffer<unsigned char>* key_mask,
+                                  const SequenceLayout* layout) {
+  const char* op = "Transformer::forward";
+  if (layout && !layout->positions.empty()) {
+    check_arg(config_.positions == PositionEncoding::rope, op, "layout.positions",
+              "positions = rope (per-token positions rotate q and k; a position table adds 0 .. "
+              "T-1)",
+              "positions = " + std::string(enum_name(config_.positions)));
+  }
+  return run(op, ids, key_mask, nullptr, layout);
 }
 
 template <class T>
@@ -259,7 +267,8 @@ Buffer<T> Transformer<T>::forward_cached(const std::vector<Buffer<int>>& ids,
 
 template <class T>
 Buffer<T> Transformer<T>::run(const char* op, const std::vector<Buffer<int>>& ids,
-                              const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache) {
+                              const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache,
+                              const SequenceLayout* layout) {
   check_arg(ids.size() == config_.vocab_sizes.size(), op, "fields",
             std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
             std::to_string(ids.size()));
@@ -273,7 +282,7 @@ Buffer<T> Transformer<T>::run(const char* op, const std::vector<Buffer<int>>& id
     if (cache) {
       x = blocks_[l]->forward_cached(x, cache->layers[l]);
     } else {
-      x = blocks_[l]->forward(x, key_mask);
+      x = blocks_[l]->forward(x, key_mask, layout);
       if (check_nonfinite_ && !first_nonfinite_ && blocks_[l]->first_nonfinite())
         first_nonfinite_ = "blocks." + std::to_string(l) + "." + *blocks_[l]->first_nonfinite();
     }

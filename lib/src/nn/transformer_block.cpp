@@ -48,8 +48,8 @@ void TransformerBlock<T>::note(const Buffer<T>& t, const char* where) {
 
 template <class T>
 Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
-                                           const Buffer<unsigned char>* key_mask,
-                                           KVCache<T>* cache) {
+                                           const Buffer<unsigned char>* key_mask, KVCache<T>* cache,
+                                           const SequenceLayout* layout) {
   DeviceOps<T>& ops = this->ops();
   first_nonfinite_.reset();
   // Residual dropout: one key per forward, a stream per branch (attention, MLP).
@@ -64,7 +64,7 @@ Buffer<T> TransformerBlock<T>::run_forward(const Buffer<T>& x,
   // h = x + dropout(attn(norm1(x)))
   Buffer<T> a = norm1_ ? norm1_->forward(x) : x;
   note(a, "ln1");
-  a = cache ? attn_.forward_cached(a, *cache) : attn_.forward(a, key_mask);
+  a = cache ? attn_.forward_cached(a, *cache) : attn_.forward(a, key_mask, layout);
   if (check_nonfinite_ && !first_nonfinite_ && !all_finite(a)) {
     // Name the first head whose attention weights went non-finite, if any.
     const Tensor4<T> p = attn_.attention_weights();
@@ -107,9 +107,10 @@ Buffer<T> TransformerBlock<T>::forward_cached(const Buffer<T>& x, KVCache<T>& ca
 }
 
 template <class T>
-Buffer<T> TransformerBlock<T>::forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask) {
+Buffer<T> TransformerBlock<T>::forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask,
+                                       const SequenceLayout* layout) {
   this->check_input(x);
-  Buffer<T> y = run_forward(x, key_mask);
+  Buffer<T> y = run_forward(x, key_mask, nullptr, layout);
   this->mark_forward(x.dim(0), x.dim(1));
   return y;
 }

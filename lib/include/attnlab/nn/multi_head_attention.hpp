@@ -19,9 +19,25 @@
 // "k_norm.gamma", "k_norm.beta" (D,); with learnable_scale also "log_scale" (H,), initialised to
 // log of the mode's scale and fed to the core as SdpaOptions::head_scale = exp(log_scale).
 // None of the options changes the random draws: one seed gives the same weights in every mode.
+//
+// Attention programs (attnlab/attention/program.hpp) in the layer, on a backend with host memory
+// (the CPU paths run them; another backend throws std::invalid_argument):
+//  - set_score_program: the layer's score function f(u, b, h, i, j, params) with its captured
+//    parameters as the layer's own Parameters "program.<name>" (optimizers update them,
+//    checkpoints save them); their gradients are the op's SdpaGrads::dprogram.
+//  - SequenceLayout, per forward: a block mask (built once per batch, e.g. for packed documents,
+//    and read by every layer) and per-token RoPE positions. The model builds one layout per
+//    batch and hands the same pointer to every block's forward; each layer's Context keeps the
+//    block mask (a shared_ptr) for its backward.
+// A forward with either runs the host op (sdpa_forward / sdpa_backward) on the layer's buffers.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "attnlab/nn/module.hpp"
 #include "attnlab/ops/attention.hpp"
@@ -72,6 +88,39 @@ struct AttentionConfig {
   RopeOptions rope_options() const { return {rope_theta, rope_fraction, rope_interleaved}; }
 };
 
+// What one forward gives every self-attention layer beside its input, built once per batch by the
+// caller (document_layout for packed documents) and passed by pointer down the model.
+struct SequenceLayout {
+  // Which keys each query sees, built for this forward's (B, ·, T, T) from a mask program that
+  // does not read h (one mask serves every layer's heads; a mask that reads h needs the layers'
+  // H). It replaces the layer's causal rule for this forward (the mask carries its own causality,
+  // as masks::Document with causal does) and needs window = 0. The fused path skips its empty
+  // tiles; with path auto a layer takes the fused path from kSdpaFusedMinKeysCausal keys, as for
+  // causal attention.
+  std::shared_ptr<const attention::BlockMask> block_mask;
+  // (B·T) each token's RoPE position, row-major; empty: 0 .. T−1 in every row. Read by layers
+  // with rope (others ignore it).
+  std::vector<std::size_t> positions;
+};
+
+// The layout of packed documents: documents (B·T) holds each token's document id, row-major
+// (ids compare within a row only); query i sees key j of the same document with j ≤ i
+// (attention::document_mask, causal). With restart_positions, each token's position is its
+// offset from the first token of its document's run in the row, so RoPE restarts at every
+// document; otherwise positions stay empty. The block mask is built for tile_rows × tile_keys
+// (0: the fused path's defaults). Throws std::invalid_argument for B·T ≠ documents.size() or a
+// zero size.
+SequenceLayout document_layout(std::vector<std::int32_t> documents, std::size_t B, std::size_t T,
+                               bool restart_positions, std::size_t tile_rows = 0,
+                               std::size_t tile_keys = 0);
+
+// A score program for MultiHeadAttention::set_score_program: the program, and its captured
+// parameters as (name, initial values); the program reads parameter k as params(k, index).
+struct ScoreProgramSpec {
+  std::shared_ptr<const attention::ScoreProgram> program;
+  std::vector<std::pair<std::string, std::vector<double>>> params;
+};
+
 // The keys and values of the tokens one attention layer has seen, for incremental decoding (a KV
 // cache): k (B, Hkv, length, D) after QK-norm and v (B, Hkv, length, Dv), on the layer's backend.
 // Appending copies the old rows and the new ones into the second of two buffers that take turns
@@ -117,6 +166,12 @@ class MultiHeadAttention : public SequenceModule<T> {
     Buffer<T> q_, k_, v_;                                          // (B,H,T,·) as fed to the core
     Buffer<T> scale_;                                              // (H,) the scale of each head
     Buffer<T> p_, lse_, o_, merged_;                               // P or LSE, O, merged heads
+    SdpaOptions options_;  // the call's options (head scales aside)
+    // With a program (a score program or a layout's block mask): the host op's cache, and the
+    // tokens' RoPE positions when the layout gives them.
+    bool program_ = false;
+    SdpaCache<T> sdpa_;
+    std::vector<std::size_t> positions_;
   };
 
   // The gradients of a backward with respect to the inputs; the parameter grads are ADDED into.
@@ -154,9 +209,21 @@ class MultiHeadAttention : public SequenceModule<T> {
   // The context forms: any number of forwards in flight, each with its own context. `ctx` is
   // filled (its buffers reused); backward(ctx, dy) runs the reverse of that forward. Self-attention
   // when context is nullptr. Throws std::logic_error for an empty context or one of
-  // forward_cached.
+  // forward_cached. layout: this forward's block mask and positions (self-attention only), or
+  // nullptr.
   Buffer<T> forward(Context& ctx, const Buffer<T>& x, const Buffer<T>* context,
-                    const Buffer<unsigned char>* key_mask);
+                    const Buffer<unsigned char>* key_mask, const SequenceLayout* layout = nullptr);
+  // Self-attention with a layout (the module's own context, as forward(x, key_mask)).
+  Buffer<T> forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask,
+                    const SequenceLayout* layout);
+
+  // The layer's score program (see the file comment). Registers spec.params as the Parameters
+  // "program.<name>" (after the others, in the given order): call it before the module moves to
+  // a backend (Module::to) and before its parameters are handed to an optimizer (std::logic_error
+  // otherwise). Throws std::invalid_argument for a null program, an empty, repeated or dotted
+  // name, empty values, or a layer with alibi or sdpa.softcap (give them in the program).
+  void set_score_program(ScoreProgramSpec spec);
+  bool has_score_program() const { return score_program_ != nullptr; }
   Grads backward(const Context& ctx, const Buffer<T>& dy);
 
   // Incremental decoding. x (B, Tn, C): Tn new tokens that follow the cache's `length` ones.
@@ -202,6 +269,9 @@ class MultiHeadAttention : public SequenceModule<T> {
   Parameter<T> w_o;                                                   // (H·Dv, C)
   Parameter<T> q_norm_gamma, q_norm_beta, k_norm_gamma, k_norm_beta;  // (D,) with qk_norm
   Parameter<T> log_scale;                                             // (H,) with learnable_scale
+  // The score program's captured parameters (set_score_program), in its order.
+  Parameter<T>& program_parameter(std::size_t k) { return *program_params_.at(k); }
+  std::size_t program_parameter_count() const { return program_params_.size(); }
 
  protected:
   Buffer<T> forward_impl(const Buffer<T>& x) override;
@@ -211,8 +281,18 @@ class MultiHeadAttention : public SequenceModule<T> {
  private:
   // The steps of a forward (attend) and of its backward, in order.
   Buffer<T> attend(Context& ctx, const Buffer<T>& x, const Buffer<T>& context,
-                   const Buffer<unsigned char>* key_mask, bool self, KVCache<T>* cache = nullptr);
-  void resolve_call(Context& ctx, std::size_t B, std::size_t Tq, std::size_t Tk, KVCache<T>* cache);
+                   const Buffer<unsigned char>* key_mask, bool self, KVCache<T>* cache = nullptr,
+                   const SequenceLayout* layout = nullptr);
+  void resolve_call(Context& ctx, std::size_t B, std::size_t Tq, std::size_t Tk, KVCache<T>* cache,
+                    const SequenceLayout* layout);
+  void bind_programs(Context& ctx, SdpaOptions& options, std::size_t B, std::size_t Tq,
+                     std::size_t Tk, KVCache<T>* cache, const SequenceLayout* layout);
+  // The program path of the core (ctx.program_): the host op over the layer's buffers.
+  void program_forward(Context& ctx);
+  void program_backward(const Context& ctx, const Buffer<T>& dout);
+  // RoPE on (B, heads, Tn, D) at ctx.positions_ (or offset .. offset + Tn − 1 when empty).
+  void rotate_heads(const Context& ctx, T* x, std::size_t heads, std::size_t Tn, std::size_t offset,
+                    bool inverse);
   void project_qkv(Context& ctx, std::size_t Tnew, KVCache<T>* cache);
   void bind_scales(Context& ctx);
   void core_forward(Context& ctx);
@@ -231,6 +311,7 @@ class MultiHeadAttention : public SequenceModule<T> {
   // ALiBi's slopes. Every SdpaOptions of the layer starts here.
   SdpaOptions layer_options() const;
   SdpaOptions options_of(const Context& ctx) const;  // the options of that forward, its scales in
+  static KeyMask mask_to_host(const Buffer<unsigned char>& mask);  // (B, Tk) bytes -> bools
   // x: (B, T, C) checked; key_mask: (B, Tk) checked and copied to the backend as bytes.
   Buffer<unsigned char> upload_mask(const KeyMask* key_mask, std::size_t B, std::size_t Tk);
 
@@ -245,6 +326,10 @@ class MultiHeadAttention : public SequenceModule<T> {
   Buffer<T> proj_, y_;
   Buffer<T> dmerged_, dout_, dq_, dk_, dv_, ds_, dq_raw_, dk_raw_, dw_, dnorm_, dlog_scale_;
   Buffer<T> dx_, dcontext_, dcontext_v_;
+  // set_score_program's program and parameters (stable addresses: the parameter list points in).
+  std::shared_ptr<const attention::ScoreProgram> score_program_;
+  std::vector<std::string> program_names_;
+  std::vector<std::unique_ptr<Parameter<T>>> program_params_;
 };
 
 // (B,T,H·D) -> (B,H,T,D): one contiguous D-row copy per (b, t, h).

@@ -115,9 +115,14 @@ class Transformer : public Module<T> {
   // Throws std::invalid_argument on a wrong field count or T > max_len, ShapeError on mismatch.
   Tensor3<T> forward(const std::vector<TokenIds>& fields, const KeyMask* key_mask = nullptr);
   // The same on the backend: ids[i] (B, T) already there (upload_fields checks and copies them),
-  // key_mask (B, T) bytes or nullptr. Returns the logits (B, T, out_vocab) there.
+  // key_mask (B, T) bytes or nullptr. Returns the logits (B, T, out_vocab) there. layout: one
+  // block mask and positions for every block's attention (SequenceLayout, e.g. document_layout
+  // for packed documents: built once per batch, read by every layer), or nullptr. Its positions
+  // need positions = rope (the learned and sinusoidal tables add 0 .. T−1): std::invalid_argument
+  // otherwise.
   Buffer<T> forward(const std::vector<Buffer<int>>& ids,
-                    const Buffer<unsigned char>* key_mask = nullptr);
+                    const Buffer<unsigned char>* key_mask = nullptr,
+                    const SequenceLayout* layout = nullptr);
   // Checks host fields as forward does (count, shapes, ids in range) and copies
   // them to the backend.
   std::vector<Buffer<int>> upload_fields(const std::vector<TokenIds>& fields) const;
@@ -156,7 +161,8 @@ class Transformer : public Module<T> {
   // and attention go on from the cache): one pipeline, embed -> positions -> blocks -> ln_f ->
   // head.
   Buffer<T> run(const char* op, const std::vector<Buffer<int>>& ids,
-                const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache);
+                const Buffer<unsigned char>* key_mask, TransformerCache<T>* cache,
+                const SequenceLayout* layout = nullptr);
   void note(const Buffer<T>& t, const std::string& where);
   // The head: Linear, or the tied table read as (V, C) = (Out, In).
   Buffer<T> head_forward(const Buffer<T>& x);

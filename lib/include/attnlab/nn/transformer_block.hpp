@@ -43,8 +43,10 @@ class TransformerBlock : public SequenceModule<T> {
   using SequenceModule<T>::forward;
   // x: (B, T, C); key_mask: (B, T), true = may attend, or nullptr. Returns (B, T, C).
   Tensor3<T> forward(const Tensor3<T>& x, const KeyMask* key_mask);
-  // The same on the backend; key_mask (B, T) bytes, nonzero = may attend, or nullptr.
-  Buffer<T> forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask);
+  // The same on the backend; key_mask (B, T) bytes, nonzero = may attend, or nullptr; layout:
+  // this forward's block mask and positions, for the attention (SequenceLayout), or nullptr.
+  Buffer<T> forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask,
+                    const SequenceLayout* layout = nullptr);
   // Incremental decoding: x (B, Tn, C) new tokens after the cache's; see
   // MultiHeadAttention::forward_cached (inference only, no dropout, no backward).
   Buffer<T> forward_cached(const Buffer<T>& x, KVCache<T>& cache);
@@ -76,7 +78,7 @@ class TransformerBlock : public SequenceModule<T> {
 
  private:
   Buffer<T> run_forward(const Buffer<T>& x, const Buffer<unsigned char>* key_mask,
-                        KVCache<T>* cache = nullptr);
+                        KVCache<T>* cache = nullptr, const SequenceLayout* layout = nullptr);
   void note(const Buffer<T>& t, const char* where);
 
   BlockConfig config_;

@@ -57,10 +57,20 @@ using attnlab::to_json;
 // (4 · C). vocab_sizes, max_len and out_vocab are decided by the task (resolve_model).
 TransformerConfig default_model();
 
+// The delimiter of packed documents when --pack-documents names none: a blank line.
+inline constexpr const char* kDefaultDocumentDelimiter = "\n\n";
+
 struct TrainConfig {
   TaskConfig task;
   std::string data_file;   // train on this file instead of generated batches ("" = generate)
   std::string valid_file;  // eval on this file ("" = the task's fixed eval set)
+  // Packed documents (text task; attnlab/app/text.hpp): the delimiter text that ends a document in
+  // a char or byte corpus ("" = no packing; the CLI's default is a blank line, "\n\n"). A BPE
+  // token directory uses its own document starts and takes only the default. Attention stays
+  // within documents (the CPU paths only) and no target crosses a boundary.
+  std::string pack_documents;
+  // With pack_documents: RoPE positions restart at 0 at each document (needs positions = rope).
+  bool pack_rope_restart = false;
   TransformerConfig model = default_model();
   // EnumTable<OptimizerKind>. OptimizerKind::muon is the hybrid of the Muon recipes
   // (attnlab/optim/muon.hpp): Muon for the hidden matrices (the group named after it: blocks.*,

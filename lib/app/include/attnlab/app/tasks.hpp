@@ -116,6 +116,11 @@ TaskShape task_shape(const TaskConfig& config);
 struct Batch {
   std::vector<TokenIds> fields;  // F x (B, T)
   TokenIds targets;              // (B, T)
+  // Packed documents (the text task's pack_documents): each token's document id (B, T), ids
+  // compared within a row; empty otherwise. The model attends within documents, causally
+  // (document_layout), and with restart_positions RoPE positions restart at each document.
+  TokenIds documents;
+  bool restart_positions = false;
   std::size_t size() const { return targets.shape()[0]; }
   std::size_t length() const { return targets.shape()[1]; }
 };

@@ -12,6 +12,13 @@
 //    targets the next tokens (every position labelled).
 //  - The eval set: `n` blocks at fixed, evenly spaced offsets of the validation part, the same in
 //    every run of the same file and block size, so validation losses compare across runs.
+//  - Packed documents (TrainConfig::pack_documents): the blocks are drawn as before, and each
+//    carries its tokens' document ids (Batch::documents): the model attends within documents,
+//    causally, and a target is ignored (kIgnoreIndex) where its input token is the last of its
+//    document or part of a delimiter. Char and byte corpora are cut at each occurrence of the
+//    delimiter text; the occurrence stays in the stream as the last tokens of the document it
+//    ends. A BPE token directory keeps its own document starts (tokens.json's "documents", cut
+//    by tokenize encode --doc-delimiter, which encodes no delimiter).
 #pragma once
 
 #include <cstdint>
@@ -79,11 +86,32 @@ std::string read_text_file(const std::string& path);
 // file, its token count and the block otherwise).
 TextData split_text(const std::vector<int>& tokens, std::size_t block, const std::string& source);
 
+// The documents of a token stream, for packing.
+struct DocumentBounds {
+  std::vector<std::uint64_t> starts;      // ascending offsets where a document starts, the first 0
+  std::vector<std::uint64_t> delimiters;  // ascending offsets of the delimiter's occurrences
+  std::size_t delimiter_length = 0;       // its tokens (0: none in the stream)
+  bool restart_positions = false;         // Batch::restart_positions of the packed blocks
+};
+
+// The documents of `tokens` cut by the token sequence `delimiter` (non-empty): occurrences do not
+// overlap (found left to right), and each ends its document, the next one starting after it.
+DocumentBounds find_documents(const std::vector<int>& tokens, const std::vector<int>& delimiter);
+
+// Packs rows of a batch whose row b holds the tokens from offsets[b] (of the stream `docs`
+// describes): fills batch.documents with each token's document (0 for the row's first) and sets
+// the target of an input token that ends a document or lies in a delimiter to kIgnoreIndex.
+void pack_documents(Batch& batch, const DocumentBounds& docs,
+                    const std::vector<std::size_t>& offsets);
+
 // B random blocks of the tokens (offsets drawn from rng): fields[0] = x[o .. o+block),
-// targets = x[o+1 .. o+block].
-Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng);
+// targets = x[o+1 .. o+block]; packed when docs is given.
+Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng,
+                 const DocumentBounds* docs = nullptr);
 // n blocks at evenly spaced offsets o_i = i · (len - block - 1) / max(n - 1, 1) (the whole
-// range, deterministic). n is capped at the number of distinct offsets.
-Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n);
+// range, deterministic). n is capped at the number of distinct offsets. Packed when docs is
+// given.
+Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n,
+                      const DocumentBounds* docs = nullptr);
 
 }  // namespace attnlab::app

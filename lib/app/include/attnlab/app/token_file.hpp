@@ -24,6 +24,7 @@
 
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/tasks.hpp"
+#include "attnlab/app/text.hpp"
 #include "attnlab/random.hpp"
 
 namespace attnlab::app {
@@ -85,9 +86,14 @@ class TokenFile {
 };
 
 // text_batch and text_eval_batch (attnlab/app/text.hpp) over a token file: the same offsets for
-// the same rng and sizes.
-Batch token_batch(const TokenFile& tokens, std::size_t block, std::size_t batch, Rng& rng);
-Batch token_eval_batch(const TokenFile& tokens, std::size_t block, std::size_t n);
+// the same rng and sizes; packed when docs is given.
+Batch token_batch(const TokenFile& tokens, std::size_t block, std::size_t batch, Rng& rng,
+                  const DocumentBounds* docs = nullptr);
+Batch token_eval_batch(const TokenFile& tokens, std::size_t block, std::size_t n,
+                       const DocumentBounds* docs = nullptr);
+// A token file's documents for packing: its recorded starts (tokenize encode cut them; no
+// delimiter tokens are in the stream).
+DocumentBounds token_documents(const TokenFile& tokens, bool restart_positions);
 
 // For a text task whose data_file is a token directory: sets vocab bpe, the tokenizer's path (the
 // directory's model) and hash. Refused (DataFileError naming both files) when the config already
@@ -97,7 +103,8 @@ void prepare_token_task(TrainConfig& config);
 // The header of a prepared BPE config's token directory, checked against the config's tokenizer
 // (hash and size): DataFileError naming tokens.json and both models when the hash differs.
 TokenHeader check_token_dir(const TrainConfig& config);
-// A BPE run's eval set: eval_size blocks of DIR/val.bin, as text_eval_batch.
+// A BPE run's eval set: eval_size blocks of DIR/val.bin, as text_eval_batch (packed with
+// pack_documents).
 Batch token_eval_set(const TrainConfig& config);
 // Writes the config's tokenizer model to RUN/tokenizer.model (atomically).
 void copy_tokenizer(const TrainConfig& config, const std::string& run_dir);
