@@ -27,7 +27,7 @@
 // them in the program instead: attnlab/attention/programs.hpp has each as a program); a mask
 // program replaces causal and the window (masks::causal, masks::sliding_window). The op throws for
 // the other combinations. Returning -inf from f hides that key, as a bias of -inf does; NaN or
-// +inf at a visible key is an error naming the program, the position and the input score.
+// +inf at a visible key is an error naming the program and the position.
 #pragma once
 
 #include <algorithm>
@@ -226,28 +226,44 @@ class ScoreFunction final : public ScoreProgram {
     constexpr T hidden = -std::numeric_limits<T>::infinity();
     for (std::size_t r = 0; r < t.rows; ++r) {
       const std::size_t i = t.i0 + r;
-      for (std::size_t c = 0; c < t.cols; ++c) {
-        const std::size_t e = r * t.cols + c, j = t.j0 + c;
-        if (visible != nullptr && visible[e] == 0) {
-          tile[e] = hidden;
-          if (slope != nullptr) slope[e] = T(0);
-          continue;
+      T* row = tile + r * t.cols;
+      T* srow = slope == nullptr ? nullptr : slope + r * t.cols;
+      const unsigned char* vrow = visible == nullptr ? nullptr : visible + r * t.cols;
+      // One loop per kind, with no call out of line inside: f is inlined into each.
+      if (slope == nullptr) {
+        for (std::size_t c = 0; c < t.cols; ++c) {
+          row[c] = vrow == nullptr || vrow[c] != 0
+                       ? program_detail::call_score(f_, row[c], t, i, t.j0 + c, params)
+                       : hidden;
         }
-        const T u = tile[e];
-        T y;
-        if (slope == nullptr) {
-          y = program_detail::call_score(f_, u, t, i, j, params);
-        } else if constexpr (program_detail::OwnSlope<F, T>::value) {
-          y = static_cast<T>(f_.value_and_slope(u, t.b, t.h, i, j, params, slope[e]));
-        } else {
-          Dual<T> du(u);
-          du.ds = T(1);
-          const Dual<T> d = program_detail::call_score(f_, du, t, i, j, dual_params);
-          y = d.v;
-          slope[e] = d.ds;
+      } else if constexpr (program_detail::OwnSlope<F, T>::value) {
+        for (std::size_t c = 0; c < t.cols; ++c) {
+          if (vrow == nullptr || vrow[c] != 0) {
+            row[c] =
+                static_cast<T>(f_.value_and_slope(row[c], t.b, t.h, i, t.j0 + c, params, srow[c]));
+          } else {
+            row[c] = hidden, srow[c] = T(0);
+          }
         }
-        if (std::isnan(y) || y == -hidden) fail(a, t, i, j, u, y);
-        tile[e] = y;
+      } else {
+        for (std::size_t c = 0; c < t.cols; ++c) {
+          if (vrow == nullptr || vrow[c] != 0) {
+            Dual<T> du(row[c]);
+            du.ds = T(1);
+            const Dual<T> d = program_detail::call_score(f_, du, t, i, t.j0 + c, dual_params);
+            row[c] = d.v, srow[c] = d.ds;
+          } else {
+            row[c] = hidden, srow[c] = T(0);
+          }
+        }
+      }
+      // NaN or +inf anywhere in the row (hidden keys hold -inf): name the first.
+      bool bad = false;
+      for (std::size_t c = 0; c < t.cols; ++c) bad |= !(row[c] < -hidden);
+      if (bad) {
+        std::size_t c = 0;
+        while (row[c] < -hidden) ++c;
+        fail(a, t, i, t.j0 + c, row[c]);
       }
     }
   }
@@ -281,14 +297,13 @@ class ScoreFunction final : public ScoreProgram {
   }
 
   template <class T>
-  void fail(const ProgramArgs<T>& a, const ProgramTile& t, std::size_t i, std::size_t j, T u,
+  void fail(const ProgramArgs<T>& a, const ProgramTile& t, std::size_t i, std::size_t j,
             T y) const {
     if (a.status == nullptr) return;
     a.status->fail("score program '" + name_ + "' returned " + program_detail::number(y) +
                    " at (b, h, i, j) = (" + std::to_string(t.b) + ", " + std::to_string(t.h) +
-                   ", " + std::to_string(i) + ", " + std::to_string(j) + ") for the score " +
-                   program_detail::number(u) +
-                   "; expected a finite score, or -inf to hide the key");
+                   ", " + std::to_string(i) + ", " + std::to_string(j) +
+                   "); expected a finite score, or -inf to hide the key");
   }
 
   F f_;
