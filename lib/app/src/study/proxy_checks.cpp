@@ -171,19 +171,10 @@ CheckResult check_c4(const FamilyView& v) {
                     fmt("%g", sq) + (sq > 0 ? " (ratio " + fmt("%.3g", dk / sq) + ")" : "") +
                     (ok ? " ✓" : " ✗"));
   }
-  const int top = v.widths().back();
-  const auto dk = v.cell(top, "dk", kHighLr), qk = v.cell(top, "qk_norm", kHighLr);
-  if (dk.empty() || qk.empty()) {
-    c.verdict = Verdict::inconclusive;
-    c.numbers = join(parts) + "; LR 0.3 of dk or qk_norm not run at width " + std::to_string(top);
-    return c;
-  }
-  const double dl = FamilyView::loss(dk), ql = FamilyView::loss(qk);
-  const bool worse = dl >= ql + kDkMargin;
-  parts.push_back(width_label(top) + " lr 0.3: loss 1/d_k " + fmt("%.3f", dl) + " vs qk-norm " +
-                  fmt("%.3f", ql) + (worse ? " ✓" : " ✗"));
+  const std::optional<bool> worse = dk_worse_at_high_lr(v, parts, c);
+  if (!worse) return c;
   c.numbers = join(parts);
-  c.verdict = all && worse ? Verdict::holds : Verdict::fails;
+  c.verdict = all && *worse ? Verdict::holds : Verdict::fails;
   return c;
 }
 

@@ -233,6 +233,25 @@ inline bool in_slope_band(double slope) {
   return slope >= kSlopeLo && slope <= kSlopeHi;
 }
 
+// C4's second half, shared by C4 and C4a: at the widest width and LR 0.3, 1/d_k's loss is at least
+// kDkMargin above qk-norm's. Appends its numbers to parts; sets c (verdict inconclusive, numbers)
+// and returns nullopt when either cell was not run.
+inline std::optional<bool> dk_worse_at_high_lr(const FamilyView& v, std::vector<std::string>& parts,
+                                               CheckResult& c) {
+  const int top = v.widths().back();
+  const auto dk = v.cell(top, "dk", kHighLr), qk = v.cell(top, "qk_norm", kHighLr);
+  if (dk.empty() || qk.empty()) {
+    c.verdict = Verdict::inconclusive;
+    c.numbers = join(parts) + "; LR 0.3 of dk or qk_norm not run at width " + std::to_string(top);
+    return std::nullopt;
+  }
+  const double dl = FamilyView::loss(dk), ql = FamilyView::loss(qk);
+  const bool worse = dl >= ql + kDkMargin;
+  parts.push_back(width_label(top) + " lr 0.3: loss 1/d_k " + fmt("%.3f", dl) + " vs qk-norm " +
+                  fmt("%.3f", ql) + (worse ? " ✓" : " ✗"));
+  return worse;
+}
+
 // The amendments (proxy_amendments.cpp).
 CheckResult check_c2_amended(const FamilyView& v, Verdict c1);
 CheckResult check_c4_amended(const FamilyView& v);
