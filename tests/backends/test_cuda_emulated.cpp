@@ -1,7 +1,7 @@
 // The CUDA kernels themselves (lib/backends/cuda/*_kernels.cuh), compiled by the C++ compiler and
-// run on the CPU under attnlab/backends/cuda_emulator.hpp (one std::thread per CUDA thread,
-// barriers for
-// __syncthreads and warp shuffles, NaN-filled shared memory), against the CPU op. This runs on
+// run on the CPU under attnlab/backends/cuda_emulator.hpp (a fiber per CUDA thread, or a
+// std::thread under ThreadSanitizer; barriers for __syncthreads and warp shuffles, NaN-filled
+// shared memory), against the CPU op. This runs on
 // every machine: it checks the kernels' tiling, indexing, masking, synchronisation points and
 // arithmetic where no GPU is available. It cannot check nvcc's code generation or speed:
 // tests/backends/test_cuda_attention.cpp does that on a device.

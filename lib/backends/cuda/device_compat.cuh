@@ -1,7 +1,7 @@
 // Private to lib/backends/cuda: the few spellings that differ between nvcc and the CPU emulation of
-// the CUDA thread model used by tests/backends/test_cuda_emulated.cpp
-// (attnlab/backends/cuda_emulator.hpp). Under nvcc they are the plain CUDA declarations and inline
-// PTX; under the emulator, calls into it.
+// the CUDA thread model (attnlab/backends/cuda_emulator.hpp) that the emulated backend and the
+// kernel tests (tests/backends/test_cuda_*.cpp) run. Under nvcc they are the plain CUDA
+// declarations and inline PTX; under the emulator, calls into it.
 //
 // The tensor-core operations (sm_80 and later), one call each on both sides:
 //   attnlab_bf16, attnlab_f16               16-bit storage types (__nv_bfloat16, __half)
