@@ -122,7 +122,8 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<T> sb(std::min(tile_rows, Tq) * std::min(tile_keys, Tk));  // (Br,Bc) S, then P
-    std::vector<unsigned char> visible(program ? sb.size() : 0);           // (Br,Bc), programs
+    std::vector<unsigned char> visible(
+        p.score_program != nullptr ? sb.size() : 0);  // (Br,Bc), a score program's visibility
     // (g, Br) running max and sum of each head's rows; whether a key tile of head g ran yet
     std::vector<T> m(group * tile_rows), l(group * tile_rows);
     std::vector<char> begun(group);
@@ -254,9 +255,10 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
     // (Br,Bc) dS/dU: the softcap's slope 1 − tanh²(U/c) at U = s · Q_i K_jᵀ, or a score program's
     const bool sloped = p.softcap != 0 || p.score_program != nullptr;
     std::vector<T> slb(sloped ? tile : 0);
-    std::vector<unsigned char> visible(program ? tile : 0);  // (Br,Bc), programs
-    std::vector<T> ub(program_grads ? tile : 0);             // (Br,Bc) U, for ∂f/∂θ
-    std::vector<T> delta(Tq);                                // (Tq,) D_i = rowsum(dO ⊙ O)
+    std::vector<unsigned char> visible(
+        p.score_program != nullptr ? tile : 0);   // (Br,Bc), a score program's visibility
+    std::vector<T> ub(program_grads ? tile : 0);  // (Br,Bc) U, for ∂f/∂θ
+    std::vector<T> delta(Tq);                     // (Tq,) D_i = rowsum(dO ⊙ O)
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
       const auto kv = static_cast<std::size_t>(kv_index);

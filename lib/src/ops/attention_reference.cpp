@@ -57,7 +57,7 @@ void sdpa_reference_scores(T* scores, const AttentionParams<T>& p) {
   const auto bh_count = static_cast<std::ptrdiff_t>(p.B * p.H);
 #pragma omp parallel num_threads(num_threads())
   {
-    std::vector<unsigned char> visible(p.has_program() ? p.Tq * p.Tk : 0);
+    std::vector<unsigned char> visible(p.score_program != nullptr ? p.Tq * p.Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
       scores_slice(scores + bh * p.Tq * p.Tk, p, static_cast<std::size_t>(bh), visible.data());
@@ -82,9 +82,9 @@ void sdpa_reference_forward(T* out, T* probs, const AttentionParams<T>& p) {
   const bool dropout = p.dropout_p != 0;
 #pragma omp parallel num_threads(num_threads())
   {
-    // Per-thread scratch for the dropped weights (dropout only), and a program's visibility.
+    // Per-thread scratch for the dropped weights (dropout only), and a score program's visibility.
     const std::unique_ptr<T[]> pd(dropout ? new T[Tq * Tk] : nullptr);
-    std::vector<unsigned char> visible(p.has_program() ? Tq * Tk : 0);
+    std::vector<unsigned char> visible(p.score_program != nullptr ? Tq * Tk : 0);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t bh = 0; bh < bh_count; ++bh) {
       const std::size_t kv = p.kv_slice_of(static_cast<std::size_t>(bh));

@@ -42,11 +42,6 @@ struct Dual {
   }
 };
 
-template <class T>
-struct is_dual : std::false_type {};
-template <class T>
-struct is_dual<Dual<T>> : std::true_type {};
-
 namespace dual_detail {
 // r = a.slots · ka + b.slots · kb, merging equal ids; overflow marks r.n = -1.
 template <class T>
