@@ -216,3 +216,68 @@ TEST_CASE(
   CHECK_THROWS_AS(run_study(plan, options, Context{}), std::invalid_argument);
   CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
 }
+
+TEST_CASE("study: an arm's warmup and param groups reach its runs; frozen qk-norm gains stay 1") {
+  StudyPlan plan = study_preset("micro");
+  StudyGroup& g = plan.groups[0];
+  ParamGroupSpec frozen_gain;
+  frozen_gain.name = "qk_gain";
+  frozen_gain.match.pattern = "blocks.*.attn.*_norm.gamma";
+  frozen_gain.lr_mult = 0;
+  ParamGroupSpec frozen_shift = frozen_gain;
+  frozen_shift.name = "qk_shift";
+  frozen_shift.match.pattern = "blocks.*.attn.*_norm.beta";
+  StudyArm qk{"qk_norm", Scaling::sqrt_dk, true, false};
+  StudyArm gain = qk, shift = qk, warm = qk;
+  gain.name = "qk_norm_gain_frozen";
+  gain.param_groups = {frozen_gain};
+  shift.name = "qk_norm_no_shift";
+  shift.param_groups = {frozen_shift};
+  warm.name = "qk_norm_warmup5";
+  warm.warmup = 5;
+  g.arms = {qk, gain, shift, warm};
+  g.d_k = {16};
+  g.lrs = {1e-1};
+  const test::TempDir out;
+  StudyOptions options;
+  options.out = out.file("study");
+  options.progress = false;
+  const StudyOutcome o = run_study(plan, options, Context{});
+  REQUIRE(o.runs.size() == 4);
+  const auto run = [&](const std::string& mode) -> const RunRecord& {
+    for (const auto& r : o.runs)
+      if (r.mode == mode) return r;
+    FAIL("no run " << mode);
+    return o.runs.front();
+  };
+  const auto config = [&](const std::string& mode) {
+    std::ifstream in(options.out + "/" + run(mode).dir + "/config.json");
+    return nlohmann::json::parse(in);
+  };
+  // The plain arm's gains and shifts move; lr_mult 0 keeps them at their initial 1 and 0 exactly.
+  CHECK(run("qk_norm").layer0_final.qn_gamma_max != 1);
+  CHECK(run("qk_norm").layer0_final.qn_beta_norm > 0);
+  CHECK(run("qk_norm_gain_frozen").layer0_final.qn_gamma_max == 1);
+  CHECK(run("qk_norm_gain_frozen").layer0_final.kn_gamma_max == 1);
+  CHECK(run("qk_norm_gain_frozen").layer0_final.qn_beta_norm > 0);
+  CHECK(run("qk_norm_no_shift").layer0_final.qn_beta_norm == 0);
+  CHECK(run("qk_norm_no_shift").layer0_final.kn_beta_norm == 0);
+  CHECK(run("qk_norm_no_shift").layer0_final.qn_gamma_max != 1);
+  CHECK(config("qk_norm_gain_frozen")["param_groups"].size() == 1);
+  CHECK(config("qk_norm_gain_frozen")["param_groups"][0]["lr_mult"] == 0);
+  CHECK(config("qk_norm_warmup5")["warmup"] == 5);
+  CHECK(config("qk_norm")["warmup"] == g.base.warmup);
+  CHECK(run("qk_norm_warmup5").final_eval_loss != run("qk_norm").final_eval_loss);
+  // The fields round trip through a plan file, and a warmup past the run is refused before any run.
+  const StudyPlan back = [&] {
+    StudyPlan p;
+    read_study_text(to_json_text(plan), p);
+    return p;
+  }();
+  CHECK(back.groups[0].arms[3].warmup == 5);
+  CHECK(back.groups[0].arms[1].param_groups == std::vector<ParamGroupSpec>{frozen_gain});
+  plan.groups[0].arms[3].warmup = g.base.steps + 1;
+  options.out = out.file("bad");
+  CHECK_THROWS_AS(run_study(plan, options, Context{}), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
+}

@@ -62,6 +62,9 @@ TrainConfig job_config(const Job& job, const StudyOptions& options) {
   c.model.block.attention.learnable_scale = job.arm.learnable_scale;
   if (job.arm.softcap != 0) c.model.block.attention.sdpa.softcap = job.arm.softcap;  // validated
   c.model.block.attention.d_k = static_cast<std::size_t>(job.d_k);
+  if (job.arm.warmup >= 0) c.warmup = job.arm.warmup;  // validated with the config
+  c.param_groups.insert(c.param_groups.end(), job.arm.param_groups.begin(),
+                        job.arm.param_groups.end());
   c.lr = job.lr;
   c.seed = job.seed;
   c.progress = false;

@@ -9,7 +9,8 @@
 
 namespace attnlab::app {
 
-ATTNLAB_JSON_FIELDS(StudyArm, name, scaling, qk_norm, learnable_scale, scale_multiplier, softcap)
+ATTNLAB_JSON_FIELDS(StudyArm, name, scaling, qk_norm, learnable_scale, scale_multiplier, softcap,
+                    warmup, param_groups)
 ATTNLAB_JSON_FIELDS(StudyGroup, name, base, arms, d_k, lrs, seeds, budgets)
 ATTNLAB_JSON_FIELDS(StudyPlan, preset, groups)
 

@@ -30,6 +30,11 @@ struct StudyArm {
   // > 0: the attention's score softcap c (SdpaConfig::softcap, Gemma 2's 50): the scaled logit u
   // becomes c · tanh(u / c). 0: none.
   double softcap = 0;
+  // The ablations. warmup >= 0: the run's LR warmup in steps, instead of the group's (or its
+  // budget's); -1: the group's. param_groups: appended to the run's (TrainConfig::param_groups),
+  // e.g. qk-norm's gains at lr_mult 0 (frozen at their initial 1) or 0.1.
+  int warmup = -1;
+  std::vector<ParamGroupSpec> param_groups = {};
 };
 
 // One group of runs sharing a task and optimizer (tables are made per group).
