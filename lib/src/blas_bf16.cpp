@@ -16,17 +16,6 @@ namespace detail {
 
 namespace {
 
-// bf16 bits of x, rounded to nearest, ties to even (a NaN stays a quiet NaN; overflow gives inf),
-// as PyTorch's .bfloat16() and io/safetensors.hpp's float_to_bf16. Branch-free, so the copy loops
-// below vectorise.
-inline std::uint32_t bf16_high_bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  const std::uint32_t quiet_nan = (u | 0x00400000u) & 0xffff0000u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
-}
-
 // The precision of float gemms and how bf16 ones run; set before any gemm like float_engine.
 std::atomic<int> bf16_scopes{0};  // GemmPrecisionScope(bf16)s alive in the process
 std::atomic<Bf16Engine> bf16_engine{Bf16Engine::emulated};

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,18 @@ void onednn_bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alp
                       int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
 // ---- blas_bf16.cpp ----
+
+// bf16 bits of x in the high half, rounded to nearest, ties to even (a NaN stays a quiet NaN;
+// overflow gives inf), as PyTorch's .bfloat16() and io/safetensors.hpp's float_to_bf16: the one
+// rounding of every bf16 operand (the gemms here, the attention's bf16 tiles). Branch-free, so the
+// copy loops vectorise.
+inline std::uint32_t bf16_high_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet_nan = (u | 0x00400000u) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
 
 // A matrix of `rows` x `cols` stored with row stride ld, copied with row stride cols, each value
 // rounded to bf16: as a float (the emulated path) or as bf16 bits (oneDNN's bf16 matmul).

@@ -3,7 +3,8 @@
 // attention at T = 4096, and the training-step figures. Google Benchmark flags pass through
 // (e.g. --benchmark_filter=fwdbwd/.*/T:256, --benchmark_min_time=0.1).
 // Own flags: --quick (a small grid, for a smoke run), --cpu-time (time with the process CPU
-// clock), --no-memory, --no-train, --no-variants, --no-programs, --no-generate, --torch=FILE
+// clock), --no-memory, --no-train, --no-variants, --no-programs, --no-generate, --no-bf16-tiles,
+// --torch=FILE
 // (PyTorch eager's step times from tests/bench/torch_step.py, for the training table's ratio
 // column), --malloc-default (leave glibc's malloc settings alone instead of
 // attnlab::keep_freed_memory()).
@@ -18,6 +19,7 @@
 #include "attnlab/blas.hpp"
 #include "attnlab/memory.hpp"
 #include "attnlab/threads.hpp"
+#include "bench_bf16_tiles.hpp"
 #include "bench_common.hpp"
 #include "bench_generate.hpp"
 #include "bench_programs.hpp"
@@ -158,7 +160,7 @@ int main(int argc, char** argv) {
   // --malloc-default, to measure what it saves.
   bool keep_memory = true;
   bool quick = false, memory = true, train = true, variants = true, generation = true;
-  bool programs = true;
+  bool programs = true, bf16_tiles = true;
   std::string torch_file;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -180,6 +182,8 @@ int main(int argc, char** argv) {
       programs = false;
     } else if (std::strcmp(argv[i], "--no-generate") == 0) {
       generation = false;
+    } else if (std::strcmp(argv[i], "--no-bf16-tiles") == 0) {
+      bf16_tiles = false;
     } else {
       args.push_back(argv[i]);
     }
@@ -208,6 +212,7 @@ int main(int argc, char** argv) {
   if (variants) register_variant_benchmarks();
   if (programs) register_program_benchmarks();
   if (generation) register_generate_benchmarks();
+  if (bf16_tiles) register_bf16_tile_benchmarks();
   std::printf("attnlab_bench on %s, %d threads available, OpenBLAS single-threaded inside\n",
               cpu_model().c_str(), attnlab::num_threads());
   const attnlab::BlasInfo& blas = attnlab::blas_info();
@@ -224,6 +229,7 @@ int main(int argc, char** argv) {
   if (variants) print_variant_table(reporter.seconds);
   if (programs) print_program_table(reporter.seconds);
   if (generation) print_generate_table(reporter.seconds);
+  if (bf16_tiles) print_bf16_tile_table(reporter.seconds);
   if (memory) print_memory();
   std::printf("load average at end: %s\n", load_average().c_str());
   benchmark::Shutdown();

@@ -6,7 +6,8 @@
 // The forward runs one task per (K/V slice, row block), the group's query heads in turn on each key
 // block (so grouped-query attention reads a K/V tile once per group); the backward one task per
 // K/V slice. One thread per task, OpenBLAS single-threaded inside; a slice is cut into row blocks
-// of Br queries and key blocks of Bc keys (Br x Bc tiles, both gemm'd through blas.hpp):
+// of Br queries and key blocks of Bc keys (Br x Bc tiles, gemm'd through blas.hpp; under a bf16
+// GemmPrecisionScope on the bf16 tiles of kernels/bf16_tiles.hpp instead, see Products):
 //   forward, per row block i, for each key block j:
 //     S = s · Q_i K_jᵀ                 (Br,D) x (D,Bc) -> (Br,Bc), hidden positions at -inf
 //     m' = max(m, rowmax S);  P = exp(S − m');  l = e^(m − m') l + rowsum P
@@ -24,11 +25,13 @@
 // Extra memory: two Br x Bc tiles (three with dropout) and O(Tk) per thread, plus O and lse.
 #include "kernels/attention.hpp"
 #include "kernels/attention_program.hpp"
+#include "kernels/bf16_tiles.hpp"
 #include "kernels/rows.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -73,6 +76,39 @@ void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h
   }
 }
 
+// The products of the tiles: blas::gemm, or under a bf16 GemmPrecisionScope (float only) the bf16
+// tiles of kernels/bf16_tiles.hpp (AMX, else portable), with the same contract. Dropout and
+// attention programs keep blas::gemm (its bf16 gemm there): their tile code is not checked on the
+// bf16 tiles yet. ATTNLAB_BF16_TILES=off keeps it for everything.
+struct Products {
+  bool on_tiles = false;
+  tiles::TileImpl impl = tiles::TileImpl::portable;
+
+  template <class T>
+  void operator()(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
+                  const T* b, int ldb, T beta, T* c, int ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (on_tiles) {
+        tiles::tile_gemm(impl, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    blas::gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+};
+
+template <class T>
+Products products_for(const AttentionParams<T>& p) {
+  Products products;
+  if constexpr (std::is_same_v<T, float>) {
+    products.on_tiles = blas::gemm_precision() == GemmPrecision::bf16 &&
+                        tiles::tile_choice() != tiles::TileChoice::off && !p.has_program() &&
+                        p.dropout_p == 0;
+    if (products.on_tiles) products.impl = tiles::tile_impl();
+  }
+  return products;
+}
+
 std::size_t tile_or_default(std::size_t tile, std::size_t fallback) {
   return tile != 0 ? tile : fallback;
 }
@@ -111,6 +147,7 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
     tile_keys = p.block_mask->tile_keys();
   }
   const bool program = p.has_program();
+  const Products gemm = products_for(p);
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
   // One task per (K/V slice, row block): for each key block, the g = H / Hkv query heads of the
   // group take their turn on it while it is hot in cache, so each K/V tile is read once per group
@@ -151,8 +188,8 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
         T* mg = m.data() + g * tile_rows;
         T* lg = l.data() + g * tile_rows;
         // S = s · Q_i K_jᵀ, hidden at -inf           (Br,D) x (D,Bc) -> (Br,Bc)
-        blas::gemm<T>(false, true, rows, cols, d, p.scale[h], qp + i0 * D, d, kp + j0 * D, d, T(0),
-                      sb.data(), cols);
+        gemm(false, true, rows, cols, d, p.scale[h], qp + i0 * D, d, kp + j0 * D, d, T(0),
+             sb.data(), cols);
         if (program) {
           (void)program_scores(sb.data(), static_cast<T*>(nullptr), visible.data(), p, b, h, i0, br,
                                j0, bc, state);
@@ -182,8 +219,8 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
           mg[r] = m_new;
         }
         // O_i = correction · O_i + P V_j (the first block assigns)  (Br,Bc) x (Bc,Dv) -> (Br,Dv)
-        blas::gemm<T>(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
-                      begun[g] ? T(1) : T(0), o_i, dv);
+        gemm(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
+             begun[g] ? T(1) : T(0), o_i, dv);
         begun[g] = 1;
       };
       if (p.block_mask != nullptr) {
@@ -235,6 +272,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
     tile_rows = p.block_mask->tile_rows();
     tile_keys = p.block_mask->tile_keys();
   }
+  const Products gemm = products_for(p);
   const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
   // One K/V slice (b, kv head) per task: dK and dV start at 0 and every query head of its group
   // (bh = kv·g + r, r in order) adds into them, so grouped-query attention sums without races. A
@@ -291,8 +329,8 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
           const auto key_tile = [&](std::size_t j0, std::size_t bc, attention::BlockState state) {
             const int cols = static_cast<int>(bc);
             // S = s · Q_i K_jᵀ, recomputed               (Br,D) x (D,Bc) -> (Br,Bc)
-            blas::gemm<T>(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0),
-                          sb.data(), cols);
+            gemm(false, true, rows, cols, d, s, qp + i0 * D, d, kp + j0 * D, d, T(0), sb.data(),
+                 cols);
             if (program_grads) std::copy_n(sb.data(), br * bc, ub.data());
             if (program) {
               (void)program_scores(sb.data(), sloped ? slb.data() : nullptr, visible.data(), p, b,
@@ -310,8 +348,8 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
               }
             }
             // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
-            blas::gemm<T>(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw,
-                          T(0), dpb.data(), cols);
+            gemm(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw, T(0),
+                 dpb.data(), cols);
             if (dropout) {  // the forward's mask, regenerated once for P and dP
               std::fill_n(pdb.data(), br * bc, T(1));
               for (std::size_t r = 0; r < br; ++r) {
@@ -323,8 +361,8 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
               }
             }
             // dV_j += Pᵀ dO_i (P ⊙ M/(1−p) w. dropout)   (Bc,Br) x (Br,Dv) -> (Bc,Dv)
-            blas::gemm<T>(true, false, cols, dvw, rows, T(1), dropout ? pdb.data() : sb.data(),
-                          cols, dop + i0 * Dv, dvw, T(1), dvp + j0 * Dv, dvw);
+            gemm(true, false, cols, dvw, rows, T(1), dropout ? pdb.data() : sb.data(), cols,
+                 dop + i0 * Dv, dvw, T(1), dvp + j0 * Dv, dvw);
             // dS = P ⊙ (dP − D_i); P = 0 at hidden positions and in empty rows, hence dS = 0
             for (std::size_t r = 0; r < br; ++r) {
               subtract_times(dpb.data() + r * bc, sb.data() + r * bc, delta[i0 + r], bc);
@@ -341,11 +379,11 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
             // dU = dS ⊙ dS/dU with a softcap or a score program
             for (std::size_t e = 0; sloped && e < br * bc; ++e) dpb[e] *= slb[e];
             // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
-            blas::gemm<T>(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
-                          dqp + i0 * D, d);
+            gemm(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
+                 dqp + i0 * D, d);
             // dK_j += s · dSᵀ Q_i                       (Bc,Br) x (Br,D) -> (Bc,D)
-            blas::gemm<T>(true, false, cols, d, rows, s, dpb.data(), cols, qp + i0 * D, d, T(1),
-                          dkp + j0 * D, d);
+            gemm(true, false, cols, d, rows, s, dpb.data(), cols, qp + i0 * D, d, T(1),
+                 dkp + j0 * D, d);
           };
           for_each_key_tile(p, b, h, i0, tile_rows, tile_keys, first, keys, key_tile);
         }
