@@ -217,7 +217,7 @@ TEST_CASE(
   CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
 }
 
-TEST_CASE("study: an arm's warmup and param groups reach its runs; frozen qk-norm gains stay 1") {
+TEST_CASE("study: an arm's warmup and param groups reach its runs, frozen qk-norm gains stay 1") {
   StudyPlan plan = study_preset("micro");
   StudyGroup& g = plan.groups[0];
   ParamGroupSpec frozen_gain;
