@@ -138,6 +138,12 @@ TileImpl tile_impl() {
                                                                         : TileImpl::portable;
 }
 
+bool tiles_in_use() {
+  const TileChoice choice = tile_choice();
+  return choice == TileChoice::portable ||
+         (choice == TileChoice::automatic && tile_impl() == TileImpl::amx);
+}
+
 void tile_product(TileImpl impl, const std::uint16_t* a, const std::uint16_t* b, float* c, int mt,
                   int nt, int kt, bool accumulate) {
   if (impl == TileImpl::portable) {

@@ -384,6 +384,12 @@ TEST_CASE("bf16 tiles: without a bf16 scope the fused attention is the fp32 path
   CHECK_FALSE(same_bits(tiled, fp32));
   CHECK(max_error(tiled.out, std::vector<double>(blas_bf16.out.begin(), blas_bf16.out.end())) <
         1e-4);
+  // The default runs the tiles only where AMX is usable; elsewhere it is blas's bf16 gemm, bit
+  // for bit (the portable tiles are slower than it).
+  tiles::set_tile_choice(tiles::TileChoice::automatic);
+  const Fused automatic = run_fused(c, in);
+  CHECK(tiles::tiles_in_use() == amx_support().usable);
+  if (!amx_support().usable) CHECK(same_bits(automatic, blas_bf16));
 }
 
 // (d) Where AMX is usable: TDPBF16PS against the double product and the portable tiles, and the

@@ -102,9 +102,11 @@ enum class TileImpl { amx, portable };
 
 const char* to_string(TileImpl impl);
 
-// How the fused attention runs its products under a bf16 scope. automatic: AMX where
-// amx_support().usable, else portable; portable: the portable tiles even with AMX (tests,
-// comparisons); off: through blas::gemm (its bf16 gemm: emulated or oneDNN), as before the tiles.
+// How the fused attention runs its products under a bf16 scope. automatic: the AMX tiles where
+// amx_support().usable, else blas::gemm (the portable tiles are several times slower than its bf16
+// gemm, so they are not a default); portable: the portable tiles even with AMX (tests,
+// comparisons, the algorithm on any machine); off: through blas::gemm (its bf16 gemm: emulated or
+// oneDNN), as before the tiles.
 enum class TileChoice { automatic, portable, off };
 
 // The choice in force: set_tile_choice's, else ATTNLAB_BF16_TILES=auto|portable|off (read once;
@@ -116,6 +118,10 @@ void set_tile_choice(TileChoice choice);
 
 // The implementation tile_gemm runs: AMX when amx_support().usable and the choice is automatic.
 TileImpl tile_impl();
+
+// Whether the fused attention's products go on tiles under a bf16 scope: the choice portable, or
+// automatic where AMX is usable.
+bool tiles_in_use();
 
 // The tile algorithm on packed operands: C (mt·16 x nt·16 fp32, row-major) = [C +] A · B, with A
 // (mt·16 x kt·32 bf16, row-major) and B (kt·32 x nt·16, VNNI: kt·16 rows of nt·32 bf16), in tiles

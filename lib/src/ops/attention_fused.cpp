@@ -77,7 +77,8 @@ void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h
 }
 
 // The products of the tiles: blas::gemm, or under a bf16 GemmPrecisionScope (float only) the bf16
-// tiles of kernels/bf16_tiles.hpp (AMX, else portable), with the same contract. Dropout and
+// tiles of kernels/bf16_tiles.hpp (AMX by default; the portable tiles when forced), with the same
+// contract. Dropout and
 // attention programs keep blas::gemm (its bf16 gemm there): their tile code is not checked on the
 // bf16 tiles yet. ATTNLAB_BF16_TILES=off keeps it for everything.
 struct Products {
@@ -101,9 +102,8 @@ template <class T>
 Products products_for(const AttentionParams<T>& p) {
   Products products;
   if constexpr (std::is_same_v<T, float>) {
-    products.on_tiles = blas::gemm_precision() == GemmPrecision::bf16 &&
-                        tiles::tile_choice() != tiles::TileChoice::off && !p.has_program() &&
-                        p.dropout_p == 0;
+    products.on_tiles = blas::gemm_precision() == GemmPrecision::bf16 && tiles::tiles_in_use() &&
+                        !p.has_program() && p.dropout_p == 0;
     if (products.on_tiles) products.impl = tiles::tile_impl();
   }
   return products;
