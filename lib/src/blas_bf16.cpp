@@ -66,8 +66,9 @@ void select_bf16(BlasInfo& info) {
   info.bf16_engine = Bf16Engine::emulated;
   info.bf16_engine_name = "emulated: operands rounded to bf16, fp32 gemm in " + info.engine_name;
   info.amx = false;
+  info.bf16_units = false;
   const bool built = onednn_built();
-  if (built) info.amx = onednn_amx();
+  if (built) info.amx = onednn_amx(), info.bf16_units = onednn_bf16_units();
   const auto try_native = [&](const std::string& why) {
     if (!built) {
       info.bf16_reason = "built without oneDNN";
@@ -90,12 +91,13 @@ void select_bf16(BlasInfo& info) {
       add_warning(info, "ATTNLAB_BF16=" + request + " ignored (" + info.bf16_reason +
                             "); bf16 gemms are emulated");
   } else if (request == "auto") {
-    if (!info.amx) {
-      info.bf16_reason = "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed";
+    if (!info.bf16_units) {
+      info.bf16_reason =
+          "no AMX, nor AMD's AVX-512 BF16: oneDNN's bf16 gemms would be slower than the emulation";
     } else {
       // A failed check leaves bf16 emulated, said in bf16_reason only: auto never warns, since
       // bf16 is asked for by a run, not by the process, and fp32 runs are unaffected.
-      try_native("AMX");
+      try_native(info.amx ? "AMX" : "AVX-512 BF16");
     }
   } else {
     info.bf16_reason = "ATTNLAB_BF16=" + request + " is not a bf16 engine";

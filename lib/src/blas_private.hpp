@@ -135,6 +135,7 @@ bool onednn_self_check();       // the sgemm against a plain loop
 bool onednn_bf16_self_check();  // the bf16 matmul, likewise
 std::string onednn_name();      // "oneDNN 2.6.3, avx512_core_bf16 kernels"
 bool onednn_amx();              // oneDNN's kernels use AMX tiles
+bool onednn_bf16_units();       // ... bf16 units faster than the emulation: AMX, AMD's AVX-512 BF16
 // A bf16 gemm in oneDNN's bf16 matmul: A and B rounded into bf16 copies, the product split over
 // the threads.
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,

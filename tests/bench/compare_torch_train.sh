@@ -25,8 +25,8 @@
 # both sides at every thread count) counts; the "all steps" column is the mean over every step,
 # warm-up included (attnlab's own tokens/s).
 # PRECISIONS (default "fp32") are attnlab's --precision values, each its own side: "fp32 bf16" adds
-# attnlab-bf16 (its gemms in bf16: oneDNN's bf16 matmul on a CPU with AMX, emulated elsewhere, where
-# it is slower than fp32) and a "ratio attnlab-bf16/attnlab" line; torch's counterpart is the
+# attnlab-bf16 (its gemms in bf16: oneDNN's bf16 matmul on a CPU with AMX or on AMD's AVX-512 BF16,
+# emulated elsewhere, where it is slower than fp32) and a "ratio attnlab-bf16/attnlab" line; torch's counterpart is the
 # nanogpt-bf16 variant.
 # PyTorch runs with OPENBLAS_CORETYPE set to attnlab's core, so that a torch calling OpenBLAS
 # (Debian's python3-torch) uses the same sgemm kernels; pip's torch calls MKL instead.

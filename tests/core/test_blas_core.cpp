@@ -434,18 +434,20 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "blas core probe: ATTNLAB_BF16 picks how bf16 gemms run: oneDNN only with AMX by default") {
+    "blas core probe: ATTNLAB_BF16 picks how bf16 gemms run: oneDNN with bf16 units by default") {
   const Probe automatic = run_probe("");
   check_probe_sane(automatic);
   CHECK(automatic["warning"].empty());  // auto never warns: a failed check only emulates
-  if (automatic["amx"] == "1") {
+  if (automatic["bf16_units"] == "1") {
+    const std::string units = automatic["amx"] == "1" ? "AMX" : "AVX-512 BF16";
     CHECK((automatic["bf16_engine"] == "onednn"
-               ? automatic["bf16_reason"] == "AMX"
+               ? automatic["bf16_reason"] == units
                : automatic["bf16_reason"].find("self-check") != std::string::npos));
   } else {
+    CHECK(automatic["amx"] == "0");
     CHECK(automatic["bf16_engine"] == "emulated");
     CHECK(automatic["bf16_reason"] ==
-          "no AMX: oneDNN's bf16 gemms would run at half its fp32 speed");
+          "no AMX, nor AMD's AVX-512 BF16: oneDNN's bf16 gemms would be slower than the emulation");
     CHECK(automatic["bf16_engine_name"] ==
           "emulated: operands rounded to bf16, fp32 gemm in " + automatic["engine_name"]);
   }

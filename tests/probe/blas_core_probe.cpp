@@ -116,5 +116,6 @@ int main(int argc, char** argv) {
   std::printf("bf16_engine_name=%s\n", info.bf16_engine_name.c_str());
   std::printf("bf16_reason=%s\n", info.bf16_reason.c_str());
   std::printf("amx=%d\n", info.amx ? 1 : 0);
+  std::printf("bf16_units=%d\n", info.bf16_units ? 1 : 0);
   return 0;
 }

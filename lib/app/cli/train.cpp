@@ -298,10 +298,10 @@ int run_train(TrainConfig config, Context context, CliContext& cli) {
     const BlasInfo& blas = blas_info();
     std::fprintf(stdout, "precision: bf16 gemms, %s (%s)\n", blas.bf16_engine_name.c_str(),
                  blas.bf16_reason.c_str());
-    if (!blas.amx)
+    if (blas.bf16_engine == Bf16Engine::emulated)
       std::fprintf(stdout,
-                   "precision: this CPU has no AMX, so bf16 is not faster here: its gemms are "
-                   "emulated and run slower than fp32 (fp32 is the default for that reason)\n");
+                   "precision: bf16 is not faster here: its gemms are emulated and run slower "
+                   "than fp32 (fp32 is the default for that reason)\n");
   }
   const TrainResult r = train_model(config, context);
   // As POSIX tools: 128 + the signal (SIGINT 130, SIGTERM 143); --stop-after counts as SIGINT.

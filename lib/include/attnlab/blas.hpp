@@ -82,15 +82,16 @@ struct BlasInfo {
   std::string engine_name;
   std::string engine_reason;
   // How bf16 GEMMs run (GemmPrecision::bf16), from ATTNLAB_BF16 (auto or a name of
-  // EnumTable<Bf16Engine>; auto: oneDNN's bf16 matmul where oneDNN's kernels have AMX, emulated
-  // elsewhere: without AMX oneDNN's bf16 GEMMs run at half its fp32 speed, slower than the
-  // emulation), its name and why. oneDNN's bf16 matmul is checked like the engine (exact products
+  // EnumTable<Bf16Engine>; auto: oneDNN's bf16 matmul where oneDNN's kernels have AMX tiles, or
+  // AVX-512 BF16 on an AMD CPU, emulated elsewhere, where oneDNN's bf16 GEMMs were measured slower
+  // than the emulation), its name and why. oneDNN's bf16 matmul is checked like the engine (exact products
   // against a plain loop); under auto a failed check emulates without a warning (bf16_reason says
   // why).
   Bf16Engine bf16_engine = Bf16Engine::emulated;
   std::string bf16_engine_name;
   std::string bf16_reason;
-  bool amx = false;     // oneDNN's kernels on this CPU use AMX tiles (avx512_core_amx)
+  bool amx = false;         // oneDNN's kernels on this CPU use AMX tiles (avx512_core_amx)
+  bool bf16_units = false;  // ... bf16 units that beat the emulation (AMX; AMD's avx512_core_bf16)
   std::string warning;  // empty unless something went wrong; the app shows it, the library never
 };
 
