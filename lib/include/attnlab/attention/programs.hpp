@@ -46,6 +46,7 @@ struct Softcap {
 // gradients come back in SdpaGrads::dprogram). o is the query offset.
 struct Alibi {
   std::size_t query_offset = 0;
+  ATTNLAB_NO_EXEC_CHECK
   template <class S, class P>
   ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
                                    const P& params) const {
@@ -59,6 +60,7 @@ struct Alibi {
 struct Bias {
   std::size_t heads = 1, Tq = 0, Tk = 0;
   bool per_batch = false, per_head = true;
+  ATTNLAB_NO_EXEC_CHECK
   template <class S, class P>
   ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t b, std::size_t h, std::size_t i, std::size_t j,
                                    const P& params) const {
@@ -71,6 +73,7 @@ struct Bias {
 // buckets), parameter 0 holding H rows of 2R + 1 entries.
 struct RelativeBias {
   std::size_t max_distance = 0;
+  ATTNLAB_NO_EXEC_CHECK
   template <class S, class P>
   ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
                                    const P& params) const {
