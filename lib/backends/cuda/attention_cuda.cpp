@@ -193,9 +193,9 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
                              const Tensor4<T>& v, const SdpaOptions& options,
                              const KeyMask* key_mask, const Tensor4<T>* bias) {
   const char* op = "sdpa_forward_cuda";
+  // Bad inputs, and a program without launchers, throw before a device is asked for.
+  (void)detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
   if (options.score_program || options.mask_program || options.block_mask) {
-    // refuse a program without launchers before asking for a device
-    (void)detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
     check_arg(static_cast<bool>(options.device_program), op, "device_program",
               "the program's GPU launchers beside score_program / mask_program: "
               "SdpaOptions::device_program = attnlab::cuda::device_program(score, mask), made in a "
@@ -209,6 +209,7 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
 template <class T>
 SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cache,
                                 const Tensor4<T>& q, const Tensor4<T>& k, const Tensor4<T>& v) {
+  detail::check_sdpa_backward_inputs("sdpa_backward_cuda", dout, cache, q, k, v);
   cuda::require_device("sdpa_backward_cuda");
   return sdpa_backward_cuda(gpu<T>(), dout, cache, q, k, v);
 }
