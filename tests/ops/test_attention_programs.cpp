@@ -467,12 +467,13 @@ TEST_CASE("attention programs: bad programs and bad combinations give clear erro
     CHECK(test::all_finite(g.dq));
     for (std::size_t c = 0; c < 2; ++c) CHECK(o(0, 0, 1, c) == 0.0);
   }
-  // The raw device calls and the CUDA op refuse programs instead of ignoring them.
+  // The raw device calls refuse programs instead of ignoring them, and so does the CUDA op
+  // without the program's GPU launchers (SdpaOptions::device_program).
   SdpaOptions options;
   options.score_program = attention::softcap_program(2);
   SdpaCache<double> c;
   CHECK_THROWS_WITH_AS(sdpa_forward_cuda(c, in.q, in.k, in.v, options),
-                       doctest::Contains("attention programs run on the CPU paths"),
+                       doctest::Contains("sdpa_forward_cuda: device_program expected"),
                        std::invalid_argument);
   AttentionParams<double> p;
   p.B = p.H = p.Hkv = p.Tq = p.Tk = p.D = p.Dv = 1;

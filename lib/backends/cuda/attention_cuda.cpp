@@ -6,10 +6,14 @@
 // (without_cuda.cpp), so the op needs no stub.
 #include "attnlab/ops/attention_cuda.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "attention_program_host.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
 #include "ops/attention_checks.hpp"
@@ -18,7 +22,35 @@ namespace attnlab {
 
 namespace {
 
-using cuda::DeviceArray;
+// `count` elements of T in the memory of `device`, released with the array.
+template <class T, class U = T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(DeviceOps<T>& device, std::size_t count)
+      : device_(&device),
+        data_(static_cast<U*>(device.allocate(count * sizeof(U)))),
+        count_(count) {}
+  DeviceArray(DeviceOps<T>& device, const U* host, std::size_t count) : DeviceArray(device, count) {
+    device.upload(data_, host, count * sizeof(U));
+  }
+  DeviceArray(DeviceArray&& o) noexcept { *this = std::move(o); }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(device_, o.device_), std::swap(data_, o.data_), std::swap(count_, o.count_);
+    return *this;
+  }
+  ~DeviceArray() {
+    if (device_ != nullptr) device_->release(data_);
+  }
+  U* data() const { return data_; }
+  std::size_t size() const { return count_; }
+  void download(U* host) const { device_->download(host, data_, count_ * sizeof(U)); }
+
+ private:
+  DeviceOps<T>* device_ = nullptr;
+  U* data_ = nullptr;
+  std::size_t count_ = 0;
+};
 
 // The process's CUDA backend for this op, made on first use (after require_device). DeviceOps
 // instances hold no state the op depends on, so one serves every thread.
@@ -32,29 +64,29 @@ DeviceOps<T>& gpu() {
 template <class T>
 struct DeviceInputs {
   DeviceArray<T> q, k, v, scale, alibi, bias;
-  DeviceArray<unsigned char> key_mask;
+  DeviceArray<T, unsigned char> key_mask;
   AttentionParams<T> params;
 
-  DeviceInputs(const SdpaCache<T>& c, const Tensor4<T>& q_host, const Tensor4<T>& k_host,
-               const Tensor4<T>& v_host)
-      : q(q_host.data(), q_host.size()),
-        k(k_host.data(), k_host.size()),
-        v(v_host.data(), v_host.size()),
-        scale(c.scale.data(), c.scale.size()) {
+  DeviceInputs(DeviceOps<T>& d, const SdpaCache<T>& c, const Tensor4<T>& q_host,
+               const Tensor4<T>& k_host, const Tensor4<T>& v_host)
+      : q(d, q_host.data(), q_host.size()),
+        k(d, k_host.data(), k_host.size()),
+        v(d, v_host.data(), v_host.size()),
+        scale(d, c.scale.data(), c.scale.size()) {
     params = c.params(q.data(), k.data(), v.data());
     params.scale = scale.data();
     if (!c.alibi.empty()) {
-      alibi = DeviceArray<T>(c.alibi.data(), c.alibi.size());
+      alibi = DeviceArray<T>(d, c.alibi.data(), c.alibi.size());
       params.alibi_slopes = alibi.data();
     }
     if (c.has_bias()) {
-      bias = DeviceArray<T>(c.bias.data(), c.bias.size());
+      bias = DeviceArray<T>(d, c.bias.data(), c.bias.size());
       params.bias = bias.data();
     }
     params.key_mask = nullptr;
     if (c.has_key_mask) {
       const std::vector<unsigned char> mask(c.key_mask.begin(), c.key_mask.end());
-      key_mask = DeviceArray<unsigned char>(mask.data(), mask.size());
+      key_mask = DeviceArray<T, unsigned char>(d, mask.data(), mask.size());
       params.key_mask = key_mask.data();
     }
   }
@@ -62,56 +94,92 @@ struct DeviceInputs {
 
 // A device output of `count` elements, poisoned with NaN so that an element no kernel wrote shows.
 template <class T>
-DeviceArray<T> poisoned(std::size_t count) {
-  DeviceArray<T> a(count);
-  a.poison();
-  return a;
+DeviceArray<T> poisoned(DeviceOps<T>& d, std::size_t count) {
+  const std::vector<T> nan(count, std::numeric_limits<T>::quiet_NaN());
+  return DeviceArray<T>(d, nan.data(), count);
 }
 
 // `automatic` on the GPU: the fused path when its tiles fit in shared memory for D and Dv.
 template <class T>
-SdpaPath resolve_cuda_path(SdpaPath path, std::size_t D, std::size_t Dv) {
+SdpaPath resolve_cuda_path(DeviceOps<T>& d, SdpaPath path, std::size_t D, std::size_t Dv) {
   if (path != SdpaPath::automatic) return path;
   try {
-    gpu<T>().check_fused(D, Dv);
+    d.check_fused(D, Dv);
     return SdpaPath::fused;
   } catch (const std::invalid_argument&) {
     return SdpaPath::reference;
   }
 }
 
+// A call's program on the GPU: its launchers for T (refused without them) on the fused path.
+template <class T>
+const cuda::DeviceProgram<T>& device_program_of(const SdpaCache<T>& c, const char* op) {
+  static const cuda::DeviceProgram<T> none;
+  if (!c.has_program()) return none;
+  const cuda::DeviceProgram<T>* d =
+      c.device_program ? &c.device_program->template get<T>() : nullptr;
+  check_arg(d != nullptr && static_cast<bool>(*d), op, "device_program",
+            "the program's GPU launchers beside score_program / mask_program: "
+            "SdpaOptions::device_program = attnlab::cuda::device_program(score, mask), made in a "
+            ".cu file that includes attention_program_kernels.cuh (or a .cpp under the emulator)",
+            "none");
+  check_arg(d->has_score == static_cast<bool>(c.score_program) &&
+                d->has_mask == static_cast<bool>(c.mask_program),
+            op, "device_program", "launchers for the same kinds of program as the host programs",
+            std::string("score ") + (d->has_score ? "yes" : "no") + ", mask " +
+                (d->has_mask ? "yes" : "no"));
+  check_arg(c.path == SdpaPath::fused, op, "path",
+            "fused (or automatic) with an attention program: the GPU runs programs on the fused "
+            "path only",
+            "reference");
+  return *d;
+}
+
+// The name the program errors give, as on the CPU.
+template <class T>
+std::string score_name(const SdpaCache<T>& c) {
+  return c.score_program ? c.score_program->name() : std::string("score program");
+}
+
 }  // namespace
 
 template <class T>
-Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
-                             const Tensor4<T>& v, const SdpaOptions& options,
+Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Tensor4<T>& q,
+                             const Tensor4<T>& k, const Tensor4<T>& v, const SdpaOptions& options,
                              const KeyMask* key_mask, const Tensor4<T>* bias) {
   const char* op = "sdpa_forward_cuda";
   const SdpaCall call = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
   const AttentionSpec& spec = call.spec;
-  check_arg(!options.score_program && !options.mask_program && !options.block_mask, op,
-            "score_program, mask_program and block_mask",
-            "none: attention programs run on the CPU paths (sdpa_forward) in this version",
-            "a program");
-  cuda::require_device(op);
   SdpaCache<T> c;
   detail::fill_sdpa_cache(c, call, options, key_mask, bias);
-  c.path = resolve_cuda_path<T>(options.path, spec.D, spec.Dv);
+  c.path = resolve_cuda_path<T>(device, options.path, spec.D, spec.Dv);
+  c.device_program = options.device_program;
+  const cuda::DeviceProgram<T>& program = device_program_of(c, op);
 
-  DeviceInputs<T> in(c, q, k, v);
+  DeviceInputs<T> in(device, c, q, k, v);
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
-  auto out_d = poisoned<T>(out.size());
+  auto out_d = poisoned<T>(device, out.size());
   if (c.path == SdpaPath::reference) {
     c.p = Tensor4<T>({spec.B, spec.H, spec.Tq, spec.Tk});
-    auto p_d = poisoned<T>(c.p.size());
-    gpu<T>().sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
-    cuda::synchronize();
+    auto p_d = poisoned<T>(device, c.p.size());
+    device.sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
+    device.synchronize();
     p_d.download(c.p.data());
   } else {
     c.lse = Tensor3<T>({spec.B, spec.H, spec.Tq});
-    auto lse_d = poisoned<T>(c.lse.size());
-    gpu<T>().sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
-    cuda::synchronize();
+    auto lse_d = poisoned<T>(device, c.lse.size());
+    if (c.has_program()) {
+      cuda::DeviceProgramCall<T> run(device, program, in.params, c.program_params, c.mask_program,
+                                     c.block_mask, false);
+      run.forward(out_d.data(), lse_d.data());
+      run.rethrow(op, score_name(c));
+      if (run.block_mask() != nullptr) {  // the one the kernels used: at their tile size
+        c.block_mask = std::make_shared<const attention::BlockMask>(*run.block_mask());
+      }
+    } else {
+      device.sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
+    }
+    device.synchronize();
     lse_d.download(c.lse.data());
   }
   out_d.download(out.data());
@@ -121,15 +189,42 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
 }
 
 template <class T>
+Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                             const Tensor4<T>& v, const SdpaOptions& options,
+                             const KeyMask* key_mask, const Tensor4<T>* bias) {
+  const char* op = "sdpa_forward_cuda";
+  // Bad inputs, and a program without launchers, throw before a device is asked for.
+  (void)detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
+  if (options.score_program || options.mask_program || options.block_mask) {
+    check_arg(static_cast<bool>(options.device_program), op, "device_program",
+              "the program's GPU launchers beside score_program / mask_program: "
+              "SdpaOptions::device_program = attnlab::cuda::device_program(score, mask), made in a "
+              ".cu file that includes attention_program_kernels.cuh (or a .cpp under the emulator)",
+              "none");
+  }
+  cuda::require_device(op);
+  return sdpa_forward_cuda(gpu<T>(), cache, q, k, v, options, key_mask, bias);
+}
+
+template <class T>
 SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cache,
                                 const Tensor4<T>& q, const Tensor4<T>& k, const Tensor4<T>& v) {
+  detail::check_sdpa_backward_inputs("sdpa_backward_cuda", dout, cache, q, k, v);
+  cuda::require_device("sdpa_backward_cuda");
+  return sdpa_backward_cuda(gpu<T>(), dout, cache, q, k, v);
+}
+
+template <class T>
+SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
+                                const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                                const Tensor4<T>& v) {
   const char* op = "sdpa_backward_cuda";
   detail::check_sdpa_backward_inputs(op, dout, cache, q, k, v);
-  cuda::require_device(op);
   const AttentionSpec& s = cache.spec;
+  const cuda::DeviceProgram<T>& program = device_program_of(cache, op);
 
-  DeviceInputs<T> in(cache, q, k, v);
-  DeviceArray<T> dout_d(dout.data(), dout.size());
+  DeviceInputs<T> in(device, cache, q, k, v);
+  DeviceArray<T> dout_d(device, dout.data(), dout.size());
   SdpaGrads<T> g{Tensor4<T>({s.B, s.H, s.Tq, s.D}),
                  Tensor4<T>({s.B, s.Hkv, s.Tk, s.D}),
                  Tensor4<T>({s.B, s.Hkv, s.Tk, s.Dv}),
@@ -140,25 +235,40 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
   Tensor4<T>* dscores = cache.bias_grad ? &detail::dscores_for(g, scratch, cache) : nullptr;
   DeviceArray<T> dscores_d;
   if (dscores) {
-    dscores_d = DeviceArray<T>(dscores->data(), dscores->size());  // zeroed
+    dscores_d = DeviceArray<T>(device, dscores->data(), dscores->size());  // zeroed
     in.params.dscores = dscores_d.data();
   }
-  auto dq_d = poisoned<T>(g.dq.size());
-  auto dk_d = poisoned<T>(g.dk.size());
-  auto dv_d = poisoned<T>(g.dv.size());
+  auto dq_d = poisoned<T>(device, g.dq.size());
+  auto dk_d = poisoned<T>(device, g.dk.size());
+  auto dv_d = poisoned<T>(device, g.dv.size());
   if (cache.path == SdpaPath::reference) {
-    DeviceArray<T> p_d(cache.p.data(), cache.p.size());
-    auto ds_d = poisoned<T>(cache.p.size());
-    gpu<T>().sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
-                                     dout_d.data(), p_d.data(), in.params);
+    DeviceArray<T> p_d(device, cache.p.data(), cache.p.size());
+    auto ds_d = poisoned<T>(device, cache.p.size());
+    device.sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
+                                   dout_d.data(), p_d.data(), in.params);
   } else {
-    DeviceArray<T> out_d(cache.out.data(), cache.out.size());
-    DeviceArray<T> lse_d(cache.lse.data(), cache.lse.size());
-    auto row_dot_d = poisoned<T>(cache.lse.size());
-    gpu<T>().sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
+    DeviceArray<T> out_d(device, cache.out.data(), cache.out.size());
+    DeviceArray<T> lse_d(device, cache.lse.data(), cache.lse.size());
+    auto row_dot_d = poisoned<T>(device, cache.lse.size());
+    if (cache.has_program()) {
+      cuda::DeviceProgramCall<T> run(device, program, in.params, cache.program_params,
+                                     cache.mask_program, cache.block_mask, cache.program_grad);
+      run.backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(), dout_d.data(),
+                   out_d.data(), lse_d.data());
+      run.rethrow(op, score_name(cache));
+      if (cache.program_grad) {
+        for (auto& values : run.grads()) {
+          Tensor1<T> t = Tensor1<T>::from_shape({values.size()});
+          std::copy(values.begin(), values.end(), t.begin());
+          g.dprogram.push_back(std::move(t));
+        }
+      }
+    } else {
+      device.sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
                                  dout_d.data(), out_d.data(), lse_d.data(), in.params);
+    }
   }
-  cuda::synchronize();
+  device.synchronize();
   dq_d.download(g.dq.data());
   dk_d.download(g.dk.data());
   dv_d.download(g.dv.data());
@@ -183,13 +293,19 @@ SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cach
   return g;
 }
 
-#define ATTNLAB_INSTANTIATE_SDPA_CUDA(T)                                                          \
-  template Tensor4<T> sdpa_forward_cuda<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,   \
-                                           const Tensor4<T>&, const SdpaOptions&, const KeyMask*, \
-                                           const Tensor4<T>*);                                    \
-  template SdpaGrads<T> sdpa_backward_cuda<T>(const Tensor4<T>&, const SdpaCache<T>&,             \
-                                              const Tensor4<T>&, const Tensor4<T>&,               \
-                                              const Tensor4<T>&);
+#define ATTNLAB_INSTANTIATE_SDPA_CUDA(T)                                                           \
+  template Tensor4<T> sdpa_forward_cuda<T>(SdpaCache<T>&, const Tensor4<T>&, const Tensor4<T>&,    \
+                                           const Tensor4<T>&, const SdpaOptions&, const KeyMask*,  \
+                                           const Tensor4<T>*);                                     \
+  template SdpaGrads<T> sdpa_backward_cuda<T>(const Tensor4<T>&, const SdpaCache<T>&,              \
+                                              const Tensor4<T>&, const Tensor4<T>&,                \
+                                              const Tensor4<T>&);                                  \
+  template Tensor4<T> sdpa_forward_cuda<T>(DeviceOps<T>&, SdpaCache<T>&, const Tensor4<T>&,        \
+                                           const Tensor4<T>&, const Tensor4<T>&,                   \
+                                           const SdpaOptions&, const KeyMask*, const Tensor4<T>*); \
+  template SdpaGrads<T> sdpa_backward_cuda<T>(DeviceOps<T>&, const Tensor4<T>&,                    \
+                                              const SdpaCache<T>&, const Tensor4<T>&,              \
+                                              const Tensor4<T>&, const Tensor4<T>&);
 ATTNLAB_INSTANTIATE_SDPA_CUDA(float)
 ATTNLAB_INSTANTIATE_SDPA_CUDA(double)
 #undef ATTNLAB_INSTANTIATE_SDPA_CUDA

@@ -32,6 +32,8 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "attention_fused_tiles.cuh"
+#include "attention_program_device.cuh"
 #include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/score_rule.hpp"
@@ -43,78 +45,6 @@ namespace attnlab::cuda::fused {
 
 namespace cm = kernel_math;
 
-constexpr int kThreads = 256;
-constexpr int kSide = 16;   // threads per side of the 16 × 16 thread grid
-constexpr int kChunk = 64;  // output columns per micro_gemm pass over a head dim
-constexpr int kChunkCols = kChunk / kSide;
-
-// acc[i][j] += Σ_{k < K} A(ty + 16i, k) · B(k, n0 + tx + 16j), with A(r, k) = a[r·a_rs + k·a_ks]
-// and B(k, c) = b[k·b_ks + c·b_cs] in shared memory.
-template <class T, int MI, int NJ>
-__device__ inline void micro_gemm(T (&acc)[MI][NJ], const T* a, int a_rs, int a_ks, const T* b,
-                                  int b_ks, int b_cs, int K, int ty, int tx, int n0) {
-#pragma unroll 4
-  for (int k = 0; k < K; ++k) {
-    T av[MI], bv[NJ];
-#pragma unroll
-    for (int i = 0; i < MI; ++i) av[i] = a[(ty + kSide * i) * a_rs + k * a_ks];
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) bv[j] = b[k * b_ks + (n0 + tx + kSide * j) * b_cs];
-#pragma unroll
-    for (int i = 0; i < MI; ++i) {
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) acc[i][j] += av[i] * bv[j];
-    }
-  }
-}
-
-template <class T, int MI, int NJ>
-__device__ inline void fill(T (&acc)[MI][NJ], T value) {
-#pragma unroll
-  for (int i = 0; i < MI; ++i) {
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) acc[i][j] = value;
-  }
-}
-
-// Copies rows [row0, row0 + TILE) of a (rows, width) global matrix into shared memory with row
-// stride ld, zero-filling rows ≥ rows and columns in [width, padded).
-template <class T>
-__device__ inline void load_tile(T* dst, int ld, const T* src, std::size_t row0, std::size_t rows,
-                                 int width, int padded, int tile) {
-  for (int e = threadIdx.x; e < tile * padded; e += blockDim.x) {
-    const int r = e / padded, c = e % padded;
-    const std::size_t row = row0 + r;
-    dst[r * ld + c] = (row < rows && c < width) ? src[row * width + c] : T(0);
-  }
-}
-
-template <class T>
-__device__ inline void zero_tile(T* dst, int count) {
-  for (int e = threadIdx.x; e < count; e += blockDim.x) dst[e] = T(0);
-}
-
-// Shared-memory geometry of one kernel for head dims D, Dv.
-struct Geometry {
-  int dp, dvp;  // D and Dv padded to multiples of kChunk
-  int ldd, lddv, lds;
-  __host__ __device__ explicit Geometry(std::size_t D, std::size_t Dv, int tile)
-      : dp(static_cast<int>(cm::round_up(D, kChunk))),
-        dvp(static_cast<int>(cm::round_up(Dv, kChunk))),
-        ldd(dp + 1),
-        lddv(dvp + 1),
-        lds(tile + 1) {}
-};
-
-// The score rule's S for query i and key j of a tile (attnlab/attention/score_rule.hpp), and -inf
-// for positions beyond Tq or Tk (the padding of partial tiles).
-template <class T>
-__device__ inline T tile_score(const AttentionParams<T>& a, std::size_t b, std::size_t h,
-                               std::size_t i, std::size_t j, T s, T dot) {
-  return i < a.Tq && j < a.Tk ? attention::score(a, b, h, i, j, s, dot)
-                              : cm::negative_infinity<T>();
-}
-
 // ---- forward --------------------------------------------------------------------------------
 
 template <class T>
@@ -124,9 +54,11 @@ std::size_t forward_smem(const Geometry& g, int tile) {
                       tile * g.lds + tile * g.dvp + 3 * tile);
 }
 
-template <class T, int TILE>
-__global__ void __launch_bounds__(kThreads)
-    fused_forward_kernel(T* out, T* lse, AttentionParams<T> a) {
+// The kernels' bodies take the program P (NoProgram: the built-in rule alone); the kernels for a
+// program are in attention_program_kernels.cuh.
+template <class T, int TILE, class P>
+__device__ inline void fused_forward_body(T* out, T* lse, const AttentionParams<T>& a,
+                                          const ProgramRun<T, P>& run) {
   constexpr int MI = TILE / kSide, NS = TILE / kSide;
   ATTNLAB_DYNAMIC_SHARED(smem_raw);
   const Geometry g(a.D, a.Dv, TILE);
@@ -164,10 +96,20 @@ __global__ void __launch_bounds__(kThreads)
   // The tile's queries see keys [key_begin(first), key_end(last)); the key tiles outside are
   // hidden from the whole tile.
   const std::size_t last_query = (std::min(rho0 + TILE, packed) - 1) / group;
-  const std::size_t key_end = attention::key_end(a, last_query);
-  const std::size_t key_start = attention::key_begin(a, rho0 / group) / TILE * TILE;
+  std::size_t key_end = attention::key_end(a, last_query);
+  std::size_t key_start = attention::key_begin(a, rho0 / group) / TILE * TILE;
+  // A mask program's block mask (query tiles of TILE rows: plain attention, G = 1) gives the keys
+  // the tile sees, in tiles from its first; with G > 1 the mask is evaluated on every tile.
+  const bool blocks = P::kMask && run.args.block_states != nullptr && group == 1;
+  if (blocks) block_range(run.args, kv, blockIdx.x, key_start, key_end);
 
   for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {
+    TileState st;
+    if constexpr (P::kMask) {
+      st.partial = true;
+      if (blocks) st = tile_state(run.args, kv, blockIdx.x, j0, TILE);
+      if (st.skip) continue;  // the same for every thread of the block
+    }
     __syncthreads();  // the previous tile's O update has finished reading V and P
     load_tile(kvs, ldkv, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
     __syncthreads();
@@ -180,9 +122,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < NS; ++j) {
           const int r = ty + kSide * i, c = tx + kSide * j;
-          const std::size_t bh = slice_of(r), h = cm::head_of(bh, a.H);
-          ss[r * g.lds + c] =
-              tile_score(a, cm::batch_of(bh, a.H), h, query_of(r), j0 + c, a.scale[h], acc[i][j]);
+          const std::size_t bh = slice_of(r), h = cm::head_of(bh, a.H), b = cm::batch_of(bh, a.H);
+          T score = tile_score(a, b, h, query_of(r), j0 + c, a.scale[h], acc[i][j]);
+          if constexpr (P::kAny) {
+            score = program_score(run, st, score, b, bh, h, query_of(r), j0 + c, a.Tq, a.Tk);
+          }
+          ss[r * g.lds + c] = score;
         }
       }
     }
@@ -285,11 +230,14 @@ __device__ inline void load_row_stats(T* lse_s, T* dot_s, const T* lse, const T*
 // P = exp(s·Q Kᵀ − LSE) at the thread's own elements of the tile pair (queries i0 + r, keys
 // j0 + c), with Q and K in shared memory; 0 at hidden positions and beyond Tq or Tk. slope gets
 // the softcap's slope 1 − tanh²(u/c) at u = s·q·k (1 without a cap: attention::capped_slope).
-template <class T, int MI, int NS>
+// With a program P: the mask and score programs at the tile state st (slope = ∂f/∂u), and u
+// itself to us (row stride lds) when it is not null, for the parameters' gradients.
+template <class T, int MI, int NS, class P>
 __device__ inline void tile_weights(T (&p)[MI][NS], T (&slope)[MI][NS], const T* qs, const T* ks,
                                     int ldd, int dp, const T* lse_s, const AttentionParams<T>& a,
                                     std::size_t b, std::size_t h, T s, std::size_t i0,
-                                    std::size_t j0, int ty, int tx) {
+                                    std::size_t j0, int ty, int tx, const ProgramRun<T, P>& run,
+                                    const TileState& st, T* us, int lds) {
   fill(p, T(0));
   micro_gemm(p, qs, ldd, 1, ks, 1, ldd, dp, ty, tx, 0);  // Q Kᵀ  (TILE,dp) x (dp,TILE)
 #pragma unroll
@@ -300,8 +248,13 @@ __device__ inline void tile_weights(T (&p)[MI][NS], T (&slope)[MI][NS], const T*
       const T capped = attention::capped(a, s * p[i][j]);
       slope[i][j] = attention::capped_slope(a, capped);
       const std::size_t qi = i0 + r, kj = j0 + c;
-      const T score = qi < a.Tq && kj < a.Tk ? attention::score_of_capped(a, b, h, qi, kj, capped)
-                                             : cm::negative_infinity<T>();
+      T score = qi < a.Tq && kj < a.Tk ? attention::score_of_capped(a, b, h, qi, kj, capped)
+                                       : cm::negative_infinity<T>();
+      if constexpr (P::kAny) {
+        score =
+            program_score_slope(run, st, score, b, b * a.H + h, h, qi, kj, a.Tq, a.Tk, slope[i][j]);
+        if (us != nullptr) us[r * lds + c] = capped;
+      }
       // weight_from_lse gives 0 for a hidden score (-inf)
       p[i][j] = cm::weight_from_lse(score, lse_s[r]);
     }
@@ -317,7 +270,7 @@ __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T (&s
                                const T* dos, const T* vs, int lddv, int dvp, const T* dot_s, T s,
                                int ty, int tx, const AttentionParams<T>& a, std::size_t bh,
                                std::size_t i0, std::size_t j0, T* dscores, std::size_t rows,
-                               std::size_t cols) {
+                               std::size_t cols, T* es = nullptr) {
   T dp_acc[MI][NS];
   fill(dp_acc, T(0));
   micro_gemm(dp_acc, dos, lddv, 1, vs, 1, lddv, dvp, ty, tx, 0);  // dO Vᵀ (TILE,dvp) x (dvp,TILE)
@@ -335,24 +288,26 @@ __device__ inline void tile_ds(T* ds, int lds, const T (&p)[MI][NS], const T (&s
           static_cast<std::size_t>(c) < cols) {
         dscores[r * a.Tk + c] = element;
       }
+      if (es != nullptr) es[r * lds + c] = element;  // dL/dS, for the parameters' gradients
       ds[r * lds + c] = s * element * slope[i][j];
     }
   }
 }
 
 template <class T>
-std::size_t key_pass_smem(const Geometry& g, int tile) {
-  // K, V, Q, dO, P/dS, dK and dV accumulators, LSE and D of the query tile
-  return sizeof(T) *
-         (static_cast<std::size_t>(tile) * (2 * g.ldd + 2 * g.lddv + g.lds + g.dp + g.dvp) +
-          2 * tile);
+std::size_t key_pass_smem(const Geometry& g, int tile, bool program_grads = false) {
+  // K, V, Q, dO, P/dS, dK and dV accumulators, LSE and D of the query tile; a score program's u
+  // and dS for the gradients of its parameters
+  return sizeof(T) * (static_cast<std::size_t>(tile) * (2 * g.ldd + 2 * g.lddv + g.lds + g.dp +
+                                                        g.dvp + (program_grads ? 2 * g.lds : 0)) +
+                      2 * tile);
 }
 
 // dK and dV of one key tile, over every query tile that can see it.
-template <class T, int TILE>
-__global__ void __launch_bounds__(kThreads)
-    fused_key_pass_kernel(T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
-                          AttentionParams<T> a) {
+template <class T, int TILE, class P>
+__device__ inline void fused_key_pass_body(T* dk, T* dv, const T* dout, const T* lse,
+                                           const T* row_dot, const AttentionParams<T>& a,
+                                           const ProgramRun<T, P>& run) {
   constexpr int MI = TILE / kSide, NS = TILE / kSide;
   ATTNLAB_DYNAMIC_SHARED(smem_raw);
   const Geometry g(a.D, a.Dv, TILE);
@@ -365,8 +320,20 @@ __global__ void __launch_bounds__(kThreads)
   T* dvs = dks + TILE * g.dp;              // (TILE, dvp)
   T* lse_s = dvs + TILE * g.dvp;
   T* dot_s = lse_s + TILE;
+  // A score program's u and dS of the tile (key_pass_smem with program_grads)
+  T* us = P::kScore ? dot_s + TILE : nullptr;
+  T* es = P::kScore ? us + TILE * g.lds : nullptr;
 
   const int t = threadIdx.x, tx = t % kSide, ty = t / kSide;
+  // The block's own row of parameter gradients, zeroed and then summed by thread 0 alone.
+  T* grad_row =
+      P::kScore && run.args.grad_rows != nullptr
+          ? run.args.grad_rows +
+                (static_cast<std::size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * run.args.width
+          : nullptr;
+  if (grad_row != nullptr && t == 0) {
+    for (std::size_t e = 0; e < run.args.width; ++e) grad_row[e] = T(0);
+  }
   // One block per (K/V slice, key tile): the tiles of K and V are read once for the whole group
   // of query heads that share them (grouped-query attention), whose dK and dV add up here.
   const std::size_t kv = blockIdx.y, group = a.group();
@@ -386,6 +353,12 @@ __global__ void __launch_bounds__(kThreads)
     const std::size_t b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
     const T s = a.scale[h];
     for (std::size_t i0 = first_query; i0 < query_stop; i0 += TILE) {
+      TileState st;
+      if constexpr (P::kMask) {
+        st.partial = true;
+        if (run.args.block_states != nullptr) st = tile_state(run.args, bh, i0 / TILE, j0, TILE);
+        if (st.skip) continue;  // the same for every thread of the block
+      }
       __syncthreads();  // the previous query tile is no longer read
       load_tile(qs, g.ldd, a.q + bh * a.Tq * a.D, i0, a.Tq, D, g.dp, TILE);
       load_tile(dos, g.lddv, dout + bh * a.Tq * a.Dv, i0, a.Tq, Dv, g.dvp, TILE);
@@ -393,7 +366,8 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       // P = exp(s·Q Kᵀ − LSE), kept in registers for dS and stored for dV
       T p[MI][NS], slope[MI][NS];
-      tile_weights(p, slope, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
+      tile_weights(p, slope, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx, run, st, us,
+                   g.lds);
 #pragma unroll
       for (int i = 0; i < MI; ++i) {
 #pragma unroll
@@ -428,8 +402,13 @@ __global__ void __launch_bounds__(kThreads)
       // dS of the tile to a.dscores (the bias gradient) in this pass only: one writer per element
       T* dscores = a.dscores == nullptr ? nullptr : a.dscores + (bh * a.Tq + i0) * a.Tk + j0;
       tile_ds(ps, g.lds, p, slope, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0, dscores,
-              std::min<std::size_t>(TILE, a.Tq - i0), std::min<std::size_t>(TILE, a.Tk - j0));
+              std::min<std::size_t>(TILE, a.Tq - i0), std::min<std::size_t>(TILE, a.Tk - j0), es);
       __syncthreads();
+      if (grad_row != nullptr && t == 0) {  // read while the others compute dK below
+        accumulate_param_grads(
+            run, grad_row, es, us, g.lds, static_cast<int>(std::min<std::size_t>(TILE, a.Tq - i0)),
+            static_cast<int>(std::min<std::size_t>(TILE, a.Tk - j0)), b, h, i0, j0);
+      }
       // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
       for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
         T acc[MI][kChunkCols];
@@ -471,10 +450,10 @@ std::size_t query_pass_smem(const Geometry& g, int tile) {
 }
 
 // dQ of one query tile, over the key tiles it can see.
-template <class T, int TILE>
-__global__ void __launch_bounds__(kThreads)
-    fused_query_pass_kernel(T* dq, const T* dout, const T* lse, const T* row_dot,
-                            AttentionParams<T> a) {
+template <class T, int TILE, class P>
+__device__ inline void fused_query_pass_body(T* dq, const T* dout, const T* lse, const T* row_dot,
+                                             const AttentionParams<T>& a,
+                                             const ProgramRun<T, P>& run) {
   constexpr int MI = TILE / kSide;
   ATTNLAB_DYNAMIC_SHARED(smem_raw);
   const Geometry g(a.D, a.Dv, TILE);
@@ -499,17 +478,27 @@ __global__ void __launch_bounds__(kThreads)
   load_row_stats(lse_s, dot_s, lse, row_dot, bh, i0, a.Tq, TILE);
   zero_tile(dqs, TILE * g.dp);
   const std::size_t last_query = std::min(i0 + TILE, a.Tq) - 1;
-  const std::size_t key_end = attention::key_end(a, last_query);
-  const std::size_t key_start = attention::key_begin(a, i0) / TILE * TILE;
+  std::size_t key_end = attention::key_end(a, last_query);
+  std::size_t key_start = attention::key_begin(a, i0) / TILE * TILE;
+  if (P::kMask && run.args.block_states != nullptr) {
+    block_range(run.args, bh, blockIdx.x, key_start, key_end);
+  }
 
   for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {
+    TileState st;
+    if constexpr (P::kMask) {
+      st.partial = true;
+      if (run.args.block_states != nullptr) st = tile_state(run.args, bh, blockIdx.x, j0, TILE);
+      if (st.skip) continue;  // the same for every thread of the block
+    }
     __syncthreads();  // the previous key tile and dS are no longer read
     load_tile(ks, g.ldd, a.k + kv * a.Tk * a.D, j0, a.Tk, D, g.dp, TILE);
     load_tile(vs, g.lddv, a.v + kv * a.Tk * a.Dv, j0, a.Tk, Dv, g.dvp, TILE);
     __syncthreads();
     {
       T p[MI][MI], slope[MI][MI];
-      tile_weights(p, slope, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx);
+      tile_weights(p, slope, qs, ks, g.ldd, g.dp, lse_s, a, b, h, s, i0, j0, ty, tx, run, st,
+                   static_cast<T*>(nullptr), 0);
       tile_ds(ds, g.lds, p, slope, dos, vs, g.lddv, g.dvp, dot_s, s, ty, tx, a, bh, i0, j0,
               static_cast<T*>(nullptr), 0, 0);
     }
@@ -539,6 +528,24 @@ __global__ void __launch_bounds__(kThreads)
     const int r = e / D, c = e % D;
     if (i0 + r < a.Tq) dq[cm::bhrc_offset(bh, i0 + r, c, a.Tq, a.D)] = dqs[r * g.dp + c];
   }
+}
+
+template <class T, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    fused_forward_kernel(T* out, T* lse, AttentionParams<T> a) {
+  fused_forward_body<T, TILE>(out, lse, a, ProgramRun<T, NoProgram>{});
+}
+template <class T, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    fused_key_pass_kernel(T* dk, T* dv, const T* dout, const T* lse, const T* row_dot,
+                          AttentionParams<T> a) {
+  fused_key_pass_body<T, TILE>(dk, dv, dout, lse, row_dot, a, ProgramRun<T, NoProgram>{});
+}
+template <class T, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    fused_query_pass_kernel(T* dq, const T* dout, const T* lse, const T* row_dot,
+                            AttentionParams<T> a) {
+  fused_query_pass_body<T, TILE>(dq, dout, lse, row_dot, a, ProgramRun<T, NoProgram>{});
 }
 
 // Grids: x = tile index, y = b·h.

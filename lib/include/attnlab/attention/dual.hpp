@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attnlab/attention/host_device.hpp"
+
 namespace attnlab::attention {
 // ---- Dual numbers
 
@@ -29,12 +31,13 @@ struct Dual {
   T dp[kDualSlots] = {};
 
   Dual() = default;
-  Dual(T value) : v(value) {}  // NOLINT: constants mix with duals, as in ceres::Jet
+  ATTNLAB_HOST_DEVICE Dual(T value)
+      : v(value) {}  // NOLINT: constants mix with duals, as in ceres::Jet
   template <class U, class = std::enable_if_t<std::is_arithmetic_v<U> && !std::is_same_v<U, T>>>
-  Dual(U value) : v(static_cast<T>(value)) {}  // NOLINT
+  ATTNLAB_HOST_DEVICE Dual(U value) : v(static_cast<T>(value)) {}  // NOLINT
 
   // The derivative with respect to parameter element `id` (0 when it does not depend on it).
-  T partial(std::uint64_t want) const {
+  ATTNLAB_HOST_DEVICE T partial(std::uint64_t want) const {
     for (int s = 0; s < n; ++s) {
       if (id[s] == want) return dp[s];
     }
@@ -45,7 +48,7 @@ struct Dual {
 namespace dual_detail {
 // r = a.slots · ka + b.slots · kb, merging equal ids; overflow marks r.n = -1.
 template <class T>
-void combine(Dual<T>& r, const Dual<T>& a, T ka, const Dual<T>& b, T kb) {
+ATTNLAB_HOST_DEVICE void combine(Dual<T>& r, const Dual<T>& a, T ka, const Dual<T>& b, T kb) {
   if (a.n < 0 || b.n < 0) {
     r.n = -1;
     return;
@@ -71,7 +74,7 @@ void combine(Dual<T>& r, const Dual<T>& a, T ka, const Dual<T>& b, T kb) {
 }
 // r = f(a) with f'(a.v) = slope: every derivative scaled by the slope.
 template <class T>
-Dual<T> chain(const Dual<T>& a, T value, T slope) {
+ATTNLAB_HOST_DEVICE Dual<T> chain(const Dual<T>& a, T value, T slope) {
   Dual<T> r(value);
   r.ds = a.ds * slope;
   r.n = a.n;
@@ -81,28 +84,28 @@ Dual<T> chain(const Dual<T>& a, T value, T slope) {
 }  // namespace dual_detail
 
 template <class T>
-Dual<T> operator+(const Dual<T>& a, const Dual<T>& b) {
+ATTNLAB_HOST_DEVICE Dual<T> operator+(const Dual<T>& a, const Dual<T>& b) {
   Dual<T> r(a.v + b.v);
   r.ds = a.ds + b.ds;
   dual_detail::combine(r, a, T(1), b, T(1));
   return r;
 }
 template <class T>
-Dual<T> operator-(const Dual<T>& a, const Dual<T>& b) {
+ATTNLAB_HOST_DEVICE Dual<T> operator-(const Dual<T>& a, const Dual<T>& b) {
   Dual<T> r(a.v - b.v);
   r.ds = a.ds - b.ds;
   dual_detail::combine(r, a, T(1), b, T(-1));
   return r;
 }
 template <class T>
-Dual<T> operator*(const Dual<T>& a, const Dual<T>& b) {
+ATTNLAB_HOST_DEVICE Dual<T> operator*(const Dual<T>& a, const Dual<T>& b) {
   Dual<T> r(a.v * b.v);
   r.ds = a.ds * b.v + a.v * b.ds;
   dual_detail::combine(r, a, b.v, b, a.v);
   return r;
 }
 template <class T>
-Dual<T> operator/(const Dual<T>& a, const Dual<T>& b) {
+ATTNLAB_HOST_DEVICE Dual<T> operator/(const Dual<T>& a, const Dual<T>& b) {
   const T inv = T(1) / b.v, q = a.v / b.v;
   Dual<T> r(q);
   r.ds = (a.ds - q * b.ds) * inv;
@@ -110,22 +113,22 @@ Dual<T> operator/(const Dual<T>& a, const Dual<T>& b) {
   return r;
 }
 template <class T>
-Dual<T> operator-(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> operator-(const Dual<T>& a) {
   return dual_detail::chain(a, -a.v, T(-1));
 }
 template <class T>
-Dual<T> operator+(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> operator+(const Dual<T>& a) {
   return a;
 }
 
 // Mixed with plain numbers (a constant has no derivative).
 #define ATTNLAB_DUAL_MIXED(op)                                                   \
   template <class T, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  Dual<T> operator op(const Dual<T>& a, U b) {                                   \
+  ATTNLAB_HOST_DEVICE Dual<T> operator op(const Dual<T>& a, U b) {               \
     return a op Dual<T>(static_cast<T>(b));                                      \
   }                                                                              \
   template <class T, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  Dual<T> operator op(U a, const Dual<T>& b) {                                   \
+  ATTNLAB_HOST_DEVICE Dual<T> operator op(U a, const Dual<T>& b) {               \
     return Dual<T>(static_cast<T>(a)) op b;                                      \
   }
 ATTNLAB_DUAL_MIXED(+)
@@ -137,15 +140,15 @@ ATTNLAB_DUAL_MIXED(/)
 // Comparisons compare values: branches in a program choose a piece, whose derivative is used.
 #define ATTNLAB_DUAL_COMPARE(op)                                                 \
   template <class T>                                                             \
-  bool operator op(const Dual<T>& a, const Dual<T>& b) {                         \
+  ATTNLAB_HOST_DEVICE bool operator op(const Dual<T>& a, const Dual<T>& b) {     \
     return a.v op b.v;                                                           \
   }                                                                              \
   template <class T, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  bool operator op(const Dual<T>& a, U b) {                                      \
+  ATTNLAB_HOST_DEVICE bool operator op(const Dual<T>& a, U b) {                  \
     return a.v op static_cast<T>(b);                                             \
   }                                                                              \
   template <class T, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  bool operator op(U a, const Dual<T>& b) {                                      \
+  ATTNLAB_HOST_DEVICE bool operator op(U a, const Dual<T>& b) {                  \
     return static_cast<T>(a) op b.v;                                             \
   }
 ATTNLAB_DUAL_COMPARE(<)
@@ -157,44 +160,44 @@ ATTNLAB_DUAL_COMPARE(!=)
 #undef ATTNLAB_DUAL_COMPARE
 
 template <class T>
-Dual<T> exp(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> exp(const Dual<T>& a) {
   const T e = std::exp(a.v);
   return dual_detail::chain(a, e, e);
 }
 template <class T>
-Dual<T> log(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> log(const Dual<T>& a) {
   return dual_detail::chain(a, std::log(a.v), T(1) / a.v);
 }
 template <class T>
-Dual<T> tanh(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> tanh(const Dual<T>& a) {
   const T t = std::tanh(a.v);
   return dual_detail::chain(a, t, T(1) - t * t);
 }
 template <class T>
-Dual<T> sqrt(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> sqrt(const Dual<T>& a) {
   const T r = std::sqrt(a.v);
   return dual_detail::chain(a, r, T(0.5) / r);
 }
 template <class T>
-Dual<T> abs(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> abs(const Dual<T>& a) {
   return dual_detail::chain(a, std::abs(a.v), a.v < T(0) ? T(-1) : T(1));
 }
 template <class T>
-Dual<T> sin(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> sin(const Dual<T>& a) {
   return dual_detail::chain(a, std::sin(a.v), std::cos(a.v));
 }
 template <class T>
-Dual<T> cos(const Dual<T>& a) {
+ATTNLAB_HOST_DEVICE Dual<T> cos(const Dual<T>& a) {
   return dual_detail::chain(a, std::cos(a.v), -std::sin(a.v));
 }
 
 // The plain value of a score type (T itself, or a Dual's value).
 template <class T>
-T value_of(T x) {
+ATTNLAB_HOST_DEVICE T value_of(T x) {
   return x;
 }
 template <class T>
-T value_of(const Dual<T>& x) {
+ATTNLAB_HOST_DEVICE T value_of(const Dual<T>& x) {
   return x.v;
 }
 

@@ -105,12 +105,14 @@ struct AttentionParams : AttentionSpec {
   // the rule hides from a whole tile): pass zeroed memory.
   T* dscores = nullptr;
 
-  // Attention programs (attnlab/attention/program.hpp), host objects read by the CPU paths only
-  // (the CUDA entry points refuse them). score_program maps each visible scaled dot u to f(u);
-  // mask_program hides keys; block_mask (with mask_program, built for this call's sizes) lets the
-  // fused path skip tiles and fixes its tile sizes. program_args: the captured parameters' values;
-  // program_grads (backward, optional): one row of all parameters' elements per K/V slice
-  // (B·Hkv rows of program_grad_width), each summed in a fixed order, for the caller to reduce.
+  // Attention programs (attnlab/attention/program.hpp), host objects read by the CPU paths only:
+  // the raw device calls refuse them, and the CUDA op runs programs through the kernels compiled
+  // for them (attnlab/attention/device_program.hpp), not through these. score_program maps each
+  // visible scaled dot u to f(u); mask_program hides keys; block_mask (with mask_program, built for
+  // this call's sizes) lets the fused path skip tiles and fixes its tile sizes. program_args: the
+  // captured parameters' values; program_grads (backward, optional): one row of all parameters'
+  // elements per K/V slice (B·Hkv rows of program_grad_width), each summed in a fixed order, for
+  // the caller to reduce.
   const attention::ScoreProgram* score_program = nullptr;
   const attention::MaskProgram* mask_program = nullptr;
   const attention::BlockMask* block_mask = nullptr;

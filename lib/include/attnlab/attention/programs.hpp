@@ -25,7 +25,7 @@ namespace programs {
 struct Softcap {
   double cap = 0;
   template <class S>
-  S operator()(S u, std::size_t, std::size_t, std::size_t, std::size_t) const {
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t, std::size_t, std::size_t) const {
     using std::tanh;
     using Plain = decltype(value_of(u));
     const Plain c = static_cast<Plain>(cap);
@@ -46,9 +46,10 @@ struct Softcap {
 // gradients come back in SdpaGrads::dprogram). o is the query offset.
 struct Alibi {
   std::size_t query_offset = 0;
-  template <class S>
-  S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
-               const ProgramParams<S>& params) const {
+  ATTNLAB_NO_EXEC_CHECK
+  template <class S, class P>
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
+                                   const P& params) const {
     using Plain = decltype(value_of(u));
     return u + params(0, h) * (static_cast<Plain>(j) - static_cast<Plain>(i + query_offset));
   }
@@ -59,9 +60,10 @@ struct Alibi {
 struct Bias {
   std::size_t heads = 1, Tq = 0, Tk = 0;
   bool per_batch = false, per_head = true;
-  template <class S>
-  S operator()(S u, std::size_t b, std::size_t h, std::size_t i, std::size_t j,
-               const ProgramParams<S>& params) const {
+  ATTNLAB_NO_EXEC_CHECK
+  template <class S, class P>
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t b, std::size_t h, std::size_t i, std::size_t j,
+                                   const P& params) const {
     const std::size_t slice = (per_batch ? b * (per_head ? heads : 1) : 0) + (per_head ? h : 0);
     return u + params(0, (slice * Tq + i) * Tk + j);
   }
@@ -71,9 +73,10 @@ struct Bias {
 // buckets), parameter 0 holding H rows of 2R + 1 entries.
 struct RelativeBias {
   std::size_t max_distance = 0;
-  template <class S>
-  S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
-               const ProgramParams<S>& params) const {
+  ATTNLAB_NO_EXEC_CHECK
+  template <class S, class P>
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
+                                   const P& params) const {
     const auto r = static_cast<std::ptrdiff_t>(max_distance);
     std::ptrdiff_t rel = static_cast<std::ptrdiff_t>(j) - static_cast<std::ptrdiff_t>(i);
     rel = rel < -r ? -r : (rel > r ? r : rel);
@@ -88,7 +91,8 @@ namespace masks {
 // j ≤ i + o: SdpaConfig::causal with query_offset o.
 struct Causal {
   std::size_t query_offset = 0;
-  bool operator()(std::size_t, std::size_t, std::size_t i, std::size_t j) const {
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t, std::size_t i,
+                                      std::size_t j) const {
     return j <= i + query_offset;
   }
 };
@@ -96,7 +100,8 @@ struct Causal {
 // i + o − w < j ≤ i + o: SdpaConfig::window w (with causal and query_offset o).
 struct SlidingWindow {
   std::size_t window = 0, query_offset = 0;
-  bool operator()(std::size_t, std::size_t, std::size_t i, std::size_t j) const {
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t, std::size_t i,
+                                      std::size_t j) const {
     return j <= i + query_offset && j + window > i + query_offset;
   }
 };
@@ -114,7 +119,8 @@ struct KeyPadding {
 // Prefix-LM: every query sees the first `prefix` keys (bidirectional), and later keys causally.
 struct PrefixLM {
   std::size_t prefix = 0;
-  bool operator()(std::size_t, std::size_t, std::size_t i, std::size_t j) const {
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t, std::size_t i,
+                                      std::size_t j) const {
     return j < prefix || j <= i;
   }
 };

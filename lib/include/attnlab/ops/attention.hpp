@@ -66,6 +66,7 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xtensor.hpp>
 
+#include "attnlab/attention/device_program.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/program.hpp"
 #include "attnlab/enum_table.hpp"
@@ -158,7 +159,8 @@ struct SdpaOptions : SdpaConfig, AttentionDropout {
   // step and the layer with attention::dropout_key(seed, step, layer) so that every call draws a
   // fresh mask and a resumed run draws the same ones.)
 
-  // Attention programs (attnlab/attention/program.hpp; the CPU paths only). score_program maps
+  // Attention programs (attnlab/attention/program.hpp; on the GPU, the fused path with
+  // device_program, attnlab/attention/device_program.hpp). score_program maps
   // each visible scaled dot to f(u, b, h, i, j, params); it excludes the softcap, ALiBi and the
   // bias (give them in the program). program_params: the values of its captured parameters, read
   // as params(k, index); their gradients come back in SdpaGrads::dprogram unless
@@ -172,6 +174,9 @@ struct SdpaOptions : SdpaConfig, AttentionDropout {
   bool program_params_require_grad = true;
   std::shared_ptr<const attention::MaskProgram> mask_program;
   std::shared_ptr<const attention::BlockMask> block_mask;
+  // The programs' GPU launchers (attnlab::cuda::device_program(score, mask)) for
+  // sdpa_forward_cuda; the CPU paths ignore it.
+  std::shared_ptr<const cuda::DevicePrograms> device_program;
 };
 
 // ALiBi's slopes for H heads, the geometric sequence of Press et al. 2022: m_h = 2^(-8(h+1)/H)
@@ -237,6 +242,7 @@ struct SdpaCache {
   bool program_grad = false;
   std::shared_ptr<const attention::MaskProgram> mask_program;
   std::shared_ptr<const attention::BlockMask> block_mask;
+  std::shared_ptr<const cuda::DevicePrograms> device_program;  // the GPU op's (SdpaOptions)
 
   bool has_weights() const { return p.size() != 0; }
   bool has_bias() const { return bias.size() != 0; }

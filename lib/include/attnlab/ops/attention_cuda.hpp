@@ -12,9 +12,16 @@
 // reference otherwise). The CPU tile options are ignored. The cache is the CPU op's: a forward on
 // one side may be followed by the backward on the other.
 //
-// Without the CUDA backend, or without a device, every function throws CudaError.
+// Attention programs (SdpaOptions::score_program, mask_program) run on the fused GPU path, with
+// the launchers of their kernels in SdpaOptions::device_program (attnlab/attention/
+// device_program.hpp); a program without launchers, or on the reference path, is refused.
+//
+// Without the CUDA backend, or without a device, every function throws CudaError. The overloads
+// taking a DeviceOps run the same op on that device: the CUDA backend's, or the emulated device
+// (attnlab/backends/emulated.hpp) that runs the same kernels on the CPU.
 #pragma once
 
+#include "attnlab/device_ops.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/tensor.hpp"
 
@@ -36,5 +43,16 @@ Tensor4<T> sdpa_forward_cuda(SdpaCache<T>& cache, const Tensor4<T>& q, const Ten
 template <class T>
 SdpaGrads<T> sdpa_backward_cuda(const Tensor4<T>& dout, const SdpaCache<T>& cache,
                                 const Tensor4<T>& q, const Tensor4<T>& k, const Tensor4<T>& v);
+
+// The same on `device` (device.check_fused decides `automatic`).
+template <class T>
+Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Tensor4<T>& q,
+                             const Tensor4<T>& k, const Tensor4<T>& v,
+                             const SdpaOptions& options = {}, const KeyMask* key_mask = nullptr,
+                             const Tensor4<T>* bias = nullptr);
+template <class T>
+SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
+                                const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
+                                const Tensor4<T>& v);
 
 }  // namespace attnlab

@@ -1,0 +1,442 @@
+// Attention programs on the GPU's fused path (lib/backends/cuda/attention_program_kernels.cuh),
+// run on the CPU by the emulated device (attnlab/backends/emulated.hpp) through the GPU op itself
+// (sdpa_forward_cuda / sdpa_backward_cuda on a DeviceOps): the same kernel source nvcc compiles.
+// Checked against the CPU op's programs, central differences, the built-in rule, and a dense -inf
+// bias; block skipping by NaN poison in tiles the mask hides; determinism; the errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <xtensor/xbuilder.hpp>
+
+#include "attnlab/attention/programs.hpp"
+#include "attnlab/backends/emulated.hpp"
+#include "attnlab/ops/attention.hpp"
+#include "attnlab/ops/attention_cuda.hpp"
+#include "attnlab/random.hpp"
+#include "helpers.hpp"
+
+// clang-format off
+#include "attnlab/backends/cuda_emulator.hpp"
+#include "attention_program_kernels.cuh"
+// clang-format on
+
+using namespace attnlab;
+
+namespace {
+
+// S = c·tanh(u / c) + table_h[clamp(j − i, −R, R) + R] + slope_h · clamp(j − i, −R, R): a soft cap,
+// a relative-position table (parameter 0) and a learnable per-head slope (parameter 1).
+struct CappedRelative {
+  double cap = 6.0;
+  std::size_t R = 3;
+  template <class S, class P>
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
+                                   const P& params) const {
+    using std::tanh;
+    using Plain = decltype(attention::value_of(u));
+    const auto r = static_cast<std::ptrdiff_t>(R);
+    std::ptrdiff_t rel = static_cast<std::ptrdiff_t>(j) - static_cast<std::ptrdiff_t>(i);
+    rel = rel < -r ? -r : (rel > r ? r : rel);
+    const Plain c = static_cast<Plain>(cap);
+    return c * tanh(u / c) + params(0, h * (2 * R + 1) + static_cast<std::size_t>(rel + r)) +
+           params(1, h) * static_cast<Plain>(rel);
+  }
+};
+
+// Packed documents over raw ids (device memory for the kernels, host memory for the CPU's copy).
+struct DocumentIds {
+  const std::int32_t* ids = nullptr;
+  bool causal = true;
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t, std::size_t i,
+                                      std::size_t j) const {
+    return ids[i] == ids[j] && (!causal || j <= i);
+  }
+};
+
+// Queries below 64 see the first 16 keys and keys from 128; later queries see every key.
+struct GlobalTail {
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t, std::size_t i,
+                                      std::size_t j) const {
+    return i >= 64 || j < 16 || j >= 128;
+  }
+};
+
+// +inf at (b, h, i, j) = (0, 1, 3, 2), u elsewhere.
+struct InfAt {
+  double zero = 0;
+  template <class S>
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t b, std::size_t h, std::size_t i,
+                                   std::size_t j) const {
+    using Plain = decltype(attention::value_of(u));
+    return b == 0 && h == 1 && i == 3 && j == 2 ? u + Plain(1) / static_cast<Plain>(zero) : u;
+  }
+};
+
+struct Inputs {
+  Tensor4<double> q, k, v, dout;
+};
+
+Inputs inputs(std::size_t B, std::size_t H, std::size_t Hkv, std::size_t Tq, std::size_t Tk,
+              std::size_t D, std::uint64_t seed) {
+  Rng rng(seed);
+  Inputs in;
+  in.q = randn<double, 4>({B, H, Tq, D}, rng);
+  in.k = randn<double, 4>({B, Hkv, Tk, D}, rng);
+  in.v = randn<double, 4>({B, Hkv, Tk, D}, rng);
+  in.dout = randn<double, 4>({B, H, Tq, D}, rng);
+  return in;
+}
+
+template <class T>
+Tensor4<T> to(const Tensor4<double>& x) {
+  return Tensor4<T>(xt::cast<T>(x));
+}
+
+std::vector<std::vector<double>> relative_params(std::size_t H, std::size_t R, std::uint64_t seed) {
+  Rng rng(seed);
+  const auto table = randn<double, 1>({H * (2 * R + 1)}, rng, 0.5);
+  const auto slope = randn<double, 1>({H}, rng, 0.3);
+  return {std::vector<double>(table.begin(), table.end()),
+          std::vector<double>(slope.begin(), slope.end())};
+}
+
+SdpaOptions relative_options(std::size_t H, std::uint64_t seed) {
+  SdpaOptions o;
+  o.path = SdpaPath::fused;
+  o.score_program = attention::score_program(CappedRelative{}, "capped relative");
+  o.program_params = relative_params(H, CappedRelative{}.R, seed);
+  o.device_program =
+      std::make_shared<const cuda::DevicePrograms>(cuda::device_program(CappedRelative{}));
+  return o;
+}
+
+template <class T>
+struct Run {
+  Tensor4<T> out;
+  SdpaGrads<T> g;
+};
+
+template <class T>
+Run<T> gpu_run(DeviceOps<T>& device, const Inputs& in, const SdpaOptions& o,
+               const KeyMask* key_mask = nullptr) {
+  SdpaCache<T> cache;
+  const auto q = to<T>(in.q), k = to<T>(in.k), v = to<T>(in.v);
+  Run<T> r;
+  r.out = sdpa_forward_cuda(device, cache, q, k, v, o, key_mask);
+  r.g = sdpa_backward_cuda(device, to<T>(in.dout), cache, q, k, v);
+  return r;
+}
+
+template <class T>
+Run<T> cpu_run(const Inputs& in, SdpaOptions o, const KeyMask* key_mask = nullptr) {
+  SdpaCache<T> cache;
+  const auto q = to<T>(in.q), k = to<T>(in.k), v = to<T>(in.v);
+  Run<T> r;
+  r.out = sdpa_forward(cache, q, k, v, o, key_mask);
+  r.g = sdpa_backward(to<T>(in.dout), cache, q, k, v);
+  return r;
+}
+
+template <class T>
+void check_close(const Run<T>& gpu, const Run<T>& cpu, double tol) {
+  CHECK(test::all_finite(gpu.out));
+  CHECK(test::rel_error(gpu.out, cpu.out) < tol);
+  CHECK(test::rel_error(gpu.g.dq, cpu.g.dq) < tol);
+  CHECK(test::rel_error(gpu.g.dk, cpu.g.dk) < tol);
+  CHECK(test::rel_error(gpu.g.dv, cpu.g.dv) < tol);
+  REQUIRE(gpu.g.dprogram.size() == cpu.g.dprogram.size());
+  for (std::size_t k = 0; k < gpu.g.dprogram.size(); ++k) {
+    CAPTURE(k);
+    CHECK(test::rel_error(gpu.g.dprogram[k], cpu.g.dprogram[k]) < tol);
+  }
+}
+
+// L = Σ out ⊙ dout on the GPU op in double.
+double loss(DeviceOps<double>& device, const Inputs& in, const SdpaOptions& o) {
+  SdpaCache<double> cache;
+  const auto out = sdpa_forward_cuda(device, cache, in.q, in.k, in.v, o);
+  double l = 0;
+  for (std::size_t e = 0; e < out.size(); ++e) l += out.data()[e] * in.dout.data()[e];
+  return l;
+}
+
+// Central differences of `loss` at a few elements of each of q, k, v and every element of each
+// captured parameter, against the GPU backward's gradients.
+void gradient_check(const Inputs& in0, const SdpaOptions& o0) {
+  auto device = emulated::make_device_ops<double>();
+  const Run<double> run = gpu_run<double>(*device, in0, o0);
+  constexpr double h = 1e-6, tol = 1e-6;
+  const auto numeric = [&](auto&& perturb) {
+    Inputs in = in0;
+    SdpaOptions o = o0;
+    perturb(in, o, h);
+    const double up = loss(*device, in, o);
+    in = in0, o = o0;
+    perturb(in, o, -h);
+    return (up - loss(*device, in, o)) / (2 * h);
+  };
+  Rng rng(7);
+  const auto tensors = {&Inputs::q, &Inputs::k, &Inputs::v};
+  const Tensor4<double>* grads[] = {&run.g.dq, &run.g.dk, &run.g.dv};
+  int t = 0;
+  for (auto member : tensors) {
+    const std::size_t n = (in0.*member).size();
+    for (int s = 0; s < 6; ++s) {
+      const std::size_t e = static_cast<std::size_t>(rng.uniform() * static_cast<double>(n)) % n;
+      const double num =
+          numeric([&](Inputs& in, SdpaOptions&, double d) { (in.*member).data()[e] += d; });
+      CAPTURE(t);
+      CAPTURE(e);
+      CHECK(std::abs(num - grads[t]->data()[e]) < tol * std::max(1.0, std::abs(num)));
+    }
+    ++t;
+  }
+  for (std::size_t k = 0; k < o0.program_params.size(); ++k) {
+    for (std::size_t e = 0; e < o0.program_params[k].size(); ++e) {
+      const double num =
+          numeric([&](Inputs&, SdpaOptions& o, double d) { o.program_params[k][e] += d; });
+      CAPTURE(k);
+      CAPTURE(e);
+      CHECK(std::abs(num - run.g.dprogram[k](e)) < tol * std::max(1.0, std::abs(num)));
+    }
+  }
+}
+
+// Device memory holding `ids`, alive with the device.
+const std::int32_t* device_ids(DeviceOps<double>& device, const std::vector<std::int32_t>& ids) {
+  void* p = device.allocate(ids.size() * sizeof(std::int32_t));
+  device.upload(p, ids.data(), ids.size() * sizeof(std::int32_t));
+  return static_cast<const std::int32_t*>(p);
+}
+
+}  // namespace
+
+TEST_CASE("cuda program: a score program matches the CPU op, float and double") {
+  const std::size_t H = 2;
+  const Inputs in = inputs(2, H, 1, 37, 70, 8, 11);  // grouped-query, two key tiles
+  const SdpaOptions o = relative_options(H, 3);
+  {
+    auto device = emulated::make_device_ops<double>();
+    check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
+  }
+  {
+    auto device = emulated::make_device_ops<float>();
+    check_close(gpu_run<float>(*device, in, o), cpu_run<float>(in, o), 2e-5);
+  }
+}
+
+TEST_CASE("cuda program: gradients of a score program by central differences") {
+  const std::size_t H = 2;
+  gradient_check(inputs(1, H, 2, 9, 12, 4, 5), relative_options(H, 9));
+}
+
+TEST_CASE("cuda program: gradients through document and sliding-window masks") {
+  const std::size_t T = 20, H = 2;
+  const std::vector<std::int32_t> ids = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1,
+                                         1, 1, 1, 1, 1, 2, 2, 2, 2, 2};
+  auto holder = emulated::make_device_ops<double>();  // keeps the ids' device memory
+  const DocumentIds device_mask{device_ids(*holder, ids), true};
+  const auto host_ids = std::make_shared<const std::vector<std::int32_t>>(ids);
+  SdpaOptions o = relative_options(H, 4);
+  o.mask_program = attention::mask_program(attention::masks::Document{host_ids, T, false, true},
+                                           "document", {false, false});
+  o.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(CappedRelative{}, device_mask));
+  const Inputs in = inputs(1, H, 2, T, T, 4, 6);
+  {
+    auto device = emulated::make_device_ops<double>();
+    check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
+  }
+  gradient_check(in, o);
+  SdpaOptions w;
+  w.path = SdpaPath::fused;
+  w.mask_program =
+      attention::mask_program(attention::masks::SlidingWindow{5, 0}, "window", {false, false});
+  w.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(cuda::fused::NoScore{}, attention::masks::SlidingWindow{5, 0}));
+  gradient_check(in, w);
+}
+
+TEST_CASE("cuda program: built-in programs match the built-in rule on the GPU") {
+  const std::size_t H = 2, T = 70;
+  const Inputs in = inputs(1, H, 2, T, T, 8, 21);
+  auto device = emulated::make_device_ops<double>();
+  SUBCASE("softcap and causal") {
+    SdpaOptions builtin;
+    builtin.path = SdpaPath::fused;
+    builtin.softcap = 4.0;
+    builtin.causal = true;
+    SdpaOptions program;
+    program.path = SdpaPath::fused;
+    program.score_program = attention::softcap_program(4.0);
+    program.mask_program =
+        attention::mask_program(attention::masks::Causal{0}, "causal", {false, false});
+    program.device_program = std::make_shared<const cuda::DevicePrograms>(
+        cuda::device_program(attention::programs::Softcap{4.0}, attention::masks::Causal{0}));
+    const auto a = gpu_run<double>(*device, in, builtin), b = gpu_run<double>(*device, in, program);
+    CHECK(test::rel_error(a.out, b.out) < 1e-13);
+    CHECK(test::rel_error(a.g.dq, b.g.dq) < 1e-12);
+    CHECK(test::rel_error(a.g.dk, b.g.dk) < 1e-12);
+    CHECK(test::rel_error(a.g.dv, b.g.dv) < 1e-12);
+  }
+  SUBCASE("ALiBi and a sliding window") {
+    SdpaOptions builtin;
+    builtin.path = SdpaPath::fused;
+    builtin.alibi_slopes = {0.5, 0.25};
+    builtin.causal = true;
+    builtin.window = 9;
+    SdpaOptions program;
+    program.path = SdpaPath::fused;
+    program.score_program = attention::alibi_program(0);
+    program.program_params = {{0.5, 0.25}};
+    program.mask_program =
+        attention::mask_program(attention::masks::SlidingWindow{9, 0}, "window", {false, false});
+    program.device_program = std::make_shared<const cuda::DevicePrograms>(
+        cuda::device_program(attention::programs::Alibi{0}, attention::masks::SlidingWindow{9, 0}));
+    const auto a = gpu_run<double>(*device, in, builtin), b = gpu_run<double>(*device, in, program);
+    CHECK(test::rel_error(a.out, b.out) < 1e-13);
+    CHECK(test::rel_error(a.g.dq, b.g.dq) < 1e-12);
+    CHECK(test::rel_error(a.g.dk, b.g.dk) < 1e-12);
+    CHECK(test::rel_error(a.g.dv, b.g.dv) < 1e-12);
+    // the slopes' gradients: the CPU op's
+    const auto cpu = cpu_run<double>(in, program);
+    REQUIRE(b.g.dprogram.size() == 1);
+    CHECK(test::rel_error(b.g.dprogram[0], cpu.g.dprogram[0]) < 1e-12);
+  }
+}
+
+TEST_CASE("cuda program: a document mask equals a dense -inf bias on the fused path") {
+  const std::size_t T = 150, H = 2;
+  std::vector<std::int32_t> ids(T);
+  for (std::size_t t = 0; t < T; ++t) ids[t] = t < 40 ? 0 : (t < 100 ? 1 : 2);
+  auto device = emulated::make_device_ops<double>();
+  const DocumentIds device_mask{device_ids(*device, ids), true};
+  SdpaOptions o;
+  o.path = SdpaPath::fused;
+  o.mask_program = attention::mask_program(
+      attention::masks::Document{std::make_shared<const std::vector<std::int32_t>>(ids), T, false,
+                                 true},
+      "document", {false, false});
+  o.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(cuda::fused::NoScore{}, device_mask));
+  Tensor4<double> bias = xt::zeros<double>({std::size_t{1}, std::size_t{1}, T, T});
+  for (std::size_t i = 0; i < T; ++i) {
+    for (std::size_t j = 0; j < T; ++j) {
+      if (!(ids[i] == ids[j] && j <= i))
+        bias(0, 0, i, j) = -std::numeric_limits<double>::infinity();
+    }
+  }
+  const Inputs in = inputs(1, H, 2, T, T, 8, 31);
+  SdpaOptions dense;
+  dense.path = SdpaPath::fused;
+  dense.bias_requires_grad = false;
+  SdpaCache<double> c1, c2;
+  const auto a = sdpa_forward_cuda(*device, c1, in.q, in.k, in.v, o);
+  const auto b = sdpa_forward_cuda(*device, c2, in.q, in.k, in.v, dense, nullptr, &bias);
+  CHECK(test::rel_error(a, b) < 1e-14);
+  const auto ga = sdpa_backward_cuda(*device, in.dout, c1, in.q, in.k, in.v);
+  const auto gb = sdpa_backward_cuda(*device, in.dout, c2, in.q, in.k, in.v);
+  CHECK(test::rel_error(ga.dq, gb.dq) < 1e-13);
+  CHECK(test::rel_error(ga.dk, gb.dk) < 1e-13);
+  CHECK(test::rel_error(ga.dv, gb.dv) < 1e-13);
+}
+
+TEST_CASE("cuda program: tiles a mask program makes empty are skipped (NaN poison)") {
+  // Queries 0..63 (the first tile) see keys [0, 16) and [128, 192): the key tile [64, 128) is
+  // empty for them. NaN in those K/V rows reaches their output only if the tile is read.
+  const std::size_t T = 192, H = 1;
+  auto device = emulated::make_device_ops<double>();
+  SdpaOptions o;
+  o.path = SdpaPath::fused;
+  o.mask_program = attention::mask_program(GlobalTail{}, "global tail", {false, false});
+  o.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(cuda::fused::NoScore{}, GlobalTail{}));
+  const Inputs clean = inputs(1, H, 1, T, T, 8, 41);
+  Inputs poisoned = clean;
+  for (std::size_t j = 64; j < 128; ++j) {
+    for (std::size_t c = 0; c < 8; ++c) {
+      poisoned.k(0, 0, j, c) = std::numeric_limits<double>::quiet_NaN();
+      poisoned.v(0, 0, j, c) = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+  const Run<double> a = gpu_run<double>(*device, clean, o),
+                    b = gpu_run<double>(*device, poisoned, o);
+  for (std::size_t i = 0; i < 64; ++i) {
+    for (std::size_t c = 0; c < 8; ++c) {
+      CAPTURE(i);
+      REQUIRE(std::isfinite(b.out(0, 0, i, c)));
+      CHECK(b.out(0, 0, i, c) == a.out(0, 0, i, c));
+      CHECK(b.g.dq(0, 0, i, c) == a.g.dq(0, 0, i, c));
+    }
+  }
+  CHECK(std::isnan(b.out(0, 0, 64, 0)));  // a later query sees the poisoned keys
+}
+
+TEST_CASE("cuda program: the parameters' gradients are the same bits run to run") {
+  const std::size_t H = 2;
+  const Inputs in = inputs(1, H, 1, 70, 70, 8, 51);  // two key tiles: two rows to sum
+  const SdpaOptions o = relative_options(H, 8);
+  auto device = emulated::make_device_ops<float>();
+  const auto a = gpu_run<float>(*device, in, o), b = gpu_run<float>(*device, in, o);
+  REQUIRE(a.g.dprogram.size() == 2);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK(std::memcmp(a.g.dprogram[k].data(), b.g.dprogram[k].data(),
+                      a.g.dprogram[k].size() * sizeof(float)) == 0);
+  }
+  CHECK(std::memcmp(a.g.dq.data(), b.g.dq.data(), a.g.dq.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("cuda program: errors match the CPU op's") {
+  const Inputs in = inputs(1, 2, 2, 6, 6, 4, 61);
+  SUBCASE("a program without device launchers is refused, naming the op") {
+    SdpaOptions o = relative_options(2, 1);
+    o.device_program.reset();
+    SdpaCache<double> cache;
+    auto device = emulated::make_device_ops<double>();
+    CHECK_THROWS_WITH_AS(sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o),
+                         doctest::Contains("sdpa_forward_cuda: device_program expected"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sdpa_forward_cuda(cache, in.q, in.k, in.v, o),
+                         doctest::Contains("attention_program_kernels.cuh"), std::invalid_argument);
+  }
+  SUBCASE("the reference path is refused") {
+    SdpaOptions o = relative_options(2, 1);
+    o.path = SdpaPath::reference;
+    SdpaCache<double> cache;
+    auto device = emulated::make_device_ops<double>();
+    CHECK_THROWS_WITH_AS(sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o),
+                         doctest::Contains("sdpa_forward_cuda: path expected fused"),
+                         std::invalid_argument);
+  }
+  SUBCASE("a non-finite score at a visible key") {
+    SdpaOptions o;
+    o.path = SdpaPath::fused;
+    o.score_program = attention::score_program(InfAt{}, "inf at");
+    o.device_program = std::make_shared<const cuda::DevicePrograms>(cuda::device_program(InfAt{}));
+    std::string cpu, gpu;
+    try {
+      SdpaCache<double> cache;
+      sdpa_forward(cache, in.q, in.k, in.v, o);
+    } catch (const std::invalid_argument& e) {
+      cpu = e.what();
+    }
+    try {
+      SdpaCache<double> cache;
+      auto device = emulated::make_device_ops<double>();
+      sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
+    } catch (const std::invalid_argument& e) {
+      gpu = e.what();
+    }
+    REQUIRE(cpu.rfind("sdpa_forward: ", 0) == 0);
+    CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
+    CHECK(gpu.find("(0, 1, 3, 2)") != std::string::npos);
+  }
+}
