@@ -285,3 +285,36 @@ TEST_CASE("proxy checks, amended C6: slopes on log(‖q‖‖k‖) at the max-lo
     runs = make_runs(paper_family());
   }
 }
+
+TEST_CASE("proxy checks: each verdict says how many seeds give it on their own runs") {
+  const std::vector<RunRecord> paper = make_runs(paper_family());
+  const auto families = width_families(paper);
+  REQUIRE(families.size() == 1);
+  const auto support = proxy_seed_support(paper, families.front());
+  REQUIRE(support.size() == 9);
+  for (const auto& n : support) {  // both seeds tell the same story
+    CHECK(n.seeds == 2);
+    CHECK(n.agree == 2);
+  }
+  // Seed 1 with a 1/√d_k that never fails: alone it leaves C1 inconclusive, so at most seed 0 can
+  // agree with a pooled C1 that is not.
+  Family calm = paper_family();
+  for (int w : {64, 128, 256}) {
+    ArmSpec c = calm[w]["qk_norm"];
+    c.loss[6] = c.loss[3] + 0.05;
+    calm[w]["sqrt_dk"] = c;
+  }
+  std::vector<RunRecord> mixed;
+  for (const auto& r : paper)
+    if (r.seed == 0) mixed.push_back(r);
+  for (const auto& r : make_runs(calm))
+    if (r.seed == 1) mixed.push_back(r);
+  const auto c1 = proxy_seed_support(mixed, families.front()).front();
+  CHECK(c1.seeds == 2);
+  CHECK(c1.inconclusive == 1);
+  const Verdict pooled = proxy_checks(mixed, families.front()).front().verdict;
+  CHECK(c1.agree == (pooled == Verdict::inconclusive ? 1 : pooled == Verdict::holds ? 1 : 0));
+  // The report's table has the column.
+  const std::string md = summary_markdown(paper, "t");
+  CHECK(md.find("| 2 of 2 |") != std::string::npos);
+}

@@ -306,6 +306,30 @@ std::vector<CheckResult> proxy_checks(const std::vector<RunRecord>& runs, const 
   return checks;
 }
 
+std::vector<SeedSupport> proxy_seed_support(const std::vector<RunRecord>& runs,
+                                            const WidthFamily& f) {
+  std::vector<int> seeds;
+  for (const auto& r : runs)
+    if (std::find(f.groups.begin(), f.groups.end(), r.group) != f.groups.end() &&
+        std::find(seeds.begin(), seeds.end(), r.seed) == seeds.end())
+      seeds.push_back(r.seed);
+  std::sort(seeds.begin(), seeds.end());
+  const std::vector<CheckResult> pooled = proxy_checks(runs, f);
+  std::vector<SeedSupport> support(pooled.size());
+  for (int seed : seeds) {
+    std::vector<RunRecord> one;
+    for (const auto& r : runs)
+      if (r.seed == seed) one.push_back(r);
+    const std::vector<CheckResult> alone = proxy_checks(one, f);
+    for (std::size_t i = 0; i < pooled.size(); ++i) {
+      ++support[i].seeds;
+      if (alone[i].verdict == pooled[i].verdict) ++support[i].agree;
+      if (alone[i].verdict == Verdict::inconclusive) ++support[i].inconclusive;
+    }
+  }
+  return support;
+}
+
 ReportSection proxy_checks_section(const std::vector<RunRecord>& runs, const WidthFamily& f) {
   ReportSection s;
   std::string widths;
@@ -328,12 +352,22 @@ ReportSection proxy_checks_section(const std::vector<RunRecord>& runs, const Wid
   ReportTable t{"Checks C1–C6",
                 "C1–C6 are the pre-registered checks, kept as registered. The amendments (C2a, "
                 "C4a, C6a) were written after the results, each for the reason it gives: read "
-                "them as a re-reading of the same runs, not as a pre-registered test.",
-                {"check", "registration", "claim", "verdict", "numbers"},
+                "them as a re-reading of the same runs, not as a pre-registered test. `seeds`: "
+                "on how many seeds the same check, run on that seed's runs alone, gives the same "
+                "verdict (and on how many it is inconclusive alone).",
+                {"check", "registration", "claim", "verdict", "seeds", "numbers"},
                 {}};
-  for (const auto& c : proxy_checks(runs, f))
+  const std::vector<CheckResult> checks = proxy_checks(runs, f);
+  const std::vector<SeedSupport> support = proxy_seed_support(runs, f);
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const CheckResult& c = checks[i];
+    const SeedSupport& n = support[i];
+    std::string seeds = std::to_string(n.agree) + " of " + std::to_string(n.seeds);
+    if (n.inconclusive > 0 && c.verdict != Verdict::inconclusive)
+      seeds += " (" + std::to_string(n.inconclusive) + " inconclusive)";
     t.rows.push_back({c.id, c.amendment ? "amendment: " + c.reason : "pre-registered", c.claim,
-                      to_string(c.verdict), c.numbers});
+                      to_string(c.verdict), seeds, c.numbers});
+  }
   s.tables.push_back(t);
   return s;
 }

@@ -101,7 +101,18 @@ std::vector<WidthFamily> width_families(const std::vector<RunRecord>& runs);
 // C1 ... C6, then the amendments C2a, C4a, C6a, on one family (definitions above).
 std::vector<CheckResult> proxy_checks(const std::vector<RunRecord>& runs, const WidthFamily& f);
 
-// The checks as a report section: one row per check with its verdict and numbers.
+// How many seeds support each check of proxy_checks(runs, f), in its order: each seed's runs alone
+// checked again; agree counts the seeds whose verdict equals the pooled one.
+struct SeedSupport {
+  int seeds = 0;
+  int agree = 0;
+  int inconclusive = 0;
+};
+std::vector<SeedSupport> proxy_seed_support(const std::vector<RunRecord>& runs,
+                                            const WidthFamily& f);
+
+// The checks as a report section: one row per check with its verdict, its seeds' support and
+// numbers.
 ReportSection proxy_checks_section(const std::vector<RunRecord>& runs, const WidthFamily& f);
 
 }  // namespace attnlab::app
