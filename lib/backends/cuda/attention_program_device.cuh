@@ -140,11 +140,12 @@ __device__ inline void block_range(const DeviceProgramArgs<T>& a, std::size_t bh
 
 // The built-in rule's score `base` (-inf when hidden) through the mask and score programs: the
 // score the softmax sees. A score that is NaN or +inf at a visible key is recorded (code 1) and
-// hides the key.
-template <class T, class P>
-__device__ inline T program_score(const ProgramRun<T, P>& run, const TileState& st, T base,
-                                  std::size_t b, std::size_t bh, std::size_t h, std::size_t i,
-                                  std::size_t j, std::size_t Tq, std::size_t Tk) {
+// hides the key. With kSlope, *slope receives ∂f/∂u from a Dual evaluation (untouched without a
+// score program).
+template <bool kSlope, class T, class P>
+__device__ inline T program_score_at(const ProgramRun<T, P>& run, const TileState& st, T base,
+                                     std::size_t b, std::size_t bh, std::size_t h, std::size_t i,
+                                     std::size_t j, std::size_t Tq, std::size_t Tk, T* slope) {
   const T hidden = kernel_math::negative_infinity<T>();
   if constexpr (P::kMask) {
     if (j >= st.hi || (st.partial && !(base == hidden) && !run.program.mask(b, h, i, j))) {
@@ -153,7 +154,16 @@ __device__ inline T program_score(const ProgramRun<T, P>& run, const TileState& 
   }
   if constexpr (P::kScore) {
     if (!(base == hidden)) {
-      const T y = call_score(run.program.score, base, b, h, i, j, run.args);
+      T y;
+      if constexpr (kSlope) {
+        attention::Dual<T> u(base);
+        u.ds = T(1);
+        const attention::Dual<T> d = call_score(run.program.score, u, b, h, i, j, run.args);
+        y = d.v;
+        *slope = d.ds;
+      } else {
+        y = call_score(run.program.score, base, b, h, i, j, run.args);
+      }
       if (!(y < -hidden) && !(y == hidden)) {
         report(run.args.error, 1, (bh * Tq + i) * Tk + j, y);
         return hidden;
@@ -164,31 +174,19 @@ __device__ inline T program_score(const ProgramRun<T, P>& run, const TileState& 
   return base;
 }
 
+template <class T, class P>
+__device__ inline T program_score(const ProgramRun<T, P>& run, const TileState& st, T base,
+                                  std::size_t b, std::size_t bh, std::size_t h, std::size_t i,
+                                  std::size_t j, std::size_t Tq, std::size_t Tk) {
+  return program_score_at<false>(run, st, base, b, bh, h, i, j, Tq, Tk, static_cast<T*>(nullptr));
+}
+
 // The same with the backward's slope ∂f/∂u (slope untouched without a score program).
 template <class T, class P>
 __device__ inline T program_score_slope(const ProgramRun<T, P>& run, const TileState& st, T base,
                                         std::size_t b, std::size_t bh, std::size_t h, std::size_t i,
                                         std::size_t j, std::size_t Tq, std::size_t Tk, T& slope) {
-  const T hidden = kernel_math::negative_infinity<T>();
-  if constexpr (P::kMask) {
-    if (j >= st.hi || (st.partial && !(base == hidden) && !run.program.mask(b, h, i, j))) {
-      return hidden;
-    }
-  }
-  if constexpr (P::kScore) {
-    if (!(base == hidden)) {
-      attention::Dual<T> u(base);
-      u.ds = T(1);
-      const attention::Dual<T> y = call_score(run.program.score, u, b, h, i, j, run.args);
-      if (!(y.v < -hidden) && !(y.v == hidden)) {
-        report(run.args.error, 1, (bh * Tq + i) * Tk + j, y.v);
-        return hidden;
-      }
-      slope = y.ds;
-      return y.v;
-    }
-  }
-  return base;
+  return program_score_at<true>(run, st, base, b, bh, h, i, j, Tq, Tk, &slope);
 }
 
 // grads[offsets[k] + index] += Σ dS · ∂f/∂θ over a tile of rows × cols elements (row-major, row
