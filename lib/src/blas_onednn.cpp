@@ -277,10 +277,10 @@ bool onednn_amx() {
 bool onednn_bf16_units() {
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   if (isa == dnnl_cpu_isa_avx512_core_amx) return true;
+#if defined(__x86_64__) || defined(__i386__)
   // AVX-512 BF16 without AMX: oneDNN's bf16 matmul beat the emulation on an AMD Zen 4 and ran at
   // half the fp32 speed on a Xeon (tests/bench/README.md, "bf16 on AVX-512 BF16"), so only AMD's
   // units count here.
-#if defined(__x86_64__) || defined(__i386__)
   return isa == dnnl_cpu_isa_avx512_core_bf16 && __builtin_cpu_is("amd");
 #else
   return false;

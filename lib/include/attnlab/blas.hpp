@@ -84,9 +84,9 @@ struct BlasInfo {
   // How bf16 GEMMs run (GemmPrecision::bf16), from ATTNLAB_BF16 (auto or a name of
   // EnumTable<Bf16Engine>; auto: oneDNN's bf16 matmul where oneDNN's kernels have AMX tiles, or
   // AVX-512 BF16 on an AMD CPU, emulated elsewhere, where oneDNN's bf16 GEMMs were measured slower
-  // than the emulation), its name and why. oneDNN's bf16 matmul is checked like the engine (exact products
-  // against a plain loop); under auto a failed check emulates without a warning (bf16_reason says
-  // why).
+  // than the emulation), its name and why. oneDNN's bf16 matmul is checked like the engine (exact
+  // products against a plain loop); under auto a failed check emulates without a warning
+  // (bf16_reason says why).
   Bf16Engine bf16_engine = Bf16Engine::emulated;
   std::string bf16_engine_name;
   std::string bf16_reason;
