@@ -210,12 +210,22 @@ void gradient_check(const Inputs& in0, const SdpaOptions& o0) {
   }
 }
 
-// Device memory holding `ids`, alive with the device.
-const std::int32_t* device_ids(DeviceOps<double>& device, const std::vector<std::int32_t>& ids) {
-  void* p = device.allocate(ids.size() * sizeof(std::int32_t));
-  device.upload(p, ids.data(), ids.size() * sizeof(std::int32_t));
-  return static_cast<const std::int32_t*>(p);
-}
+// Device memory holding `ids`, released with this holder (declared after its device).
+class DeviceIds {
+ public:
+  DeviceIds(DeviceOps<double>& device, const std::vector<std::int32_t>& ids)
+      : device_(device), p_(device.allocate(ids.size() * sizeof(std::int32_t))) {
+    device.upload(p_, ids.data(), ids.size() * sizeof(std::int32_t));
+  }
+  DeviceIds(const DeviceIds&) = delete;
+  DeviceIds& operator=(const DeviceIds&) = delete;
+  ~DeviceIds() { device_.release(p_); }
+  const std::int32_t* get() const { return static_cast<const std::int32_t*>(p_); }
+
+ private:
+  DeviceOps<double>& device_;
+  void* p_;
+};
 
 }  // namespace
 
@@ -243,7 +253,8 @@ TEST_CASE("cuda program: gradients through document and sliding-window masks") {
   const std::vector<std::int32_t> ids = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1,
                                          1, 1, 1, 1, 1, 2, 2, 2, 2, 2};
   auto holder = emulated::make_device_ops<double>();  // keeps the ids' device memory
-  const DocumentIds device_mask{device_ids(*holder, ids), true};
+  const DeviceIds held(*holder, ids);
+  const DocumentIds device_mask{held.get(), true};
   const auto host_ids = std::make_shared<const std::vector<std::int32_t>>(ids);
   SdpaOptions o = relative_options(H, 4);
   o.mask_program = attention::mask_program(attention::masks::Document{host_ids, T, false, true},
@@ -318,7 +329,8 @@ TEST_CASE("cuda program: a document mask equals a dense -inf bias on the fused p
   std::vector<std::int32_t> ids(T);
   for (std::size_t t = 0; t < T; ++t) ids[t] = t < 40 ? 0 : (t < 100 ? 1 : 2);
   auto device = emulated::make_device_ops<double>();
-  const DocumentIds device_mask{device_ids(*device, ids), true};
+  const DeviceIds held(*device, ids);
+  const DocumentIds device_mask{held.get(), true};
   SdpaOptions o;
   o.path = SdpaPath::fused;
   o.mask_program = attention::mask_program(
