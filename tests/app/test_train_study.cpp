@@ -217,6 +217,52 @@ TEST_CASE(
   CHECK_FALSE(std::filesystem::exists(options.out + "/runs"));
 }
 
+TEST_CASE("study --resume: a finished run is reused, a changed or unfinished one trains again") {
+  StudyPlan plan = study_preset("micro");
+  StudyGroup& g = plan.groups[0];
+  g.arms.resize(1);  // "none"
+  g.d_k = {4};
+  g.lrs = {1e-2, 1e-1};
+  const test::TempDir out;
+  StudyOptions options;
+  options.out = out.file("study");
+  options.progress = false;
+  const StudyOutcome first = run_study(plan, options, Context{});
+  REQUIRE(first.runs.size() == 2);
+  CHECK(first.reused == 0);
+  const auto loss_at = [](const StudyOutcome& o, double lr) {
+    for (const auto& r : o.runs)
+      if (r.lr == lr) return r.final_eval_loss;
+    FAIL("no run at lr " << lr);
+    return 0.0;
+  };
+  // Every run finished: all reused, with the same numbers and the grid's own fields.
+  options.resume = true;
+  const StudyOutcome again = run_study(plan, options, Context{});
+  CHECK(again.reused == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(again.runs[i].final_eval_loss == first.runs[i].final_eval_loss);
+    CHECK(again.runs[i].layer0_final.max_logit == first.runs[i].layer0_final.max_logit);
+    CHECK(again.runs[i].lr == first.runs[i].lr);
+    CHECK(again.runs[i].dir == first.runs[i].dir);
+  }
+  // A run without its record (it was killed) and a run the grid gained train; the rest is reused.
+  std::filesystem::remove(options.out + "/" + first.runs[0].dir + "/record.csv");
+  g.lrs.push_back(3e-2);
+  const StudyOutcome grown = run_study(plan, options, Context{});
+  CHECK(grown.runs.size() == 3);
+  CHECK(grown.reused == 1);
+  CHECK(loss_at(grown, 1e-2) == loss_at(first, 1e-2));  // trained again, deterministically
+  CHECK(std::filesystem::exists(options.out + "/" + first.runs[0].dir + "/record.csv"));
+  // Another config (the eval set's size) trains every run again; so does a study without resume.
+  g.base.eval_size = 16;
+  CHECK(run_study(plan, options, Context{}).reused == 0);
+  options.resume = false;
+  CHECK(run_study(plan, options, Context{}).reused == 0);
+  std::ifstream json(options.out + "/study.json");
+  CHECK(nlohmann::json::parse(json)["reused_runs"] == 0);
+}
+
 TEST_CASE("study: an arm's warmup and param groups reach its runs, frozen qk-norm gains stay 1") {
   StudyPlan plan = study_preset("micro");
   StudyGroup& g = plan.groups[0];

@@ -26,6 +26,9 @@ void add_study_command(CLI::App& cli, StudyCommand& s) {
   study.add_option("--out", s.options.out, "output directory")->capture_default_str();
   study.add_option("--steps", s.options.steps, "override the preset's training steps")
       ->check(CLI::Range(1, 100000000));
+  study.add_flag("--resume", s.options.resume,
+                 "reuse each run in --out that finished with the same config (a stopped study "
+                 "goes on where it stopped; a grown grid runs only its new runs)");
   study.add_flag("--report-only", s.report_only,
                  "write summary.md, the figures and report.html again from the finished study "
                  "in --out (its summary.csv and runs/; no training)");
@@ -50,8 +53,8 @@ int run_study_command(StudyCommand& s, const CliContext& cli) {
     std::printf("study '%s': the outputs of %zu runs written again in %.1f s\n",
                 plan.preset.c_str(), r.runs.size(), r.seconds);
   else
-    std::printf("\nstudy '%s': %zu runs in %.0f s\n", plan.preset.c_str(), r.runs.size(),
-                r.seconds);
+    std::printf("\nstudy '%s': %zu runs (%zu reused) in %.0f s\n", plan.preset.c_str(),
+                r.runs.size(), r.reused, r.seconds);
   std::printf("report: %s\n", r.report_html.c_str());
   std::printf("table:  %s\n", r.summary_md.c_str());
   std::printf("csv:    %s\n", r.summary_csv.c_str());

@@ -25,6 +25,7 @@
 #include "attnlab/app/plot.hpp"
 #include "attnlab/app/progress.hpp"
 #include "attnlab/app/report.hpp"
+#include "attnlab/app/run_config.hpp"
 
 namespace attnlab::app {
 
@@ -74,6 +75,25 @@ TrainConfig job_config(const Job& job, const StudyOptions& options) {
 }  // namespace
 
 namespace {
+// The record that an earlier invocation wrote when it finished the run c describes, if the
+// study config it wrote beside it is c (StudyOptions::resume); nothing otherwise, or when the
+// record cannot be read (then the run trains again and replaces it). The run's own config.json is
+// not the test: it holds the effective config, which the trainer resolves from this one.
+std::optional<RunRecord> finished_record(const TrainConfig& c) {
+  const std::string record = c.out + "/record.csv";
+  std::ifstream config(c.out + "/study_config.json", std::ios::binary);
+  if (!config || !std::filesystem::exists(record)) return std::nullopt;
+  std::ostringstream text;
+  text << config.rdbuf();
+  if (text.str() != to_json_text(c) + "\n") return std::nullopt;
+  try {
+    std::vector<RunRecord> rows = read_summary_csv(record);
+    if (rows.size() == 1) return rows.front();
+  } catch (const std::invalid_argument&) {
+  }
+  return std::nullopt;
+}
+
 // Records read from summary.csv, with has_target (not in the file) from their groups' tasks.
 std::vector<RunRecord> with_targets(std::vector<RunRecord> records,
                                     const std::vector<StudyGroup>& groups, const StudyPlan& plan,
@@ -188,6 +208,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
   std::vector<RunRecord> records(jobs.size());
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};
+  std::atomic<std::size_t> reused_runs{0};
   std::mutex print_mutex;
   std::exception_ptr failure;
   ProgressFn progress = options.progress ? terminal_progress() : ProgressFn();
@@ -207,29 +228,58 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
       r.steps = c.steps;
       r.has_target = c.task.kind != TaskKind::text;
       r.dir = job.dir;
-      try {
-        Context job_context;  // its own; the stop flag it points to is an atomic, only read
-        job_context.threads = 1;
-        job_context.stop = context.stop;
-        job_context.backend = Backend::cpu;
-        const TrainResult t = train_model(c, job_context);
-        r.init_eval_loss = t.init_eval_loss;
-        r.final_eval_loss = t.final_eval_loss;
-        r.final_eval_acc = t.final_eval_acc;
-        r.final_eval_bpb = t.final_eval_bpb;
-        r.steps_to_target = t.steps_to_target;
-        r.diverged = t.diverged;
-        r.diverged_step = t.diverged_step;
-        r.init_qk_var_ratio = t.init_qk_var_ratio;
-        r.seconds = t.seconds;
-        r.init_jacobian = t.init_jacobian;
-        r.layer0_init = t.layer0_init;
-        r.layer0_final = t.layer0_final;
-      } catch (...) {
-        std::lock_guard lock(print_mutex);
-        if (!failure) failure = std::current_exception();
-        next.store(jobs.size());
-        return;
+      bool reused = false;
+      if (options.resume) {
+        if (std::optional<RunRecord> kept = finished_record(c)) {
+          // The measured fields from the record; the grid's own from the job.
+          RunRecord from_job = r;
+          r = *kept;
+          r.group = from_job.group;
+          r.mode = from_job.mode;
+          r.d_k = from_job.d_k;
+          r.lr = from_job.lr;
+          r.seed = from_job.seed;
+          r.steps = from_job.steps;
+          r.has_target = from_job.has_target;
+          r.dir = from_job.dir;
+          reused = true;
+          ++reused_runs;
+        }
+      }
+      if (!reused) {
+        try {
+          Context job_context;  // its own; the stop flag it points to is an atomic, only read
+          job_context.threads = 1;
+          job_context.stop = context.stop;
+          job_context.backend = Backend::cpu;
+          // An earlier record goes first, so that one exists only beside the config of the
+          // invocation that wrote it.
+          std::filesystem::remove(c.out + "/record.csv");
+          const TrainResult t = train_model(c, job_context);
+          r.init_eval_loss = t.init_eval_loss;
+          r.final_eval_loss = t.final_eval_loss;
+          r.final_eval_acc = t.final_eval_acc;
+          r.final_eval_bpb = t.final_eval_bpb;
+          r.steps_to_target = t.steps_to_target;
+          r.diverged = t.diverged;
+          r.diverged_step = t.diverged_step;
+          r.init_qk_var_ratio = t.init_qk_var_ratio;
+          r.seconds = t.seconds;
+          r.init_jacobian = t.init_jacobian;
+          r.layer0_init = t.layer0_init;
+          r.layer0_final = t.layer0_final;
+          // The record a later --resume takes: written last, so that it exists only for a run
+          // that ended (an interrupted run has none and trains again).
+          if (!t.interrupted) {
+            write_text_file(c.out + "/study_config.json", to_json_text(c) + "\n");
+            write_text_file(c.out + "/record.csv", summary_csv({r}));
+          }
+        } catch (...) {
+          std::lock_guard lock(print_mutex);
+          if (!failure) failure = std::current_exception();
+          next.store(jobs.size());
+          return;
+        }
       }
       const std::size_t n = ++done;
       if (!progress) continue;
@@ -259,6 +309,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
   write_text_file(options.out + "/study.json", nlohmann::json{{"preset", plan.preset},
                                                               {"runs", records.size()},
                                                               {"jobs", options.jobs},
+                                                              {"reused_runs", reused_runs.load()},
                                                               {"wall_seconds", wall}}
                                                        .dump(2) +
                                                    "\n");
@@ -269,6 +320,7 @@ StudyOutcome run_study(const StudyPlan& plan, const StudyOptions& options, const
   StudyOutcome outcome = write_outputs(
       plan, groups, with_targets(read_summary_csv(csv), groups, plan, options), options, wall);
   outcome.seconds = wall;
+  outcome.reused = reused_runs.load();
   return outcome;
 }
 

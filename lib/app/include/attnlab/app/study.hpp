@@ -93,6 +93,11 @@ struct StudyOptions {
   std::string out = "runs/study";
   bool progress = true;
   int steps = 0;  // > 0 overrides the preset's steps (for smaller machines)
+  // Reuse every run whose folder under out/runs/ holds a finished record (record.csv, written
+  // when the run ends) beside a study_config.json equal to the run's config now: a study
+  // that was stopped or killed goes on where it stopped, and a grid that grew runs only its new
+  // runs. A run with another config (code or preset changed) trains again.
+  bool resume = false;
 };
 
 struct StudyOutcome {
@@ -103,6 +108,7 @@ struct StudyOutcome {
   std::vector<std::string> plots;
   std::string plot_error;  // non-empty when gnuplot was missing or failed (data kept)
   double seconds = 0;      // wall time (run_study: also written to OUT/study.json)
+  std::size_t reused = 0;  // runs that StudyOptions::resume took from an earlier invocation
 };
 
 // Validates every run of the plan first (std::invalid_argument naming the group and the field),
