@@ -66,6 +66,8 @@ TEST_CASE(
   std::vector<std::tuple<std::string, Scaling, bool, double>> modern;
   for (const auto& a : mod->arms) modern.emplace_back(a.name, a.scaling, a.qk_norm, a.softcap);
   CHECK(modern == std::vector<std::tuple<std::string, Scaling, bool, double>>{
+                      {"sqrt_dk", Scaling::sqrt_dk, false, 0},
+                      {"dk", Scaling::dk, false, 0},
                       {"none_qknorm", Scaling::none, true, 0},
                       {"sqrt_dk_qknorm", Scaling::sqrt_dk, true, 0},
                       {"dk_qknorm", Scaling::dk, true, 0},
@@ -91,11 +93,15 @@ TEST_CASE(
   CHECK(full_arms.count("learnable") == 1);
   CHECK_THROWS_AS(study_preset("huge"), std::invalid_argument);
 
-  // The proxies: one group per width at head dimension 32, Wortsman et al.'s settings and grid.
+  // The proxies: one group per width at head dimension 32, Wortsman et al.'s settings and grid,
+  // then the ablations at widths 64 and 128 on the same settings, in groups of their own.
   const StudyPlan proxies = study_preset("proxies");
-  REQUIRE(proxies.groups.size() == 3);
-  const std::vector<std::pair<std::string, std::size_t>> widths = {
-      {"proxies/w64", 64}, {"proxies/w128", 128}, {"proxies/w256", 256}};
+  REQUIRE(proxies.groups.size() == 5);
+  const std::vector<std::pair<std::string, std::size_t>> widths = {{"proxies/w64", 64},
+                                                                   {"proxies/w128", 128},
+                                                                   {"proxies/w256", 256},
+                                                                   {"proxies/w64-ablations", 64},
+                                                                   {"proxies/w128-ablations", 128}};
   for (std::size_t i = 0; i < widths.size(); ++i) {
     const StudyGroup& p = proxies.groups[i];
     const TrainConfig& b = p.base;
@@ -122,10 +128,33 @@ TEST_CASE(
     CHECK(b.warmup == b.steps / 20);
     CHECK(b.steps == kProxiesSteps);
     CHECK(p.lrs == std::vector<double>{3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1});
-    CHECK(p.seeds.size() == 2);
+    CHECK(p.seeds == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
     std::vector<std::string> names;
     for (const auto& a : p.arms) names.push_back(a.name);
-    CHECK(names == std::vector<std::string>{"sqrt_dk", "qk_norm", "dk", "softcap"});
+    if (i < 3) {
+      CHECK(names == std::vector<std::string>{"sqrt_dk", "qk_norm", "dk", "softcap"});
+      continue;
+    }
+    CHECK(names == std::vector<std::string>{"qk_norm_gain_frozen", "qk_norm_no_shift",
+                                            "qk_norm_gain_lr0.1", "sqrt_dk_warmup60",
+                                            "sqrt_dk_warmup150", "qk_norm_warmup60",
+                                            "qk_norm_warmup150"});
+    // What each ablation changes, and nothing else.
+    for (const auto& a : p.arms) {
+      CAPTURE(a.name);
+      CHECK(a.scaling == Scaling::sqrt_dk);
+      CHECK(a.softcap == 0);
+      CHECK(a.qk_norm == (a.name.rfind("qk_norm", 0) == 0));
+      const bool warm = a.name.find("warmup") != std::string::npos;
+      CHECK(a.warmup == (warm ? std::stoi(a.name.substr(a.name.find("warmup") + 6)) : -1));
+      CHECK(a.param_groups.size() == (warm ? 0u : 1u));
+    }
+    CHECK(p.arms[0].param_groups[0].match.pattern == "blocks.*.attn.*_norm.gamma");
+    CHECK(p.arms[0].param_groups[0].lr_mult == 0.0);
+    CHECK(p.arms[1].param_groups[0].match.pattern == "blocks.*.attn.*_norm.beta");
+    CHECK(p.arms[1].param_groups[0].lr_mult == 0.0);
+    CHECK(p.arms[2].param_groups[0].match.pattern == "blocks.*.attn.*_norm.gamma");
+    CHECK(p.arms[2].param_groups[0].lr_mult == 0.1);
   }
 }
 
