@@ -1,4 +1,5 @@
-// Attention programs on the GPU's fused path (lib/backends/cuda/attention_program_kernels.cuh),
+// Attention programs on the GPU's fused and reference paths
+// (lib/backends/cuda/attention_program_kernels.cuh),
 // run on the CPU by the emulated device (attnlab/backends/emulated.hpp) through the GPU op itself
 // (sdpa_forward_cuda / sdpa_backward_cuda on a DeviceOps): the same kernel source nvcc compiles.
 // Checked against the CPU op's programs, central differences, the built-in rule, and a dense -inf
@@ -22,6 +23,7 @@
 #include "attnlab/ops/attention_cuda.hpp"
 #include "attnlab/random.hpp"
 #include "helpers.hpp"
+#include "program_functors.hpp"
 
 // clang-format off
 #include "attnlab/backends/cuda_emulator.hpp"
@@ -29,37 +31,10 @@
 // clang-format on
 
 using namespace attnlab;
+using attnlab::test::CappedRelative;
+using attnlab::test::DocumentIds;
 
 namespace {
-
-// S = c·tanh(u / c) + table_h[clamp(j − i, −R, R) + R] + slope_h · clamp(j − i, −R, R): a soft cap,
-// a relative-position table (parameter 0) and a learnable per-head slope (parameter 1).
-struct CappedRelative {
-  double cap = 6.0;
-  std::size_t R = 3;
-  template <class S, class P>
-  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t h, std::size_t i, std::size_t j,
-                                   const P& params) const {
-    using std::tanh;
-    using Plain = decltype(attention::value_of(u));
-    const auto r = static_cast<std::ptrdiff_t>(R);
-    std::ptrdiff_t rel = static_cast<std::ptrdiff_t>(j) - static_cast<std::ptrdiff_t>(i);
-    rel = rel < -r ? -r : (rel > r ? r : rel);
-    const Plain c = static_cast<Plain>(cap);
-    return c * tanh(u / c) + params(0, h * (2 * R + 1) + static_cast<std::size_t>(rel + r)) +
-           params(1, h) * static_cast<Plain>(rel);
-  }
-};
-
-// Packed documents over raw ids (device memory for the kernels, host memory for the CPU's copy).
-struct DocumentIds {
-  const std::int32_t* ids = nullptr;
-  bool causal = true;
-  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t, std::size_t i,
-                                      std::size_t j) const {
-    return ids[i] == ids[j] && (!causal || j <= i);
-  }
-};
 
 // Queries below 64 see the first 16 keys and keys from 128; later queries see every key.
 struct GlobalTail {
@@ -108,9 +83,15 @@ std::vector<std::vector<double>> relative_params(std::size_t H, std::size_t R, s
           std::vector<double>(slope.begin(), slope.end())};
 }
 
-SdpaOptions relative_options(std::size_t H, std::uint64_t seed) {
+// Both GPU paths, each beside the CPU op's same path.
+constexpr SdpaPath kPaths[] = {SdpaPath::fused, SdpaPath::reference};
+const char* path_name(SdpaPath p) {
+  return p == SdpaPath::fused ? "fused" : "reference";
+}
+
+SdpaOptions relative_options(std::size_t H, std::uint64_t seed, SdpaPath path = SdpaPath::fused) {
   SdpaOptions o;
-  o.path = SdpaPath::fused;
+  o.path = path;
   o.score_program = attention::score_program(CappedRelative{}, "capped relative");
   o.program_params = relative_params(H, CappedRelative{}.R, seed);
   o.device_program =
@@ -229,26 +210,32 @@ class DeviceIds {
 
 }  // namespace
 
-TEST_CASE("cuda program: a score program matches the CPU op, float and double") {
+TEST_CASE("cuda program: a score program matches the CPU op, float and double, both paths") {
   const std::size_t H = 2;
   const Inputs in = inputs(2, H, 1, 37, 70, 8, 11);  // grouped-query, two key tiles
-  const SdpaOptions o = relative_options(H, 3);
-  {
-    auto device = emulated::make_device_ops<double>();
-    check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
-  }
-  {
-    auto device = emulated::make_device_ops<float>();
-    check_close(gpu_run<float>(*device, in, o), cpu_run<float>(in, o), 2e-5);
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    const SdpaOptions o = relative_options(H, 3, path);
+    {
+      auto device = emulated::make_device_ops<double>();
+      check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
+    }
+    {
+      auto device = emulated::make_device_ops<float>();
+      check_close(gpu_run<float>(*device, in, o), cpu_run<float>(in, o), 2e-5);
+    }
   }
 }
 
-TEST_CASE("cuda program: gradients of a score program by central differences") {
+TEST_CASE("cuda program: gradients of a score program by central differences, both paths") {
   const std::size_t H = 2;
-  gradient_check(inputs(1, H, 2, 9, 12, 4, 5), relative_options(H, 9));
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    gradient_check(inputs(1, H, 2, 9, 12, 4, 5), relative_options(H, 9, path));
+  }
 }
 
-TEST_CASE("cuda program: gradients through document and sliding-window masks") {
+TEST_CASE("cuda program: gradients through document and sliding-window masks, both paths") {
   const std::size_t T = 20, H = 2;
   const std::vector<std::int32_t> ids = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1,
                                          1, 1, 1, 1, 1, 2, 2, 2, 2, 2};
@@ -256,37 +243,46 @@ TEST_CASE("cuda program: gradients through document and sliding-window masks") {
   const DeviceIds held(*holder, ids);
   const DocumentIds device_mask{held.get(), true};
   const auto host_ids = std::make_shared<const std::vector<std::int32_t>>(ids);
-  SdpaOptions o = relative_options(H, 4);
-  o.mask_program = attention::mask_program(attention::masks::Document{host_ids, T, false, true},
-                                           "document", {false, false});
-  o.device_program = std::make_shared<const cuda::DevicePrograms>(
-      cuda::device_program(CappedRelative{}, device_mask));
-  const Inputs in = inputs(1, H, 2, T, T, 4, 6);
-  {
-    auto device = emulated::make_device_ops<double>();
-    check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    SdpaOptions o = relative_options(H, 4, path);
+    o.mask_program = attention::mask_program(attention::masks::Document{host_ids, T, false, true},
+                                             "document", {false, false});
+    o.device_program = std::make_shared<const cuda::DevicePrograms>(
+        cuda::device_program(CappedRelative{}, device_mask));
+    const Inputs in = inputs(1, H, 2, T, T, 4, 6);
+    {
+      auto device = emulated::make_device_ops<double>();
+      check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
+    }
+    gradient_check(in, o);
+    SdpaOptions w;
+    w.path = path;
+    w.mask_program =
+        attention::mask_program(attention::masks::SlidingWindow{5, 0}, "window", {false, false});
+    w.device_program = std::make_shared<const cuda::DevicePrograms>(
+        cuda::device_program(cuda::fused::NoScore{}, attention::masks::SlidingWindow{5, 0}));
+    gradient_check(in, w);
   }
-  gradient_check(in, o);
-  SdpaOptions w;
-  w.path = SdpaPath::fused;
-  w.mask_program =
-      attention::mask_program(attention::masks::SlidingWindow{5, 0}, "window", {false, false});
-  w.device_program = std::make_shared<const cuda::DevicePrograms>(
-      cuda::device_program(cuda::fused::NoScore{}, attention::masks::SlidingWindow{5, 0}));
-  gradient_check(in, w);
 }
 
-TEST_CASE("cuda program: built-in programs match the built-in rule on the GPU") {
+TEST_CASE("cuda program: built-in programs match the built-in rule on the GPU, both paths") {
   const std::size_t H = 2, T = 70;
   const Inputs in = inputs(1, H, 2, T, T, 8, 21);
   auto device = emulated::make_device_ops<double>();
-  SUBCASE("softcap and causal") {
+  SdpaPath path = SdpaPath::fused;
+  SUBCASE("fused") {}
+  SUBCASE("reference") {
+    path = SdpaPath::reference;
+  }
+  CAPTURE(path_name(path));
+  {
     SdpaOptions builtin;
-    builtin.path = SdpaPath::fused;
+    builtin.path = path;
     builtin.softcap = 4.0;
     builtin.causal = true;
     SdpaOptions program;
-    program.path = SdpaPath::fused;
+    program.path = path;
     program.score_program = attention::softcap_program(4.0);
     program.mask_program =
         attention::mask_program(attention::masks::Causal{0}, "causal", {false, false});
@@ -298,14 +294,14 @@ TEST_CASE("cuda program: built-in programs match the built-in rule on the GPU") 
     CHECK(test::rel_error(a.g.dk, b.g.dk) < 1e-12);
     CHECK(test::rel_error(a.g.dv, b.g.dv) < 1e-12);
   }
-  SUBCASE("ALiBi and a sliding window") {
+  {  // ALiBi and a sliding window
     SdpaOptions builtin;
-    builtin.path = SdpaPath::fused;
+    builtin.path = path;
     builtin.alibi_slopes = {0.5, 0.25};
     builtin.causal = true;
     builtin.window = 9;
     SdpaOptions program;
-    program.path = SdpaPath::fused;
+    program.path = path;
     program.score_program = attention::alibi_program(0);
     program.program_params = {{0.5, 0.25}};
     program.mask_program =
@@ -392,18 +388,21 @@ TEST_CASE("cuda program: tiles a mask program makes empty are skipped (NaN poiso
   CHECK(std::isnan(b.out(0, 0, 64, 0)));  // a later query sees the poisoned keys
 }
 
-TEST_CASE("cuda program: the parameters' gradients are the same bits run to run") {
+TEST_CASE("cuda program: the parameters' gradients are the same bits run to run, both paths") {
   const std::size_t H = 2;
   const Inputs in = inputs(1, H, 1, 70, 70, 8, 51);  // two key tiles: two rows to sum
-  const SdpaOptions o = relative_options(H, 8);
-  auto device = emulated::make_device_ops<float>();
-  const auto a = gpu_run<float>(*device, in, o), b = gpu_run<float>(*device, in, o);
-  REQUIRE(a.g.dprogram.size() == 2);
-  for (std::size_t k = 0; k < 2; ++k) {
-    CHECK(std::memcmp(a.g.dprogram[k].data(), b.g.dprogram[k].data(),
-                      a.g.dprogram[k].size() * sizeof(float)) == 0);
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    const SdpaOptions o = relative_options(H, 8, path);
+    auto device = emulated::make_device_ops<float>();
+    const auto a = gpu_run<float>(*device, in, o), b = gpu_run<float>(*device, in, o);
+    REQUIRE(a.g.dprogram.size() == 2);
+    for (std::size_t k = 0; k < 2; ++k) {
+      CHECK(std::memcmp(a.g.dprogram[k].data(), b.g.dprogram[k].data(),
+                        a.g.dprogram[k].size() * sizeof(float)) == 0);
+    }
+    CHECK(std::memcmp(a.g.dq.data(), b.g.dq.data(), a.g.dq.size() * sizeof(float)) == 0);
   }
-  CHECK(std::memcmp(a.g.dq.data(), b.g.dq.data(), a.g.dq.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("cuda program: errors match the CPU op's") {
@@ -419,18 +418,14 @@ TEST_CASE("cuda program: errors match the CPU op's") {
     CHECK_THROWS_WITH_AS(sdpa_forward_cuda(cache, in.q, in.k, in.v, o),
                          doctest::Contains("attention_program_kernels.cuh"), std::invalid_argument);
   }
-  SUBCASE("the reference path is refused") {
-    SdpaOptions o = relative_options(2, 1);
-    o.path = SdpaPath::reference;
-    SdpaCache<double> cache;
-    auto device = emulated::make_device_ops<double>();
-    CHECK_THROWS_WITH_AS(sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o),
-                         doctest::Contains("sdpa_forward_cuda: path expected fused"),
-                         std::invalid_argument);
+  SdpaPath path = SdpaPath::fused;
+  SUBCASE("a non-finite score at a visible key, fused") {}
+  SUBCASE("a non-finite score at a visible key, reference") {
+    path = SdpaPath::reference;
   }
-  SUBCASE("a non-finite score at a visible key") {
+  {
     SdpaOptions o;
-    o.path = SdpaPath::fused;
+    o.path = path;
     o.score_program = attention::score_program(InfAt{}, "inf at");
     o.device_program = std::make_shared<const cuda::DevicePrograms>(cuda::device_program(InfAt{}));
     std::string cpu, gpu;
@@ -452,3 +447,4 @@ TEST_CASE("cuda program: errors match the CPU op's") {
     CHECK(gpu.find("(0, 1, 3, 2)") != std::string::npos);
   }
 }
+

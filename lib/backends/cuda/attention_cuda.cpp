@@ -111,7 +111,7 @@ SdpaPath resolve_cuda_path(DeviceOps<T>& d, SdpaPath path, std::size_t D, std::s
   }
 }
 
-// A call's program on the GPU: its launchers for T (refused without them) on the fused path.
+// A call's program on the GPU: its launchers for T (refused without them).
 template <class T>
 const cuda::DeviceProgram<T>& device_program_of(const SdpaCache<T>& c, const char* op) {
   static const cuda::DeviceProgram<T> none;
@@ -128,11 +128,19 @@ const cuda::DeviceProgram<T>& device_program_of(const SdpaCache<T>& c, const cha
             op, "device_program", "launchers for the same kinds of program as the host programs",
             std::string("score ") + (d->has_score ? "yes" : "no") + ", mask " +
                 (d->has_mask ? "yes" : "no"));
-  check_arg(c.path == SdpaPath::fused, op, "path",
-            "fused (or automatic) with an attention program: the GPU runs programs on the fused "
-            "path only",
-            "reference");
   return *d;
+}
+
+// The captured parameters' gradients that a program call summed, as tensors.
+template <class T>
+std::vector<Tensor1<T>> program_grads(cuda::DeviceProgramCall<T>& run) {
+  std::vector<Tensor1<T>> out;
+  for (auto& values : run.grads()) {
+    Tensor1<T> t = Tensor1<T>::from_shape({values.size()});
+    std::copy(values.begin(), values.end(), t.begin());
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 // The name the program errors give, as on the CPU.
@@ -162,7 +170,15 @@ Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Te
   if (c.path == SdpaPath::reference) {
     c.p = Tensor4<T>({spec.B, spec.H, spec.Tq, spec.Tk});
     auto p_d = poisoned<T>(device, c.p.size());
-    device.sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
+    if (c.has_program()) {
+      cuda::DeviceProgramCall<T> run(device, program, in.params, c.program_params, c.mask_program,
+                                     nullptr, false, false);
+      device.sdpa_reference_program_forward(out_d.data(), p_d.data(), in.params,
+                                            run.reference_rows());
+      run.rethrow(op, score_name(c));
+    } else {
+      device.sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
+    }
     device.synchronize();
     p_d.download(c.p.data());
   } else {
@@ -244,8 +260,18 @@ SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
   if (cache.path == SdpaPath::reference) {
     DeviceArray<T> p_d(device, cache.p.data(), cache.p.size());
     auto ds_d = poisoned<T>(device, cache.p.size());
-    device.sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
-                                   dout_d.data(), p_d.data(), in.params);
+    if (cache.has_program()) {
+      cuda::DeviceProgramCall<T> run(device, program, in.params, cache.program_params,
+                                     cache.mask_program, nullptr, cache.program_grad, false);
+      device.sdpa_reference_program_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
+                                             dout_d.data(), p_d.data(), in.params,
+                                             run.reference_rows());
+      run.rethrow(op, score_name(cache));
+      if (cache.program_grad) g.dprogram = program_grads(run);
+    } else {
+      device.sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
+                                     dout_d.data(), p_d.data(), in.params);
+    }
   } else {
     DeviceArray<T> out_d(device, cache.out.data(), cache.out.size());
     DeviceArray<T> lse_d(device, cache.lse.data(), cache.lse.size());
@@ -256,13 +282,7 @@ SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
       run.backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(), dout_d.data(),
                    out_d.data(), lse_d.data());
       run.rethrow(op, score_name(cache));
-      if (cache.program_grad) {
-        for (auto& values : run.grads()) {
-          Tensor1<T> t = Tensor1<T>::from_shape({values.size()});
-          std::copy(values.begin(), values.end(), t.begin());
-          g.dprogram.push_back(std::move(t));
-        }
-      }
+      if (cache.program_grad) g.dprogram = program_grads(run);
     } else {
       device.sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
                                  dout_d.data(), out_d.data(), lse_d.data(), in.params);

@@ -1,8 +1,8 @@
-// The host side of one fused GPU attention call with an attention program: its program data in
-// device memory (DeviceProgramArgs: the captured parameters, the block mask at the kernels' tile
-// size, the error record, the rows of parameter gradients), the deterministic sum of those rows,
-// and the program's error thrown as the CPU path's. Over any DeviceOps (the CUDA backend's in the
-// host op, the emulated device in the tests); C++ only, no CUDA type.
+// The host side of one GPU attention call with an attention program, fused or reference: its
+// program data in device memory (DeviceProgramArgs: the captured parameters, the block mask at the
+// fused kernels' tile size, the error record, the rows of parameter gradients), the deterministic
+// sum of those rows, and the program's error thrown as the CPU path's. Over any DeviceOps (the CUDA
+// backend's in the host op, the emulated device in the tests); C++ only, no CUDA type.
 #pragma once
 
 #include <cstddef>
@@ -23,13 +23,15 @@ class DeviceProgramCall {
  public:
   // params: the captured parameters' values; mask: the mask program (or null); block_mask: one
   // built for these sizes at the kernels' tile, or null to build it here; grads: whether the
-  // backward sums the parameters' gradients.
+  // backward sums the parameters' gradients; fused: the fused path's kernels (false: the
+  // reference path's rows, which evaluate the mask program at every key, no block mask).
   DeviceProgramCall(DeviceOps<T>& ops, const DeviceProgram<T>& program, const AttentionParams<T>& a,
                     const std::vector<std::vector<T>>& params,
                     std::shared_ptr<const attention::MaskProgram> mask,
-                    std::shared_ptr<const attention::BlockMask> block_mask, bool grads)
+                    std::shared_ptr<const attention::BlockMask> block_mask, bool grads,
+                    bool fused = true)
       : ops_(ops), program_(program), a_(a) {
-    tile_ = static_cast<std::size_t>(program.fused_tile(a.D, a.Dv));
+    if (fused) tile_ = static_cast<std::size_t>(program.fused_tile(a.D, a.Dv));
     std::vector<std::size_t> offsets{0};
     std::vector<T> values;
     for (const auto& p : params) {
@@ -43,7 +45,7 @@ class DeviceProgramCall {
     args_.count = params.size();
     args_.error = static_cast<DeviceProgramError*>(keep(sizeof(DeviceProgramError)));
     ops.zero(args_.error, sizeof(DeviceProgramError));
-    if (mask) {
+    if (mask && fused) {
       const AttentionSizes sizes = a;
       if (!block_mask || block_mask->tile_rows() != tile_ || block_mask->tile_keys() != tile_) {
         block_mask = std::make_shared<const attention::BlockMask>(
@@ -53,7 +55,7 @@ class DeviceProgramCall {
       upload_block_mask(*block_mask);
     }
     if (grads && width_ > 0) {
-      rows_ = a.B * a.Hkv * kernel_math::tile_count(a.Tk, tile_);
+      rows_ = fused ? a.B * a.Hkv * kernel_math::tile_count(a.Tk, tile_) : a.B * a.H * a.Tq;
       args_.grad_rows = static_cast<T*>(keep(rows_ * width_ * sizeof(T)));
       args_.width = width_;
     }
@@ -73,6 +75,23 @@ class DeviceProgramCall {
   }
   void backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out, const T* lse) {
     program_.fused_backward(program_.program.get(), dq, dk, dv, row_dot, dout, out, lse, a_, args_);
+  }
+
+  // The reference path's rows over this call's program data (for DeviceOps'
+  // sdpa_reference_program_forward / _backward; this call outlives them).
+  ReferenceRows<T> reference_rows() const {
+    ReferenceRows<T> rows;
+    rows.context = this;
+    rows.softmax = [](const void* self, T* scores, const AttentionParams<T>& a) {
+      const auto& c = *static_cast<const DeviceProgramCall*>(self);
+      c.program_.reference_softmax(c.program_.program.get(), scores, a, c.args_);
+    };
+    rows.backward = [](const void* self, T* dp, const T* p, const T* dots,
+                       const AttentionParams<T>& a) {
+      const auto& c = *static_cast<const DeviceProgramCall*>(self);
+      c.program_.reference_backward(c.program_.program.get(), dp, p, dots, a, c.args_);
+    };
+    return rows;
   }
 
   // Throws std::invalid_argument "<op>: <the CPU path's message>" if a kernel recorded an error

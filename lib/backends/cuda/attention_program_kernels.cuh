@@ -7,11 +7,14 @@
 // The kernels are the fused path's own (attention_fused_kernels.cuh) with the program's hooks: the
 // mask program evaluated on partial tiles only and empty tiles skipped (the block mask), f(u) at
 // visible keys, dS ⊙ ∂f/∂u in both backward passes, and Σ dS·∂f/∂θ per dK/dV block (one row per
-// block, see DeviceProgramArgs::grad_rows). Raw pointers only.
+// block, see DeviceProgramArgs::grad_rows). The reference path's two row kernels (between its
+// GEMMs, attention_reference_kernels.cuh) with the same hooks: the mask program at every key, and
+// Σ dS·∂f/∂θ per query row. Raw pointers only.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -19,6 +22,7 @@
 #include <utility>
 
 #include "attention_fused_kernels.cuh"
+#include "attention_reference_kernels.cuh"
 #include "attnlab/attention/device_program.hpp"
 
 namespace attnlab::cuda {
@@ -44,6 +48,92 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 }  // namespace fused
+
+namespace reference {
+
+// One block per row (bh, i) of S (B,H,Tq,Tk), the unscaled dots Q Kᵀ: masked_softmax_rows with the
+// program. Each thread keeps the final scores of its keys in place between the two passes, so the
+// programs run once per element.
+template <class T, class P>
+__global__ void __launch_bounds__(kRowThreads)
+    program_softmax_rows(T* scores, AttentionParams<T> a, fused::ProgramRun<T, P> run) {
+  ATTNLAB_STATIC_SHARED(T, max_scratch, 32);
+  ATTNLAB_STATIC_SHARED(T, sum_scratch, 32);
+  const std::size_t row = blockIdx.x, bh = row / a.Tq, i = row % a.Tq;
+  const std::size_t b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const T s = a.scale[h];
+  fused::TileState every;  // no block mask: the mask program at every key
+  every.partial = true;
+  T* x = scores + row * a.Tk;
+  cm::OnlineSoftmax<T> state;
+  for (std::size_t j = threadIdx.x; j < a.Tk; j += blockDim.x) {
+    x[j] = fused::program_score(run, every, attention::score(a, b, h, i, j, s, x[j]), b, bh, h, i,
+                                j, a.Tq, a.Tk);
+    state.add(x[j]);
+  }
+  state = detail::block_merge(state, max_scratch, sum_scratch);
+  const T inverse_sum = state.inverse_sum();
+  for (std::size_t j = threadIdx.x; j < a.Tk; j += blockDim.x) {
+    x[j] = cm::exp_shifted(x[j], state.max) * inverse_sum;  // 0 at a hidden key (-inf)
+  }
+}
+
+// One block per row: softmax_backward_rows with the program. dp (in place) becomes s_h · dS ⊙
+// ∂S/∂U, ∂S/∂U = the cap's slope (with a softcap) · f'(the built-in score); dS to a.dscores when
+// set; with parameter gradients, Σ_j dS · ∂f/∂θ of the row to its grad_rows row, summed by one
+// thread in key order.
+template <class T, class P>
+__global__ void __launch_bounds__(kRowThreads)
+    program_backward_rows(T* dp, const T* p, const T* dots, AttentionParams<T> a,
+                          fused::ProgramRun<T, P> run) {
+  ATTNLAB_STATIC_SHARED(T, scratch, 32);
+  const std::size_t row = blockIdx.x, bh = row / a.Tq, i = row % a.Tq, Tk = a.Tk;
+  const std::size_t b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
+  const T s = a.scale[h];
+  fused::TileState every;
+  every.partial = true;
+  T* g = dp + row * Tk;
+  const T* w = p + row * Tk;
+  const T* x = dots + row * Tk;
+  T dot = 0;
+  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) dot += g[j] * w[j];
+  dot = detail::block_sum(dot, scratch);
+  if constexpr (P::kScore) {
+    if (run.args.grad_rows != nullptr && threadIdx.x == 0) {
+      T* grads = run.args.grad_rows + row * run.args.width;
+      for (std::size_t e = 0; e < run.args.width; ++e) grads[e] = T(0);
+      for (std::size_t j = 0; j < Tk; ++j) {
+        const T ds = cm::softmax_backward_element(w[j], g[j], dot);
+        const T base = attention::score(a, b, h, i, j, s, x[j]);
+        fused::accumulate_param_grads(run, grads, &ds, &base, 1, 1, 1, b, h, i, j);
+      }
+    }
+    __syncthreads();  // g is read above before it is overwritten below
+  }
+  T* d = a.dscores == nullptr ? nullptr : a.dscores + row * Tk;
+  for (std::size_t j = threadIdx.x; j < Tk; j += blockDim.x) {
+    const T ds = cm::softmax_backward_element(w[j], g[j], dot);
+    if (d != nullptr) d[j] = ds;
+    T slope = T(1);
+    (void)fused::program_score_slope(run, every, attention::score(a, b, h, i, j, s, x[j]), b, bh, h,
+                                     i, j, a.Tq, Tk, slope);
+    const T cap =
+        a.softcap == 0 ? T(1) : attention::capped_slope(a, attention::capped(a, s * x[j]));
+    g[j] = s * ds * cap * slope;
+  }
+}
+
+}  // namespace reference
+
+// The host functions below differ between nvcc and the emulator (how they launch, the shared
+// memory they assume): an inline namespace per compiler keeps the two apart when one program links
+// both (a test binary with the emulated device and the CUDA backend), as one definition each.
+#if defined(__CUDACC__)
+#define ATTNLAB_PROGRAM_LAUNCH_ABI nvcc
+#else
+#define ATTNLAB_PROGRAM_LAUNCH_ABI emulated
+#endif
+inline namespace ATTNLAB_PROGRAM_LAUNCH_ABI {
 
 namespace program_launch {
 
@@ -151,6 +241,34 @@ struct Launchers {
   }
 };
 
+// The reference path's rows of program P for T.
+template <class T, class P>
+struct ReferenceLaunchers {
+  static dim3 rows_grid(const AttentionParams<T>& a, const char* op) {
+    const std::size_t rows = a.B * a.H * a.Tq;
+    if (rows > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw std::invalid_argument(std::string(op) + ": " + std::to_string(rows) +
+                                  " rows, at most " +
+                                  std::to_string(std::numeric_limits<int>::max()));
+    }
+    return dim3(static_cast<unsigned>(rows));
+  }
+  static void softmax(const void* program, T* scores, const AttentionParams<T>& a,
+                      const DeviceProgramArgs<T>& args) {
+    if (a.B * a.H * a.Tq == 0) return;
+    launch(reference::program_softmax_rows<T, P>, rows_grid(a, "sdpa_reference_forward"),
+           dim3(reference::kRowThreads), 0, scores, a,
+           fused::ProgramRun<T, P>{*static_cast<const P*>(program), args});
+  }
+  static void backward(const void* program, T* dp, const T* p, const T* dots,
+                       const AttentionParams<T>& a, const DeviceProgramArgs<T>& args) {
+    if (a.B * a.H * a.Tq == 0) return;
+    launch(reference::program_backward_rows<T, P>, rows_grid(a, "sdpa_reference_backward"),
+           dim3(reference::kRowThreads), 0, dp, p, dots, a,
+           fused::ProgramRun<T, P>{*static_cast<const P*>(program), args});
+  }
+};
+
 template <class T, class P>
 DeviceProgram<T> make(const std::shared_ptr<const P>& program) {
   DeviceProgram<T> d;
@@ -160,6 +278,8 @@ DeviceProgram<T> make(const std::shared_ptr<const P>& program) {
   d.fused_tile = &fused_tile<T, P>;
   d.fused_forward = &Launchers<T, P>::forward;
   d.fused_backward = &Launchers<T, P>::backward;
+  d.reference_softmax = &ReferenceLaunchers<T, P>::softmax;
+  d.reference_backward = &ReferenceLaunchers<T, P>::backward;
   return d;
 }
 
@@ -179,4 +299,8 @@ DevicePrograms device_program(F score, M mask = {}) {
                         program_launch::make<double, P>(program)};
 }
 
+}  // namespace ATTNLAB_PROGRAM_LAUNCH_ABI
+
 }  // namespace attnlab::cuda
+
+#undef ATTNLAB_PROGRAM_LAUNCH_ABI

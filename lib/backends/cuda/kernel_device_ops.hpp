@@ -238,73 +238,20 @@ class KernelDeviceOps final : public DeviceOps<T> {
   // the B·Hkv K/V slices covers them (q-side strides times g); dK and dV add over r (beta 1 after
   // r = 0).
   void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& a) override {
-    check_attention_params(a, "sdpa_reference_forward");
-    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
-    if (rows == 0) return;
-    const Gemm s(a);
-    for (std::size_t r = 0; r < g; ++r) {
-      // S = Q Kᵀ, unscaled (the scale is per head)        (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
-      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
-                           s.d, s.sk, T(0), p + r * s.sp, s.n, s.g * s.sp, s.batch);
-    }
-    per_row(reference::masked_softmax_rows<T>, rows, "sdpa_reference_forward", p, a);
-    // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
-    Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
-    if (a.dropout_p != 0) {
-      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_forward", dropped.data,
-              static_cast<const T*>(p), a);
-    }
-    const T* weights = a.dropout_p != 0 ? dropped.data : p;
-    for (std::size_t r = 0; r < g; ++r) {
-      // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-      rt_.template gemm<T>(false, false, s.m, s.dv, s.n, T(1), weights + r * s.sp, s.n, s.g * s.sp,
-                           a.v, s.dv, s.sv, T(0), out + r * s.so, s.dv, s.g * s.so, s.batch);
-    }
+    reference_forward(out, p, a, nullptr);
   }
   void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
                                const AttentionParams<T>& a) override {
-    check_attention_params(a, "sdpa_reference_backward");
-    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
-    if (rows == 0) return;
-    const Gemm s(a);
-    // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
-    Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
-    if (a.dropout_p != 0) {
-      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", dropped.data, p, a);
-    }
-    const T* weights = a.dropout_p != 0 ? dropped.data : p;
-    for (std::size_t r = 0; r < g; ++r) {
-      const T beta = r == 0 ? T(0) : T(1);
-      // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-      rt_.template gemm<T>(true, false, s.n, s.dv, s.m, T(1), weights + r * s.sp, s.n, s.g * s.sp,
-                           dout + r * s.so, s.dv, s.g * s.so, beta, dv, s.dv, s.sv, s.batch);
-      // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-      rt_.template gemm<T>(false, true, s.m, s.n, s.dv, T(1), dout + r * s.so, s.dv, s.g * s.so,
-                           a.v, s.dv, s.sv, T(0), ds + r * s.sp, s.n, s.g * s.sp, s.batch);
-    }
-    if (a.dropout_p != 0) {
-      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", ds,
-              static_cast<const T*>(ds), a);
-    }
-    // With a softcap, the backward needs U = s · Q Kᵀ again: Q Kᵀ, unscaled, once more
-    Scratch<T> dots(rt_, a.softcap != 0 ? rows * a.Tk : 0);
-    for (std::size_t r = 0; a.softcap != 0 && r < g; ++r) {
-      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
-                           s.d, s.sk, T(0), dots.data + r * s.sp, s.n, s.g * s.sp, s.batch);
-    }
-    // s_h · dS (⊙ the cap's slope), dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores
-    per_row(reference::softmax_backward_rows<T>, rows, "sdpa_reference_backward", ds, a.dscores, p,
-            static_cast<const T*>(dots.data), a);
-    for (std::size_t r = 0; r < g; ++r) {
-      const T beta = r == 0 ? T(0) : T(1);
-      const T* dsr = ds + r * s.sp;
-      // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)
-      rt_.template gemm<T>(false, false, s.m, s.d, s.n, T(1), dsr, s.n, s.g * s.sp, a.k, s.d, s.sk,
-                           T(0), dq + r * s.sq, s.d, s.g * s.sq, s.batch);
-      // dK (+)= dSᵀ Q                                      (Tk,Tq) x (Tq,D) -> (Tk,D)
-      rt_.template gemm<T>(true, false, s.n, s.d, s.m, T(1), dsr, s.n, s.g * s.sp, a.q + r * s.sq,
-                           s.d, s.g * s.sq, beta, dk, s.d, s.sk, s.batch);
-    }
+    reference_backward(dq, dk, dv, ds, dout, p, a, nullptr);
+  }
+  void sdpa_reference_program_forward(T* out, T* p, const AttentionParams<T>& a,
+                                      const ReferenceRows<T>& rows) override {
+    reference_forward(out, p, a, &rows);
+  }
+  void sdpa_reference_program_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
+                                       const AttentionParams<T>& a,
+                                       const ReferenceRows<T>& rows) override {
+    reference_backward(dq, dk, dv, ds, dout, p, a, &rows);
   }
 
   // ---- attention: the fused path (attention_fused_kernels.cuh) ------------------------------
@@ -434,6 +381,88 @@ class KernelDeviceOps final : public DeviceOps<T> {
                dim3(kernels::kElementThreads), 0, args...);
   }
   // Row kernels: one block per row; rows must fit the grid's x extent.
+  // The reference path; rows: an attention program's row kernels in place of the built-in rule's.
+  void reference_forward(T* out, T* p, const AttentionParams<T>& a,
+                         const ReferenceRows<T>* program) {
+    check_attention_params(a, "sdpa_reference_forward");
+    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
+    if (rows == 0) return;
+    const Gemm s(a);
+    for (std::size_t r = 0; r < g; ++r) {
+      // S = Q Kᵀ, unscaled (the scale is per head)        (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
+      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
+                           s.d, s.sk, T(0), p + r * s.sp, s.n, s.g * s.sp, s.batch);
+    }
+    if (program != nullptr) {
+      program->softmax(program->context, p, a);
+    } else {
+      per_row(reference::masked_softmax_rows<T>, rows, "sdpa_reference_forward", p, a);
+    }
+    // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
+    Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
+    if (a.dropout_p != 0) {
+      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_forward", dropped.data,
+              static_cast<const T*>(p), a);
+    }
+    const T* weights = a.dropout_p != 0 ? dropped.data : p;
+    for (std::size_t r = 0; r < g; ++r) {
+      // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
+      rt_.template gemm<T>(false, false, s.m, s.dv, s.n, T(1), weights + r * s.sp, s.n, s.g * s.sp,
+                           a.v, s.dv, s.sv, T(0), out + r * s.so, s.dv, s.g * s.so, s.batch);
+    }
+  }
+  void reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
+                          const AttentionParams<T>& a, const ReferenceRows<T>* program) {
+    check_attention_params(a, "sdpa_reference_backward");
+    const std::size_t rows = a.B * a.H * a.Tq, g = a.group();
+    if (rows == 0) return;
+    const Gemm s(a);
+    // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
+    Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
+    if (a.dropout_p != 0) {
+      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", dropped.data, p, a);
+    }
+    const T* weights = a.dropout_p != 0 ? dropped.data : p;
+    for (std::size_t r = 0; r < g; ++r) {
+      const T beta = r == 0 ? T(0) : T(1);
+      // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
+      rt_.template gemm<T>(true, false, s.n, s.dv, s.m, T(1), weights + r * s.sp, s.n, s.g * s.sp,
+                           dout + r * s.so, s.dv, s.g * s.so, beta, dv, s.dv, s.sv, s.batch);
+      // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
+      rt_.template gemm<T>(false, true, s.m, s.n, s.dv, T(1), dout + r * s.so, s.dv, s.g * s.so,
+                           a.v, s.dv, s.sv, T(0), ds + r * s.sp, s.n, s.g * s.sp, s.batch);
+    }
+    if (a.dropout_p != 0) {
+      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", ds,
+              static_cast<const T*>(ds), a);
+    }
+    // With a softcap or a program, the backward needs U = s · Q Kᵀ again: Q Kᵀ, unscaled, once
+    // more
+    const bool need_dots = a.softcap != 0 || program != nullptr;
+    Scratch<T> dots(rt_, need_dots ? rows * a.Tk : 0);
+    for (std::size_t r = 0; need_dots && r < g; ++r) {
+      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
+                           s.d, s.sk, T(0), dots.data + r * s.sp, s.n, s.g * s.sp, s.batch);
+    }
+    // s_h · dS (⊙ the cap's slope), dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores
+    if (program != nullptr) {
+      program->backward(program->context, ds, p, dots.data, a);
+    } else {
+      per_row(reference::softmax_backward_rows<T>, rows, "sdpa_reference_backward", ds, a.dscores,
+              p, static_cast<const T*>(dots.data), a);
+    }
+    for (std::size_t r = 0; r < g; ++r) {
+      const T beta = r == 0 ? T(0) : T(1);
+      const T* dsr = ds + r * s.sp;
+      // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)
+      rt_.template gemm<T>(false, false, s.m, s.d, s.n, T(1), dsr, s.n, s.g * s.sp, a.k, s.d, s.sk,
+                           T(0), dq + r * s.sq, s.d, s.g * s.sq, s.batch);
+      // dK (+)= dSᵀ Q                                      (Tk,Tq) x (Tq,D) -> (Tk,D)
+      rt_.template gemm<T>(true, false, s.n, s.d, s.m, T(1), dsr, s.n, s.g * s.sp, a.q + r * s.sq,
+                           s.d, s.g * s.sq, beta, dk, s.d, s.sk, s.batch);
+    }
+  }
+
   template <class Kernel, class... Args>
   void per_row(Kernel kernel, std::size_t rows, const char* op, Args... args) {
     if (rows > static_cast<std::size_t>(std::numeric_limits<int>::max())) {

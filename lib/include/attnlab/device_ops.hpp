@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "attnlab/attention/params.hpp"
@@ -59,6 +60,22 @@ class DeviceMemory {
 
   // Waits for queued work; throws on an asynchronous error.
   virtual void synchronize() = 0;
+};
+
+// An attention program's row kernels for the reference path (made by the program's GPU launchers,
+// attnlab/attention/device_program.hpp; `context` is the call's program data): they replace the
+// built-in rule's rows between the reference path's GEMMs.
+template <class T>
+struct ReferenceRows {
+  const void* context = nullptr;
+  // scores (B,H,Tq,Tk) holds Q Kᵀ unscaled; in place: P = softmax of the built-in rule's score
+  // through the mask and score programs, 0 at hidden keys and in rows without a visible key.
+  void (*softmax)(const void* context, T* scores, const AttentionParams<T>& a) = nullptr;
+  // dp (B,H,Tq,Tk) holds dP; in place: s_h · dS ⊙ ∂S/∂U, with dS = P ⊙ (dP − rowsum(dP ⊙ P)) and
+  // U = s_h · dots (dots: Q Kᵀ unscaled); dS itself to a.dscores when set; the captured
+  // parameters' gradients to the context's rows.
+  void (*backward)(const void* context, T* dp, const T* p, const T* dots,
+                   const AttentionParams<T>& a) = nullptr;
 };
 
 template <class T>
@@ -163,6 +180,23 @@ class DeviceOps : public DeviceMemory {
   virtual void sdpa_reference_forward(T* out, T* p, const AttentionParams<T>& args) = 0;
   virtual void sdpa_reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
                                        const AttentionParams<T>& args) = 0;
+  // The reference path with an attention program's rows (ReferenceRows) in place of the built-in
+  // rule's; the same outputs. Backends that run programs elsewhere (the CPU's) throw.
+  virtual void sdpa_reference_program_forward(T* /*out*/, T* /*p*/,
+                                              const AttentionParams<T>& /*args*/,
+                                              const ReferenceRows<T>& /*rows*/) {
+    throw std::invalid_argument(name() +
+                                ": sdpa_reference_program_forward: this backend runs "
+                                "attention programs on its own paths");
+  }
+  virtual void sdpa_reference_program_backward(T* /*dq*/, T* /*dk*/, T* /*dv*/, T* /*ds*/,
+                                               const T* /*dout*/, const T* /*p*/,
+                                               const AttentionParams<T>& /*args*/,
+                                               const ReferenceRows<T>& /*rows*/) {
+    throw std::invalid_argument(name() +
+                                ": sdpa_reference_program_backward: this backend runs "
+                                "attention programs on its own paths");
+  }
   virtual void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& args) = 0;
   virtual void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,
                                    const T* lse, const AttentionParams<T>& args) = 0;

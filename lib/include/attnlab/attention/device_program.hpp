@@ -1,8 +1,8 @@
 // Attention programs on the CUDA paths: the host-side declarations. A score or mask program runs
 // inside the GPU kernels only as a functor compiled into them, so the kernels for a user's program
 // are instantiated in the user's own translation unit: include
-// lib/backends/cuda/attention_program_kernels.cuh in a .cu compiled by nvcc (or in a .cpp compiled
-// against the CPU emulator) and call attnlab::cuda::device_program(score, mask). Its result, a
+// attnlab/cuda_kernels/attention_program_kernels.cuh (installed; lib/backends/cuda in the source
+// tree) in a .cu compiled by nvcc (or in a .cpp compiled against the CPU emulator) and call attnlab::cuda::device_program(score, mask). Its result, a
 // DevicePrograms, holds launchers for float and double; give it in SdpaOptions::device_program next
 // to the host programs (score_program, mask_program), which the CPU paths and the checks read.
 //
@@ -50,14 +50,16 @@ struct DeviceProgramArgs {
   const std::size_t* block_first = nullptr;
   const unsigned char* block_states = nullptr;
   std::size_t row_blocks = 0;
-  // Backward: one row of `width` parameter gradients per dK/dV block (B·Hkv·key tiles rows), each
-  // summed by one thread in a fixed order; the host sums the rows in order. Null: no gradients.
+  // Backward: one row of `width` parameter gradients per dK/dV block (fused path: B·Hkv·key tiles
+  // rows) or per query row (reference path: B·H·Tq rows), each summed by one thread in a fixed
+  // order; the host sums the rows in order. Null: no gradients.
   T* grad_rows = nullptr;
   std::size_t width = 0;
   DeviceProgramError* error = nullptr;
 };
 
-// The launchers of one program's fused kernels for T, made in the user's translation unit.
+// The launchers of one program's kernels for T (the fused path's, and the reference path's rows),
+// made in the user's translation unit.
 template <class T>
 struct DeviceProgram {
   bool has_score = false, has_mask = false;
@@ -73,6 +75,13 @@ struct DeviceProgram {
   void (*fused_backward)(const void* program, T* dq, T* dk, T* dv, T* row_dot, const T* dout,
                          const T* out, const T* lse, const AttentionParams<T>& a,
                          const DeviceProgramArgs<T>& args) = nullptr;
+  // The reference path's row kernels (attnlab/device_ops.hpp, ReferenceRows: the same contract
+  // with the program data), one thread block per row of (B,H,Tq,Tk) device arrays.
+  void (*reference_softmax)(const void* program, T* scores, const AttentionParams<T>& a,
+                            const DeviceProgramArgs<T>& args) = nullptr;
+  void (*reference_backward)(const void* program, T* dp, const T* p, const T* dots,
+                             const AttentionParams<T>& a,
+                             const DeviceProgramArgs<T>& args) = nullptr;
   explicit operator bool() const { return fused_forward != nullptr; }
 };
 
