@@ -20,6 +20,15 @@ install(TARGETS ${ATTNLAB_EXPORTED_TARGETS} EXPORT attnlabTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/lib/include/attnlab" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The GPU kernels an attention program instantiates in its user's own .cu file
+# (attnlab/cuda_kernels/attention_program_kernels.cuh and what it includes): installed with or
+# without the CUDA backend, since they are source for the user's nvcc.
+set(ATTNLAB_PROGRAM_KERNEL_HEADERS attention_program_kernels.cuh attention_fused_kernels.cuh
+    attention_fused_tiles.cuh attention_program_device.cuh attention_reference_kernels.cuh
+    device_compat.cuh reduce.cuh)
+list(TRANSFORM ATTNLAB_PROGRAM_KERNEL_HEADERS PREPEND "${PROJECT_SOURCE_DIR}/lib/backends/cuda/")
+install(FILES ${ATTNLAB_PROGRAM_KERNEL_HEADERS}
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnlab/cuda_kernels)
 if(TARGET attnlab_cli)
   # A shared attnlab is found next to bin/ (lib/); a static one is linked in.
   set_target_properties(attnlab_cli PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")

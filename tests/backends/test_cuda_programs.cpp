@@ -3,7 +3,8 @@
 // run on the CPU by the emulated device (attnlab/backends/emulated.hpp) through the GPU op itself
 // (sdpa_forward_cuda / sdpa_backward_cuda on a DeviceOps): the same kernel source nvcc compiles.
 // Checked against the CPU op's programs, central differences, the built-in rule, and a dense -inf
-// bias; block skipping by NaN poison in tiles the mask hides; determinism; the errors.
+// bias; block skipping by NaN poison in tiles the mask hides; determinism; the errors. The last
+// case runs programs compiled by nvcc (cuda_programs.cu) on a real GPU, skipped without one.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -22,8 +23,12 @@
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/attention_cuda.hpp"
 #include "attnlab/random.hpp"
+#include "cuda_helpers.hpp"
 #include "helpers.hpp"
 #include "program_functors.hpp"
+#if defined(ATTNLAB_TEST_GPU_PROGRAMS)
+#include "gpu_programs.hpp"
+#endif
 
 // clang-format off
 #include "attnlab/backends/cuda_emulator.hpp"
@@ -448,3 +453,52 @@ TEST_CASE("cuda program: errors match the CPU op's") {
   }
 }
 
+TEST_CASE("cuda program on a GPU: nvcc-compiled score and document programs match the CPU op") {
+  if (!test::cuda_device_or_skip()) return;
+#if defined(ATTNLAB_TEST_GPU_PROGRAMS)
+  const std::size_t T = 150, H = 2;
+  std::vector<std::int32_t> ids(T);
+  for (std::size_t t = 0; t < T; ++t) ids[t] = t < 40 ? 0 : (t < 100 ? 1 : 2);
+  auto holder = make_cuda_device_ops<double>();  // keeps the ids' device memory
+  const DeviceIds held(*holder, ids);
+  const auto host_ids = std::make_shared<const std::vector<std::int32_t>>(ids);
+  const Inputs in = inputs(2, H, 1, T, T, 8, 71);  // grouped-query, three key tiles
+  // The GPU op on the device itself (not a DeviceOps argument).
+  const auto device_run = [&](const SdpaOptions& o, auto zero) {
+    using F = decltype(zero);
+    SdpaCache<F> cache;
+    const auto q = to<F>(in.q), k = to<F>(in.k), v = to<F>(in.v);
+    Run<F> r;
+    r.out = sdpa_forward_cuda(cache, q, k, v, o);
+    r.g = sdpa_backward_cuda(to<F>(in.dout), cache, q, k, v);
+    return r;
+  };
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    SdpaOptions score = relative_options(H, 5, path);
+    score.device_program =
+        std::make_shared<const cuda::DevicePrograms>(test::gpu_capped_relative());
+    SdpaOptions documents = score;
+    documents.mask_program = attention::mask_program(
+        attention::masks::Document{host_ids, T, false, true}, "document", {false, false});
+    documents.device_program = std::make_shared<const cuda::DevicePrograms>(
+        test::gpu_capped_relative_documents(held.get()));
+    for (const SdpaOptions* o : {&score, &documents}) {
+      CAPTURE(o == &score ? "score" : "score and documents");
+      check_close(device_run(*o, 0.0), cpu_run<double>(in, *o), 1e-10);
+      const Run<float> a = device_run(*o, 0.0f), b = device_run(*o, 0.0f);
+      check_close(a, cpu_run<float>(in, *o), 2e-5);
+      // The parameters' gradients: the same bits run to run (no float atomics).
+      REQUIRE(a.g.dprogram.size() == 2);
+      for (std::size_t k = 0; k < 2; ++k) {
+        CHECK(std::memcmp(a.g.dprogram[k].data(), b.g.dprogram[k].data(),
+                          a.g.dprogram[k].size() * sizeof(float)) == 0);
+      }
+    }
+  }
+#else
+  FAIL(
+      "a CUDA device, but this build has no nvcc-compiled test programs "
+      "(ATTNLAB_TEST_GPU_PROGRAMS)");
+#endif
+}

@@ -26,7 +26,8 @@ if(MODE STREQUAL "package")
   foreach(f ${LIBDIR}/cmake/attnlab/attnlabConfig.cmake
             ${LIBDIR}/cmake/attnlab/attnlabConfigVersion.cmake
             ${LIBDIR}/cmake/attnlab/attnlabTargets.cmake include/attnlab/attnlab.hpp
-            include/attnlab/optim/adamw.hpp)
+            include/attnlab/optim/adamw.hpp
+            include/attnlab/cuda_kernels/attention_program_kernels.cuh)
     if(NOT EXISTS "${prefix}/${f}")
       message(FATAL_ERROR "cmake --install did not install ${f}")
     endif()
