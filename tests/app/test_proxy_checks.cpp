@@ -318,3 +318,78 @@ TEST_CASE("proxy checks: each verdict says how many seeds give it on their own r
   const std::string md = summary_markdown(paper, "t");
   CHECK(md.find("| 2 of 2 |") != std::string::npos);
 }
+
+TEST_CASE("proxy mechanisms: the high-LR figures per arm, and each ablation beside qk-norm") {
+  std::vector<RunRecord> runs = make_runs(paper_family());
+  // qk-norm at 0.3 grows 12x in the family; at width 64 its gains frozen grow 3x, its shift held
+  // 12x, with the figures the trainer logs.
+  for (auto& r : runs) {
+    if (r.mode == "qk_norm" && r.lr == 0.3) {
+      r.layer0_final.max_logit = 2.0 * 12;
+      r.layer0_final.qn_gamma_max = 1.5;
+      r.layer0_final.q_norm = 7.0;
+    }
+  }
+  for (const char* arm : {"qk_norm_gain_frozen", "qk_norm_no_shift"}) {
+    for (double lr : kLrs) {
+      for (int seed : {0, 1}) {
+        RunRecord r;
+        r.group = "proxies/w64-ablations";
+        r.mode = arm;
+        r.d_k = 32;
+        r.lr = lr;
+        r.seed = seed;
+        r.steps = 300;
+        r.has_target = false;
+        r.init_eval_loss = kInit;
+        r.final_eval_loss = 2.5 + 0.01 * seed;
+        r.layer0_init = {2.0, 3.0, 1.0, 1.0};
+        const double growth = std::string(arm) == "qk_norm_gain_frozen" ? 3.0 : 12.0;
+        r.layer0_final = {2.0 * growth, 2.0, 1.0, 1.0};
+        r.layer0_final.qn_gamma_max = std::string(arm) == "qk_norm_gain_frozen" ? 1.0 : 1.5;
+        runs.push_back(r);
+      }
+    }
+  }
+  const auto families = width_families(runs);
+  REQUIRE(families.size() == 1);  // the ablation group is no width of its own
+  CHECK(families[0].widths == std::vector<int>{64, 128, 256});
+  CHECK(ablation_group("proxies/w64") == "proxies/w64-ablations");
+  const ReportSection s = proxy_mechanisms_section(runs, families[0]);
+  REQUIRE(s.tables.size() == 2);
+  const ReportTable& mech = s.tables[0];
+  const auto row = [](const ReportTable& t, const std::string& w, const std::string& arm,
+                      const std::string& lr) -> const std::vector<std::string>& {
+    for (const auto& r : t.rows)
+      if (r[0] == w && r[1] == arm && (lr.empty() || r[2] == lr)) return r;
+    FAIL("no row " << w << " " << arm << " " << lr);
+    return t.rows.front();
+  };
+  // Every arm of every width at both high LRs, the ablations after their width's arms.
+  CHECK(mech.rows.size() == (3 * 3 + 2) * 2);
+  const auto& qk = row(mech, "64", "qk_norm", "0.3");
+  CHECK(qk[3] == "2");
+  CHECK(qk[5] == "12 (12–12)");
+  CHECK(qk[7] == "7");     // ‖q‖
+  CHECK(qk[13] == "1.5");  // q-norm γ max
+  CHECK(qk[16] == "—");    // k-norm ‖β‖: not logged here
+  const auto& frozen = row(mech, "64", "qk_norm_gain_frozen", "0.1");
+  CHECK(frozen[5] == "3 (3–3)");
+  // The ablation table: only width 64 has ablations; 1/√d_k, qk-norm, then the ablations.
+  const ReportTable& abl = s.tables[1];
+  REQUIRE(abl.rows.size() == 4);
+  CHECK(abl.rows[0][1] == "sqrt_dk");
+  CHECK(abl.rows[1][1] == "qk_norm");
+  const auto& g = row(abl, "64", "qk_norm_gain_frozen", "");
+  CHECK(g[5] == "3");
+  CHECK(g[6] == "0.25");  // its growth over qk-norm's 12
+  CHECK(g[9] == "yes");   // below 10x
+  CHECK(row(abl, "64", "qk_norm_no_shift", "")[9] == "no");
+  CHECK(row(abl, "64", "qk_norm_no_shift", "")[6] == "1.00");
+  // 1/√d_k at 0.3 grew 20x in the family: the ablation's final max logit (6) over its 40.
+  CHECK(g[8] == "0.15");
+  // The section is in summary.md after the checks.
+  const std::string md = summary_markdown(runs, "t");
+  CHECK(md.find("mechanisms and ablations") > md.find("the checks against Wortsman"));
+  CHECK(md.find("## proxies/w64-ablations, 300 steps") != std::string::npos);
+}

@@ -478,8 +478,10 @@ std::vector<ReportSection> summary_sections(const std::vector<RunRecord>& runs) 
     if (has_magnitude_arms(grid))
       for (int steps : grid.budgets) sections.push_back(magnitude_section(runs, grid, steps));
   }
-  for (const auto& family : width_families(runs))
+  for (const auto& family : width_families(runs)) {
     sections.push_back(proxy_checks_section(runs, family));
+    sections.push_back(proxy_mechanisms_section(runs, family));
+  }
   return sections;
 }
 

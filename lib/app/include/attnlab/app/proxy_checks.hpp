@@ -115,4 +115,13 @@ std::vector<SeedSupport> proxy_seed_support(const std::vector<RunRecord>& runs,
 // numbers.
 ReportSection proxy_checks_section(const std::vector<RunRecord>& runs, const WidthFamily& f);
 
+// The ablations of a width's group (its runs with qk-norm's gains or shifts held, or a longer
+// warmup, on the same seeds): the group "<group>-ablations", which no family takes in.
+std::string ablation_group(const std::string& group);
+
+// The mechanism table (layer 0's logged figures at the end, per arm at LR 0.1 and 0.3, ablations
+// included) and, where a width has ablations, the table of C2's cause: each ablation's growth,
+// loss and final max logit at LR 0.3 beside qk-norm's and 1/√d_k's.
+ReportSection proxy_mechanisms_section(const std::vector<RunRecord>& runs, const WidthFamily& f);
+
 }  // namespace attnlab::app
