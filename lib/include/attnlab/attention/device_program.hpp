@@ -2,9 +2,10 @@
 // inside the GPU kernels only as a functor compiled into them, so the kernels for a user's program
 // are instantiated in the user's own translation unit: include
 // attnlab/cuda_kernels/attention_program_kernels.cuh (installed; lib/backends/cuda in the source
-// tree) in a .cu compiled by nvcc (or in a .cpp compiled against the CPU emulator) and call attnlab::cuda::device_program(score, mask). Its result, a
-// DevicePrograms, holds launchers for float and double; give it in SdpaOptions::device_program next
-// to the host programs (score_program, mask_program), which the CPU paths and the checks read.
+// tree) in a .cu compiled by nvcc (or in a .cpp compiled against the CPU emulator) and call
+// attnlab::cuda::device_program(score, mask). Its result, a DevicePrograms, holds launchers for
+// float and double; give it in SdpaOptions::device_program next to the host programs
+// (score_program, mask_program), which the CPU paths and the checks read.
 //
 // The functors are the CPU path's (attnlab/attention/program.hpp), marked ATTNLAB_HOST_DEVICE:
 //   score  template <class S, class P> S operator()(S u, b, h, i, j, const P& params) const
