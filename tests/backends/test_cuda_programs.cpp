@@ -17,9 +17,12 @@
 #include <vector>
 
 #include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xsort.hpp>
 
 #include "attnlab/attention/programs.hpp"
 #include "attnlab/backends/emulated.hpp"
+#include "attnlab/nn/multi_head_attention.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/attention_cuda.hpp"
 #include "attnlab/random.hpp"
@@ -451,6 +454,60 @@ TEST_CASE("cuda program: errors match the CPU op's") {
     CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
     CHECK(gpu.find("(0, 1, 3, 2)") != std::string::npos);
   }
+}
+
+TEST_CASE("cuda program: a MultiHeadAttention on the device with a score program is the CPU one") {
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    AttentionConfig c;
+    c.d_model = 16;
+    c.heads = 2;
+    c.sdpa.causal = true;
+    c.sdpa.path = path;
+    const auto spec = [&] {
+      const auto p = relative_params(2, CappedRelative{}.R, 13);
+      return ScoreProgramSpec{
+          attention::score_program(CappedRelative{}, "capped relative"),
+          {{"table", p[0]}, {"slope", p[1]}},
+          std::make_shared<const cuda::DevicePrograms>(cuda::device_program(CappedRelative{}))};
+    };
+    auto device = emulated::make_device_ops<double>();  // outlives the layer on it
+    Rng r1(5), r2(5);
+    MultiHeadAttention<double> cpu(c, r1), dev(c, r2);
+    cpu.set_score_program(spec());
+    dev.set_score_program(spec());
+    dev.to(*device);
+    Rng data(17);
+    const auto x = randn<double, 3>({2, 70, 16}, data);  // two key tiles
+    const auto dy = randn<double, 3>({2, 70, 16}, data);
+    const Tensor3<double> y_cpu = cpu.forward(x), y_dev = dev.forward(x);
+    CHECK(test::rel_error(y_dev, y_cpu) < 1e-12);
+    const Tensor3<double> dx_cpu = cpu.backward(dy), dx_dev = dev.backward(dy);
+    CHECK(test::rel_error(dx_dev, dx_cpu) < 1e-12);
+    dev.copy_to_host(true);
+    const auto pc = cpu.parameters(), pd = dev.parameters();
+    REQUIRE(pc.size() == pd.size());
+    for (std::size_t i = 0; i < pc.size(); ++i) {
+      CAPTURE(pc[i].name);
+      CHECK(test::rel_error(pd[i].param->grad, pc[i].param->grad) < 1e-12);
+    }
+    CHECK(pd.back().name == "program.slope");
+    CHECK(xt::amax(xt::abs(pd.back().param->grad))() > 0);
+  }
+  // Without launchers a layer on a device refuses the program, naming what it needs.
+  AttentionConfig c;
+  c.d_model = 16;
+  c.heads = 2;
+  auto device = emulated::make_device_ops<double>();
+  Rng rng(5);
+  MultiHeadAttention<double> m(c, rng);
+  m.set_score_program({attention::score_program(CappedRelative{}, "capped relative"),
+                       {{"table", std::vector<double>(14, 0.1)}, {"slope", {0.1, 0.2}}}});
+  m.to(*device);
+  Rng data(3);
+  CHECK_THROWS_WITH_AS(m.forward(randn<double, 3>({1, 4, 16}, data)),
+                       doctest::Contains("score_program expected its GPU launchers"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("cuda program on a GPU: nvcc-compiled score and document programs match the CPU op") {

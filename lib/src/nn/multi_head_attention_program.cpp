@@ -1,6 +1,7 @@
 // MultiHeadAttention's attention programs (attnlab/nn/multi_head_attention.hpp): the layer's
 // score program and its parameters, the per-forward SequenceLayout (packed documents' block mask
-// and RoPE positions), and the core on the program path, the host op over the layer's buffers.
+// and RoPE positions), and the core on the program path: the host op over the layer's buffers, or
+// on a device backend the GPU op over its DeviceOps.
 #include <algorithm>
 #include <cassert>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "attnlab/attention/programs.hpp"
 #include "attnlab/nn/multi_head_attention.hpp"
+#include "attnlab/ops/attention_cuda.hpp"
 
 namespace attnlab {
 
@@ -40,6 +42,7 @@ void MultiHeadAttention<T>::set_score_program(ScoreProgramSpec spec) {
     program_names_.push_back(name);
   }
   score_program_ = std::move(spec.program);
+  device_program_ = std::move(spec.device_program);
 }
 
 SequenceLayout document_layout(std::vector<std::int32_t> documents, std::size_t B, std::size_t T,
@@ -84,15 +87,21 @@ void MultiHeadAttention<T>::bind_programs(Context& ctx, SdpaOptions& options, st
     ctx.positions_ = layout->positions;
   }
   if (ctx.program_) {
-    check_arg(this->ops().host_memory(), op, score_program_ ? "score_program" : "layout.block_mask",
-              "a backend with host memory (attention programs run on the CPU paths)",
+    // On a device: the GPU op with the program's launchers; a layout's mask has none yet.
+    check_arg(this->ops().host_memory() || !layout_mask, op, "layout.block_mask",
+              "a backend with host memory (a layout's mask runs on the CPU paths)",
               this->ops().name());
+    check_arg(this->ops().host_memory() || device_program_, op, "score_program",
+              "its GPU launchers on a device backend (ScoreProgramSpec::device_program = "
+              "attnlab::cuda::device_program(score))",
+              "none, on " + this->ops().name());
     check_arg(cache == nullptr, "MultiHeadAttention::forward_cached", "score_program",
               "none with a KV cache (a program sees the query's index within the call)",
               "a program");
   }
   if (score_program_) {
     options.score_program = score_program_;
+    options.device_program = device_program_;
     options.program_params.clear();
     for (const auto& p : program_params_) {
       const T* v = p->value_data();
@@ -132,21 +141,22 @@ void MultiHeadAttention<T>::rotate_heads(const Context& ctx, T* x, std::size_t h
 }
 
 namespace {
-// A host-memory buffer as a tensor, and back (the program path: the host op on the buffers).
+// A buffer as a host tensor, and back: the program path runs the host op (CPU backends) or the
+// GPU op over the backend's DeviceOps (device backends) on host tensors.
 template <class T>
 Tensor4<T> host_tensor(const Buffer<T>& b) {
   Tensor4<T> out({b.dim(0), b.dim(1), b.dim(2), b.dim(3)});
-  std::copy(b.data(), b.data() + b.size(), out.data());
+  b.copy_to_host(out.data());
   return out;
 }
 template <class T>
-void copy_into(Buffer<T>& b, const Tensor4<T>& t) {
+void copy_into(DeviceOps<T>& ops, Buffer<T>& b, const Tensor4<T>& t) {
   assert(b.size() == t.size());
-  std::copy(t.data(), t.data() + t.size(), b.data());
+  if (t.size() > 0) ops.upload(b.data(), t.data(), t.size() * sizeof(T));
 }
 }  // namespace
 
-// The host op over the layer's q, k, v (host memory): its cache keeps P or O and the log-sum-exp.
+// The op over the layer's q, k, v: its cache keeps P or O and the log-sum-exp.
 template <class T>
 void MultiHeadAttention<T>::program_forward(Context& ctx) {
   ctx.p_ = ctx.lse_ = Buffer<T>();
@@ -154,24 +164,37 @@ void MultiHeadAttention<T>::program_forward(Context& ctx) {
   SdpaOptions options = ctx.options_;
   const std::vector<T> scales = ctx.scale_.to_vector();
   options.head_scale.assign(scales.begin(), scales.end());
+  const KeyMask* key_mask = ctx.mask_.empty() ? nullptr : &mask;
+  const Tensor4<T> q = host_tensor(ctx.q_), k = host_tensor(ctx.k_), v = host_tensor(ctx.v_);
   const Tensor4<T> o =
-      sdpa_forward<T>(ctx.sdpa_, host_tensor(ctx.q_), host_tensor(ctx.k_), host_tensor(ctx.v_),
-                      options, ctx.mask_.empty() ? nullptr : &mask);
+      this->ops().host_memory()
+          ? sdpa_forward<T>(ctx.sdpa_, q, k, v, options, key_mask)
+          : sdpa_forward_cuda<T>(this->ops(), ctx.sdpa_, q, k, v, options, key_mask);
   ctx.fused_ = ctx.sdpa_.path == SdpaPath::fused;
-  copy_into(ctx.o_, o);
+  copy_into(this->ops(), ctx.o_, o);
 }
 
-// dQ, dK, dV of the host op into the layer's buffers; the program's parameter grads added in.
+// dQ, dK, dV of the op into the layer's buffers; the program's parameter grads added in.
 template <class T>
 void MultiHeadAttention<T>::program_backward(const Context& ctx, const Buffer<T>& dout) {
-  const SdpaGrads<T> g = sdpa_backward<T>(host_tensor(dout), ctx.sdpa_, host_tensor(ctx.q_),
-                                          host_tensor(ctx.k_), host_tensor(ctx.v_));
-  copy_into(dq_, g.dq);
-  copy_into(dk_, g.dk);
-  copy_into(dv_, g.dv);
+  DeviceOps<T>& ops = this->ops();
+  const Tensor4<T> d = host_tensor(dout), q = host_tensor(ctx.q_), k = host_tensor(ctx.k_),
+                   v = host_tensor(ctx.v_);
+  const SdpaGrads<T> g = ops.host_memory() ? sdpa_backward<T>(d, ctx.sdpa_, q, k, v)
+                                           : sdpa_backward_cuda<T>(ops, d, ctx.sdpa_, q, k, v);
+  copy_into(ops, dq_, g.dq);
+  copy_into(ops, dk_, g.dk);
+  copy_into(ops, dv_, g.dv);
   for (std::size_t k = 0; k < g.dprogram.size() && k < program_params_.size(); ++k) {
-    T* grad = program_params_[k]->grad_data();
-    for (std::size_t e = 0; e < g.dprogram[k].size(); ++e) grad[e] += g.dprogram[k](e);
+    Parameter<T>& p = *program_params_[k];
+    const std::size_t n = g.dprogram[k].size();
+    if (ops.host_memory()) {
+      T* grad = p.grad_data();
+      for (std::size_t e = 0; e < n; ++e) grad[e] += g.dprogram[k](e);
+    } else {  // grad ← 1·grad + 1·dprogram, on the device
+      const Buffer<T> add = Buffer<T>::from_host(ops, g.dprogram[k].data(), {n});
+      ops.axpby(p.grad_data(), add.data(), n, T(1), T(1));
+    }
   }
 }
 

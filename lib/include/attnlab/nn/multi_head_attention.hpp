@@ -20,16 +20,19 @@
 // log of the mode's scale and fed to the core as SdpaOptions::head_scale = exp(log_scale).
 // None of the options changes the random draws: one seed gives the same weights in every mode.
 //
-// Attention programs (attnlab/attention/program.hpp) in the layer, on a backend with host memory
-// (the CPU paths run them; another backend throws std::invalid_argument):
+// Attention programs (attnlab/attention/program.hpp) in the layer:
 //  - set_score_program: the layer's score function f(u, b, h, i, j, params) with its captured
 //    parameters as the layer's own Parameters "program.<name>" (optimizers update them,
-//    checkpoints save them); their gradients are the op's SdpaGrads::dprogram.
+//    checkpoints save them); their gradients are the op's SdpaGrads::dprogram. On a device
+//    backend, with the program's GPU launchers (ScoreProgramSpec::device_program), the layer runs
+//    the GPU op (sdpa_forward_cuda / sdpa_backward_cuda over the backend's DeviceOps) on copies of
+//    its q, k, v in host memory: exact, with a round trip through the host per call.
 //  - SequenceLayout, per forward: a block mask (built once per batch, e.g. for packed documents,
 //    and read by every layer) and per-token RoPE positions. The model builds one layout per
 //    batch and hands the same pointer to every block's forward; each layer's Context keeps the
 //    block mask (a shared_ptr) for its backward.
-// A forward with either runs the host op (sdpa_forward / sdpa_backward) on the layer's buffers.
+// A forward with either runs the host op (sdpa_forward / sdpa_backward) on the layer's buffers;
+// a layout's block mask needs a backend with host memory (std::invalid_argument otherwise).
 #pragma once
 
 #include <cstdint>
@@ -116,9 +119,12 @@ SequenceLayout document_layout(std::vector<std::int32_t> documents, std::size_t 
 
 // A score program for MultiHeadAttention::set_score_program: the program, and its captured
 // parameters as (name, initial values); the program reads parameter k as params(k, index).
+// device_program: its GPU launchers (attnlab/attention/device_program.hpp), which a layer on a
+// device backend needs; the CPU paths ignore them.
 struct ScoreProgramSpec {
   std::shared_ptr<const attention::ScoreProgram> program;
   std::vector<std::pair<std::string, std::vector<double>>> params;
+  std::shared_ptr<const cuda::DevicePrograms> device_program = {};
 };
 
 // The keys and values of the tokens one attention layer has seen, for incremental decoding (a KV
@@ -328,6 +334,7 @@ class MultiHeadAttention : public SequenceModule<T> {
   Buffer<T> dx_, dcontext_, dcontext_v_;
   // set_score_program's program and parameters (stable addresses: the parameter list points in).
   std::shared_ptr<const attention::ScoreProgram> score_program_;
+  std::shared_ptr<const cuda::DevicePrograms> device_program_;
   std::vector<std::string> program_names_;
   std::vector<std::unique_ptr<Parameter<T>>> program_params_;
 };
