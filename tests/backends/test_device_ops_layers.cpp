@@ -357,6 +357,22 @@ void check_linear(LayerInputs<T>& in) {
   CHECK(test::rel_error(y.host(), y_cpu) < tol);
   CHECK(test::rel_error(dx.host(), g.dx) < tol);
   CHECK(test::rel_error(dwt.host(), dw_out_in) < tol);
+  // accumulate_dw: the GEMM adds into dW (β = 1), in both layouts. Into zeros it gives the
+  // assigning call's bits (what keeps a training run's numbers when the modules write their
+  // gradients in place); into a gradient already there, the sum.
+  for (bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    const T* weights = transposed ? wt_in.get() : dw_in.get();
+    const std::vector<T> assigned = transposed ? dwt.host() : dw.host();
+    DeviceVector<T, T> acc(ops, std::vector<T>(C * hidden, T(0)));
+    ops.linear_backward(nullptr, acc.get(), nullptr, ddyl.get(), dx_in.get(), weights, rows, C,
+                        hidden, transposed, /*accumulate_dw=*/true);
+    CHECK(acc.host() == assigned);
+    ops.linear_backward(nullptr, acc.get(), nullptr, ddyl.get(), dx_in.get(), weights, rows, C,
+                        hidden, transposed, /*accumulate_dw=*/true);
+    const Tensor2<double> twice = 2.0 * (transposed ? dw_out_in : g.dw);
+    CHECK(test::rel_error(acc.host(), twice) < tol);
+  }
 }
 
 // softmax cross-entropy with ignored rows, with and without z-loss.

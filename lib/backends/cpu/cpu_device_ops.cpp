@@ -250,10 +250,12 @@ class CpuDeviceOps final : public DeviceOps<T> {
     detail::linear_forward_rows(y, x, w, b, rows, in, out, w_transposed);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
-                       std::size_t in, std::size_t out, bool w_transposed) override {
+                       std::size_t in, std::size_t out, bool w_transposed,
+                       bool accumulate_dw) override {
     std::vector<T>& partial = scratch();
     partial.resize((detail::linear_chunks(rows) - 1) * in * out);
-    detail::linear_backward_rows(dx, dw, db, dy, x, w, rows, in, out, partial.data(), w_transposed);
+    detail::linear_backward_rows(dx, dw, db, dy, x, w, rows, in, out, partial.data(), w_transposed,
+                                 accumulate_dw);
   }
   void softmax_cross_entropy(T* loss, T* dlogits, T* /*row_loss: kept in double here*/,
                              const T* logits, const int* targets, std::size_t rows, std::size_t V,

@@ -202,18 +202,20 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (b) add_bias(y, b, rows, out);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
-                       std::size_t in, std::size_t out, bool w_transposed) override {
+                       std::size_t in, std::size_t out, bool w_transposed,
+                       bool accumulate_dw) override {
     const int m = as_int(rows, "linear_backward"), k = as_int(in, "linear_backward"),
               n = as_int(out, "linear_backward");
+    const T beta = accumulate_dw ? T(1) : T(0);
     // dx = dy Wᵀ                                            (rows,Out) x (Out,In) -> (rows,In)
     if (dx) {
       rt_.template gemm<T>(false, !w_transposed, m, k, n, T(1), dy, n, 0, w, w_transposed ? k : n,
                            0, T(0), dx, k, 0, 1);
     }
     if (w_transposed) {  // dW = dyᵀ x                       (Out,rows) x (rows,In) -> (Out,In)
-      rt_.template gemm<T>(true, false, n, k, m, T(1), dy, n, 0, x, k, 0, T(0), dw, k, 0, 1);
+      rt_.template gemm<T>(true, false, n, k, m, T(1), dy, n, 0, x, k, 0, beta, dw, k, 0, 1);
     } else {  // dW = xᵀ dy                                  (In,rows) x (rows,Out) -> (In,Out)
-      rt_.template gemm<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, T(0), dw, n, 0, 1);
+      rt_.template gemm<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, beta, dw, n, 0, 1);
     }
     if (db && out > 0) column_sum(db, dy, rows, out);
   }

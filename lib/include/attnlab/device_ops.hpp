@@ -155,10 +155,12 @@ class DeviceOps : public DeviceMemory {
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows,
                               std::size_t in, std::size_t out, bool w_transposed = false) = 0;
   // dx = dy Wᵀ (skipped when dx is null), dW = xᵀ dy, db = Σ_rows dy (skipped when db is null).
-  // With w_transposed, W and dW are stored (Out, In): dx = dy W, dW = dyᵀ x.
+  // With w_transposed, W and dW are stored (Out, In): dx = dy W, dW = dyᵀ x. With accumulate_dw,
+  // the GEMM adds into dW (β = 1: dW += xᵀ dy, a parameter's gradient written in place); dx and db
+  // are assigned either way.
   virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                                std::size_t rows, std::size_t in, std::size_t out,
-                               bool w_transposed = false) = 0;
+                               bool w_transposed = false, bool accumulate_dw = false) = 0;
   // Fused softmax cross-entropy with PaLM's z-loss (attnlab/ops/cross_entropy.hpp) over logits
   // (rows, V), targets (rows,) in [0, V) or ignore_index, with log Z = logsumexp of the row: loss
   // (2 device values) = [mean over labelled rows of −log softmax[target], z_loss · mean of log Z²]

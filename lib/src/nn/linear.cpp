@@ -36,11 +36,10 @@ Buffer<T> Linear<T>::backward_impl(const Buffer<T>& dy) {
   DeviceOps<T>& ops = this->ops();
   const std::size_t rows = dy.dim(0) * dy.dim(1);
   Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, {dy.dim(0), dy.dim(1), in_});
-  Buffer<T>& dw = Buffer<T>::reuse(dw_, ops, {in_, out_});
   T* db = has_bias_ ? Buffer<T>::reuse(db_, ops, {out_}).data() : nullptr;
-  ops.linear_backward(dx.data(), dw.data(), db, dy.data(), x_.data(), w.value_data(), rows, in_,
-                      out_);
-  add_into(ops, w, dw);
+  // dW is added into w's gradient by the GEMM (β = 1); db goes through a buffer.
+  ops.linear_backward(dx.data(), w.grad_data(), db, dy.data(), x_.data(), w.value_data(), rows, in_,
+                      out_, /*w_transposed=*/false, /*accumulate_dw=*/true);
   if (has_bias_) add_into(ops, b, db_);
   return dx;
 }

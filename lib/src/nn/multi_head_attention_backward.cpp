@@ -54,10 +54,9 @@ const Buffer<T>& MultiHeadAttention<T>::backward_out(const Context& ctx, const B
   Buffer<T>& dmerged = Buffer<T>::reuse(
       dmerged_, ops, {B * std::max(Tq, Tk) * std::max(H_, Hkv_) * std::max(D_, Dv_)});
   Buffer<T>& dout = Buffer<T>::reuse(dout_, ops, {B, H_, Tq, Dv_});
-  ops.linear_backward(H_ == 1 ? dout.data() : dmerged.data(),
-                      Buffer<T>::reuse(dw_, ops, {HDv * C}).data(), nullptr, dy.data(),
-                      ctx.merged_.data(), w_o.value_data(), Nq, HDv, C);
-  add_into(ops, w_o, dw_);
+  ops.linear_backward(H_ == 1 ? dout.data() : dmerged.data(), w_o.grad_data(), nullptr, dy.data(),
+                      ctx.merged_.data(), w_o.value_data(), Nq, HDv, C, /*w_transposed=*/false,
+                      /*accumulate_dw=*/true);
   if (H_ != 1) ops.split_heads(dout.data(), dmerged.data(), B, Tq, H_, Dv_);
   return dout;
 }
@@ -136,20 +135,18 @@ typename MultiHeadAttention<T>::Grads MultiHeadAttention<T>::backward_projection
     return dmerged_.data();
   };
   Buffer<T>& dctx = Buffer<T>::reuse(dcontext_, ops, {B, Tk, Cc});
-  ops.linear_backward(dctx.data(), Buffer<T>::reuse(dw_, ops, {Cc * KD}).data(), nullptr,
-                      merged_of(dk_in, Hkv_, Tk, D_), ctx.context_.data(), w_k.value_data(), Nk, Cc,
-                      KD);
-  add_into(ops, w_k, dw_);
+  ops.linear_backward(dctx.data(), w_k.grad_data(), nullptr, merged_of(dk_in, Hkv_, Tk, D_),
+                      ctx.context_.data(), w_k.value_data(), Nk, Cc, KD, /*w_transposed=*/false,
+                      /*accumulate_dw=*/true);
   Buffer<T>& dctx_v = Buffer<T>::reuse(dcontext_v_, ops, {B, Tk, Cc});
-  ops.linear_backward(dctx_v.data(), Buffer<T>::reuse(dw_, ops, {Cc * KDv}).data(), nullptr,
-                      merged_of(dv_.data(), Hkv_, Tk, Dv_), ctx.context_.data(), w_v.value_data(),
-                      Nk, Cc, KDv);
-  add_into(ops, w_v, dw_);
+  ops.linear_backward(dctx_v.data(), w_v.grad_data(), nullptr, merged_of(dv_.data(), Hkv_, Tk, Dv_),
+                      ctx.context_.data(), w_v.value_data(), Nk, Cc, KDv, /*w_transposed=*/false,
+                      /*accumulate_dw=*/true);
   ops.add(dctx.data(), dctx.data(), dctx_v.data(), dctx.size());
   Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, {B, Tq, C});
-  ops.linear_backward(dx.data(), Buffer<T>::reuse(dw_, ops, {C * HD}).data(), nullptr,
-                      merged_of(dq_in, H_, Tq, D_), ctx.x_.data(), w_q.value_data(), Nq, C, HD);
-  add_into(ops, w_q, dw_);
+  ops.linear_backward(dx.data(), w_q.grad_data(), nullptr, merged_of(dq_in, H_, Tq, D_),
+                      ctx.x_.data(), w_q.value_data(), Nq, C, HD, /*w_transposed=*/false,
+                      /*accumulate_dw=*/true);
   if (ctx.self_) {
     ops.add(dx.data(), dx.data(), dctx.data(), dx.size());
     return {dx, Buffer<T>()};

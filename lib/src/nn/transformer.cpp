@@ -185,11 +185,11 @@ Buffer<T> Transformer<T>::head_backward(const Buffer<T>& dy) {
   const std::size_t C = config_.d_model(), V = config_.out_vocab;
   Parameter<T>& table = embed_.field(0).table;
   Buffer<T>& dx = Buffer<T>::reuse(tied_dx_, ops, {dy.dim(0), dy.dim(1), C});
-  Buffer<T>& dw = Buffer<T>::reuse(tied_dw_, ops, {V, C});
-  // dx = dy W_e (B·T,V) x (V,C);  dW_e = dyᵀ x (V,B·T) x (B·T,C), added to the embedding's use
-  ops.linear_backward(dx.data(), dw.data(), nullptr, dy.data(), tied_x_.data(), table.value_data(),
-                      dy.dim(0) * dy.dim(1), C, V, /*w_transposed=*/true);
-  add_into(ops, table, dw);
+  // dx = dy W_e (B·T,V) x (V,C);  dW_e = dyᵀ x (V,B·T) x (B·T,C), added to the table's gradient
+  // in the GEMM (β = 1), beside the embedding's own use
+  ops.linear_backward(dx.data(), table.grad_data(), nullptr, dy.data(), tied_x_.data(),
+                      table.value_data(), dy.dim(0) * dy.dim(1), C, V, /*w_transposed=*/true,
+                      /*accumulate_dw=*/true);
   return dx;
 }
 

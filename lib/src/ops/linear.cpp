@@ -64,9 +64,9 @@ void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t r
 template <class T>
 void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                           std::size_t rows, std::size_t in, std::size_t out, T* partial_dw,
-                          bool w_transposed) {
+                          bool w_transposed, bool accumulate_dw) {
   const std::size_t chunks = linear_chunks(rows);
-  if (rows == 0) std::fill(dw, dw + in * out, T(0));
+  if (rows == 0 && !accumulate_dw) std::fill(dw, dw + in * out, T(0));
     // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
 #pragma omp parallel for num_threads(int(chunks)) schedule(static)
   for (std::size_t c = 0; c < chunks; ++c) {
@@ -79,12 +79,13 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
                     int(w_transposed ? in : out), T(0), dx + r0 * in, int(in));
     }
     T* dwc = c == 0 ? dw : partial_dw + (c - 1) * in * out;
+    const T beta = c == 0 && accumulate_dw ? T(1) : T(0);
     if (w_transposed) {  // dW stored (Out,In): dyᵀ x    (Out,r) x (r,In) -> (Out,In)
       blas::gemm<T>(true, false, int(out), int(in), r, T(1), dy + r0 * out, int(out), x + r0 * in,
-                    int(in), T(0), dwc, int(in));
+                    int(in), beta, dwc, int(in));
     } else {  // dW = xᵀ dy                           (In,r) x (r,Out) -> (In,Out)
       blas::gemm<T>(true, false, int(in), int(out), r, T(1), x + r0 * in, int(in), dy + r0 * out,
-                    int(out), T(0), dwc, int(out));
+                    int(out), beta, dwc, int(out));
     }
   }
   // The partials and db are sums over chunks / rows; cut over their elements instead, each element
@@ -114,10 +115,10 @@ template void linear_forward_rows<double>(double*, const double*, const double*,
                                           std::size_t, std::size_t, std::size_t, bool);
 template void linear_backward_rows<float>(float*, float*, float*, const float*, const float*,
                                           const float*, std::size_t, std::size_t, std::size_t,
-                                          float*, bool);
+                                          float*, bool, bool);
 template void linear_backward_rows<double>(double*, double*, double*, const double*, const double*,
                                            const double*, std::size_t, std::size_t, std::size_t,
-                                           double*, bool);
+                                           double*, bool, bool);
 
 }  // namespace detail
 

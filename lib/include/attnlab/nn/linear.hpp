@@ -31,7 +31,7 @@ class Linear : public SequenceModule<T> {
  private:
   std::size_t in_, out_;
   bool has_bias_;
-  Buffer<T> x_, y_, dx_, dw_, db_;  // the cached input; reused output and gradient buffers
+  Buffer<T> x_, y_, dx_, db_;  // the cached input; reused output and gradient buffers
 };
 
 }  // namespace attnlab

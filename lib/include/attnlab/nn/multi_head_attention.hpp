@@ -330,7 +330,7 @@ class MultiHeadAttention : public SequenceModule<T> {
   std::size_t rope_positions_ = 0, rope_dims_ = 0;
   // Scratch of one call (no state between calls): projections and the backward's buffers.
   Buffer<T> proj_, y_;
-  Buffer<T> dmerged_, dout_, dq_, dk_, dv_, ds_, dq_raw_, dk_raw_, dw_, dnorm_, dlog_scale_;
+  Buffer<T> dmerged_, dout_, dq_, dk_, dv_, ds_, dq_raw_, dk_raw_, dnorm_, dlog_scale_;
   Buffer<T> dx_, dcontext_, dcontext_v_;
   // set_score_program's program and parameters (stable addresses: the parameter list points in).
   std::shared_ptr<const attention::ScoreProgram> score_program_;
