@@ -166,7 +166,7 @@ CheckResult check_c6_amended(const FamilyView& v) {
   }
   std::sort(within.begin(), within.end());
   const std::size_t n = within.size();
-  const double median = n % 2 ? within[n / 2] : 0.5 * (within[n / 2 - 1] + within[n / 2]);
+  const double median = finite_median(within);
   const bool ok = in_slope_band(median) && in_slope_band(*across);
   c.verdict = ok ? Verdict::holds : Verdict::fails;
   c.numbers = "within runs: median slope " + fmt("%.3f", median) + " (" +

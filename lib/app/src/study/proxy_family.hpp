@@ -26,6 +26,15 @@ inline constexpr double kAbsoluteLogitShare = 0.1;       // C2a: qk-norm's max l
 inline constexpr double kHighLr = 0.3, kMidLr = 0.1;
 inline constexpr int kMidLrFromWidth = 128;
 
+// The median of the finite values (NaN for none).
+inline double finite_median(std::vector<double> x) {
+  x.erase(std::remove_if(x.begin(), x.end(), [](double v) { return !std::isfinite(v); }), x.end());
+  if (x.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 inline bool same_lr(double a, double b) {
   return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
 }

@@ -17,22 +17,11 @@ namespace {
 
 using namespace proxy_detail;
 
-constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-
-// The median of the finite values (NaN for none).
-double median(std::vector<double> x) {
-  x.erase(std::remove_if(x.begin(), x.end(), [](double v) { return !std::isfinite(v); }), x.end());
-  if (x.empty()) return kNan;
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 template <class F>
 double median_of(const std::vector<const RunRecord*>& rs, F field) {
   std::vector<double> v;
   for (const auto* r : rs) v.push_back(field(*r));
-  return median(v);
+  return finite_median(v);
 }
 
 std::string shown(double x, const char* f = "%.3g") {
