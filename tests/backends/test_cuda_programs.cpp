@@ -63,6 +63,17 @@ struct InfAt {
   }
 };
 
+// Reads element `index` of captured parameter 1 at every score (past its end when index ≥ its
+// size).
+struct ReadsParam1 {
+  std::size_t index = 0;
+  template <class S, class P>
+  ATTNLAB_HOST_DEVICE S operator()(S u, std::size_t, std::size_t, std::size_t, std::size_t,
+                                   const P& params) const {
+    return u + params(1, index);
+  }
+};
+
 struct Inputs {
   Tensor4<double> q, k, v, dout;
 };
@@ -453,6 +464,47 @@ TEST_CASE("cuda program: errors match the CPU op's") {
     REQUIRE(cpu.rfind("sdpa_forward: ", 0) == 0);
     CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
     CHECK(gpu.find("(0, 1, 3, 2)") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda program: a params read past a parameter's end is the CPU op's error, both paths") {
+  const std::size_t H = 2;
+  const Inputs in = inputs(1, H, 2, 5, 5, 4, 67);
+  for (SdpaPath path : kPaths) {
+    CAPTURE(static_cast<int>(path));
+    SdpaOptions o;
+    o.path = path;
+    o.program_params = relative_params(H, CappedRelative{}.R, 13);  // parameter 1 holds H values
+    o.score_program = attention::score_program(ReadsParam1{H + 3}, "reads param 1");
+    o.device_program =
+        std::make_shared<const cuda::DevicePrograms>(cuda::device_program(ReadsParam1{H + 3}));
+    std::string cpu, gpu;
+    try {
+      SdpaCache<double> cache;
+      sdpa_forward(cache, in.q, in.k, in.v, o);
+    } catch (const std::invalid_argument& e) {
+      cpu = e.what();
+    }
+    try {
+      SdpaCache<double> cache;
+      auto device = emulated::make_device_ops<double>();
+      sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
+    } catch (const std::invalid_argument& e) {
+      gpu = e.what();
+    }
+    REQUIRE(cpu.rfind("sdpa_forward: ", 0) == 0);
+    CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
+    CHECK(gpu.find("params(1, 5) expected an index below 2 of 2 captured parameter(s)") !=
+          std::string::npos);
+    // In range, the same program runs on both.
+    o.score_program = attention::score_program(ReadsParam1{H - 1}, "reads param 1");
+    o.device_program =
+        std::make_shared<const cuda::DevicePrograms>(cuda::device_program(ReadsParam1{H - 1}));
+    SdpaCache<double> cpu_cache, gpu_cache;
+    auto device = emulated::make_device_ops<double>();
+    const auto cpu_out = sdpa_forward(cpu_cache, in.q, in.k, in.v, o);
+    const auto gpu_out = sdpa_forward_cuda(*device, gpu_cache, in.q, in.k, in.v, o);
+    CHECK(test::rel_error(gpu_out, cpu_out) < 1e-12);
   }
 }
 
