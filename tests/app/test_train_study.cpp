@@ -275,6 +275,13 @@ TEST_CASE("study --resume: a finished run is reused, a changed or unfinished one
     CHECK(again.runs[i].lr == first.runs[i].lr);
     CHECK(again.runs[i].dir == first.runs[i].dir);
   }
+  // A study folder moved elsewhere resumes there: the output path is not part of the test.
+  {
+    StudyOptions moved = options;
+    moved.out = out.file("moved");
+    std::filesystem::copy(options.out, moved.out, std::filesystem::copy_options::recursive);
+    CHECK(run_study(plan, moved, Context{}).reused == 2);
+  }
   // A run without its record (it was killed) and a run the grid gained train; the rest is reused.
   std::filesystem::remove(options.out + "/" + first.runs[0].dir + "/record.csv");
   g.lrs.push_back(3e-2);

@@ -78,14 +78,20 @@ namespace {
 // The record that an earlier invocation wrote when it finished the run c describes, if the
 // study config it wrote beside it is c (StudyOptions::resume); nothing otherwise, or when the
 // record cannot be read (then the run trains again and replaces it). The run's own config.json is
-// not the test: it holds the effective config, which the trainer resolves from this one.
+// not the test: it holds the effective config, which the trainer resolves from this one. The
+// output path is not compared, so a study folder that was moved or copied still resumes.
 std::optional<RunRecord> finished_record(const TrainConfig& c) {
   const std::string record = c.out + "/record.csv";
   std::ifstream config(c.out + "/study_config.json", std::ios::binary);
   if (!config || !std::filesystem::exists(record)) return std::nullopt;
   std::ostringstream text;
   text << config.rdbuf();
-  if (text.str() != to_json_text(c) + "\n") return std::nullopt;
+  nlohmann::json written = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json now = nlohmann::json::parse(to_json_text(c));
+  if (!written.is_object()) return std::nullopt;
+  written.erase("out");
+  now.erase("out");
+  if (written != now) return std::nullopt;
   try {
     std::vector<RunRecord> rows = read_summary_csv(record);
     if (rows.size() == 1) return rows.front();
