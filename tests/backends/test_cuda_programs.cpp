@@ -424,6 +424,28 @@ TEST_CASE("cuda program: the parameters' gradients are the same bits run to run,
   }
 }
 
+// The forward's error on the emulated GPU, checked to be the CPU op's message under the GPU op's
+// name; returned for the caller's own checks.
+std::string gpu_error_as_cpu(const Inputs& in, const SdpaOptions& o) {
+  std::string cpu, gpu;
+  try {
+    SdpaCache<double> cache;
+    sdpa_forward(cache, in.q, in.k, in.v, o);
+  } catch (const std::invalid_argument& e) {
+    cpu = e.what();
+  }
+  try {
+    SdpaCache<double> cache;
+    auto device = emulated::make_device_ops<double>();
+    sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
+  } catch (const std::invalid_argument& e) {
+    gpu = e.what();
+  }
+  REQUIRE(cpu.rfind("sdpa_forward: ", 0) == 0);
+  CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
+  return gpu;
+}
+
 TEST_CASE("cuda program: errors match the CPU op's") {
   const Inputs in = inputs(1, 2, 2, 6, 6, 4, 61);
   SUBCASE("a program without device launchers is refused, naming the op") {
@@ -447,22 +469,7 @@ TEST_CASE("cuda program: errors match the CPU op's") {
     o.path = path;
     o.score_program = attention::score_program(InfAt{}, "inf at");
     o.device_program = std::make_shared<const cuda::DevicePrograms>(cuda::device_program(InfAt{}));
-    std::string cpu, gpu;
-    try {
-      SdpaCache<double> cache;
-      sdpa_forward(cache, in.q, in.k, in.v, o);
-    } catch (const std::invalid_argument& e) {
-      cpu = e.what();
-    }
-    try {
-      SdpaCache<double> cache;
-      auto device = emulated::make_device_ops<double>();
-      sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
-    } catch (const std::invalid_argument& e) {
-      gpu = e.what();
-    }
-    REQUIRE(cpu.rfind("sdpa_forward: ", 0) == 0);
-    CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
+    const std::string gpu = gpu_error_as_cpu(in, o);
     CHECK(gpu.find("(0, 1, 3, 2)") != std::string::npos);
   }
 }
@@ -478,22 +485,7 @@ TEST_CASE("cuda program: a params read past a parameter's end is the CPU op's er
     o.score_program = attention::score_program(ReadsParam1{H + 3}, "reads param 1");
     o.device_program =
         std::make_shared<const cuda::DevicePrograms>(cuda::device_program(ReadsParam1{H + 3}));
-    std::string cpu, gpu;
-    try {
-      SdpaCache<double> cache;
-      sdpa_forward(cache, in.q, in.k, in.v, o);
-    } catch (const std::invalid_argument& e) {
-      cpu = e.what();
-    }
-    try {
-      SdpaCache<double> cache;
-      auto device = emulated::make_device_ops<double>();
-      sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
-    } catch (const std::invalid_argument& e) {
-      gpu = e.what();
-    }
-    REQUIRE(cpu.rfind("sdpa_forward: ", 0) == 0);
-    CHECK(gpu == "sdpa_forward_cuda: " + cpu.substr(std::string("sdpa_forward: ").size()));
+    const std::string gpu = gpu_error_as_cpu(in, o);
     CHECK(gpu.find("params(1, 5) expected an index below 2 of 2 captured parameter(s)") !=
           std::string::npos);
     // In range, the same program runs on both.
