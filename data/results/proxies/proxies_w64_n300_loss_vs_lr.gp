@@ -11,5 +11,5 @@ set xlabel 'peak learning rate'
 set ylabel 'final eval loss'
 set yrange [0:6]
 set title 'd_k = 32'
-plot 'proxies_w64_n300_loss_vs_lr.dat' index 0 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'sqrt_dk', 'proxies_w64_n300_loss_vs_lr.dat' index 1 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'dk', 'proxies_w64_n300_loss_vs_lr.dat' index 2 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'qk_norm', 'proxies_w64_n300_loss_vs_lr.dat' index 3 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'softcap', 4.80524 with lines dt 2 lc rgb 'gray' notitle
+plot 'proxies_w64_n300_loss_vs_lr.dat' index 0 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'sqrt_dk', 'proxies_w64_n300_loss_vs_lr.dat' index 1 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'dk', 'proxies_w64_n300_loss_vs_lr.dat' index 2 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'qk_norm', 'proxies_w64_n300_loss_vs_lr.dat' index 3 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'softcap', 4.92178 with lines dt 2 lc rgb 'gray' notitle
 unset multiplot

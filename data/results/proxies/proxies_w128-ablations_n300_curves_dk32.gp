@@ -1,0 +1,13 @@
+# attnlab study plot: re-render with `gnuplot proxies_w128-ablations_n300_curves_dk32.gp` in this folder
+set terminal svg size 420,380 font 'sans,11' background '#ffffff'
+set termoption noenhanced
+set output 'proxies_w128-ablations_n300_curves_dk32.svg'
+set grid
+set key top right
+set multiplot layout 1,1 title 'proxies/w128-ablations, 300 steps: eval loss during training at d_k = 32'
+set xlabel 'step'
+set ylabel 'eval loss'
+set yrange [0:6]
+set title 'peak lr = 0.01'
+plot 'proxies_w128-ablations_n300_curves_dk32.dat' index 0 using 1:2 with lines lw 2 title 'qk_norm_gain_frozen', 'proxies_w128-ablations_n300_curves_dk32.dat' index 1 using 1:2 with lines lw 2 title 'qk_norm_gain_lr0.1', 'proxies_w128-ablations_n300_curves_dk32.dat' index 2 using 1:2 with lines lw 2 title 'qk_norm_no_shift', 'proxies_w128-ablations_n300_curves_dk32.dat' index 3 using 1:2 with lines lw 2 title 'qk_norm_warmup150', 'proxies_w128-ablations_n300_curves_dk32.dat' index 4 using 1:2 with lines lw 2 title 'qk_norm_warmup60', 'proxies_w128-ablations_n300_curves_dk32.dat' index 5 using 1:2 with lines lw 2 title 'sqrt_dk_warmup150', 'proxies_w128-ablations_n300_curves_dk32.dat' index 6 using 1:2 with lines lw 2 title 'sqrt_dk_warmup60'
+unset multiplot
