@@ -175,7 +175,7 @@ class Transformer : public Module<T> {
   std::unique_ptr<SequenceModule<T>> norm_f_;  // nullptr for Norm::none
   std::unique_ptr<Linear<T>> head_;            // nullptr when tied (the tied_* buffers)
   // The tied head (config.tie_embeddings): its input of the last forward (B,T,C), its output
-  // (B,T,V), and the backward's dx (B,T,C) and dW_e (V,C).
+  // (B,T,V), and the backward's dx (B,T,C); dW_e is added into the table's gradient in place.
   Buffer<T> tied_x_, tied_y_, tied_dx_;
   // With logit_softcap: the capped logits of the last forward (the backward reads them) and the
   // gradient before the cap.
