@@ -238,6 +238,23 @@ double max_error(const X& x, const std::vector<double>& exact) {
   return worst;
 }
 
+// Two bf16 runs whose products sum in different fp32 orders: the fused path rounds P and s·dS to
+// bf16 before the next product, so an fp32 difference that crosses a bf16 rounding boundary moves
+// an element by up to one bf16 step of the intermediate (2⁻⁸ relative) times the other operand.
+// So: at most 1% of the elements differ by more than 1e-4, and none by more than 2⁻⁸.
+template <class X, class Y>
+bool agree_to_bf16_rounding(const X& x, const Y& y) {
+  std::size_t apart = 0;
+  double worst = 0;
+  auto it = y.begin();
+  for (auto v : x) {
+    const double d = std::abs(double(v) - double(*it++));
+    apart += d > 1e-4;
+    worst = std::max(worst, d);
+  }
+  return apart * 100 <= x.size() && worst <= std::ldexp(1.0, -8);
+}
+
 template <class T>
 bool bit_identical(const T& a, const T& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(*a.data())) == 0;
@@ -324,8 +341,10 @@ TEST_CASE("bf16 tiles: tile_gemm is blas::gemm's contract on bf16 operands") {
                        "tile_gemm: m expected >= 0, got -1", std::invalid_argument);
 }
 
-TEST_CASE("bf16 tiles: the fused attention is within twice a plain bf16 implementation's error") {
-  ChoiceGuard guard(tiles::TileChoice::portable);
+// FlashAttention's criterion for every case on the tiles `choice` picks: against the double product
+// of the bf16 inputs, the error is at most twice a plain bf16 implementation's, and above fp32's.
+void check_criterion(tiles::TileChoice choice) {
+  ChoiceGuard guard(choice);
   for (const Case& c : cases()) {
     CAPTURE(c.name);
     const Inputs in = make_inputs(c, 11);
@@ -353,6 +372,10 @@ TEST_CASE("bf16 tiles: the fused attention is within twice a plain bf16 implemen
   }
 }
 
+TEST_CASE("bf16 tiles: the fused attention is within twice a plain bf16 implementation's error") {
+  check_criterion(tiles::TileChoice::portable);
+}
+
 TEST_CASE("bf16 tiles: the same bits twice and at 1 and 2 threads") {
   ChoiceGuard guard(tiles::TileChoice::portable);
   const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
@@ -376,14 +399,14 @@ TEST_CASE("bf16 tiles: without a bf16 scope the fused attention is the fp32 path
   const Fused fp32 = run_fused(c, in);
   CHECK(same_bits(with_tiles_chosen, fp32));
   // Under the scope the portable tiles run, and their bits differ from blas's bf16 gemm's only
-  // in the order of fp32 sums: close, and the products differ from fp32's.
+  // in the order of fp32 sums (and the bf16 roundings of P that this moves): close, and the
+  // products differ from fp32's.
   const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
   const Fused blas_bf16 = run_fused(c, in);
   tiles::set_tile_choice(tiles::TileChoice::portable);
   const Fused tiled = run_fused(c, in);
   CHECK_FALSE(same_bits(tiled, fp32));
-  CHECK(max_error(tiled.out, std::vector<double>(blas_bf16.out.begin(), blas_bf16.out.end())) <
-        1e-4);
+  CHECK(agree_to_bf16_rounding(tiled.out, blas_bf16.out));
   // The default runs the tiles only where AMX is usable; elsewhere it is blas's bf16 gemm, bit
   // for bit (the portable tiles are slower than it).
   tiles::set_tile_choice(tiles::TileChoice::automatic);
@@ -414,6 +437,7 @@ TEST_CASE("bf16 tiles: AMX tiles equal the portable ones to fp32 summation order
     CHECK(sum_error(run_tiles(tiles::TileImpl::amx, pr, pr.b_vnni), pr) <= 1.0);
     CHECK(sum_error(run_tiles(tiles::TileImpl::amx, pr, pr.b_rows), pr) > 1000.0);
   }
+  check_criterion(tiles::TileChoice::automatic);  // AMX's tiles, as a bf16 run picks them
   ChoiceGuard guard(tiles::TileChoice::automatic);
   CHECK(tiles::tile_impl() == tiles::TileImpl::amx);
   const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
@@ -424,13 +448,11 @@ TEST_CASE("bf16 tiles: AMX tiles equal the portable ones to fp32 summation order
     const Fused on_amx = run_fused(c, in);
     tiles::set_tile_choice(tiles::TileChoice::portable);
     const Fused portable = run_fused(c, in);
-    // Only the order of fp32 sums (and AMX's flush of subnormals) differs: rounding of fp32.
-    const auto close = [](const auto& x, const auto& y) {
-      return max_error(x, std::vector<double>(y.begin(), y.end())) < 1e-4;
-    };
-    CHECK(close(on_amx.out, portable.out));
-    CHECK(close(on_amx.g.dq, portable.g.dq));
-    CHECK(close(on_amx.g.dk, portable.g.dk));
-    CHECK(close(on_amx.g.dv, portable.g.dv));
+    // Only the order of fp32 sums (and AMX's flush of subnormals) differs, and the bf16
+    // roundings of P and s·dS that this moves.
+    CHECK(agree_to_bf16_rounding(on_amx.out, portable.out));
+    CHECK(agree_to_bf16_rounding(on_amx.g.dq, portable.g.dq));
+    CHECK(agree_to_bf16_rounding(on_amx.g.dk, portable.g.dk));
+    CHECK(agree_to_bf16_rounding(on_amx.g.dv, portable.g.dv));
   }
 }
