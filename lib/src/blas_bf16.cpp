@@ -10,6 +10,10 @@
 
 #include "blas_private.hpp"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 namespace attnlab {
 namespace blas {
 namespace detail {
@@ -22,23 +26,74 @@ std::atomic<Bf16Engine> bf16_engine{Bf16Engine::emulated};
 
 }  // namespace
 
-void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst) {
-  for (int r = 0; r < rows; ++r) {
-    const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
-    float* __restrict out = dst + static_cast<std::ptrdiff_t>(r) * cols;
-    for (int j = 0; j < cols; ++j) {
-      const std::uint32_t bits = bf16_high_bits(in[j]);
-      std::memcpy(&out[j], &bits, sizeof bits);
-    }
+namespace {
+
+#ifdef __AVX2__
+// bf16_high_bits on 8 floats at once, bit for bit: round to nearest even, NaN made quiet. The
+// result is the bf16 bits in each 32-bit lane's high half.
+inline __m256i high_bits8(const float* x) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  // |u| as a signed int is >= 0, so the signed compare is the unsigned one
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan),
+                          _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+#endif
+
+void round_row(const float* __restrict in, int cols, float* __restrict out) {
+  int j = 0;
+#ifdef __AVX2__
+  for (; j + 8 <= cols; j += 8)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), high_bits8(in + j));
+#endif
+  for (; j < cols; ++j) {
+    const std::uint32_t bits = bf16_high_bits(in[j]);
+    std::memcpy(&out[j], &bits, sizeof bits);
   }
 }
 
-void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst) {
-  for (int r = 0; r < rows; ++r) {
-    const float* __restrict in = src + static_cast<std::ptrdiff_t>(r) * ld;
-    std::uint16_t* __restrict out = dst + static_cast<std::ptrdiff_t>(r) * cols;
-    for (int j = 0; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
+void round_row(const float* __restrict in, int cols, std::uint16_t* __restrict out) {
+  int j = 0;
+#ifdef __AVX2__
+  for (; j + 16 <= cols; j += 16) {
+    // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7, put back in order by the permute
+    const __m256i a = _mm256_srli_epi32(high_bits8(in + j), 16);
+    const __m256i b = _mm256_srli_epi32(high_bits8(in + j + 8), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                        _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8));
   }
+#endif
+  for (; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
+}
+
+// The rows over the threads where the copy is large and no parallel region is running (a gemm
+// called from one runs the copy on its own thread, as the gemm itself).
+constexpr double kParallelCopyMinValues = 1 << 16;
+
+template <class E>
+void copy_rows(const float* src, int rows, int cols, int ld, E* dst) {
+  const int threads = num_threads();
+  const bool split = threads > 1 && !omp_in_parallel() &&
+                     static_cast<double>(rows) * cols >= kParallelCopyMinValues;
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
+  for (int r = 0; r < rows; ++r) {
+    round_row(src + static_cast<std::ptrdiff_t>(r) * ld, cols,
+              dst + static_cast<std::ptrdiff_t>(r) * cols);
+  }
+}
+
+}  // namespace
+
+void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst) {
+  copy_rows(src, rows, cols, ld, dst);
+}
+
+void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst) {
+  copy_rows(src, rows, cols, ld, dst);
 }
 
 bool bf16_active() {

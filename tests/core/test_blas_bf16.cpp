@@ -151,6 +151,45 @@ TEST_CASE("bf16 gemm: split over two threads it is still the bf16 product") {
   CHECK(worst_error(wide, w, run_gemm(wide, w, 2.0f, 1.0f), ref, scale) < 1e-5);
 }
 
+TEST_CASE("bf16 gemm: A times the identity is A rounded to bf16, ties in every column position") {
+  // The operands' rounding copy runs 8 or 16 values at a time, then one by one, and over the
+  // threads when it is large: every value must round as float_to_bf16 (ties to even) wherever it
+  // falls. A is 1024 x 67 with a padded row (68); B the 67 x 67 identity, so C holds A's rounded
+  // values exactly (one non-zero product each).
+  const ThreadScope threads(2);
+  const int m = 1024, k = 67, lda = 68;
+  std::vector<float> a(static_cast<std::size_t>(m) * lda, 7.0f), b(k * k, 0.0f), c(m * k, 0.0f);
+  for (int p = 0; p < k; ++p) b[p * k + p] = 1.0f;
+  const float ulp = std::ldexp(1.0f, -7);  // of bf16 at [1, 2)
+  const float kinds[] = {
+      1.0f + ulp / 2,                        // tie, to even (down)
+      1.0f + 3 * ulp / 2,                    // tie, to even (up)
+      1.0f + ulp / 2 + 1e-7f,                // just past a tie: up
+      1.0f + ulp / 2 - 1.2e-7f,              // just short of one: down
+      -(1.0f + 3 * ulp / 2),                 // a negative tie
+      std::ldexp(1.0f, -120) * 1.00390625f,  // a tie far from 1
+      0.0f,
+      -3.0e38f,  // large and finite after rounding
+  };
+  constexpr int n_kinds = sizeof kinds / sizeof kinds[0];
+  Rng rng(17);
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < k; ++j) {
+      // the kinds cycle through every column position, the rest are random
+      a[r * lda + j] =
+          (r + j) % 3 == 0 ? kinds[(r + j) % n_kinds] : static_cast<float>(rng.normal() * 3.0);
+    }
+  }
+  {
+    const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
+    blas::gemm(false, false, m, k, k, 1.0f, a.data(), lda, b.data(), k, 0.0f, c.data(), k);
+  }
+  int wrong = 0;
+  for (int r = 0; r < m; ++r)
+    for (int j = 0; j < k; ++j) wrong += c[r * k + j] != round_bf16(a[r * lda + j]);
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("bf16 gemm: beta 0 ignores C, a NaN stays in its row, a float beyond bf16 is inf") {
   const Case s{false, false, 4, 3, 5, 0};
   Operands o = make_operands(s, 5);
