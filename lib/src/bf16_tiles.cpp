@@ -165,32 +165,47 @@ void tile_gemm(TileImpl impl, bool trans_a, bool trans_b, int m, int n, int k, f
   check_arg(k >= 0, op, "k", ">= 0", std::to_string(k));
   if (m == 0 || n == 0) return;
   const int mp = round_up(m, kRows), np = round_up(n, kCols), kp = round_up(k, kDepth);
-  thread_local std::vector<std::uint16_t> a_tiles, b_tiles;
+  thread_local std::vector<std::uint16_t> a_tiles, b_tiles, row;
   thread_local std::vector<float> c_tiles;
-  a_tiles.assign(static_cast<std::size_t>(mp) * kp, 0);  // the padding: zero products
-  b_tiles.assign(static_cast<std::size_t>(kp) * np, 0);
+  a_tiles.resize(static_cast<std::size_t>(mp) * kp);
+  b_tiles.resize(static_cast<std::size_t>(kp) * np);
   c_tiles.resize(static_cast<std::size_t>(mp) * np);
-  const auto bits = [](float x) {
-    return static_cast<std::uint16_t>(blas::detail::bf16_high_bits(x) >> 16);
-  };
-  // op(A)(r, p) at row r, element p; op(B)(p, q) at VNNI pair row p / 2, element 2q + p % 2.
-  for (int r = 0; r < m; ++r) {
-    std::uint16_t* dst = a_tiles.data() + static_cast<std::size_t>(r) * kp;
+  row.resize(static_cast<std::size_t>(std::max({m, n, k})) + 1);
+  // The padding is zero: zero products. Rows are rounded 16 values at a time (round_row_bf16).
+  // op(A)(r, p) at row r, element p.
+  if (trans_a) {  // op(A)(r, p) = a[p, r]: round a's rows, then scatter them down the columns
+    std::fill(a_tiles.begin(), a_tiles.end(), std::uint16_t{0});
     for (int p = 0; p < k; ++p) {
-      dst[p] = bits(trans_a ? a[static_cast<std::size_t>(p) * lda + r]
-                            : a[static_cast<std::size_t>(r) * lda + p]);
-    }
-  }
-  const std::size_t ldv = 2 * static_cast<std::size_t>(np);
-  if (trans_b) {  // op(B)(p, q) = b[q, p]: read b's rows in order
-    for (int q = 0; q < n; ++q) {
-      const float* src = b + static_cast<std::size_t>(q) * ldb;
-      for (int p = 0; p < k; ++p) b_tiles[vnni_index(p, q, ldv)] = bits(src[p]);
+      blas::detail::round_row_bf16(a + static_cast<std::size_t>(p) * lda, m, row.data());
+      for (int r = 0; r < m; ++r) a_tiles[static_cast<std::size_t>(r) * kp + p] = row[r];
     }
   } else {
+    for (int r = 0; r < mp; ++r) {
+      std::uint16_t* dst = a_tiles.data() + static_cast<std::size_t>(r) * kp;
+      const int done = r < m ? k : 0;
+      if (r < m) blas::detail::round_row_bf16(a + static_cast<std::size_t>(r) * lda, k, dst);
+      std::fill(dst + done, dst + kp, std::uint16_t{0});
+    }
+  }
+  // op(B)(p, q) at VNNI pair row p / 2, element 2q + p % 2: as 32-bit units, pair row t holds
+  // (op(B)(2t, q), op(B)(2t + 1, q)) at unit q, the first in the low half.
+  std::fill(b_tiles.begin(), b_tiles.end(), std::uint16_t{0});
+  const std::size_t units = static_cast<std::size_t>(np);  // 32-bit units per pair row
+  if (trans_b) {  // op(B)(p, q) = b[q, p]: row q of b holds unit q of every pair row, in order
+    row[k] = 0;   // an odd k's last pair has no second value
+    for (int q = 0; q < n; ++q) {
+      blas::detail::round_row_bf16(b + static_cast<std::size_t>(q) * ldb, k, row.data());
+      for (int t = 0; 2 * t < k; ++t) {
+        std::uint16_t* unit = b_tiles.data() + 2 * (static_cast<std::size_t>(t) * units + q);
+        unit[0] = row[2 * t];
+        unit[1] = row[2 * t + 1];
+      }
+    }
+  } else {  // b's rows 2t and 2t + 1 interleaved into pair row t
     for (int p = 0; p < k; ++p) {
-      const float* src = b + static_cast<std::size_t>(p) * ldb;
-      for (int q = 0; q < n; ++q) b_tiles[vnni_index(p, q, ldv)] = bits(src[q]);
+      blas::detail::round_row_bf16(b + static_cast<std::size_t>(p) * ldb, n, row.data());
+      std::uint16_t* dst = b_tiles.data() + static_cast<std::size_t>(p / 2) * 2 * units + p % 2;
+      for (int q = 0; q < n; ++q) dst[2 * q] = row[q];
     }
   }
   tile_product(impl, a_tiles.data(), b_tiles.data(), c_tiles.data(), mp / kRows, np / kCols,
@@ -199,8 +214,10 @@ void tile_gemm(TileImpl impl, bool trans_a, bool trans_b, int m, int n, int k, f
     const float* acc = c_tiles.data() + static_cast<std::size_t>(r) * np;
     float* out = c + static_cast<std::size_t>(r) * ldc;
     if (beta == 0) {
+#pragma omp simd
       for (int q = 0; q < n; ++q) out[q] = alpha * acc[q];
     } else {
+#pragma omp simd
       for (int q = 0; q < n; ++q) out[q] = alpha * acc[q] + beta * out[q];
     }
   }

@@ -56,7 +56,9 @@ void round_row(const float* __restrict in, int cols, float* __restrict out) {
   }
 }
 
-void round_row(const float* __restrict in, int cols, std::uint16_t* __restrict out) {
+}  // namespace
+
+void round_row_bf16(const float* __restrict in, int cols, std::uint16_t* __restrict out) {
   int j = 0;
 #ifdef __AVX2__
   for (; j + 16 <= cols; j += 16) {
@@ -68,6 +70,12 @@ void round_row(const float* __restrict in, int cols, std::uint16_t* __restrict o
   }
 #endif
   for (; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
+}
+
+namespace {
+
+void round_row(const float* __restrict in, int cols, std::uint16_t* __restrict out) {
+  round_row_bf16(in, cols, out);
 }
 
 // The rows over the threads where the copy is large and no parallel region is running (a gemm
