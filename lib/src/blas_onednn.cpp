@@ -48,6 +48,9 @@ namespace detail {
 // kRestageRows deep and the other side of C at least kRestageOther wide (the copy is k times the
 // operand's width, the gemm k times both widths, so a narrow C would not pay for it). The same
 // shapes take the same path, so the bits still depend only on the thread count.
+// The copies were measured to help oneDNN's avx2 kernels (a Zen 3); its avx512 kernels on a Xeon
+// with AMX (family 6 model 167) ran about 3% slower with them (C 512 / T 256 and nanoGPT's shape,
+// lib/README.md), so they are made only where oneDNN's kernels are narrower than AVX-512.
 // An operand over kRestageMax floats (8 MiB) is read in place: the copies stay within 16 MiB per
 // thread, kept for the next call (attention's T x T probabilities at T 4096 would add 64 MiB per
 // thread, and a copy of that size gains nothing measurable).
@@ -56,8 +59,12 @@ constexpr int kRestageRows = 128;
 constexpr int kRestageOther = 32;
 constexpr std::size_t kRestageMax = std::size_t(2) << 20;
 
+const char* onednn_isa_name();
+
 bool restage(int ld, int rows, int width, int other) {
-  return ld % kConflictStride == 0 && rows >= kRestageRows && other >= kRestageOther &&
+  static const bool narrow_kernels = std::strncmp(onednn_isa_name(), "avx512", 6) != 0;
+  return narrow_kernels && ld % kConflictStride == 0 && rows >= kRestageRows &&
+         other >= kRestageOther &&
          static_cast<std::size_t>(rows) * static_cast<std::size_t>(width) <= kRestageMax;
 }
 
