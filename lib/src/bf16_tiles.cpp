@@ -37,7 +37,14 @@ TileChoice env_choice() {
     if (value.empty() || value == "auto") return TileChoice::automatic;
     if (value == "portable") return TileChoice::portable;
     if (value == "off") return TileChoice::off;
-    check_arg(false, "ATTNLAB_BF16_TILES", "value", "auto, portable or off", "'" + value + "'");
+    if (value == "amx") {
+      const AmxSupport& amx = amx_support();
+      if (!amx.usable)
+        throw std::runtime_error("ATTNLAB_BF16_TILES: amx asked for, but " + amx.reason);
+      return TileChoice::amx;
+    }
+    check_arg(false, "ATTNLAB_BF16_TILES", "value", "auto, amx, portable or off",
+              "'" + value + "'");
     return TileChoice::automatic;
   }();
   return choice;
@@ -130,18 +137,18 @@ TileChoice tile_choice() {
 }
 
 void set_tile_choice(TileChoice choice) {
+  if (choice == TileChoice::amx && !amx_support().usable)
+    throw std::runtime_error("set_tile_choice: amx asked for, but " + amx_support().reason);
   forced_choice.store(static_cast<int>(choice), std::memory_order_relaxed);
 }
 
 TileImpl tile_impl() {
-  return tile_choice() == TileChoice::automatic && amx_support().usable ? TileImpl::amx
-                                                                        : TileImpl::portable;
+  return tile_choice() == TileChoice::amx ? TileImpl::amx : TileImpl::portable;
 }
 
 bool tiles_in_use() {
   const TileChoice choice = tile_choice();
-  return choice == TileChoice::portable ||
-         (choice == TileChoice::automatic && tile_impl() == TileImpl::amx);
+  return choice == TileChoice::portable || choice == TileChoice::amx;
 }
 
 void tile_product(TileImpl impl, const std::uint16_t* a, const std::uint16_t* b, float* c, int mt,

@@ -1,7 +1,7 @@
 // The fused attention, float, forward + backward, B 4, H 8, T 1024, D 64, not causal: fp32
 // products, the bf16 tiles under a bf16 GemmPrecisionScope (AMX where the CPU has it, else the
-// portable tiles: the table says which), and, for comparison, bf16 through blas::gemm's bf16 gemm
-// (ATTNLAB_BF16_TILES=off). Interleaved, the minimum over iterations.
+// portable tiles: the table says which), and bf16 through blas::gemm's bf16 gemm (the default,
+// ATTNLAB_BF16_TILES=auto or off). Interleaved, the minimum over iterations.
 #include "bench_bf16_tiles.hpp"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include "attnlab/blas.hpp"
+#include "attnlab/fma_peak.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
@@ -48,7 +49,9 @@ void bench_tiles(benchmark::State& state, int threads) {
   namespace tiles = detail::tiles;
   for (auto _ : state) {
     for (int variant = 0; variant < 3; ++variant) {
-      tiles::set_tile_choice(variant == 2 ? tiles::TileChoice::off : tiles::TileChoice::automatic);
+      tiles::set_tile_choice(variant == 2           ? tiles::TileChoice::off
+                             : amx_support().usable ? tiles::TileChoice::amx
+                                                    : tiles::TileChoice::portable);
       const blas::GemmPrecisionScope scope(variant == 0 ? GemmPrecision::fp32
                                                         : GemmPrecision::bf16);
       const double start = now();
@@ -77,8 +80,8 @@ void register_bf16_tile_benchmarks() {
 void print_bf16_tile_table(const std::map<std::string, std::map<std::string, double>>& seconds) {
   std::printf(
       "\nFused attention, float, forward+backward (min ms): B %zu, H %zu, T %zu, D %zu, not "
-      "causal;\nbf16 tiles: %s; bf16 gemm: blas::gemm's bf16 (ATTNLAB_BF16_TILES=off)\n",
-      kB, kH, kT, kD, to_string(detail::tiles::tile_impl()));
+      "causal;\nbf16 tiles: %s; bf16 gemm: blas::gemm's bf16 (the default)\n",
+      kB, kH, kT, kD, amx_support().usable ? "amx" : "portable");
   std::printf("%3s | %9s %10s %9s | %11s %10s\n", "thr", "fp32", "bf16 tiles", "bf16 gemm",
               "tiles/fp32", "gemm/fp32");
   for (int threads : {1, 2}) {

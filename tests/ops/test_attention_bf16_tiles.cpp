@@ -407,12 +407,11 @@ TEST_CASE("bf16 tiles: without a bf16 scope the fused attention is the fp32 path
   const Fused tiled = run_fused(c, in);
   CHECK_FALSE(same_bits(tiled, fp32));
   CHECK(agree_to_bf16_rounding(tiled.out, blas_bf16.out));
-  // The default runs the tiles only where AMX is usable; elsewhere it is blas's bf16 gemm, bit
-  // for bit (the portable tiles are slower than it).
+  // The default is blas's bf16 gemm, bit for bit, with AMX or without (the tiles are slower).
   tiles::set_tile_choice(tiles::TileChoice::automatic);
   const Fused automatic = run_fused(c, in);
-  CHECK(tiles::tiles_in_use() == amx_support().usable);
-  if (!amx_support().usable) CHECK(same_bits(automatic, blas_bf16));
+  CHECK_FALSE(tiles::tiles_in_use());
+  CHECK(same_bits(automatic, blas_bf16));
 }
 
 // (d) Where AMX is usable: TDPBF16PS against the double product and the portable tiles, and the
@@ -426,6 +425,9 @@ TEST_CASE("bf16 tiles: AMX tiles equal the portable ones to fp32 summation order
     CHECK_THROWS_WITH_AS(
         tiles::tile_product(tiles::TileImpl::amx, a.data(), b.data(), c.data(), 1, 1, 1, false),
         ("tile_product: " + amx.reason).c_str(), std::runtime_error);
+    CHECK_THROWS_WITH_AS(tiles::set_tile_choice(tiles::TileChoice::amx),
+                         ("set_tile_choice: amx asked for, but " + amx.reason).c_str(),
+                         std::runtime_error);
     CHECK(tiles::tile_impl() == tiles::TileImpl::portable);
     std::cout << kAmxSkipMarker << ": " << amx.reason << std::endl;
     return;
@@ -437,14 +439,14 @@ TEST_CASE("bf16 tiles: AMX tiles equal the portable ones to fp32 summation order
     CHECK(sum_error(run_tiles(tiles::TileImpl::amx, pr, pr.b_vnni), pr) <= 1.0);
     CHECK(sum_error(run_tiles(tiles::TileImpl::amx, pr, pr.b_rows), pr) > 1000.0);
   }
-  check_criterion(tiles::TileChoice::automatic);  // AMX's tiles, as a bf16 run picks them
-  ChoiceGuard guard(tiles::TileChoice::automatic);
+  check_criterion(tiles::TileChoice::amx);
+  ChoiceGuard guard(tiles::TileChoice::amx);
   CHECK(tiles::tile_impl() == tiles::TileImpl::amx);
   const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
   for (const Case& c : cases()) {
     CAPTURE(c.name);
     const Inputs in = make_inputs(c, 14);
-    tiles::set_tile_choice(tiles::TileChoice::automatic);
+    tiles::set_tile_choice(tiles::TileChoice::amx);
     const Fused on_amx = run_fused(c, in);
     tiles::set_tile_choice(tiles::TileChoice::portable);
     const Fused portable = run_fused(c, in);

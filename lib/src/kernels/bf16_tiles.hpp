@@ -102,25 +102,27 @@ enum class TileImpl { amx, portable };
 
 const char* to_string(TileImpl impl);
 
-// How the fused attention runs its products under a bf16 scope. automatic: the AMX tiles where
-// amx_support().usable, else blas::gemm (the portable tiles are several times slower than its bf16
-// gemm, so they are not a default); portable: the portable tiles even with AMX (tests,
-// comparisons, the algorithm on any machine); off: through blas::gemm (its bf16 gemm: emulated or
-// oneDNN), as before the tiles.
-enum class TileChoice { automatic, portable, off };
+// How the fused attention runs its products under a bf16 scope. automatic: through blas::gemm's
+// bf16 gemm (oneDNN's bf16 matmul or its emulation), which is faster today even with AMX (the
+// tiles pack their operands on every call: tests/bench/README.md, "bf16 on AMX"); amx: the AMX
+// tiles (where amx_support().usable; elsewhere asking for it throws std::runtime_error with
+// amx_support()'s reason, from set_tile_choice or the first read of the variable); portable: the
+// portable tiles (tests, comparisons, the algorithm on any machine); off: blas::gemm, as
+// automatic.
+enum class TileChoice { automatic, portable, off, amx };
 
-// The choice in force: set_tile_choice's, else ATTNLAB_BF16_TILES=auto|portable|off (read once;
+// The choice in force: set_tile_choice's, else ATTNLAB_BF16_TILES=auto|amx|portable|off (read once;
 // another value throws std::invalid_argument naming the variable, the values and the value given).
 TileChoice tile_choice();
 // Process-wide, like the precision; for tests and benchmarks. automatic returns to the default
 // (which still honours ATTNLAB_BF16_TILES).
 void set_tile_choice(TileChoice choice);
 
-// The implementation tile_gemm runs: AMX when amx_support().usable and the choice is automatic.
+// The implementation the tiles run: AMX when the choice is amx, else the portable tiles.
 TileImpl tile_impl();
 
-// Whether the fused attention's products go on tiles under a bf16 scope: the choice portable, or
-// automatic where AMX is usable.
+// Whether the fused attention's products go on tiles under a bf16 scope: the choice amx or
+// portable.
 bool tiles_in_use();
 
 // The tile algorithm on packed operands: C (mt·16 x nt·16 fp32, row-major) = [C +] A · B, with A

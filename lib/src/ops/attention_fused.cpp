@@ -76,11 +76,10 @@ void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h
   }
 }
 
-// The products of the tiles: blas::gemm, or under a bf16 GemmPrecisionScope (float only) the bf16
-// tiles of kernels/bf16_tiles.hpp (AMX by default; the portable tiles when forced), with the same
-// contract. Dropout and
-// attention programs keep blas::gemm (its bf16 gemm there): their tile code is not checked on the
-// bf16 tiles yet. ATTNLAB_BF16_TILES=off keeps it for everything.
+// The products of the tiles: blas::gemm, or under a bf16 GemmPrecisionScope (float only) when
+// asked for (ATTNLAB_BF16_TILES=amx or portable) the bf16 tiles of kernels/bf16_tiles.hpp, with the
+// same contract. Dropout and attention programs keep blas::gemm (its bf16 gemm there): their tile
+// code is not checked on the bf16 tiles yet.
 struct Products {
   bool on_tiles = false;
   tiles::TileImpl impl = tiles::TileImpl::portable;
