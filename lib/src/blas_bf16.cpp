@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "blas_private.hpp"
@@ -23,10 +24,6 @@ namespace {
 // The precision of float gemms and how bf16 ones run; set before any gemm like float_engine.
 std::atomic<int> bf16_scopes{0};  // GemmPrecisionScope(bf16)s alive in the process
 std::atomic<Bf16Engine> bf16_engine{Bf16Engine::emulated};
-
-}  // namespace
-
-namespace {
 
 #ifdef __AVX2__
 // bf16_high_bits on 8 floats at once, bit for bit: round to nearest even, NaN made quiet. The
@@ -56,6 +53,28 @@ void round_row(const float* __restrict in, int cols, float* __restrict out) {
   }
 }
 
+// The rows over the threads where the copy is large and no parallel region is running (a gemm
+// called from one runs the copy on its own thread, as the gemm itself). Rows of floats or of bf16
+// bits (round_row_bf16).
+constexpr double kParallelCopyMinValues = 1 << 16;
+
+template <class E>
+void copy_rows(const float* src, int rows, int cols, int ld, E* dst) {
+  const int threads = num_threads();
+  const bool split = threads > 1 && !omp_in_parallel() &&
+                     static_cast<double>(rows) * cols >= kParallelCopyMinValues;
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
+  for (int r = 0; r < rows; ++r) {
+    const float* in = src + static_cast<std::ptrdiff_t>(r) * ld;
+    E* out = dst + static_cast<std::ptrdiff_t>(r) * cols;
+    if constexpr (std::is_same_v<E, float>) {
+      round_row(in, cols, out);
+    } else {
+      round_row_bf16(in, cols, out);
+    }
+  }
+}
+
 }  // namespace
 
 void round_row_bf16(const float* __restrict in, int cols, std::uint16_t* __restrict out) {
@@ -71,30 +90,6 @@ void round_row_bf16(const float* __restrict in, int cols, std::uint16_t* __restr
 #endif
   for (; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
 }
-
-namespace {
-
-void round_row(const float* __restrict in, int cols, std::uint16_t* __restrict out) {
-  round_row_bf16(in, cols, out);
-}
-
-// The rows over the threads where the copy is large and no parallel region is running (a gemm
-// called from one runs the copy on its own thread, as the gemm itself).
-constexpr double kParallelCopyMinValues = 1 << 16;
-
-template <class E>
-void copy_rows(const float* src, int rows, int cols, int ld, E* dst) {
-  const int threads = num_threads();
-  const bool split = threads > 1 && !omp_in_parallel() &&
-                     static_cast<double>(rows) * cols >= kParallelCopyMinValues;
-#pragma omp parallel for num_threads(threads) schedule(static) if (split)
-  for (int r = 0; r < rows; ++r) {
-    round_row(src + static_cast<std::ptrdiff_t>(r) * ld, cols,
-              dst + static_cast<std::ptrdiff_t>(r) * cols);
-  }
-}
-
-}  // namespace
 
 void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst) {
   copy_rows(src, rows, cols, ld, dst);
