@@ -15,13 +15,17 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "attnlab/app/config_bounds.hpp"
+#include "attnlab/app/run_config.hpp"
 #include "attnlab/blas.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/distributed.hpp"
@@ -161,6 +165,46 @@ TEST_CASE("config input: every bounded flag refuses its out-of-range values as a
                             "' --out '" + (dir / "ok2").string() + "'",
                         dir);
   CHECK(again.status == 0);
+}
+
+TEST_CASE("config input: every knob's field is the one its JSON key names, and a flag has help") {
+  // Each knob's field gets a value of its own; the config's JSON must hold each at the knob's key,
+  // so no two rows share a field and no key names another field than the row's pointer.
+  attnlab::app::TrainConfig config;
+  std::map<std::string, double> given;
+  double next = 3;
+  for (const attnlab::app::FieldBound& b : attnlab::app::train_config_bounds()) {
+    CAPTURE(b.key);
+    CHECK(b.flag.empty() == b.help.empty());
+    CHECK(given.count(std::string(b.key)) == 0);
+    const double v = next++;
+    given[std::string(b.key)] = v;
+    std::visit(
+        [&](auto* field) {
+          using Field = std::remove_cvref_t<decltype(*field)>;
+          if constexpr (std::is_same_v<Field, std::optional<double>>)
+            *field = v;
+          else {
+            CHECK(std::is_integral_v<Field> == b.integer);
+            *field = static_cast<Field>(v);
+          }
+        },
+        attnlab::app::knob_field(b, config));
+  }
+  const nlohmann::json j = config;
+  for (const auto& [key, v] : given) {
+    CAPTURE(key);
+    const nlohmann::json* at = &j;
+    for (std::size_t from = 0; at != nullptr;) {
+      const std::size_t dot = key.find('.', from);
+      const std::string name = key.substr(from, dot == std::string::npos ? dot : dot - from);
+      at = at->contains(name) ? &(*at)[name] : nullptr;
+      if (dot == std::string::npos) break;
+      from = dot + 1;
+    }
+    REQUIRE(at != nullptr);
+    CHECK(at->get<double>() == v);
+  }
 }
 
 TEST_CASE("config input: a study group's base is checked with its path") {

@@ -3,9 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
+#include <variant>
 #include <vector>
 
 #include "attnlab/app/config_bounds.hpp"
+#include "attnlab/app/run_config.hpp"
 #include "attnlab/blas.hpp"
 
 namespace attnlab::cli {
@@ -73,44 +76,56 @@ const CLI::Validator kFinite(
     },
     "FINITE");
 
-CLI::Validator bounded(std::string_view key) {
-  const app::FieldBound& b = app::field_bound(key);
+namespace {
+
+CLI::Validator bounded(const app::FieldBound& b) {
   return CLI::Validator([&b](std::string& text) { return app::check_flag_text(b, text); },
                         app::bound_expectation(b, false));
 }
 
+std::string knob_help(const app::FieldBound& b) {
+  std::string help(b.help);
+  if (!b.zero_means.empty()) help += " (default: " + std::string(b.zero_means) + ")";
+  return help;
+}
+
+template <class T>
+CLI::Option* add_knob_option(CLI::App& cmd, const app::FieldBound& b, T& field) {
+  CLI::Option* opt = cmd.add_option(std::string(b.flag), field, knob_help(b));
+  if (b.zero_means.empty()) opt->capture_default_str();
+  return opt;
+}
+
+// An optional field (the explicit scale): unset unless given, so no default to show.
+CLI::Option* add_knob_option(CLI::App& cmd, const app::FieldBound& b,
+                             std::optional<double>& field) {
+  return cmd.add_option_function<double>(
+      std::string(b.flag), [&field](const double& v) { field = v; }, knob_help(b));
+}
+
+}  // namespace
+
+template <class Root>
+void add_knob_flags(CLI::App& cmd, Root& root) {
+  for (const app::FieldBound& b : app::train_config_bounds()) {
+    const auto* at = std::get_if<app::KnobField (*)(Root&)>(&b.field);
+    if (at == nullptr || b.flag.empty()) continue;
+    std::visit([&](auto* field) { add_knob_option(cmd, b, *field)->check(bounded(b)); },
+               (*at)(root));
+  }
+}
+
+template void add_knob_flags(CLI::App&, app::TaskConfig&);
+template void add_knob_flags(CLI::App&, TransformerConfig&);
+template void add_knob_flags(CLI::App&, app::TrainConfig&);
+
 void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   AttentionConfig& a = m.block.attention;
-  cmd.add_option("--d-model", a.d_model, "model width C")
-      ->check(bounded("model.block.attention.d_model"))
-      ->capture_default_str();
-  cmd.add_option("--heads", a.heads, "attention heads H")
-      ->check(bounded("model.block.attention.heads"))
-      ->capture_default_str();
-  cmd.add_option("--kv-heads", a.kv_heads,
-                 "key/value heads, dividing --heads (grouped-query attention; 1: multi-query; "
-                 "default: --heads)")
-      ->check(bounded("model.block.attention.kv_heads"));
-  cmd.add_option("--d-k", a.d_k, "head dim of q and k (default d_model / heads)")
-      ->check(bounded("model.block.attention.d_k"));
-  cmd.add_option("--d-v", a.d_v, "head dim of v (default d_model / heads)")
-      ->check(bounded("model.block.attention.d_v"));
-  cmd.add_option("--layers", m.layers, "transformer blocks")
-      ->check(bounded("model.layers"))
-      ->capture_default_str();
+  add_knob_flags(cmd, m);
   cmd.add_flag("--attn-only", m.block.attn_only, "blocks without the MLP");
-  cmd.add_option("--d-ff", m.block.d_ff, "MLP width F (default 4 * d_model; swiglu: 8/3 * d_model)")
-      ->check(bounded("model.block.d_ff"));
   add_enum_option(cmd, "--mlp", m.block.mlp, "the MLP's activation");
   add_enum_option(cmd, "--norm", m.block.norm, "normalisation");
   add_enum_option(cmd, "--positions", m.positions, "position encoding");
-  cmd.add_option("--rope-theta", a.rope_theta, "RoPE's base theta (with --positions rope)")
-      ->check(bounded("model.block.attention.rope_theta"))
-      ->capture_default_str();
-  cmd.add_option("--rope-fraction", a.rope_fraction,
-                 "the fraction of the head dim RoPE rotates, in (0, 1] (partial RoPE)")
-      ->check(bounded("model.block.attention.rope_fraction"))
-      ->capture_default_str();
   cmd.add_flag("--rope-interleaved", a.rope_interleaved,
                "RoPE on pairs (2i, 2i+1), the paper's, instead of GPT-NeoX's (i, i + rot/2)");
   cmd.add_flag_function(
@@ -121,27 +136,7 @@ void add_model_flags(CLI::App& cmd, TransformerConfig& m) {
   cmd.add_flag("--learnable-scale", a.learnable_scale, "a learnable attention scale per head");
   cmd.add_flag("--alibi", a.alibi, "ALiBi: a linear distance penalty per head (Press et al. 2022)");
   cmd.add_flag("--causal", a.sdpa.causal, "causal attention");
-  cmd.add_option("--window", a.sdpa.window,
-                 "sliding-window attention: each query sees its N latest keys (needs --causal)")
-      ->check(bounded("model.block.attention.sdpa.window"));
-  cmd.add_option("--attn-dropout", a.dropout,
-                 "dropout on the attention weights in training (0 <= p < 1; none in eval)")
-      ->check(bounded("model.block.attention.dropout"));
-  cmd.add_option("--dropout", m.block.dropout,
-                 "dropout on the residual branches in training (0 <= p < 1; none in eval)")
-      ->check(bounded("model.block.dropout"));
   add_enum_option(cmd, "--scaling", a.sdpa.scaling, "attention scale");
-  cmd.add_option_function<double>(
-         "--scale", [&a](const double& v) { a.sdpa.scale = v; },
-         "explicit attention scale (overrides --scaling)")
-      ->check(bounded("model.block.attention.sdpa.scale"));
-  cmd.add_option("--attn-softcap", a.sdpa.softcap,
-                 "cap the attention scores smoothly: c * tanh(s * q.k / c), before ALiBi and the "
-                 "mask (Gemma 2: 50)")
-      ->check(bounded("model.block.attention.sdpa.softcap"));
-  cmd.add_option("--logit-softcap", m.logit_softcap,
-                 "cap the output logits smoothly: c * tanh(logits / c) (nanochat: 15; > 0)")
-      ->check(bounded("model.logit_softcap"));
   cmd.add_flag("--tie-embeddings", m.tie_embeddings,
                "the head shares the token embedding table (logits = h W_e^T; nanoGPT's "
                "wte.weight = lm_head.weight); needs one input field whose vocabulary is the "
@@ -156,27 +151,7 @@ std::string with_heads_hint(const std::string& message, const TransformerConfig&
 
 void add_task_flags(CLI::App& cmd, TaskConfig& t) {
   add_enum_option(cmd, "--task", t.kind, "task");
-  cmd.add_option("--keys", t.keys, "recall/mqar: key symbols")
-      ->check(bounded("task.keys"))
-      ->capture_default_str();
-  cmd.add_option("--values", t.values, "recall/mqar: value symbols")
-      ->check(bounded("task.values"))
-      ->capture_default_str();
-  cmd.add_option("--pairs", t.pairs, "recall/mqar: key-value pairs per example")
-      ->check(bounded("task.pairs"))
-      ->capture_default_str();
-  cmd.add_option("--queries", t.queries, "mqar: queries per example")
-      ->check(bounded("task.queries"))
-      ->capture_default_str();
-  cmd.add_option("--symbols", t.symbols, "reverse/sort: alphabet size")
-      ->check(bounded("task.symbols"))
-      ->capture_default_str();
-  cmd.add_option("--length", t.length, "reverse/sort: sequence length")
-      ->check(bounded("task.length"))
-      ->capture_default_str();
-  cmd.add_option("--block", t.block, "text: tokens per example (the context length)")
-      ->check(bounded("task.block"))
-      ->capture_default_str();
+  add_knob_flags(cmd, t);
   add_enum_option(cmd, "--vocab", t.vocab, "text: the vocabulary");
 }
 

@@ -53,9 +53,14 @@ void print_blas_warning(CliContext& cli);
 
 // Rejects NaN and infinities, which CLI11's Range lets through (every comparison with NaN fails).
 extern const CLI::Validator kFinite;
-// The check of a flag that sets the run config's field `key`: the bound of
-// attnlab/app/config_bounds.hpp, which a file's value of the same key meets too (same message).
-CLI::Validator bounded(std::string_view key);
+
+// The flags of the numeric knobs (attnlab/app/config_bounds.hpp) reached from `root`, in the
+// table's order: each bound to its field, checked against its bound (which a file's value of the
+// same key meets too, with the same message), its help from the table with the default (the
+// field's value now, or what 0 means). Root: app::TaskConfig, TransformerConfig or
+// app::TrainConfig (the knobs outside task and model).
+template <class Root>
+void add_knob_flags(CLI::App& cmd, Root& root);
 
 // A flag's choices: the names of E's table (attnlab/enum_table.hpp), refused as CLI11 refuses any
 // other value ("--norm: batchnorm not in {layernorm,rmsnorm,none}").

@@ -112,82 +112,26 @@ std::string document_delimiter(const std::string& text) {
   return out;
 }
 
+// The optimizer, the schedule and the steps: the enum knobs and the switches here, the numeric
+// knobs of TrainConfig (lr, steps, batch, ..., the evals and checkpoints) from their table.
 void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
   add_enum_option(train, "--optimizer", tc.optimizer, "optimizer");
-  train.add_option("--muon-lr", tc.muon_lr, "Muon: the hidden matrices' peak learning rate")
-      ->check(bounded("muon_lr"))
-      ->capture_default_str();
-  train.add_option("--muon-momentum", tc.muon_momentum, "Muon: the momentum (muon.py's 0.95)")
-      ->check(bounded("muon_momentum"))
-      ->capture_default_str();
   train
       .add_option("--muon-nesterov", tc.muon_nesterov,
                   "Muon: Nesterov momentum (true, muon.py's default) or plain")
       ->capture_default_str();
-  train.add_option("--muon-ns-steps", tc.muon_ns_steps, "Muon: Newton-Schulz steps")
-      ->check(bounded("muon_ns_steps"))
-      ->capture_default_str();
   add_enum_option(train, "--muon-scale", tc.muon_scale, "Muon: the update scale");
-  train.add_option("--lr", tc.lr, "peak learning rate")
-      ->check(bounded("lr"))
-      ->capture_default_str();
   add_enum_option(train, "--schedule", tc.schedule, "LR schedule");
-  train.add_option("--min-lr", tc.min_lr, "cosine and wsd: the LR at the end of the decay")
-      ->check(bounded("min_lr"))
-      ->capture_default_str();
-  train
-      .add_option("--warmdown", tc.warmdown,
-                  "wsd: the fraction of the steps, at the end, whose LR decays linearly to "
-                  "--min-lr (nanochat's warmdown ratio)")
-      ->check(bounded("warmdown"))
-      ->capture_default_str();
-  train.add_option("--beta2", tc.beta2, "AdamW: the second moment's decay")
-      ->check(bounded("beta2"))
-      ->capture_default_str();
-  train.add_option("--warmup", tc.warmup, "warmup steps")
-      ->check(bounded("warmup"))
-      ->capture_default_str();
-  train.add_option("--steps", tc.steps, "training steps")
-      ->check(bounded("steps"))
-      ->capture_default_str();
-  train.add_option("--batch", tc.batch, "examples per micro-batch (per step without --grad-accum)")
-      ->check(bounded("batch"))
-      ->capture_default_str();
-  train
-      .add_option("--grad-accum", tc.grad_accum,
-                  "gradient accumulation: N micro-batches of --batch per step, with the gradient "
-                  "of the N * batch rows' mean loss")
-      ->check(bounded("grad_accum"))
-      ->capture_default_str();
-  train.add_option("--clip", tc.clip, "clip the global grad norm to this (0: off)")
-      ->check(bounded("clip"))
-      ->capture_default_str();
-  train
-      .add_option("--skip-outliers", tc.skip_outliers,
-                  "skip the update of a step whose loss or gradient norm has a z-score over the "
-                  "last 128 steps above this (llm.c's -sl/-sg; 5 is usual, above sqrt(127) none "
-                  "fires; off by default); metrics.csv's skipped column")
-      ->check(bounded("skip_outliers"));
-  train
-      .add_option("--z-loss", tc.z_loss,
-                  "PaLM's z-loss: add z * logsumexp(logits)^2 per position (1e-4 is usual; 0: "
-                  "off); metrics.csv's z_loss column")
-      ->check(bounded("z_loss"))
-      ->capture_default_str();
-  train.add_option("--weight-decay", tc.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")
-      ->check(bounded("weight_decay"))
-      ->capture_default_str();
   add_enum_option(train, "--decay", tc.decay,
                   "AdamW's weight decay per step (SGD's is coupled L2: the default only)");
   add_enum_option(train, "--decay-params", tc.decay_params,
                   "the parameters --weight-decay applies to");
   add_enum_option(train, "--precision", tc.precision, "the arithmetic of the GEMMs, CPU only");
-  train.add_option("--seed", tc.seed, "seed of the initial weights and the data stream")
-      ->check(bounded("seed"))
-      ->capture_default_str();
+  add_knob_flags(train, tc);
 }
 
-// Where and how the run goes: threads, device, outputs, evals, checkpoints, progress.
+// Where and how the run goes: threads, device, outputs, checkpoints, progress (the intervals of
+// the evals and checkpoints are knobs, above).
 void add_run_control_flags(CLI::App& train, TrainCommand& t) {
   TrainConfig& tc = t.config;
   train.add_option("--threads", t.context.threads, "worker threads")
@@ -196,20 +140,6 @@ void add_run_control_flags(CLI::App& train, TrainCommand& t) {
   add_enum_option(train, "--thread-split", tc.thread_split, "how the threads share a CPU step");
   add_enum_option(train, "--device", t.context.backend, "where the training step runs");
   train.add_option("--out", tc.out, "output directory")->capture_default_str();
-  train.add_option("--eval-every", tc.eval_every, "evaluate and log every N steps")
-      ->check(bounded("eval_every"))
-      ->capture_default_str();
-  train.add_option("--eval-size", tc.eval_size, "examples in the fixed eval set")
-      ->check(bounded("eval_size"))
-      ->capture_default_str();
-  train
-      .add_option("--eval-batch", tc.eval_batch,
-                  "rows per eval forward (0: --batch); eval memory follows it, not --eval-size")
-      ->check(bounded("eval_batch"))
-      ->capture_default_str();
-  train.add_option("--save-every", tc.save_every, "checkpoint every N steps (0: at the end only)")
-      ->check(bounded("save_every"))
-      ->capture_default_str();
   train.add_flag("--weights-only", tc.weights_only,
                  "checkpoints hold the weights and config only (no optimizer state): smaller "
                  "files to evaluate or share, not to resume");
