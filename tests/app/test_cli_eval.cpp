@@ -182,7 +182,7 @@ TEST_CASE("cli: resume keeps the saved run's threads unless given, and says when
   const auto saved = attnlab::app::read_run_context(attnlab::app::read_run_meta(path), path);
   REQUIRE(saved.has_value());
   CHECK(saved->threads == 1);
-  CHECK(saved->device == attnlab::Backend::cpu);
+  CHECK(saved->device == attnlab::app::Backend::cpu);
 
   // Resumed with no --threads: the saved 1 thread, not the machine's default, and no warning.
   fs::copy(dir / "split", dir / "split2", fs::copy_options::recursive);

@@ -12,11 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/trainer.hpp"
-#include "attnlab/context.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Context;
 
 namespace {
 

@@ -16,15 +16,16 @@
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xview.hpp>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/metrics.hpp"
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/summary.hpp"
 #include "attnlab/app/trainer.hpp"
-#include "attnlab/context.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Context;
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Context;
 
 namespace {
 

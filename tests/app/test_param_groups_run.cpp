@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/model.hpp"
 #include "attnlab/app/param_groups.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/trainer.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/io/safetensors.hpp"
 #include "temp_dir.hpp"

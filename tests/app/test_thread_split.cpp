@@ -7,12 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/trainer.hpp"
-#include "attnlab/context.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Context;
 
 namespace {
 

@@ -1,8 +1,9 @@
-// The trainer and the study take their run control from an explicit Context (attnlab/context.hpp):
-// the stop flag belongs to the caller and ends a run before its next step with a checkpoint; a run
-// sets its thread count on its own thread only (the caller's count is untouched afterwards); the
-// study's jobs, each with a context of its own, give the same results on 1 or 2 std::threads.
-// Under the tsan preset these cases also check that the runs share no unsynchronised state.
+// The trainer and the study take their run control from an explicit Context
+// (attnlab/app/context.hpp): the stop flag belongs to the caller and ends a run before its next
+// step with a checkpoint; a run sets its thread count on its own thread only (the caller's count is
+// untouched afterwards); the study's jobs, each with a context of its own, give the same results on
+// 1 or 2 std::threads. Under the tsan preset these cases also check that the runs share no
+// unsynchronised state.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -10,13 +11,14 @@
 #include <filesystem>
 #include <thread>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/study.hpp"
 #include "attnlab/app/trainer.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/threads.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Context;
 
 namespace {
 

@@ -10,20 +10,28 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/backends/emulated.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
 #include "cuda_helpers.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Backend;
+using attnlab::app::Context;
+using attnlab::app::parse_backend;
 
 namespace {
 
 // One thread: the CPU and device runs compare at a fixed thread count.
 const Context kCpu{.threads = 1, .backend = Backend::cpu};
 const Context kCuda{.threads = 1, .backend = Backend::cuda};
+
+// The CUDA backend `ops` (null: one the run makes on the real device).
+Context on_cuda(DeviceOps<float>* ops) {
+  return {.threads = 1, .backend = Backend::cuda, .device = ops};
+}
 
 app::TrainConfig tiny_run(const std::string& out) {
   app::TrainConfig c;
@@ -74,7 +82,7 @@ void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   auto cpu = tiny_run(dir.file("cpu"));
   const auto r_cpu = app::train_model(cpu, kCpu);
   auto gpu = tiny_run(dir.file("device"));
-  const auto r_dev = app::train_model(gpu, kCuda, ops);
+  const auto r_dev = app::train_model(gpu, on_cuda(ops));
   CHECK(r_dev.device != "cpu");
   CHECK(r_cpu.device == "cpu");
   REQUIRE_FALSE(r_dev.diverged);
@@ -110,7 +118,7 @@ void check_follows_cpu(DeviceOps<float>* ops, double tolerance) {
   // ended, to float tolerance (optimizer state and data stream travel in the checkpoint).
   auto half = tiny_run(dir.file("half"));
   half.stop_after = 12;
-  CHECK(app::train_model(half, kCuda, ops).interrupted);
+  CHECK(app::train_model(half, on_cuda(ops)).interrupted);
   auto rest = tiny_run(dir.file("half"));
   rest.resume = half.out;
   const auto r_rest = app::train_model(rest, kCpu);
@@ -152,7 +160,7 @@ TEST_CASE("train --device cuda (emulated device): a divergence is located and ne
   test::TempDir dir;
   auto c = tiny_run(dir.file("run"));
   c.model.block.attention.sdpa.scale = 1e38;  // overflows the attention logits at the first step
-  const auto r = app::train_model(c, kCuda, &ops);
+  const auto r = app::train_model(c, on_cuda(&ops));
   CHECK(r.diverged);
   CHECK(r.diverged_step == 1);
   CHECK(r.diverged_where.find("blocks.0.attn") == 0);  // found by replaying on the host model

@@ -15,14 +15,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/trainer.hpp"
 #include "attnlab/backends/emulated.hpp"
 #include "attnlab/blas.hpp"
-#include "attnlab/context.hpp"
 #include "temp_dir.hpp"
 
 using namespace attnlab;
+using attnlab::app::Backend;
+using attnlab::app::Context;
 
 namespace {
 
@@ -95,7 +97,8 @@ TEST_CASE("precision: a misspelt value and bf16 on a device backend are refused 
   app::TrainConfig on_device = recall_run(dir.file("device"), "bf16");
   on_device.steps = 2;
   CHECK_THROWS_WITH_AS(
-      app::train_model(on_device, Context{.threads = 1, .backend = Backend::cuda}, device.get()),
+      app::train_model(on_device,
+                       Context{.threads = 1, .backend = Backend::cuda, .device = device.get()}),
       doctest::Contains("bf16 runs on the CPU backend"), std::invalid_argument);
   CHECK(blas::gemm_precision() == GemmPrecision::fp32);
 }

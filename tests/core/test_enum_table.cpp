@@ -10,12 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/layer_check.hpp"
 #include "attnlab/app/proxy_checks.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/study.hpp"
 #include "attnlab/blas.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/io/safetensors.hpp"
@@ -125,7 +125,7 @@ TEST_CASE("enum table: every table of the library and the app is whole and round
   check_table<GemmEngine>();
   check_table<GemmPrecision>();
   check_table<Bf16Engine>();
-  check_table<Backend>();
+  check_table<app::Backend>();
   check_table<Dtype>();
   check_table<app::TaskKind>();
   check_table<app::VocabKind>();

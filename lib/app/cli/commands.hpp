@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/layer_check.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/saturation.hpp"
@@ -18,7 +19,6 @@
 #include "attnlab/app/token_file.hpp"
 #include "attnlab/app/tokenizer.hpp"
 #include "attnlab/app/trainer.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/distributed.hpp"
 #include "common.hpp"
 
@@ -28,7 +28,7 @@ namespace attnlab::cli {
 struct TrainCommand {
   CLI::App* cmd = nullptr;
   app::TrainConfig config;
-  Context context;  // threads: the number of cores unless --threads says otherwise
+  app::Context context;  // threads: the number of cores unless --threads says otherwise
   bool quiet = false;
 };
 void add_train_command(CLI::App& cli, TrainCommand& train);
@@ -78,7 +78,7 @@ int run_saturation_command(const SaturationCommand& saturation, const CliContext
 struct GenerateCommand {
   CLI::App* cmd = nullptr;
   app::GenerateRequest request;
-  Context context;
+  app::Context context;
   bool no_cache = false;
 };
 void add_generate_command(CLI::App& cli, GenerateCommand& generate);

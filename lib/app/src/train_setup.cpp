@@ -350,10 +350,11 @@ double seconds_since(TrainClock::time_point t) {
 // The backend, chosen once: the model moves there (its optimizer follows), and the loop runs the
 // same code whatever it is. A CUDA backend made for this run goes to own_ops, which the caller
 // makes before the model, whose buffers it must outlive.
-DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_ops,
-                             std::unique_ptr<DeviceOps<float>>& own_ops, const char* op) {
+DeviceOps<float>* choose_ops(const Context& context, std::unique_ptr<DeviceOps<float>>& own_ops,
+                             const char* op) {
   DeviceOps<float>* ops = &cpu_ops<float>();
   if (context.backend == Backend::cuda) {
+    DeviceOps<float>* device_ops = context.device;
     if (!device_ops) {
       if (!cuda_available()) {
         check_arg(

@@ -81,8 +81,9 @@ double seconds_since(TrainClock::time_point t);
 // The backend, chosen once, the one way train and generate pick it (a CUDA backend made for this
 // run goes to own_ops, which the caller makes before the model, whose buffers it must outlive).
 // `op` names the caller in the error for a missing device.
-DeviceOps<float>* choose_ops(const Context& context, DeviceOps<float>* device_ops,
-                             std::unique_ptr<DeviceOps<float>>& own_ops, const char* op = "train");
+// context.device, when not null, is the CUDA backend to use.
+DeviceOps<float>* choose_ops(const Context& context, std::unique_ptr<DeviceOps<float>>& own_ops,
+                             const char* op = "train");
 // The batch-parallel step's thread count (TrainConfig::thread_split).
 int batch_threads(const TrainConfig& c, const Context& context, DeviceOps<float>& ops,
                   const Shard& shard);

@@ -45,8 +45,7 @@ namespace {
 using json = nlohmann::json;
 using Clock = TrainClock;
 
-TrainResult train_impl(const TrainConfig& config_in, const Context& context,
-                       DeviceOps<float>* device_ops, Communicator& comm,
+TrainResult train_impl(const TrainConfig& config_in, const Context& context, Communicator& comm,
                        const std::function<void()>& setup_done) {
   const int world = comm.size(), rank = comm.rank();
   const bool lead = rank == 0;
@@ -71,7 +70,7 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
   const Batch eval = shard_of(data.eval, eval_shard);
 
   std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
-  DeviceOps<float>* ops = choose_ops(context, device_ops, own_ops);
+  DeviceOps<float>* ops = choose_ops(context, own_ops);
   check_arg(c.precision == GemmPrecision::fp32 || ops == &cpu_ops<float>(), "train", "precision",
             std::string(enum_name(GemmPrecision::fp32)) + " on a device backend (" +
                 std::string(enum_name(c.precision)) + " runs on the CPU backend)",
@@ -139,13 +138,12 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context,
 
 }  // namespace
 
-TrainResult train_model(const TrainConfig& config, const Context& context,
-                        DeviceOps<float>* device_ops) {
+TrainResult train_model(const TrainConfig& config, const Context& context) {
   Communicator& comm = context.comm ? *context.comm : single_process();
-  if (comm.size() == 1) return train_impl(config, context, device_ops, comm, [] {});
+  if (comm.size() == 1) return train_impl(config, context, comm, [] {});
   bool started = false;
   try {
-    return train_impl(config, context, device_ops, comm, [&] {
+    return train_impl(config, context, comm, [&] {
       agree_on_setup(comm, false, false);
       started = true;
     });
@@ -191,7 +189,7 @@ GenerateReport generate_from_run(const GenerateRequest& request, const Context& 
   check_arg(request.tokens >= 1, "generate", "tokens", ">= 1", std::to_string(request.tokens));
   const ThreadScope threads(context.threads);
   std::unique_ptr<DeviceOps<float>> own_ops;  // outlives the model on it
-  DeviceOps<float>* ops = choose_ops(context, nullptr, own_ops, "generate");
+  DeviceOps<float>* ops = choose_ops(context, own_ops, "generate");
   LoadedRun run = load_run(request.run_dir);
   const TrainConfig& c = run.config;
   check_arg(c.task.kind == TaskKind::text, "generate", "checkpoint",

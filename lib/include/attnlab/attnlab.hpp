@@ -7,7 +7,6 @@
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/blas.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/cuda.hpp"
 #include "attnlab/device_ops.hpp"
 #include "attnlab/distributed.hpp"

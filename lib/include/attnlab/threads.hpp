@@ -8,7 +8,8 @@
 // their own count and share no mutable variable. A thread that never set one uses the number of
 // cores. OpenMP's worker threads inside attnlab's parallel loops run everything serially (nested
 // regions are inactive; gemm checks omp_in_parallel), so they never need a count of their own.
-// A run takes its count from its Context (context.hpp) through a ThreadScope.
+// The training application's runs take theirs from their Context (attnlab/app/context.hpp)
+// through a ThreadScope.
 #pragma once
 
 namespace attnlab {

@@ -15,10 +15,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/run_checkpoint.hpp"
 #include "attnlab/app/tasks.hpp"
 #include "attnlab/blas.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/enum_table.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/nn/transformer.hpp"
@@ -135,7 +135,7 @@ struct TrainConfig {
   int eval_batch = 0;
   // Run control: may differ when a run is resumed (see train_model). The thread count, the stop
   // flag and the backend are not in the config: they travel in the Context given to train_model
-  // (attnlab/context.hpp), so a run may be resumed with another thread count or on the other
+  // (attnlab/app/context.hpp), so a run may be resumed with another thread count or on the other
   // device.
   std::string out = "runs/train";
   int save_every = 0;  // 0: only at the end

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/app/context.hpp"
 #include "attnlab/app/run_config.hpp"
 #include "attnlab/app/summary.hpp"
 #include "attnlab/app/tasks.hpp"
-#include "attnlab/context.hpp"
 #include "attnlab/fma_peak.hpp"
 #include "attnlab/nn/generate.hpp"
 
@@ -127,7 +127,7 @@ class RankFailure : public std::runtime_error {
 //    before its next step and returns with `interrupted`;
 //  - backend cuda: the model (Module::to) and its optimizer move to a CUDA backend the run makes
 //    and owns, and the training step and the eval forward run there; checkpoints and weight norms
-//    read the host copy, brought up to date first. `device_ops` (when not null) replaces that
+//    read the host copy, brought up to date first; context.device (when not null) replaces that
 //    backend: the tests pass the emulated device.
 //
 // Resume (config.resume = DIR): the run saved in DIR continues. Its saved config is the recipe:
@@ -143,8 +143,7 @@ class RankFailure : public std::runtime_error {
 // last 128 steps (attnlab/optim/outlier.hpp) skips its update; its forward and backward run, the
 // weights, the optimizer's state and its step count stay, the step (LR schedule, data stream,
 // dropout keys) advances. Both values enter the windows whatever is decided (llm.c's rule).
-TrainResult train_model(const TrainConfig& config, const Context& context,
-                        DeviceOps<float>* device_ops = nullptr);
+TrainResult train_model(const TrainConfig& config, const Context& context);
 
 // Loss and accuracy on the fixed eval set of a trained run, with a few examples.
 struct EvalReport {

@@ -1,7 +1,8 @@
-// The explicit context (attnlab/context.hpp) and the per-thread thread count (attnlab/threads.hpp):
-// a count set on one thread is invisible to the others, ThreadScope restores what it replaced, and
-// two std::threads running ops at the same time, at different counts, each get exactly the bits of
-// a serial run at their own count. Under the tsan preset the concurrent cases are the race check.
+// The explicit context (attnlab/app/context.hpp) and the per-thread thread count
+// (attnlab/threads.hpp): a count set on one thread is invisible to the others, ThreadScope restores
+// what it replaced, and two std::threads running ops at the same time, at different counts, each
+// get exactly the bits of a serial run at their own count. Under the tsan preset the concurrent
+// cases are the race check.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -12,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "attnlab/context.hpp"
+#include "attnlab/app/context.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
 #include "attnlab/ops/layernorm.hpp"
@@ -21,6 +22,11 @@
 #include "helpers.hpp"
 
 using namespace attnlab;
+using attnlab::app::Backend;
+using attnlab::app::backend_name;
+using attnlab::app::Context;
+using attnlab::app::parse_backend;
+using attnlab::app::validate;
 
 namespace {
 
