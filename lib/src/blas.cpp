@@ -45,7 +45,8 @@ void select_engine(BlasInfo& info) {
   if (named == GemmEngine::openblas) {
     info.engine_reason = "ATTNLAB_GEMM=" + request;
   } else if (request == "auto" || named == GemmEngine::onednn) {
-    if (!onednn_built()) {
+    const detail::OneDnn* dnn = detail::onednn();
+    if (!dnn) {
       info.engine_reason = "built without oneDNN";
       if (named)
         add_warning(info, "ATTNLAB_GEMM=" + request +
@@ -55,13 +56,13 @@ void select_engine(BlasInfo& info) {
     } else {
       const std::string why =
           named ? "ATTNLAB_GEMM=" + request : "faster than OpenBLAS on a step's shapes";
-      if (detail::onednn_self_check()) {
+      if (dnn->self_check()) {
         info.engine = GemmEngine::onednn;
-        info.engine_name = detail::onednn_name();
+        info.engine_name = dnn->name();
         info.engine_reason = why;
       } else {
         info.engine_reason = "oneDNN failed attnlab's sgemm self-check";
-        add_warning(info, detail::onednn_name() + " failed attnlab's sgemm self-check (" + why +
+        add_warning(info, dnn->name() + " failed attnlab's sgemm self-check (" + why +
                               "); float gemms run in " + info.library);
       }
     }
@@ -93,7 +94,7 @@ void openblas_gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha
 void serial_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (float_engine.load(std::memory_order_relaxed) == GemmEngine::onednn) {
-    onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    onednn()->gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -111,7 +111,7 @@ bool bf16_active() {
 void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (bf16_engine.load(std::memory_order_relaxed) == Bf16Engine::onednn) {
-    onednn_bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    onednn()->bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const auto serial = [](auto... args) { serial_gemm(args...); };
@@ -125,16 +125,16 @@ void select_bf16(BlasInfo& info) {
   info.bf16_engine_name = "emulated: operands rounded to bf16, fp32 gemm in " + info.engine_name;
   info.amx = false;
   info.bf16_units = false;
-  const bool built = onednn_built();
-  if (built) info.amx = onednn_amx(), info.bf16_units = onednn_bf16_units();
+  const OneDnn* dnn = onednn();
+  if (dnn) info.amx = dnn->amx(), info.bf16_units = dnn->bf16_units();
   const auto try_native = [&](const std::string& why) {
-    if (!built) {
+    if (!dnn) {
       info.bf16_reason = "built without oneDNN";
       return false;
     }
-    if (onednn_bf16_self_check()) {
+    if (dnn->bf16_self_check()) {
       info.bf16_engine = Bf16Engine::onednn;
-      info.bf16_engine_name = onednn_name() + ", bf16 matmul";
+      info.bf16_engine_name = dnn->name() + ", bf16 matmul";
       info.bf16_reason = why;
       return true;
     }

@@ -1,7 +1,7 @@
 // Everything of oneDNN (Debian's libdnnl-dev 2.6.3): its sgemm as the float engine, its matmul
 // primitives for bf16 gemms, and their self-checks. The one file built with oneDNN
-// (ATTNLAB_WITH_ONEDNN, cmake/AttnlabOneDnn.cmake); without it only onednn_built() and the testing
-// hook are defined here, and the dispatch calls none of the rest.
+// (ATTNLAB_WITH_ONEDNN, cmake/AttnlabOneDnn.cmake). The dispatch reaches it through one table,
+// detail::onednn(), which is null without oneDNN.
 #include <omp.h>
 
 #include <cstdint>
@@ -25,11 +25,7 @@
 namespace attnlab {
 
 bool onednn_built() {
-#ifdef ATTNLAB_WITH_ONEDNN
-  return true;
-#else
-  return false;
-#endif
+  return blas::detail::onednn() != nullptr;
 }
 
 namespace blas {
@@ -295,40 +291,22 @@ bool onednn_bf16_units() {
 }
 
 }  // namespace detail
-#else
+#endif
+
 namespace detail {
 
-// Without oneDNN the engine is never chosen (onednn_built() is false), but the dispatch still
-// names these functions: they link, and refuse if ever reached.
-[[noreturn]] void no_onednn(const char* op) {
-  throw std::logic_error(std::string(op) + ": attnlab was built without oneDNN");
-}
-void onednn_gemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
-                 float*, int) {
-  no_onednn("onednn_gemm");
-}
-void onednn_bf16_gemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
-                      float*, int) {
-  no_onednn("onednn_bf16_gemm");
-}
-bool onednn_self_check() {
-  return false;
-}
-bool onednn_bf16_self_check() {
-  return false;
-}
-std::string onednn_name() {
-  return "oneDNN (not built)";
-}
-bool onednn_amx() {
-  return false;
-}
-bool onednn_bf16_units() {
-  return false;
+const OneDnn* onednn() {
+#ifdef ATTNLAB_WITH_ONEDNN
+  static constexpr OneDnn table{
+      onednn_gemm, onednn_bf16_gemm, onednn_self_check, onednn_bf16_self_check,
+      onednn_name, onednn_amx,       onednn_bf16_units};
+  return &table;
+#else
+  return nullptr;
+#endif
 }
 
 }  // namespace detail
-#endif
 
 namespace testing {
 bool onednn_matmul_f32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,

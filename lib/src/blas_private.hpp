@@ -124,22 +124,28 @@ bool gemm_exact(const Gemm& gemm, bool trans_a, bool trans_b, bool corrupt) {
   return c == expected;
 }
 
-// ---- blas_onednn.cpp (in a build without oneDNN, attnlab::onednn_built() is false and none of
-// these is called) ----
+// ---- blas_onednn.cpp ----
 
-// oneDNN's sgemm on the calling thread alone; operands at a stride of a multiple of 2 KB read
-// through a copy (cache-set conflicts).
-void onednn_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                 int lda, const float* b, int ldb, float beta, float* c, int ldc);
-bool onednn_self_check();       // the sgemm against a plain loop
-bool onednn_bf16_self_check();  // the bf16 matmul, likewise
-std::string onednn_name();      // "oneDNN 2.6.3, avx512_core_bf16 kernels"
-bool onednn_amx();              // oneDNN's kernels use AMX tiles
-bool onednn_bf16_units();       // ... bf16 units faster than the emulation: AMX, AMD's AVX-512 BF16
-// A bf16 gemm in oneDNN's bf16 matmul: A and B rounded into bf16 copies, the product split over
-// the threads.
-void onednn_bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                      int lda, const float* b, int ldb, float beta, float* c, int ldc);
+using FloatGemm = void (*)(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                           const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                           int ldc);
+
+// Everything the dispatch takes from oneDNN, in one table: onednn() is null in a build without
+// oneDNN, so no call can reach oneDNN code that was not built, and no stub stands in for it.
+struct OneDnn {
+  // oneDNN's sgemm on the calling thread alone; operands at a stride of a multiple of 2 KB read
+  // through a copy (cache-set conflicts).
+  FloatGemm gemm;
+  // A bf16 gemm in oneDNN's bf16 matmul: A and B rounded into bf16 copies, the product split
+  // over the threads.
+  FloatGemm bf16_gemm;
+  bool (*self_check)();       // the sgemm against a plain loop
+  bool (*bf16_self_check)();  // the bf16 matmul, likewise
+  std::string (*name)();      // "oneDNN 2.6.3, avx512_core_bf16 kernels"
+  bool (*amx)();              // oneDNN's kernels use AMX tiles
+  bool (*bf16_units)();       // ... bf16 units faster than the emulation: AMX, AMD's AVX-512 BF16
+};
+const OneDnn* onednn();
 
 // ---- blas_bf16.cpp ----
 
