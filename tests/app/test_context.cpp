@@ -22,11 +22,7 @@
 #include "helpers.hpp"
 
 using namespace attnlab;
-using attnlab::app::Backend;
-using attnlab::app::backend_name;
-using attnlab::app::Context;
-using attnlab::app::parse_backend;
-using attnlab::app::validate;
+using namespace attnlab::app;
 
 namespace {
 
