@@ -72,12 +72,9 @@ class Model {
   // Names of W_Q and W_K of layer l in parameters().
   std::string w_q_name(std::size_t layer) const;
   std::string w_k_name(std::size_t layer) const;
-  // After a forward that produced a non-finite logit: the first stage whose output was non-finite
-  // ("embedding", "blocks.0.attn", ..., "head"); "" if none (or when the check is off: a device
-  // backend).
-  std::string first_nonfinite_stage() const;
-  // The same for `batch`, replayed (with the check on when it was off), so that it holds whichever
-  // batch ran last.
+  // For a batch whose forward produced a non-finite logit: the first stage whose output was
+  // non-finite ("embedding", "blocks.0.attn", ..., "head"; "" if none), found by replaying the
+  // forward of `batch` with the check on (forwards run without it).
   std::string locate_nonfinite(const Batch& batch);
   // The underlying network.
   Transformer<float>& transformer();
