@@ -281,12 +281,36 @@ void pack_documents(Batch& batch, const DocumentBounds& docs,
   }
 }
 
+namespace {
+
+void check_stream(std::size_t tokens, std::size_t block, const char* op) {
+  check_arg(tokens > block, op, "tokens", "at least block + 1 = " + std::to_string(block + 1),
+            std::to_string(tokens));
+}
+
+}  // namespace
+
+std::vector<std::size_t> random_offsets(std::size_t tokens, std::size_t block, std::size_t batch,
+                                        Rng& rng, const char* op) {
+  check_stream(tokens, block, op);
+  std::vector<std::size_t> offsets(batch);
+  for (auto& o : offsets) o = static_cast<std::size_t>(rng.below(tokens - block));
+  return offsets;
+}
+
+std::vector<std::size_t> spread_offsets(std::size_t tokens, std::size_t block, std::size_t n,
+                                        const char* op) {
+  check_stream(tokens, block, op);
+  const std::size_t last = tokens - block - 1;  // the largest offset
+  n = std::min(n, last + 1);
+  std::vector<std::size_t> offsets(n);
+  for (std::size_t i = 0; i < n; ++i) offsets[i] = n == 1 ? 0 : i * last / (n - 1);
+  return offsets;
+}
+
 Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng,
                  const DocumentBounds* docs) {
-  check_arg(tokens.size() > block, "text_batch", "tokens",
-            "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
-  std::vector<std::size_t> offsets(batch);
-  for (auto& o : offsets) o = static_cast<std::size_t>(rng.below(tokens.size() - block));
+  const auto offsets = random_offsets(tokens.size(), block, batch, rng, "text_batch");
   Batch out = blocks_at(tokens, block, offsets);
   if (docs) pack_documents(out, *docs, offsets);
   return out;
@@ -294,12 +318,7 @@ Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t 
 
 Batch text_eval_batch(const std::vector<int>& tokens, std::size_t block, std::size_t n,
                       const DocumentBounds* docs) {
-  check_arg(tokens.size() > block, "text_eval_batch", "tokens",
-            "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
-  const std::size_t last = tokens.size() - block - 1;  // the largest offset
-  n = std::min(n, last + 1);
-  std::vector<std::size_t> offsets(n);
-  for (std::size_t i = 0; i < n; ++i) offsets[i] = n == 1 ? 0 : i * last / (n - 1);
+  const auto offsets = spread_offsets(tokens.size(), block, n, "text_eval_batch");
   Batch out = blocks_at(tokens, block, offsets);
   if (docs) pack_documents(out, *docs, offsets);
   return out;

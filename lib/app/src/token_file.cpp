@@ -127,10 +127,7 @@ DocumentBounds token_documents(const TokenFile& tokens, bool restart_positions) 
 
 Batch token_batch(const TokenFile& tokens, std::size_t block, std::size_t batch, Rng& rng,
                   const DocumentBounds* docs) {
-  check_arg(tokens.size() > block, "token_batch", "tokens",
-            "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
-  std::vector<std::size_t> offsets(batch);
-  for (auto& o : offsets) o = static_cast<std::size_t>(rng.below(tokens.size() - block));
+  const auto offsets = random_offsets(tokens.size(), block, batch, rng, "token_batch");
   Batch out = blocks_at(tokens, block, offsets);
   if (docs) pack_documents(out, *docs, offsets);
   return out;
@@ -138,12 +135,7 @@ Batch token_batch(const TokenFile& tokens, std::size_t block, std::size_t batch,
 
 Batch token_eval_batch(const TokenFile& tokens, std::size_t block, std::size_t n,
                        const DocumentBounds* docs) {
-  check_arg(tokens.size() > block, "token_eval_batch", "tokens",
-            "at least block + 1 = " + std::to_string(block + 1), std::to_string(tokens.size()));
-  const std::size_t last = tokens.size() - block - 1;
-  n = std::min(n, last + 1);
-  std::vector<std::size_t> offsets(n);
-  for (std::size_t i = 0; i < n; ++i) offsets[i] = n == 1 ? 0 : i * last / (n - 1);
+  const auto offsets = spread_offsets(tokens.size(), block, n, "token_eval_batch");
   Batch out = blocks_at(tokens, block, offsets);
   if (docs) pack_documents(out, *docs, offsets);
   return out;

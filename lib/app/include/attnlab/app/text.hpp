@@ -104,6 +104,15 @@ DocumentBounds find_documents(const std::vector<int>& tokens, const std::vector<
 void pack_documents(Batch& batch, const DocumentBounds& docs,
                     const std::vector<std::size_t>& offsets);
 
+// Where the blocks of block + 1 tokens of a stream of `tokens` start, for text_batch and
+// token_batch: `batch` offsets drawn from rng; for the eval batches: n offsets spread evenly from
+// the first to the last (fewer when the stream is short). std::invalid_argument naming `op` when
+// the stream holds no block + 1 tokens.
+std::vector<std::size_t> random_offsets(std::size_t tokens, std::size_t block, std::size_t batch,
+                                        Rng& rng, const char* op);
+std::vector<std::size_t> spread_offsets(std::size_t tokens, std::size_t block, std::size_t n,
+                                        const char* op);
+
 // B random blocks of the tokens (offsets drawn from rng): fields[0] = x[o .. o+block),
 // targets = x[o+1 .. o+block]; packed when docs is given.
 Batch text_batch(const std::vector<int>& tokens, std::size_t block, std::size_t batch, Rng& rng,
