@@ -76,8 +76,17 @@ MultiFieldEmbedding<T>::MultiFieldEmbedding(const std::vector<std::size_t>& voca
 
 template <class T>
 Tensor3<T> MultiFieldEmbedding<T>::forward(const std::vector<TokenIds>& fields) {
-  check_arg(fields.size() == fields_.size(), "MultiFieldEmbedding::forward", "fields",
-            std::to_string(fields_.size()) + " id tensors", std::to_string(fields.size()));
+  return to_tensor<T, 3>(forward(upload(fields, "MultiFieldEmbedding::forward")),
+                         "MultiFieldEmbedding");
+}
+
+template <class T>
+std::vector<Buffer<int>> MultiFieldEmbedding<T>::upload(const std::vector<TokenIds>& fields,
+                                                        const char* op,
+                                                        const std::string& count_note) const {
+  check_arg(fields.size() == fields_.size(), op, "fields",
+            std::to_string(fields_.size()) + " id tensors" + count_note,
+            std::to_string(fields.size()));
   const auto B = static_cast<std::ptrdiff_t>(fields[0].shape()[0]);
   const auto Tn = static_cast<std::ptrdiff_t>(fields[0].shape()[1]);
   std::vector<Buffer<int>> ids;
@@ -89,7 +98,7 @@ Tensor3<T> MultiFieldEmbedding<T>::forward(const std::vector<TokenIds>& fields) 
     check_token_ids("embedding_forward", "ids", fields[i], fields_[i]->vocab());
     ids.push_back(to_buffer<int>(this->ops(), fields[i]));
   }
-  return to_tensor<T, 3>(forward(ids), "MultiFieldEmbedding");
+  return ids;
 }
 
 template <class T>

@@ -201,22 +201,7 @@ void Transformer<T>::note(const Buffer<T>& t, const std::string& where) {
 
 template <class T>
 std::vector<Buffer<int>> Transformer<T>::upload_fields(const std::vector<TokenIds>& fields) const {
-  const char* op = "Transformer::forward";
-  check_arg(fields.size() == config_.vocab_sizes.size(), op, "fields",
-            std::to_string(config_.vocab_sizes.size()) + " id tensors (one per vocabulary)",
-            std::to_string(fields.size()));
-  const auto B = static_cast<std::ptrdiff_t>(fields[0].shape()[0]);
-  const auto Tn = static_cast<std::ptrdiff_t>(fields[0].shape()[1]);
-  std::vector<Buffer<int>> ids;
-  for (std::size_t i = 0; i < fields.size(); ++i) {
-    if (i > 0) {
-      check_shape("MultiFieldEmbedding::forward", "fields[" + std::to_string(i) + "]", fields[i],
-                  {B, Tn});
-    }
-    check_token_ids("embedding_forward", "ids", fields[i], config_.vocab_sizes[i]);
-    ids.push_back(to_buffer<int>(this->ops(), fields[i]));
-  }
-  return ids;
+  return embed_.upload(fields, "Transformer::forward", " (one per vocabulary)");
 }
 
 template <class T>

@@ -57,8 +57,12 @@ class MultiFieldEmbedding : public Module<T> {
   // fields: one (B, T) id tensor per field, all of one shape. Returns Σ_i table_i[fields[i]]
   // (B, T, dim). Throws std::invalid_argument on a wrong field count, ShapeError on mismatch.
   Tensor3<T> forward(const std::vector<TokenIds>& fields);
-  // The same on the backend: field i's ids are ids[i] (B, T), checked by the caller.
+  // The same on the backend: field i's ids are ids[i] (B, T), from upload.
   Buffer<T> forward(const std::vector<Buffer<int>>& ids);
+  // fields checked as forward checks them and copied to the backend. An error names `op`, and a
+  // wrong field count says "<n> id tensors" followed by `count_note`.
+  std::vector<Buffer<int>> upload(const std::vector<TokenIds>& fields, const char* op,
+                                  const std::string& count_note = "") const;
   // dy: (B, T, dim). ADDS into every field's table grad. std::logic_error before forward.
   void backward(const Tensor3<T>& dy);
   void backward(const Buffer<T>& dy);
