@@ -108,8 +108,16 @@ Products products_for(const AttentionParams<T>& p) {
   return products;
 }
 
-std::size_t tile_or_default(std::size_t tile, std::size_t fallback) {
-  return tile != 0 ? tile : fallback;
+// The tiles a call runs on: a block mask's own, else those asked for (0: the tuned default).
+template <class T>
+void resolve_tiles(const AttentionParams<T>& p, std::size_t& tile_rows, std::size_t& tile_keys) {
+  if (p.block_mask != nullptr) {
+    tile_rows = p.block_mask->tile_rows();
+    tile_keys = p.block_mask->tile_keys();
+    return;
+  }
+  if (tile_rows == 0) tile_rows = kFusedRowBlock;
+  if (tile_keys == 0) tile_keys = kFusedKeyBlock;
 }
 
 // The key tiles of one row block for head (b, h): with a block mask, its tiles from the block's
@@ -139,12 +147,7 @@ template <class T>
 void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t tile_rows,
                         std::size_t tile_keys) {
   const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
-  tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
-  tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
-  if (p.block_mask != nullptr) {  // its tiles are the kernel's
-    tile_rows = p.block_mask->tile_rows();
-    tile_keys = p.block_mask->tile_keys();
-  }
+  resolve_tiles(p, tile_rows, tile_keys);
   const bool program = p.has_program();
   const Products gemm = products_for(p);
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
@@ -265,12 +268,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                          const T* lse, const AttentionParams<T>& p, std::size_t tile_rows,
                          std::size_t tile_keys) {
   const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
-  tile_rows = tile_or_default(tile_rows, kFusedRowBlock);
-  tile_keys = tile_or_default(tile_keys, kFusedKeyBlock);
-  if (p.block_mask != nullptr) {  // its tiles are the kernel's
-    tile_rows = p.block_mask->tile_rows();
-    tile_keys = p.block_mask->tile_keys();
-  }
+  resolve_tiles(p, tile_rows, tile_keys);
   const Products gemm = products_for(p);
   const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
   // One K/V slice (b, kv head) per task: dK and dV start at 0 and every query head of its group
