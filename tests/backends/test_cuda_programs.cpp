@@ -554,6 +554,97 @@ TEST_CASE("cuda program: a MultiHeadAttention on the device with a score program
                        std::invalid_argument);
 }
 
+// Packed documents in a layer on the device: the backend's own document mask program over ids it
+// uploads, the block mask at the kernels' tile built once per layout, grouped heads and RoPE
+// restarting per document; the CPU layer with the same layout gives the same numbers.
+TEST_CASE(
+    "cuda program: a MultiHeadAttention on the device with a document layout is the CPU one") {
+  // T = 140: three tiles of 64. Row 0: documents of 70 and 70 tokens (its last row block skips
+  // key tile 0); row 1: 30, 100 and 10.
+  const std::size_t B = 2, T = 140;
+  std::vector<std::int32_t> ids(B * T);
+  for (std::size_t t = 0; t < T; ++t) {
+    ids[t] = t < 70 ? 0 : 1;
+    ids[T + t] = t < 30 ? 0 : (t < 130 ? 1 : 2);
+  }
+  const SequenceLayout layout = document_layout(ids, B, T, /*restart_positions=*/true);
+  for (SdpaPath path : kPaths) {
+    CAPTURE(path_name(path));
+    AttentionConfig c;
+    c.d_model = 16;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.rope = true;
+    c.sdpa.causal = true;
+    c.sdpa.path = path;
+    auto device = emulated::make_device_ops<double>();  // outlives the layer on it
+    Rng r1(41), r2(41);
+    MultiHeadAttention<double> cpu(c, r1), dev(c, r2);
+    dev.to(*device);
+    Rng data(43);
+    const auto x = randn<double, 3>({B, T, 16}, data);
+    const auto dy = randn<double, 3>({B, T, 16}, data);
+    const auto run = [&](MultiHeadAttention<double>& m) {
+      const Tensor3<double> y =
+          to_tensor<double, 3>(m.forward(to_buffer<double>(m.ops(), x), nullptr, &layout), "y");
+      const Tensor3<double> dx =
+          to_tensor<double, 3>(m.backward(to_buffer<double>(m.ops(), dy)), "dx");
+      return std::make_pair(y, dx);
+    };
+    const auto [y_cpu, dx_cpu] = run(cpu);
+    const auto [y_dev, dx_dev] = run(dev);
+    CHECK(test::rel_error(y_dev, y_cpu) < 1e-12);
+    CHECK(test::rel_error(dx_dev, dx_cpu) < 1e-12);
+    dev.copy_to_host(true);
+    const auto pc = cpu.parameters(), pd = dev.parameters();
+    REQUIRE(pc.size() == pd.size());
+    for (std::size_t i = 0; i < pc.size(); ++i) {
+      CAPTURE(pc[i].name);
+      CHECK(test::rel_error(pd[i].param->grad, pc[i].param->grad) < 1e-12);
+    }
+    // The layout is not the plain causal rule: without it the device layer differs.
+    const Tensor3<double> causal = dev.forward(x);
+    CHECK(xt::amax(xt::abs(causal - y_dev))() > 1e-3);
+  }
+  // The fused kernels' block mask was built once, at their tile, and is kept with the layout.
+  const auto at64 = layout.block_mask_at(64, 64);
+  CHECK(at64 == layout.block_mask_at(64, 64));
+  CHECK(at64 != layout.block_mask);
+  CHECK(at64->tile_rows() == 64);
+  CHECK(at64->count(attention::BlockState::empty) + at64->density() > 0);
+  const auto& skipped = at64->row_block(0, 0, 2);  // row 0, queries 128..139: keys from 70
+  CHECK(skipped.lo == 70);
+
+  // What a device cannot run is refused by name: a layout without document ids, and a layer's
+  // score program beside the layout's mask.
+  AttentionConfig c;
+  c.d_model = 16;
+  c.heads = 2;
+  c.sdpa.causal = true;
+  auto device = emulated::make_device_ops<double>();
+  Rng rng(5);
+  MultiHeadAttention<double> m(c, rng);
+  m.to(*device);
+  SequenceLayout prefix;
+  prefix.block_mask = std::make_shared<const attention::BlockMask>(attention::build_block_mask(
+      attention::prefix_lm_mask(2), {.B = 1, .H = 1, .Hkv = 1, .Tq = 4, .Tk = 4, .D = 1, .Dv = 1}));
+  Rng data(3);
+  const auto x = to_buffer<double>(*device, randn<double, 3>({1, 4, 16}, data));
+  CHECK_THROWS_WITH_AS(m.forward(x, nullptr, &prefix),
+                       doctest::Contains("layout.documents expected B·T = 4 document ids"),
+                       std::invalid_argument);
+  MultiHeadAttention<double> scored(c, rng);
+  scored.set_score_program(
+      {attention::score_program(CappedRelative{}, "capped relative"),
+       {{"table", std::vector<double>(14, 0.1)}, {"slope", {0.1, 0.2}}},
+       std::make_shared<const cuda::DevicePrograms>(cuda::device_program(CappedRelative{}))});
+  scored.to(*device);
+  const SequenceLayout docs = document_layout({0, 0, 1, 1}, 1, 4, false);
+  CHECK_THROWS_WITH_AS(scored.forward(x, nullptr, &docs),
+                       doctest::Contains("no score program beside a layout's mask"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("cuda program on a GPU: nvcc-compiled score and document programs match the CPU op") {
   if (!test::cuda_device_or_skip()) return;
 #if defined(ATTNLAB_TEST_GPU_PROGRAMS)

@@ -26,11 +26,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "attention_fused_kernels.cuh"
+#include "attention_program_kernels.cuh"
 #include "attention_reference_kernels.cuh"
+#include "attnlab/attention/programs.hpp"
 #include "attnlab/device_ops.hpp"
 #include "cross_entropy.cuh"
 #include "elementwise.cuh"
@@ -254,6 +257,13 @@ class KernelDeviceOps final : public DeviceOps<T> {
                                        const AttentionParams<T>& a,
                                        const ReferenceRows<T>& rows) override {
     reference_backward(dq, dk, dv, ds, dout, p, a, &rows);
+  }
+
+  // Packed documents' mask as a program of this file's compiler (attention_program_kernels.cuh).
+  std::shared_ptr<const DevicePrograms> document_mask_program(const std::int32_t* ids,
+                                                              std::size_t length) override {
+    return std::make_shared<const DevicePrograms>(
+        device_program(fused::NoScore{}, attention::masks::DocumentIds{ids, length, true, true}));
   }
 
   // ---- attention: the fused path (attention_fused_kernels.cuh) ------------------------------

@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "attnlab/attention/device_program.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/kernel_math.hpp"
 
@@ -198,6 +199,14 @@ class DeviceOps : public DeviceMemory {
     throw std::invalid_argument(name() +
                                 ": sdpa_reference_program_backward: this backend runs "
                                 "attention programs on its own paths");
+  }
+  // The GPU launchers of packed documents' mask (attention::masks::DocumentIds, per batch row and
+  // causal) over ids (B, T) in this device's memory, for a layer's SequenceLayout on this backend:
+  // the ids must outlive every call made with them. Backends that run programs elsewhere (the
+  // CPU's) have none: nullptr.
+  virtual std::shared_ptr<const cuda::DevicePrograms> document_mask_program(
+      const std::int32_t* /*ids*/, std::size_t /*T*/) {
+    return nullptr;
   }
   virtual void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& args) = 0;
   virtual void sdpa_fused_backward(T* dq, T* dk, T* dv, T* row_dot, const T* dout, const T* out,

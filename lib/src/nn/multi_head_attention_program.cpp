@@ -63,10 +63,33 @@ SequenceLayout document_layout(std::vector<std::int32_t> documents, std::size_t 
       }
     }
   }
+  layout.documents = documents;
   layout.block_mask = std::make_shared<const attention::BlockMask>(attention::build_block_mask(
       attention::document_mask(std::move(documents), T, /*per_batch=*/true, /*causal=*/true),
       {.B = B, .H = 1, .Hkv = 1, .Tq = T, .Tk = T, .D = 1, .Dv = 1}, tile_rows, tile_keys));
   return layout;
+}
+
+std::shared_ptr<const attention::BlockMask> SequenceLayout::block_mask_at(
+    std::size_t tile_rows, std::size_t tile_keys) const {
+  if (!block_mask ||
+      (block_mask->tile_rows() == tile_rows && block_mask->tile_keys() == tile_keys)) {
+    return block_mask;
+  }
+  const AttentionSizes& sizes = block_mask->sizes();
+  const auto same = [&](const attention::BlockMask& m) {
+    const AttentionSizes& z = m.sizes();
+    return m.program_ptr() == block_mask->program_ptr() && m.tile_rows() == tile_rows &&
+           m.tile_keys() == tile_keys && z.B == sizes.B && z.H == sizes.H && z.Tq == sizes.Tq &&
+           z.Tk == sizes.Tk;
+  };
+  const std::lock_guard<std::mutex> lock(tiles_->lock);
+  for (const auto& m : tiles_->built) {
+    if (same(*m)) return m;
+  }
+  tiles_->built.push_back(std::make_shared<const attention::BlockMask>(
+      attention::build_block_mask(block_mask->program_ptr(), sizes, tile_rows, tile_keys)));
+  return tiles_->built.back();
 }
 
 // The programs of one call into its options: the layer's score program with its parameters'
@@ -86,12 +109,10 @@ void MultiHeadAttention<T>::bind_programs(Context& ctx, SdpaOptions& options, st
               std::to_string(layout->positions.size()));
     ctx.positions_ = layout->positions;
   }
+  const bool device = !this->ops().host_memory();
   if (ctx.program_) {
-    // On a device: the GPU op with the program's launchers; a layout's mask has none yet.
-    check_arg(this->ops().host_memory() || !layout_mask, op, "layout.block_mask",
-              "a backend with host memory (a layout's mask runs on the CPU paths)",
-              this->ops().name());
-    check_arg(this->ops().host_memory() || device_program_, op, "score_program",
+    // On a device: the GPU op with the program's launchers (the layout's: the backend's own).
+    check_arg(!device || !score_program_ || device_program_, op, "score_program",
               "its GPU launchers on a device backend (ScoreProgramSpec::device_program = "
               "attnlab::cuda::device_program(score))",
               "none, on " + this->ops().name());
@@ -118,6 +139,37 @@ void MultiHeadAttention<T>::bind_programs(Context& ctx, SdpaOptions& options, st
     if (options.path == SdpaPath::automatic) {
       options.path = resolve_sdpa_path(SdpaPath::automatic, Tk, /*causal=*/true);
     }
+    if (device) bind_device_documents(ctx, options, B, Tq, *layout);
+  }
+}
+
+// A layout's document mask on a device backend: its ids uploaded for this forward (kept in ctx
+// for the backward), the backend's launchers of masks::DocumentIds over them, and the block mask
+// at their fused tile (built once per layout, shared by the layers).
+template <class T>
+void MultiHeadAttention<T>::bind_device_documents(Context& ctx, SdpaOptions& options, std::size_t B,
+                                                  std::size_t Tn, const SequenceLayout& layout) {
+  const char* op = "MultiHeadAttention";
+  DeviceOps<T>& ops = this->ops();
+  check_arg(!score_program_, op, "layout.block_mask",
+            "no score program beside a layout's mask on a device backend (one device program "
+            "holds both: give the mask in its attnlab::cuda::device_program(score, mask))",
+            "a score program, on " + ops.name());
+  check_arg(layout.documents.size() == B * Tn, op, "layout.documents",
+            "B·T = " + std::to_string(B * Tn) +
+                " document ids on a device backend (a layout from document_layout: the GPU "
+                "kernels run only its mask)",
+            std::to_string(layout.documents.size()));
+  std::vector<int> ids(layout.documents.begin(), layout.documents.end());
+  ctx.documents_ = Buffer<int>::from_host(ops, ids.data(), {B, Tn});
+  auto launchers = ops.document_mask_program(ctx.documents_.data(), Tn);
+  check_arg(launchers != nullptr, op, "layout.block_mask", "a backend that runs a document mask",
+            ops.name());
+  options.device_program = std::move(launchers);
+  if (options.path == SdpaPath::fused) {
+    const auto tile =
+        static_cast<std::size_t>(options.device_program->template get<T>().fused_tile(D_, Dv_));
+    options.block_mask = layout.block_mask_at(tile, tile);
   }
 }
 
@@ -203,6 +255,8 @@ void MultiHeadAttention<T>::program_backward(const Context& ctx, const Buffer<T>
   template void MultiHeadAttention<T>::bind_programs(Context&, SdpaOptions&, std::size_t,         \
                                                      std::size_t, std::size_t, KVCache<T>*,       \
                                                      const SequenceLayout*);                      \
+  template void MultiHeadAttention<T>::bind_device_documents(Context&, SdpaOptions&, std::size_t, \
+                                                             std::size_t, const SequenceLayout&); \
   template void MultiHeadAttention<T>::program_forward(Context&);                                 \
   template void MultiHeadAttention<T>::program_backward(const Context&, const Buffer<T>&);        \
   template void MultiHeadAttention<T>::rotate_heads(const Context&, T*, std::size_t, std::size_t, \

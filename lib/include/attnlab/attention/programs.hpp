@@ -125,15 +125,27 @@ struct PrefixLM {
   }
 };
 
-// Packed documents: query i sees key j of the same document (ids per position; per batch row when
-// per_batch: (B, T) row-major), causally within it when causal.
+// Packed documents over raw ids: query i sees key j of the same document (ids per position; per
+// batch row when per_batch: (B, T) row-major), causally within it when causal. Plain values and a
+// pointer, so a device program can carry it (its ids in device memory there).
+struct DocumentIds {
+  const std::int32_t* ids = nullptr;
+  std::size_t T = 0;
+  bool per_batch = false, causal = true;
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t b, std::size_t, std::size_t i,
+                                      std::size_t j) const {
+    const std::int32_t* row = ids + (per_batch ? b * T : 0);
+    return row[i] == row[j] && (!causal || j <= i);
+  }
+};
+
+// DocumentIds over ids it keeps alive (the CPU paths' form).
 struct Document {
   std::shared_ptr<const std::vector<std::int32_t>> ids;
   std::size_t T = 0;
   bool per_batch = false, causal = true;
-  bool operator()(std::size_t b, std::size_t, std::size_t i, std::size_t j) const {
-    const std::int32_t* row = ids->data() + (per_batch ? b * T : 0);
-    return row[i] == row[j] && (!causal || j <= i);
+  bool operator()(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const {
+    return DocumentIds{ids->data(), T, per_batch, causal}(b, h, i, j);
   }
 };
 

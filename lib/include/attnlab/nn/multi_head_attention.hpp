@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -104,6 +105,24 @@ struct SequenceLayout {
   // (B·T) each token's RoPE position, row-major; empty: 0 .. T−1 in every row. Read by layers
   // with rope (others ignore it).
   std::vector<std::size_t> positions;
+  // (B·T) the packed documents' ids behind block_mask (document_layout fills it), row-major: a
+  // layer on a device backend uploads them and runs the mask in its GPU kernels
+  // (DeviceOps::document_mask_program). Empty for a layout of another mask, which a device
+  // backend refuses.
+  std::vector<std::int32_t> documents;
+
+  // block_mask at tile_rows × tile_keys (a device's fused kernels' tile): block_mask itself when
+  // it has them, else built from its program on first use and kept with the layout (and its
+  // copies), so every layer of a forward shares one build. Safe to call from several threads.
+  std::shared_ptr<const attention::BlockMask> block_mask_at(std::size_t tile_rows,
+                                                            std::size_t tile_keys) const;
+
+ private:
+  struct Tiles {  // the masks block_mask_at built
+    std::mutex lock;
+    std::vector<std::shared_ptr<const attention::BlockMask>> built;
+  };
+  std::shared_ptr<Tiles> tiles_ = std::make_shared<Tiles>();
 };
 
 // The layout of packed documents: documents (B·T) holds each token's document id, row-major
@@ -178,6 +197,7 @@ class MultiHeadAttention : public SequenceModule<T> {
     bool program_ = false;
     SdpaCache<T> sdpa_;
     std::vector<std::size_t> positions_;
+    Buffer<int> documents_;  // on a device backend: the layout's document ids (B, T)
   };
 
   // The gradients of a backward with respect to the inputs; the parameter grads are ADDED into.
@@ -293,6 +313,8 @@ class MultiHeadAttention : public SequenceModule<T> {
                     const SequenceLayout* layout);
   void bind_programs(Context& ctx, SdpaOptions& options, std::size_t B, std::size_t Tq,
                      std::size_t Tk, KVCache<T>* cache, const SequenceLayout* layout);
+  void bind_device_documents(Context& ctx, SdpaOptions& options, std::size_t B, std::size_t Tn,
+                             const SequenceLayout& layout);
   // The program path of the core (ctx.program_): the host op over the layer's buffers.
   void program_forward(Context& ctx);
   void program_backward(const Context& ctx, const Buffer<T>& dout);
