@@ -130,8 +130,6 @@ TEST_CASE("cli: a packed text run trains, resumes exactly, and refuses bad input
   check_bad_input(base + "--pack-documents ''", dir,
                   "--pack-documents expected a non-empty delimiter");
   check_bad_input(base + "--pack-documents '\\q'", dir, "an unknown escape");
-  check_bad_input(base + "--pack-documents --device cuda", dir,
-                  "pack_documents (--pack-documents) expected --device cpu");
   check_bad_input(base + "--pack-documents 'zzzzzz'", dir, "found 0 times");
   check_bad_input(base + "--pack-documents 'ü'", dir, "a delimiter made of the text's characters");
   check_bad_input(base + "--pack-rope-restart", dir, "pack_rope_restart (--pack-rope-restart)");

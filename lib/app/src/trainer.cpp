@@ -55,10 +55,6 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context, Com
   const bool resuming = !c.resume.empty();
   const RunMeta resumed = resuming ? check_resume(config_in, c) : RunMeta{};
   validate(c);
-  check_arg(c.pack_documents.empty() || context.backend != Backend::cuda, "train",
-            "pack_documents (--pack-documents)",
-            "--device cpu (the document mask is an attention program: the CPU paths run it)",
-            "--device cuda");
   validate(context, "train");
   check_memory(estimate_memory(c), "train");
   const ThreadScope threads(context.threads);  // this thread's count, for this run only
