@@ -131,11 +131,11 @@ const cuda::DeviceProgram<T>& device_program_of(const SdpaCache<T>& c, const cha
   return *d;
 }
 
-// The captured parameters' gradients that a program call summed, as tensors.
+// The captured parameters' gradients, as tensors.
 template <class T>
-std::vector<Tensor1<T>> program_grads(cuda::DeviceProgramCall<T>& run) {
+std::vector<Tensor1<T>> as_tensors(const std::vector<std::vector<T>>& grads) {
   std::vector<Tensor1<T>> out;
-  for (auto& values : run.grads()) {
+  for (const auto& values : grads) {
     Tensor1<T> t = Tensor1<T>::from_shape({values.size()});
     std::copy(values.begin(), values.end(), t.begin());
     out.push_back(std::move(t));
@@ -152,6 +152,56 @@ std::string score_name(const SdpaCache<T>& c) {
 }  // namespace
 
 template <class T>
+SdpaCache<T> sdpa_program_cache(DeviceOps<T>& device, const SdpaCall& call,
+                                const SdpaOptions& options) {
+  SdpaCache<T> c;
+  detail::fill_sdpa_cache<T>(c, call, options, nullptr, nullptr);
+  c.path = resolve_cuda_path<T>(device, options.path, call.spec.D, call.spec.Dv);
+  c.device_program = options.device_program;
+  (void)device_program_of(c, "sdpa_forward_cuda");
+  return c;
+}
+
+template <class T>
+void sdpa_program_forward_device(DeviceOps<T>& device, SdpaCache<T>& c, const AttentionParams<T>& a,
+                                 T* out, T* aux) {
+  const char* op = "sdpa_forward_cuda";
+  const cuda::DeviceProgram<T>& program = device_program_of(c, op);
+  if (c.path == SdpaPath::reference) {
+    cuda::DeviceProgramCall<T> run(device, program, a, c.program_params, c.mask_program, nullptr,
+                                   false, false);
+    device.sdpa_reference_program_forward(out, aux, a, run.reference_rows());
+    run.rethrow(op, score_name(c));
+  } else {
+    cuda::DeviceProgramCall<T> run(device, program, a, c.program_params, c.mask_program,
+                                   c.block_mask, false);
+    run.forward(out, aux);
+    run.rethrow(op, score_name(c));
+    c.block_mask = run.block_mask();  // the one the kernels used: at their tile size
+  }
+}
+
+template <class T>
+std::vector<std::vector<T>> sdpa_program_backward_device(DeviceOps<T>& device,
+                                                         const SdpaCache<T>& c,
+                                                         const AttentionParams<T>& a, const T* dout,
+                                                         const T* out, const T* aux, T* dq, T* dk,
+                                                         T* dv, T* scratch) {
+  const char* op = "sdpa_backward_cuda";
+  const cuda::DeviceProgram<T>& program = device_program_of(c, op);
+  const bool fused = c.path == SdpaPath::fused;
+  cuda::DeviceProgramCall<T> run(device, program, a, c.program_params, c.mask_program,
+                                 fused ? c.block_mask : nullptr, c.program_grad, fused);
+  if (fused) {
+    run.backward(dq, dk, dv, scratch, dout, out, aux);
+  } else {
+    device.sdpa_reference_program_backward(dq, dk, dv, scratch, dout, aux, a, run.reference_rows());
+  }
+  run.rethrow(op, score_name(c));
+  return c.program_grad ? run.grads() : std::vector<std::vector<T>>();
+}
+
+template <class T>
 Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Tensor4<T>& q,
                              const Tensor4<T>& k, const Tensor4<T>& v, const SdpaOptions& options,
                              const KeyMask* key_mask, const Tensor4<T>* bias) {
@@ -162,7 +212,7 @@ Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Te
   detail::fill_sdpa_cache(c, call, options, key_mask, bias);
   c.path = resolve_cuda_path<T>(device, options.path, spec.D, spec.Dv);
   c.device_program = options.device_program;
-  const cuda::DeviceProgram<T>& program = device_program_of(c, op);
+  (void)device_program_of(c, op);  // a program without launchers throws before any copy
 
   DeviceInputs<T> in(device, c, q, k, v);
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
@@ -171,11 +221,7 @@ Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Te
     c.p = Tensor4<T>({spec.B, spec.H, spec.Tq, spec.Tk});
     auto p_d = poisoned<T>(device, c.p.size());
     if (c.has_program()) {
-      cuda::DeviceProgramCall<T> run(device, program, in.params, c.program_params, c.mask_program,
-                                     nullptr, false, false);
-      device.sdpa_reference_program_forward(out_d.data(), p_d.data(), in.params,
-                                            run.reference_rows());
-      run.rethrow(op, score_name(c));
+      sdpa_program_forward_device<T>(device, c, in.params, out_d.data(), p_d.data());
     } else {
       device.sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
     }
@@ -185,13 +231,7 @@ Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Te
     c.lse = Tensor3<T>({spec.B, spec.H, spec.Tq});
     auto lse_d = poisoned<T>(device, c.lse.size());
     if (c.has_program()) {
-      cuda::DeviceProgramCall<T> run(device, program, in.params, c.program_params, c.mask_program,
-                                     c.block_mask, false);
-      run.forward(out_d.data(), lse_d.data());
-      run.rethrow(op, score_name(c));
-      if (run.block_mask() != nullptr) {  // the one the kernels used: at their tile size
-        c.block_mask = std::make_shared<const attention::BlockMask>(*run.block_mask());
-      }
+      sdpa_program_forward_device<T>(device, c, in.params, out_d.data(), lse_d.data());
     } else {
       device.sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
     }
@@ -237,7 +277,7 @@ SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
   const char* op = "sdpa_backward_cuda";
   detail::check_sdpa_backward_inputs(op, dout, cache, q, k, v);
   const AttentionSpec& s = cache.spec;
-  const cuda::DeviceProgram<T>& program = device_program_of(cache, op);
+  (void)device_program_of(cache, op);  // a program without launchers throws before any copy
 
   DeviceInputs<T> in(device, cache, q, k, v);
   DeviceArray<T> dout_d(device, dout.data(), dout.size());
@@ -261,13 +301,9 @@ SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
     DeviceArray<T> p_d(device, cache.p.data(), cache.p.size());
     auto ds_d = poisoned<T>(device, cache.p.size());
     if (cache.has_program()) {
-      cuda::DeviceProgramCall<T> run(device, program, in.params, cache.program_params,
-                                     cache.mask_program, nullptr, cache.program_grad, false);
-      device.sdpa_reference_program_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
-                                             dout_d.data(), p_d.data(), in.params,
-                                             run.reference_rows());
-      run.rethrow(op, score_name(cache));
-      if (cache.program_grad) g.dprogram = program_grads(run);
+      g.dprogram = as_tensors(sdpa_program_backward_device<T>(
+          device, cache, in.params, dout_d.data(), nullptr, p_d.data(), dq_d.data(), dk_d.data(),
+          dv_d.data(), ds_d.data()));
     } else {
       device.sdpa_reference_backward(dq_d.data(), dk_d.data(), dv_d.data(), ds_d.data(),
                                      dout_d.data(), p_d.data(), in.params);
@@ -277,12 +313,9 @@ SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
     DeviceArray<T> lse_d(device, cache.lse.data(), cache.lse.size());
     auto row_dot_d = poisoned<T>(device, cache.lse.size());
     if (cache.has_program()) {
-      cuda::DeviceProgramCall<T> run(device, program, in.params, cache.program_params,
-                                     cache.mask_program, cache.block_mask, cache.program_grad);
-      run.backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(), dout_d.data(),
-                   out_d.data(), lse_d.data());
-      run.rethrow(op, score_name(cache));
-      if (cache.program_grad) g.dprogram = program_grads(run);
+      g.dprogram = as_tensors(sdpa_program_backward_device<T>(
+          device, cache, in.params, dout_d.data(), out_d.data(), lse_d.data(), dq_d.data(),
+          dk_d.data(), dv_d.data(), row_dot_d.data()));
     } else {
       device.sdpa_fused_backward(dq_d.data(), dk_d.data(), dv_d.data(), row_dot_d.data(),
                                  dout_d.data(), out_d.data(), lse_d.data(), in.params);
@@ -325,7 +358,13 @@ SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
                                            const SdpaOptions&, const KeyMask*, const Tensor4<T>*); \
   template SdpaGrads<T> sdpa_backward_cuda<T>(DeviceOps<T>&, const Tensor4<T>&,                    \
                                               const SdpaCache<T>&, const Tensor4<T>&,              \
-                                              const Tensor4<T>&, const Tensor4<T>&);
+                                              const Tensor4<T>&, const Tensor4<T>&);               \
+  template SdpaCache<T> sdpa_program_cache<T>(DeviceOps<T>&, const SdpaCall&, const SdpaOptions&); \
+  template void sdpa_program_forward_device<T>(DeviceOps<T>&, SdpaCache<T>&,                       \
+                                               const AttentionParams<T>&, T*, T*);                 \
+  template std::vector<std::vector<T>> sdpa_program_backward_device<T>(                            \
+      DeviceOps<T>&, const SdpaCache<T>&, const AttentionParams<T>&, const T*, const T*, const T*, \
+      T*, T*, T*, T*);
 ATTNLAB_INSTANTIATE_SDPA_CUDA(float)
 ATTNLAB_INSTANTIATE_SDPA_CUDA(double)
 #undef ATTNLAB_INSTANTIATE_SDPA_CUDA

@@ -68,7 +68,8 @@ class DeviceProgramCall {
 
   const DeviceProgramArgs<T>& args() const { return args_; }
   std::size_t tile() const { return tile_; }
-  const attention::BlockMask* block_mask() const { return block_mask_.get(); }
+  // The block mask the fused kernels use (at their tile), or null.
+  const std::shared_ptr<const attention::BlockMask>& block_mask() const { return block_mask_; }
 
   void forward(T* out, T* lse) {
     program_.fused_forward(program_.program.get(), out, lse, a_, args_);

@@ -204,7 +204,7 @@ template <class T>
 Tensor4<T> MultiHeadAttention<T>::attention_weights(const Context& ctx) const {
   if (ctx.empty()) return Tensor4<T>();
   if (ctx.program_ && ctx.sdpa_.has_weights()) return ctx.sdpa_.p;
-  if (!ctx.fused_ && !ctx.program_) {
+  if (!ctx.fused_ && !ctx.p_.empty()) {  // kept by the reference path (a program's on a device)
     return heads_to_host(ctx.p_, ctx.spec_.B, H_, ctx.spec_.Tq, ctx.spec_.Tk);
   }
   const KeyMask mask = ctx.mask_.empty() ? KeyMask() : mask_to_host(ctx.mask_);

@@ -1,7 +1,7 @@
 // MultiHeadAttention's attention programs (attnlab/nn/multi_head_attention.hpp): the layer's
 // score program and its parameters, the per-forward SequenceLayout (packed documents' block mask
-// and RoPE positions), and the core on the program path: the host op over the layer's buffers, or
-// on a device backend the GPU op over its DeviceOps.
+// and RoPE positions), and the core on the program path: the host op over copies of the layer's
+// buffers, or on a device backend the GPU op's program paths over the buffers themselves.
 #include <algorithm>
 #include <cassert>
 #include <string>
@@ -193,8 +193,8 @@ void MultiHeadAttention<T>::rotate_heads(const Context& ctx, T* x, std::size_t h
 }
 
 namespace {
-// A buffer as a host tensor, and back: the program path runs the host op (CPU backends) or the
-// GPU op over the backend's DeviceOps (device backends) on host tensors.
+// A buffer as a host tensor, and back: the program path on a CPU backend runs the host op on host
+// tensors.
 template <class T>
 Tensor4<T> host_tensor(const Buffer<T>& b) {
   Tensor4<T> out({b.dim(0), b.dim(1), b.dim(2), b.dim(3)});
@@ -208,43 +208,69 @@ void copy_into(DeviceOps<T>& ops, Buffer<T>& b, const Tensor4<T>& t) {
 }
 }  // namespace
 
-// The op over the layer's q, k, v: its cache keeps P or O and the log-sum-exp.
+// The op over the layer's q, k, v: on a CPU backend the host op (its cache keeps P or O and the
+// log-sum-exp); on a device the GPU op's program paths over the layer's own buffers (P or the
+// log-sum-exp in ctx, no host copies).
 template <class T>
 void MultiHeadAttention<T>::program_forward(Context& ctx) {
+  DeviceOps<T>& ops = this->ops();
+  const AttentionSpec& s = ctx.spec_;
+  if (!ops.host_memory()) {
+    const AttentionSizes sizes{
+        .B = s.B, .H = s.H, .Hkv = s.Hkv, .Tq = s.Tq, .Tk = s.Tk, .D = s.D, .Dv = s.Dv};
+    ctx.sdpa_ =
+        sdpa_program_cache<T>(ops, resolve_sdpa("sdpa_forward", ctx.options_, sizes), ctx.options_);
+    ctx.fused_ = ctx.sdpa_.path == SdpaPath::fused;
+    if (ctx.fused_) ctx.p_ = Buffer<T>();
+    if (!ctx.fused_) ctx.lse_ = Buffer<T>();
+    T* aux = ctx.fused_ ? Buffer<T>::reuse(ctx.lse_, ops, {s.B, H_, s.Tq}).data()
+                        : Buffer<T>::reuse(ctx.p_, ops, {s.B, H_, s.Tq, s.Tk}).data();
+    sdpa_program_forward_device<T>(ops, ctx.sdpa_, params(ctx), ctx.o_.data(), aux);
+    return;
+  }
   ctx.p_ = ctx.lse_ = Buffer<T>();
   const KeyMask mask = ctx.mask_.empty() ? KeyMask() : mask_to_host(ctx.mask_);
   SdpaOptions options = ctx.options_;
   const std::vector<T> scales = ctx.scale_.to_vector();
   options.head_scale.assign(scales.begin(), scales.end());
-  const KeyMask* key_mask = ctx.mask_.empty() ? nullptr : &mask;
   const Tensor4<T> q = host_tensor(ctx.q_), k = host_tensor(ctx.k_), v = host_tensor(ctx.v_);
   const Tensor4<T> o =
-      this->ops().host_memory()
-          ? sdpa_forward<T>(ctx.sdpa_, q, k, v, options, key_mask)
-          : sdpa_forward_cuda<T>(this->ops(), ctx.sdpa_, q, k, v, options, key_mask);
+      sdpa_forward<T>(ctx.sdpa_, q, k, v, options, ctx.mask_.empty() ? nullptr : &mask);
   ctx.fused_ = ctx.sdpa_.path == SdpaPath::fused;
-  copy_into(this->ops(), ctx.o_, o);
+  copy_into(ops, ctx.o_, o);
 }
 
 // dQ, dK, dV of the op into the layer's buffers; the program's parameter grads added in.
 template <class T>
 void MultiHeadAttention<T>::program_backward(const Context& ctx, const Buffer<T>& dout) {
   DeviceOps<T>& ops = this->ops();
-  const Tensor4<T> d = host_tensor(dout), q = host_tensor(ctx.q_), k = host_tensor(ctx.k_),
-                   v = host_tensor(ctx.v_);
-  const SdpaGrads<T> g = ops.host_memory() ? sdpa_backward<T>(d, ctx.sdpa_, q, k, v)
-                                           : sdpa_backward_cuda<T>(ops, d, ctx.sdpa_, q, k, v);
-  copy_into(ops, dq_, g.dq);
-  copy_into(ops, dk_, g.dk);
-  copy_into(ops, dv_, g.dv);
-  for (std::size_t k = 0; k < g.dprogram.size() && k < program_params_.size(); ++k) {
+  std::vector<std::vector<T>> dprogram;
+  if (!ops.host_memory()) {
+    const AttentionSpec& s = ctx.spec_;
+    const std::vector<std::size_t> scratch = ctx.fused_
+                                                 ? std::vector<std::size_t>{s.B * H_ * s.Tq}
+                                                 : std::vector<std::size_t>{s.B * H_ * s.Tq * s.Tk};
+    dprogram = sdpa_program_backward_device<T>(
+        ops, ctx.sdpa_, params(ctx), dout.data(), ctx.o_.data(),
+        ctx.fused_ ? ctx.lse_.data() : ctx.p_.data(), dq_.data(), dk_.data(), dv_.data(),
+        Buffer<T>::reuse(ds_, ops, scratch).data());
+  } else {
+    const Tensor4<T> d = host_tensor(dout), q = host_tensor(ctx.q_), k = host_tensor(ctx.k_),
+                     v = host_tensor(ctx.v_);
+    const SdpaGrads<T> g = sdpa_backward<T>(d, ctx.sdpa_, q, k, v);
+    copy_into(ops, dq_, g.dq);
+    copy_into(ops, dk_, g.dk);
+    copy_into(ops, dv_, g.dv);
+    for (const auto& t : g.dprogram) dprogram.emplace_back(t.begin(), t.end());
+  }
+  for (std::size_t k = 0; k < dprogram.size() && k < program_params_.size(); ++k) {
+    const std::size_t n = dprogram[k].size();
     Parameter<T>& p = *program_params_[k];
-    const std::size_t n = g.dprogram[k].size();
     if (ops.host_memory()) {
       T* grad = p.grad_data();
-      for (std::size_t e = 0; e < n; ++e) grad[e] += g.dprogram[k](e);
+      for (std::size_t e = 0; e < n; ++e) grad[e] += dprogram[k][e];
     } else {  // grad ← 1·grad + 1·dprogram, on the device
-      const Buffer<T> add = Buffer<T>::from_host(ops, g.dprogram[k].data(), {n});
+      const Buffer<T> add = Buffer<T>::from_host(ops, dprogram[k].data(), {n});
       ops.axpby(p.grad_data(), add.data(), n, T(1), T(1));
     }
   }

@@ -65,11 +65,13 @@ class EmulatorRuntime {
     if (bytes == 0) return;
     check_device_range(device_dst, bytes, "upload", 0);
     std::memcpy(device_dst, host_src, bytes);
+    uploaded_ += bytes;
   }
   void download(void* host_dst, const void* device_src, std::size_t bytes) {
     if (bytes == 0) return;
     check_device_range(device_src, bytes, "download", 1);
     std::memcpy(host_dst, device_src, bytes);
+    downloaded_ += bytes;
   }
   void copy(void* device_dst, const void* device_src, std::size_t bytes) {
     if (bytes == 0) return;
@@ -111,6 +113,7 @@ class EmulatorRuntime {
 
   // Allocations not yet released (for leak tests).
   std::size_t live() const { return blocks_.size(); }
+  Transfers transfers() const { return {uploaded_, downloaded_}; }
 
  private:
   static constexpr std::align_val_t kAlignment{64};
@@ -165,6 +168,7 @@ class EmulatorRuntime {
 
   std::map<std::uintptr_t, std::size_t, std::less<>> blocks_;  // live blocks: start -> bytes
   Pointers pointers_ = Pointers::device_only;
+  std::size_t uploaded_ = 0, downloaded_ = 0;  // bytes copied in and out since the device was made
 };
 
 template <class T>
@@ -179,19 +183,33 @@ std::unique_ptr<DeviceOps<T>> make_device_ops(Pointers pointers) {
   return ops;
 }
 
+namespace {
 template <class T>
-std::size_t live_allocations(const DeviceOps<T>& ops) {
+const EmulatorRuntime& runtime_of(const DeviceOps<T>& ops, const char* op) {
   const auto* emulated = dynamic_cast<const EmulatedDeviceOps<T>*>(&ops);
   if (emulated == nullptr) {
-    throw std::invalid_argument(
-        "emulated::live_allocations: ops expected an emulated device, got " + ops.name());
+    throw std::invalid_argument(std::string(op) + ": ops expected an emulated device, got " +
+                                ops.name());
   }
-  return emulated->runtime().live();
+  return emulated->runtime();
+}
+}  // namespace
+
+template <class T>
+std::size_t live_allocations(const DeviceOps<T>& ops) {
+  return runtime_of(ops, "emulated::live_allocations").live();
+}
+
+template <class T>
+Transfers transfers(const DeviceOps<T>& ops) {
+  return runtime_of(ops, "emulated::transfers").transfers();
 }
 
 template std::unique_ptr<DeviceOps<float>> make_device_ops<float>(Pointers);
 template std::unique_ptr<DeviceOps<double>> make_device_ops<double>(Pointers);
 template std::size_t live_allocations<float>(const DeviceOps<float>&);
 template std::size_t live_allocations<double>(const DeviceOps<double>&);
+template Transfers transfers<float>(const DeviceOps<float>&);
+template Transfers transfers<double>(const DeviceOps<double>&);
 
 }  // namespace attnlab::emulated

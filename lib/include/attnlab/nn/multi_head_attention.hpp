@@ -25,14 +25,15 @@
 //    parameters as the layer's own Parameters "program.<name>" (optimizers update them,
 //    checkpoints save them); their gradients are the op's SdpaGrads::dprogram. On a device
 //    backend, with the program's GPU launchers (ScoreProgramSpec::device_program), the layer runs
-//    the GPU op (sdpa_forward_cuda / sdpa_backward_cuda over the backend's DeviceOps) on copies of
-//    its q, k, v in host memory: exact, with a round trip through the host per call.
+//    the GPU op's program paths over its own device buffers (sdpa_program_forward_device /
+//    sdpa_program_backward_device, attnlab/ops/attention_cuda.hpp): nothing crosses to the host.
 //  - SequenceLayout, per forward: a block mask (built once per batch, e.g. for packed documents,
 //    and read by every layer) and per-token RoPE positions. The model builds one layout per
 //    batch and hands the same pointer to every block's forward; each layer's Context keeps the
-//    block mask (a shared_ptr) for its backward.
-// A forward with either runs the host op (sdpa_forward / sdpa_backward) on the layer's buffers;
-// a layout's block mask needs a backend with host memory (std::invalid_argument otherwise).
+//    block mask (a shared_ptr) for its backward. On a device backend a layout from
+//    document_layout runs the backend's own document mask (DeviceOps::document_mask_program).
+// On a CPU backend a forward with either runs the host op (sdpa_forward / sdpa_backward) on the
+// layer's buffers.
 #pragma once
 
 #include <cstdint>

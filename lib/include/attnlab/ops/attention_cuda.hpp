@@ -12,14 +12,16 @@
 // reference otherwise). The CPU tile options are ignored. The cache is the CPU op's: a forward on
 // one side may be followed by the backward on the other.
 //
-// Attention programs (SdpaOptions::score_program, mask_program) run on the fused GPU path, with
-// the launchers of their kernels in SdpaOptions::device_program (attnlab/attention/
-// device_program.hpp); a program without launchers, or on the reference path, is refused.
+// Attention programs (SdpaOptions::score_program, mask_program) run on both GPU paths, with the
+// launchers of their kernels in SdpaOptions::device_program (attnlab/attention/
+// device_program.hpp); a program without launchers is refused.
 //
 // Without the CUDA backend, or without a device, every function throws CudaError. The overloads
 // taking a DeviceOps run the same op on that device: the CUDA backend's, or the emulated device
 // (attnlab/backends/emulated.hpp) that runs the same kernels on the CPU.
 #pragma once
+
+#include <vector>
 
 #include "attnlab/device_ops.hpp"
 #include "attnlab/ops/attention.hpp"
@@ -54,5 +56,33 @@ template <class T>
 SdpaGrads<T> sdpa_backward_cuda(DeviceOps<T>& device, const Tensor4<T>& dout,
                                 const SdpaCache<T>& cache, const Tensor4<T>& q, const Tensor4<T>& k,
                                 const Tensor4<T>& v);
+
+// An attention program's GPU paths on device memory, for device-resident code (a layer on a device
+// backend runs them over its own buffers: no host copies). The op above is a copy in, these, and a
+// copy out.
+//   sdpa_program_cache: the cache of such a call, from the call resolve_sdpa made of `options` (a
+//     program with its launchers in options.device_program; std::invalid_argument without them),
+//     its path resolved on `device` as the op resolves it. No tensors: the cache keeps none.
+//   sdpa_program_forward_device: `a` points into device memory (q, k, v, the head scales, the key
+//     mask, ALiBi's slopes; dropout and the variant from the spec). Writes out (B,H,Tq,Dv) and aux:
+//     the log-sum-exp (B,H,Tq) on the fused path, P (B,H,Tq,Tk) on the reference path. Keeps in
+//     the cache the block mask the fused kernels used.
+//   sdpa_program_backward_device: assigns dq, dk, dv from dout and the forward's out and aux (out
+//     is read on the fused path only); scratch is (B,H,Tq) on the fused path, (B,H,Tq,Tk) on the
+//     reference path. Returns the captured parameters' gradients summed in a fixed order (none
+//     unless cache.program_grad).
+// A program's error throws the CPU op's std::invalid_argument.
+template <class T>
+SdpaCache<T> sdpa_program_cache(DeviceOps<T>& device, const SdpaCall& call,
+                                const SdpaOptions& options);
+template <class T>
+void sdpa_program_forward_device(DeviceOps<T>& device, SdpaCache<T>& cache,
+                                 const AttentionParams<T>& a, T* out, T* aux);
+template <class T>
+std::vector<std::vector<T>> sdpa_program_backward_device(DeviceOps<T>& device,
+                                                         const SdpaCache<T>& cache,
+                                                         const AttentionParams<T>& a, const T* dout,
+                                                         const T* out, const T* aux, T* dq, T* dk,
+                                                         T* dv, T* scratch);
 
 }  // namespace attnlab

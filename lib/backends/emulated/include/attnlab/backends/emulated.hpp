@@ -31,4 +31,12 @@ std::unique_ptr<DeviceOps<T>> make_device_ops(Pointers pointers = Pointers::devi
 template <class T>
 std::size_t live_allocations(const DeviceOps<T>& ops);
 
+// The bytes `ops` copied from the host (upload) and to the host (download) since it was made, for
+// tests that a device path keeps its data on the device. Throws as live_allocations.
+struct Transfers {
+  std::size_t uploaded = 0, downloaded = 0;
+};
+template <class T>
+Transfers transfers(const DeviceOps<T>& ops);
+
 }  // namespace attnlab::emulated
