@@ -52,6 +52,15 @@ struct GlobalTail {
   }
 };
 
+// Causal with a window that widens with the head: head h sees the last 24 + 60·h keys. Over
+// grouped heads one packed tile holds queries of heads whose tiles differ (empty, partial, full).
+struct HeadWindow {
+  ATTNLAB_HOST_DEVICE bool operator()(std::size_t, std::size_t h, std::size_t i,
+                                      std::size_t j) const {
+    return j <= i && i - j < 24 + 60 * h;
+  }
+};
+
 // +inf at (b, h, i, j) = (0, 1, 3, 2), u elsewhere.
 struct InfAt {
   double zero = 0;
@@ -378,33 +387,53 @@ TEST_CASE("cuda program: a document mask equals a dense -inf bias on the fused p
 
 TEST_CASE("cuda program: tiles a mask program makes empty are skipped (NaN poison)") {
   // Queries 0..63 (the first tile) see keys [0, 16) and [128, 192): the key tile [64, 128) is
-  // empty for them. NaN in those K/V rows reaches their output only if the tile is read.
-  const std::size_t T = 192, H = 1;
+  // empty for them. NaN in those K/V rows reaches their output only if the tile is read. With
+  // grouped heads (H = 2, 3 over one K/V head) the forward packs the G heads' queries into its
+  // tiles, and skips the tile only for all of them together.
+  const std::size_t T = 192;
   auto device = emulated::make_device_ops<double>();
   SdpaOptions o;
   o.path = SdpaPath::fused;
   o.mask_program = attention::mask_program(GlobalTail{}, "global tail", {false, false});
   o.device_program = std::make_shared<const cuda::DevicePrograms>(
       cuda::device_program(cuda::fused::NoScore{}, GlobalTail{}));
-  const Inputs clean = inputs(1, H, 1, T, T, 8, 41);
-  Inputs poisoned = clean;
-  for (std::size_t j = 64; j < 128; ++j) {
-    for (std::size_t c = 0; c < 8; ++c) {
-      poisoned.k(0, 0, j, c) = std::numeric_limits<double>::quiet_NaN();
-      poisoned.v(0, 0, j, c) = std::numeric_limits<double>::quiet_NaN();
+  for (const std::size_t H : {1, 2, 3}) {
+    CAPTURE(H);
+    const Inputs clean = inputs(1, H, 1, T, T, 8, 41);
+    Inputs poisoned = clean;
+    for (std::size_t j = 64; j < 128; ++j) {
+      for (std::size_t c = 0; c < 8; ++c) {
+        poisoned.k(0, 0, j, c) = std::numeric_limits<double>::quiet_NaN();
+        poisoned.v(0, 0, j, c) = std::numeric_limits<double>::quiet_NaN();
+      }
     }
-  }
-  const Run<double> a = gpu_run<double>(*device, clean, o),
-                    b = gpu_run<double>(*device, poisoned, o);
-  for (std::size_t i = 0; i < 64; ++i) {
-    for (std::size_t c = 0; c < 8; ++c) {
-      CAPTURE(i);
-      REQUIRE(std::isfinite(b.out(0, 0, i, c)));
-      CHECK(b.out(0, 0, i, c) == a.out(0, 0, i, c));
-      CHECK(b.g.dq(0, 0, i, c) == a.g.dq(0, 0, i, c));
+    const Run<double> a = gpu_run<double>(*device, clean, o),
+                      b = gpu_run<double>(*device, poisoned, o);
+    bool clean_rows = true;
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t i = 0; i < 64; ++i) {
+        for (std::size_t c = 0; c < 8; ++c) {
+          clean_rows = clean_rows && std::isfinite(b.out(0, h, i, c)) &&
+                       b.out(0, h, i, c) == a.out(0, h, i, c) &&
+                       b.g.dq(0, h, i, c) == a.g.dq(0, h, i, c);
+        }
+      }
+      CHECK(std::isnan(b.out(0, h, 64, 0)));  // a later query sees the poisoned keys
     }
+    CHECK(clean_rows);
   }
-  CHECK(std::isnan(b.out(0, 0, 64, 0)));  // a later query sees the poisoned keys
+}
+
+TEST_CASE("cuda program: a head-dependent mask over grouped heads matches the CPU op") {
+  // H = 3 heads over one K/V head: the fused forward's packed tiles mix the heads' block states.
+  auto device = emulated::make_device_ops<double>();
+  SdpaOptions o;
+  o.path = SdpaPath::fused;
+  o.mask_program = attention::mask_program(HeadWindow{}, "head window", {false, true});
+  o.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(cuda::fused::NoScore{}, HeadWindow{}));
+  const Inputs in = inputs(2, 3, 1, 200, 200, 8, 61);
+  check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
 }
 
 TEST_CASE("cuda program: the parameters' gradients are the same bits run to run, both paths") {

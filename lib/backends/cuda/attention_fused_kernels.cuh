@@ -98,16 +98,18 @@ __device__ inline void fused_forward_body(T* out, T* lse, const AttentionParams<
   const std::size_t last_query = (std::min(rho0 + TILE, packed) - 1) / group;
   std::size_t key_end = attention::key_end(a, last_query);
   std::size_t key_start = attention::key_begin(a, rho0 / group) / TILE * TILE;
-  // A mask program's block mask (query tiles of TILE rows: plain attention, G = 1) gives the keys
-  // the tile sees, in tiles from its first; with G > 1 the mask is evaluated on every tile.
-  const bool blocks = P::kMask && run.args.block_states != nullptr && group == 1;
-  if (blocks) block_range(run.args, kv, blockIdx.x, key_start, key_end);
+  // A mask program's block mask (query tiles of TILE rows) gives the keys the tile sees, in tiles
+  // from its first, over the G slices whose rows it packs. Row block rb is packed rows
+  // [rb·TILE·G, (rb + 1)·TILE·G), a whole number of packed tiles: each packed tile lies in one.
+  const bool blocks = P::kMask && run.args.block_states != nullptr;
+  const std::size_t row_block = rho0 / (static_cast<std::size_t>(TILE) * group);
+  if (blocks) block_range(run.args, kv * group, group, row_block, key_start, key_end);
 
   for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {
     TileState st;
     if constexpr (P::kMask) {
       st.partial = true;
-      if (blocks) st = tile_state(run.args, kv, blockIdx.x, j0, TILE);
+      if (blocks) st = tile_state(run.args, kv * group, group, row_block, j0, TILE);
       if (st.skip) continue;  // the same for every thread of the block
     }
     __syncthreads();  // the previous tile's O update has finished reading V and P
@@ -481,7 +483,7 @@ __device__ inline void fused_query_pass_body(T* dq, const T* dout, const T* lse,
   std::size_t key_end = attention::key_end(a, last_query);
   std::size_t key_start = attention::key_begin(a, i0) / TILE * TILE;
   if (P::kMask && run.args.block_states != nullptr) {
-    block_range(run.args, bh, blockIdx.x, key_start, key_end);
+    block_range(run.args, bh, 1, blockIdx.x, key_start, key_end);
   }
 
   for (std::size_t j0 = key_start; j0 < key_end; j0 += TILE) {

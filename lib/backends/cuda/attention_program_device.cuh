@@ -130,12 +130,47 @@ __device__ inline TileState tile_state(const DeviceProgramArgs<T>& a, std::size_
   return st;
 }
 
-// Keys [lo, hi) of row block rb of slice bh: the key loop's range with a mask program.
+// Row block rb of the `heads` slices bh0 .. bh0 + heads − 1 together (a grouped-query tile, whose
+// rows are those slices' queries) against key tile [j0, j0 + tile): skipped when every slice skips
+// it, full when every slice sees all of it, partial otherwise (a slice that skips it beside one
+// that does not: the mask program hides that slice's keys element by element).
 template <class T>
-__device__ inline void block_range(const DeviceProgramArgs<T>& a, std::size_t bh, std::size_t rb,
-                                   std::size_t& lo, std::size_t& hi) {
-  lo = a.block_lo[bh * a.row_blocks + rb];
-  hi = a.block_hi[bh * a.row_blocks + rb];
+__device__ inline TileState tile_state(const DeviceProgramArgs<T>& a, std::size_t bh0,
+                                       std::size_t heads, std::size_t rb, std::size_t j0,
+                                       int tile) {
+  if (heads == 1) return tile_state(a, bh0, rb, j0, tile);
+  TileState st;
+  st.skip = true;
+  st.hi = 0;
+  for (std::size_t bh = bh0; bh < bh0 + heads; ++bh) {
+    const TileState one = tile_state(a, bh, rb, j0, tile);
+    st.skip = st.skip && one.skip;
+    st.partial = st.partial || one.partial || one.skip;
+    st.hi = st.hi > one.hi ? st.hi : one.hi;
+  }
+  if (st.skip) st.partial = false;
+  return st;
+}
+
+// Keys [lo, hi) that row block rb of the slices bh0 .. bh0 + heads − 1 sees, together: the key
+// loop's range with a mask program.
+template <class T>
+__device__ inline void block_range(const DeviceProgramArgs<T>& a, std::size_t bh0,
+                                   std::size_t heads, std::size_t rb, std::size_t& lo,
+                                   std::size_t& hi) {
+  lo = a.block_lo[bh0 * a.row_blocks + rb];
+  hi = a.block_hi[bh0 * a.row_blocks + rb];
+  for (std::size_t bh = bh0 + 1; bh < bh0 + heads; ++bh) {
+    const std::size_t l = a.block_lo[bh * a.row_blocks + rb],
+                      h = a.block_hi[bh * a.row_blocks + rb];
+    if (l == h) continue;  // this slice sees no key
+    if (lo == hi) {
+      lo = l, hi = h;
+    } else {
+      lo = l < lo ? l : lo;
+      hi = h > hi ? h : hi;
+    }
+  }
 }
 
 // The built-in rule's score `base` (-inf when hidden) through the mask and score programs: the
