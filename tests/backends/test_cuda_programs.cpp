@@ -424,6 +424,31 @@ TEST_CASE("cuda program: tiles a mask program makes empty are skipped (NaN poiso
   }
 }
 
+TEST_CASE("cuda program: a mask program's block mask is built once, at the kernels' tile") {
+  // The host form of GlobalTail counts its evaluations. Building a block mask evaluates the mask
+  // once per (i, j) it reads (b and h it does not): T² calls per build.
+  const std::size_t T = 192;
+  auto calls = std::make_shared<std::size_t>(0);
+  const auto counting = [calls](std::size_t b, std::size_t h, std::size_t i, std::size_t j) {
+    ++*calls;
+    return GlobalTail{}(b, h, i, j);
+  };
+  auto device = emulated::make_device_ops<double>();
+  SdpaOptions o;
+  o.path = SdpaPath::fused;
+  o.mask_program = attention::mask_program(counting, "global tail", {false, false});
+  o.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(cuda::fused::NoScore{}, GlobalTail{}));
+  const Inputs in = inputs(2, 2, 1, T, T, 8, 71);
+  SdpaCache<double> cache;
+  (void)sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
+  (void)sdpa_backward_cuda(*device, in.dout, cache, in.q, in.k, in.v);
+  CHECK(*calls == T * T);  // one build: the kernels' own, which the backward reuses
+  REQUIRE(cache.block_mask != nullptr);
+  CHECK(cache.block_mask->tile_rows() ==
+        static_cast<std::size_t>(o.device_program->f64.fused_tile(8, 8)));
+}
+
 TEST_CASE("cuda program: a head-dependent mask over grouped heads matches the CPU op") {
   // H = 3 heads over one K/V head: the fused forward's packed tiles mix the heads' block states.
   auto device = emulated::make_device_ops<double>();

@@ -151,15 +151,36 @@ std::string score_name(const SdpaCache<T>& c) {
 
 }  // namespace
 
+namespace {
+// The cache of a GPU call: the CPU op's, with the GPU's path and the program's launchers (a
+// program without them throws here, before any copy). A mask program given without its block mask
+// gets one built once, at the fused kernels' tile (not at the CPU's, for the kernels to build
+// again).
+template <class T>
+SdpaCache<T> gpu_cache(DeviceOps<T>& device, const SdpaCall& call, SdpaOptions options,
+                       const KeyMask* key_mask, const Tensor4<T>* bias, const char* op) {
+  const AttentionSpec& spec = call.spec;
+  const SdpaPath path = resolve_cuda_path<T>(device, options.path, spec.D, spec.Dv);
+  if (path == SdpaPath::fused && options.mask_program && !options.block_mask &&
+      options.device_program && options.device_program->template get<T>()) {
+    const auto tile = static_cast<std::size_t>(
+        options.device_program->template get<T>().fused_tile(spec.D, spec.Dv));
+    options.block_mask = std::make_shared<const attention::BlockMask>(
+        attention::build_block_mask(options.mask_program, spec, tile, tile));
+  }
+  SdpaCache<T> c;
+  detail::fill_sdpa_cache(c, call, options, key_mask, bias);
+  c.path = path;
+  c.device_program = options.device_program;
+  (void)device_program_of(c, op);
+  return c;
+}
+}  // namespace
+
 template <class T>
 SdpaCache<T> sdpa_program_cache(DeviceOps<T>& device, const SdpaCall& call,
                                 const SdpaOptions& options) {
-  SdpaCache<T> c;
-  detail::fill_sdpa_cache<T>(c, call, options, nullptr, nullptr);
-  c.path = resolve_cuda_path<T>(device, options.path, call.spec.D, call.spec.Dv);
-  c.device_program = options.device_program;
-  (void)device_program_of(c, "sdpa_forward_cuda");
-  return c;
+  return gpu_cache<T>(device, call, options, nullptr, nullptr, "sdpa_forward_cuda");
 }
 
 template <class T>
@@ -208,11 +229,7 @@ Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Te
   const char* op = "sdpa_forward_cuda";
   const SdpaCall call = detail::check_sdpa_inputs<T>(op, q, k, &v, options, key_mask, bias);
   const AttentionSpec& spec = call.spec;
-  SdpaCache<T> c;
-  detail::fill_sdpa_cache(c, call, options, key_mask, bias);
-  c.path = resolve_cuda_path<T>(device, options.path, spec.D, spec.Dv);
-  c.device_program = options.device_program;
-  (void)device_program_of(c, op);  // a program without launchers throws before any copy
+  SdpaCache<T> c = gpu_cache<T>(device, call, options, key_mask, bias, op);
 
   DeviceInputs<T> in(device, c, q, k, v);
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
