@@ -168,6 +168,32 @@ void check_close(const Run<T>& gpu, const Run<T>& cpu, double tol) {
   }
 }
 
+// Fused-path options with a mask program: its host form (for the CPU op and the block mask) and the
+// launchers of device functor `mask`.
+template <class M>
+SdpaOptions fused_mask(std::shared_ptr<const attention::MaskProgram> host, M mask) {
+  SdpaOptions o;
+  o.path = SdpaPath::fused;
+  o.mask_program = std::move(host);
+  o.device_program = std::make_shared<const cuda::DevicePrograms>(
+      cuda::device_program(cuda::fused::NoScore{}, mask));
+  return o;
+}
+
+// The device layer's parameter gradients (copied to the host) against the CPU layer's, to 1e-12;
+// returns the device layer's parameters.
+auto check_same_grads(MultiHeadAttention<double>& cpu, MultiHeadAttention<double>& dev) {
+  dev.copy_to_host(true);
+  const auto pc = cpu.parameters();
+  auto pd = dev.parameters();
+  REQUIRE(pc.size() == pd.size());
+  for (std::size_t i = 0; i < pc.size(); ++i) {
+    CAPTURE(pc[i].name);
+    CHECK(test::rel_error(pd[i].param->grad, pc[i].param->grad) < 1e-12);
+  }
+  return pd;
+}
+
 // L = Σ out ⊙ dout on the GPU op in double.
 double loss(DeviceOps<double>& device, const Inputs& in, const SdpaOptions& o) {
   SdpaCache<double> cache;
@@ -392,11 +418,8 @@ TEST_CASE("cuda program: tiles a mask program makes empty are skipped (NaN poiso
   // tiles, and skips the tile only for all of them together.
   const std::size_t T = 192;
   auto device = emulated::make_device_ops<double>();
-  SdpaOptions o;
-  o.path = SdpaPath::fused;
-  o.mask_program = attention::mask_program(GlobalTail{}, "global tail", {false, false});
-  o.device_program = std::make_shared<const cuda::DevicePrograms>(
-      cuda::device_program(cuda::fused::NoScore{}, GlobalTail{}));
+  const SdpaOptions o = fused_mask(
+      attention::mask_program(GlobalTail{}, "global tail", {false, false}), GlobalTail{});
   for (const std::size_t H : {1, 2, 3}) {
     CAPTURE(H);
     const Inputs clean = inputs(1, H, 1, T, T, 8, 41);
@@ -434,11 +457,8 @@ TEST_CASE("cuda program: a mask program's block mask is built once, at the kerne
     return GlobalTail{}(b, h, i, j);
   };
   auto device = emulated::make_device_ops<double>();
-  SdpaOptions o;
-  o.path = SdpaPath::fused;
-  o.mask_program = attention::mask_program(counting, "global tail", {false, false});
-  o.device_program = std::make_shared<const cuda::DevicePrograms>(
-      cuda::device_program(cuda::fused::NoScore{}, GlobalTail{}));
+  const SdpaOptions o =
+      fused_mask(attention::mask_program(counting, "global tail", {false, false}), GlobalTail{});
   const Inputs in = inputs(2, 2, 1, T, T, 8, 71);
   SdpaCache<double> cache;
   (void)sdpa_forward_cuda(*device, cache, in.q, in.k, in.v, o);
@@ -452,11 +472,8 @@ TEST_CASE("cuda program: a mask program's block mask is built once, at the kerne
 TEST_CASE("cuda program: a head-dependent mask over grouped heads matches the CPU op") {
   // H = 3 heads over one K/V head: the fused forward's packed tiles mix the heads' block states.
   auto device = emulated::make_device_ops<double>();
-  SdpaOptions o;
-  o.path = SdpaPath::fused;
-  o.mask_program = attention::mask_program(HeadWindow{}, "head window", {false, true});
-  o.device_program = std::make_shared<const cuda::DevicePrograms>(
-      cuda::device_program(cuda::fused::NoScore{}, HeadWindow{}));
+  const SdpaOptions o =
+      fused_mask(attention::mask_program(HeadWindow{}, "head window", {false, true}), HeadWindow{});
   const Inputs in = inputs(2, 3, 1, 200, 200, 8, 61);
   check_close(gpu_run<double>(*device, in, o), cpu_run<double>(in, o), 1e-12);
 }
@@ -582,13 +599,7 @@ TEST_CASE("cuda program: a MultiHeadAttention on the device with a score program
     CHECK(test::rel_error(y_dev, y_cpu) < 1e-12);
     const Tensor3<double> dx_cpu = cpu.backward(dy), dx_dev = dev.backward(dy);
     CHECK(test::rel_error(dx_dev, dx_cpu) < 1e-12);
-    dev.copy_to_host(true);
-    const auto pc = cpu.parameters(), pd = dev.parameters();
-    REQUIRE(pc.size() == pd.size());
-    for (std::size_t i = 0; i < pc.size(); ++i) {
-      CAPTURE(pc[i].name);
-      CHECK(test::rel_error(pd[i].param->grad, pc[i].param->grad) < 1e-12);
-    }
+    const auto pd = check_same_grads(cpu, dev);
     CHECK(pd.back().name == "program.slope");
     CHECK(xt::amax(xt::abs(pd.back().param->grad))() > 0);
   }
@@ -657,13 +668,7 @@ TEST_CASE(
     // Only the kernels' error records came back (24 bytes a call): q, k, v, O and their gradients
     // stay on the device (one of them is 2·4·140·4 doubles, 35,840 bytes).
     CHECK(downloaded <= 4 * sizeof(cuda::DeviceProgramError));
-    dev.copy_to_host(true);
-    const auto pc = cpu.parameters(), pd = dev.parameters();
-    REQUIRE(pc.size() == pd.size());
-    for (std::size_t i = 0; i < pc.size(); ++i) {
-      CAPTURE(pc[i].name);
-      CHECK(test::rel_error(pd[i].param->grad, pc[i].param->grad) < 1e-12);
-    }
+    (void)check_same_grads(cpu, dev);
     // The layout is not the plain causal rule: without it the device layer differs.
     const Tensor3<double> causal = dev.forward(x);
     CHECK(xt::amax(xt::abs(causal - y_dev))() > 1e-3);
