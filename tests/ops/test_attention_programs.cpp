@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -276,6 +277,48 @@ TEST_CASE("attention programs: block masks record ranges and states, and skip em
   CHECK(dm.row_block(0, 0, 1).lo == 0);  // rows 4..7 straddle the boundary
   CHECK(dm.row_block(0, 0, 1).hi == 8);
   CHECK(dm.density() < 0.5);
+}
+
+TEST_CASE("attention programs: a block mask is built in parallel, the same at any thread count") {
+  // A per-batch, per-head mask over 3·2 slices of 5 row blocks: 30 parts built by the threads, then
+  // joined in order. Every row block's range and every tile's state match a one-thread build.
+  const std::size_t T = 37;
+  const auto mask =
+      attention::mask_program([](std::size_t b, std::size_t h, std::size_t i,
+                                 std::size_t j) { return j <= i && (i - j) % (2 + b + h) != 1; },
+                              "odd window", {true, true});
+  AttentionSizes sizes;
+  sizes.B = 3, sizes.H = 2, sizes.Tq = sizes.Tk = T;
+  const auto build = [&](int threads) {
+    const ThreadScope scope(threads);
+    return attention::build_block_mask(mask, sizes, 8, 4);
+  };
+  const attention::BlockMask one = build(1), two = build(2);
+  CHECK(one.density() == two.density());
+  bool same = true;
+  for (std::size_t b = 0; b < 3; ++b) {
+    for (std::size_t h = 0; h < 2; ++h) {
+      for (std::size_t rb = 0; rb < 5; ++rb) {
+        const auto &r1 = one.row_block(b, h, rb), &r2 = two.row_block(b, h, rb);
+        same = same && r1.lo == r2.lo && r1.hi == r2.hi && r1.first_tile == r2.first_tile;
+        for (std::size_t t = 0; r1.lo + t * 4 < r1.hi; ++t) {
+          same = same && one.state(r1, t) == two.state(r2, t);
+        }
+      }
+    }
+  }
+  CHECK(same);
+  CHECK(one.count(BlockState::partial) > 0);
+  // A mask that throws on one thread: the build rethrows it on the caller's.
+  const auto throwing = attention::mask_program(
+      [](std::size_t, std::size_t, std::size_t i, std::size_t) -> bool {
+        if (i == 30) throw std::runtime_error("mask failed at row 30");
+        return true;
+      },
+      "throwing", {false, false});
+  const ThreadScope scope(2);
+  CHECK_THROWS_WITH_AS(attention::build_block_mask(throwing, sizes, 8, 4), "mask failed at row 30",
+                       std::runtime_error);
 }
 
 TEST_CASE("attention programs: the built-in variants as programs give the same bits") {
