@@ -673,7 +673,7 @@ TEST_CASE(
     const Tensor3<double> causal = dev.forward(x);
     CHECK(xt::amax(xt::abs(causal - y_dev))() > 1e-3);
   }
-  // The fused kernels' block mask was built once, at their tile, and is kept with the layout.
+  // block_mask_at builds a tile's mask once and keeps it with the layout.
   const auto at64 = layout.block_mask_at(64, 64);
   CHECK(at64 == layout.block_mask_at(64, 64));
   CHECK(at64 != layout.block_mask);
@@ -681,6 +681,22 @@ TEST_CASE(
   CHECK(at64->count(attention::BlockState::empty) + at64->density() > 0);
   const auto& skipped = at64->row_block(0, 0, 2);  // row 0, queries 128..139: keys from 70
   CHECK(skipped.lo == 70);
+  // A layout built at layout_tiles is the one the layers read: on the device at the kernels'
+  // tile (no second build), on the CPU at the config's tiles.
+  {
+    AttentionConfig c;
+    c.d_model = 16;
+    c.heads = 4;
+    c.sdpa.tile_rows = 32;
+    auto device = emulated::make_device_ops<double>();
+    const auto [rows, keys] = layout_tiles(*device, c);
+    const auto kernels = device->document_mask_program(nullptr, T);
+    CHECK(rows == static_cast<std::size_t>(kernels->f64.fused_tile(4, 4)));  // 16 in double
+    CHECK(keys == rows);
+    const SequenceLayout at_tile = document_layout(ids, B, T, true, rows, keys);
+    CHECK(at_tile.block_mask_at(rows, keys) == at_tile.block_mask);
+    CHECK(layout_tiles(cpu_ops<double>(), c) == std::make_pair(std::size_t{32}, std::size_t{0}));
+  }
 
   // What a device cannot run is refused by name: a layout without document ids, and a layer's
   // score program beside the layout's mask.

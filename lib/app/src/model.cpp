@@ -36,14 +36,14 @@ void Model::eval_mode() {
 Model::~Model() = default;
 
 namespace {
-// Packed documents' layout (attnlab/nn/multi_head_attention.hpp): one block mask per batch, which
-// every block's attention reads; none for a batch without documents.
-std::optional<SequenceLayout> layout_of(const Batch& batch, const TransformerConfig& config) {
+// Packed documents' layout (attnlab/nn/multi_head_attention.hpp): one block mask per batch, at the
+// tile the attention reads it on the model's backend, which every block's attention reads; none
+// for a batch without documents.
+std::optional<SequenceLayout> layout_of(const Batch& batch, Transformer<float>& net) {
   if (batch.documents.size() == 0) return std::nullopt;
-  const SdpaConfig& sdpa = config.block.attention.sdpa;
+  const auto [rows, keys] = layout_tiles(net.ops(), net.config().block_config().attention);
   return document_layout(std::vector<std::int32_t>(batch.documents.begin(), batch.documents.end()),
-                         batch.size(), batch.length(), batch.restart_positions, sdpa.tile_rows,
-                         sdpa.tile_keys);
+                         batch.size(), batch.length(), batch.restart_positions, rows, keys);
 }
 }  // namespace
 
@@ -52,7 +52,7 @@ Tensor3<float> Model::forward(const Batch& batch) {
 }
 
 Buffer<float> Model::forward_on_backend(const Batch& batch) {
-  const std::optional<SequenceLayout> layout = layout_of(batch, impl_->net.config());
+  const std::optional<SequenceLayout> layout = layout_of(batch, impl_->net);
   return impl_->net.forward(impl_->net.upload_fields(batch.fields), nullptr,
                             layout ? &*layout : nullptr);
 }

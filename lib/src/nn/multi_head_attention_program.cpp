@@ -70,6 +70,25 @@ SequenceLayout document_layout(std::vector<std::int32_t> documents, std::size_t 
   return layout;
 }
 
+template <class T>
+std::pair<std::size_t, std::size_t> layout_tiles(DeviceOps<T>& ops, const AttentionConfig& c) {
+  const std::pair<std::size_t, std::size_t> own{c.sdpa.tile_rows, c.sdpa.tile_keys};
+  if (ops.host_memory()) return own;
+  const auto launchers = ops.document_mask_program(nullptr, 1);  // never launched: its tile only
+  if (!launchers) return own;
+  try {
+    const auto tile = static_cast<std::size_t>(
+        launchers->template get<T>().fused_tile(c.head_dim_k(), c.head_dim_v()));
+    return {tile, tile};
+  } catch (const std::invalid_argument&) {
+    return own;
+  }
+}
+template std::pair<std::size_t, std::size_t> layout_tiles(DeviceOps<float>&,
+                                                          const AttentionConfig&);
+template std::pair<std::size_t, std::size_t> layout_tiles(DeviceOps<double>&,
+                                                          const AttentionConfig&);
+
 std::shared_ptr<const attention::BlockMask> SequenceLayout::block_mask_at(
     std::size_t tile_rows, std::size_t tile_keys) const {
   if (!block_mask ||

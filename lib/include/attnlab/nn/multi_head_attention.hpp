@@ -137,6 +137,14 @@ SequenceLayout document_layout(std::vector<std::int32_t> documents, std::size_t 
                                bool restart_positions, std::size_t tile_rows = 0,
                                std::size_t tile_keys = 0);
 
+// The tile (rows, keys) at which a MultiHeadAttention with config c on backend ops reads a
+// layout's block mask: c.sdpa's tiles on a CPU backend (0: the fused path's defaults), the fused
+// kernels' tile on a device (c.sdpa's tiles when the kernels cannot take c's head dims). A layout
+// built at it (document_layout's tile_rows, tile_keys) is the one the layers use: one build per
+// batch.
+template <class T>
+std::pair<std::size_t, std::size_t> layout_tiles(DeviceOps<T>& ops, const AttentionConfig& c);
+
 // A score program for MultiHeadAttention::set_score_program: the program, and its captured
 // parameters as (name, initial values); the program reads parameter k as params(k, index).
 // device_program: its GPU launchers (attnlab/attention/device_program.hpp), which a layer on a
