@@ -124,18 +124,20 @@ class DeviceProgramCall {
     throw std::invalid_argument(op + ": " + message);
   }
 
-  // The parameters' gradients: the blocks' rows summed in row order (the same bits every run).
+  // The parameters' gradients: the blocks' rows summed on the device in row order, one thread per
+  // element (DeviceOps::column_sum: the same bits every run), and only the sums copied back.
   std::vector<std::vector<T>> grads() {
+    std::vector<T> total(width_, T(0));
+    if (rows_ > 0 && width_ > 0) {
+      T* sum = static_cast<T*>(keep(width_ * sizeof(T)));
+      ops_.column_sum(sum, args_.grad_rows, rows_, width_);
+      ops_.download(total.data(), sum, width_ * sizeof(T));
+    }
     std::vector<std::vector<T>> g;
-    std::vector<T> rows(rows_ * width_);
-    if (!rows.empty()) ops_.download(rows.data(), args_.grad_rows, rows.size() * sizeof(T));
     std::size_t at = 0;
     for (std::size_t size : sizes_) {
-      std::vector<T> sum(size, T(0));
-      for (std::size_t r = 0; r < rows_; ++r) {
-        for (std::size_t e = 0; e < size; ++e) sum[e] += rows[r * width_ + at + e];
-      }
-      g.push_back(std::move(sum));
+      g.emplace_back(total.begin() + static_cast<std::ptrdiff_t>(at),
+                     total.begin() + static_cast<std::ptrdiff_t>(at + size));
       at += size;
     }
     return g;

@@ -53,7 +53,8 @@ struct DeviceProgramArgs {
   std::size_t row_blocks = 0;
   // Backward: one row of `width` parameter gradients per dK/dV block (fused path: B·Hkv·key tiles
   // rows) or per query row (reference path: B·H·Tq rows), each summed by one thread in a fixed
-  // order; the host sums the rows in order. Null: no gradients.
+  // order; the rows are then summed in row order on the device (one thread per element). Null: no
+  // gradients.
   T* grad_rows = nullptr;
   std::size_t width = 0;
   DeviceProgramError* error = nullptr;
