@@ -179,8 +179,7 @@ void MultiHeadAttention<T>::bind_device_documents(Context& ctx, SdpaOptions& opt
                 " document ids on a device backend (a layout from document_layout: the GPU "
                 "kernels run only its mask)",
             std::to_string(layout.documents.size()));
-  std::vector<int> ids(layout.documents.begin(), layout.documents.end());
-  ctx.documents_ = Buffer<int>::from_host(ops, ids.data(), {B, Tn});
+  ctx.documents_ = Buffer<int>::from_host(ops, layout.documents.data(), {B, Tn});
   auto launchers = ops.document_mask_program(ctx.documents_.data(), Tn);
   check_arg(launchers != nullptr, op, "layout.block_mask", "a backend that runs a document mask",
             ops.name());
@@ -240,8 +239,7 @@ void MultiHeadAttention<T>::program_forward(Context& ctx) {
     ctx.sdpa_ =
         sdpa_program_cache<T>(ops, resolve_sdpa("sdpa_forward", ctx.options_, sizes), ctx.options_);
     ctx.fused_ = ctx.sdpa_.path == SdpaPath::fused;
-    if (ctx.fused_) ctx.p_ = Buffer<T>();
-    if (!ctx.fused_) ctx.lse_ = Buffer<T>();
+    (ctx.fused_ ? ctx.p_ : ctx.lse_) = Buffer<T>();  // the other path's output
     T* aux = ctx.fused_ ? Buffer<T>::reuse(ctx.lse_, ops, {s.B, H_, s.Tq}).data()
                         : Buffer<T>::reuse(ctx.p_, ops, {s.B, H_, s.Tq, s.Tk}).data();
     sdpa_program_forward_device<T>(ops, ctx.sdpa_, params(ctx), ctx.o_.data(), aux);
@@ -266,13 +264,11 @@ void MultiHeadAttention<T>::program_backward(const Context& ctx, const Buffer<T>
   std::vector<std::vector<T>> dprogram;
   if (!ops.host_memory()) {
     const AttentionSpec& s = ctx.spec_;
-    const std::vector<std::size_t> scratch = ctx.fused_
-                                                 ? std::vector<std::size_t>{s.B * H_ * s.Tq}
-                                                 : std::vector<std::size_t>{s.B * H_ * s.Tq * s.Tk};
+    const std::size_t scratch = s.B * H_ * s.Tq * (ctx.fused_ ? 1 : s.Tk);  // row_dot or dS
     dprogram = sdpa_program_backward_device<T>(
         ops, ctx.sdpa_, params(ctx), dout.data(), ctx.o_.data(),
         ctx.fused_ ? ctx.lse_.data() : ctx.p_.data(), dq_.data(), dk_.data(), dv_.data(),
-        Buffer<T>::reuse(ds_, ops, scratch).data());
+        Buffer<T>::reuse(ds_, ops, {scratch}).data());
   } else {
     const Tensor4<T> d = host_tensor(dout), q = host_tensor(ctx.q_), k = host_tensor(ctx.k_),
                      v = host_tensor(ctx.v_);
