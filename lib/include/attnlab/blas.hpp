@@ -35,8 +35,9 @@ struct EnumTable<GemmEngine> {
 // The arithmetic of float GEMMs. fp32: as stored. bf16: A and B rounded to bfloat16 (to nearest,
 // ties to even, as PyTorch's .bfloat16()), their products summed in fp32 into an fp32 C: the mixed
 // precision of AMX and AVX512-BF16 units and of PyTorch's bf16 autocast. Double GEMMs are always
-// exact double.
-enum class GemmPrecision { fp32, bf16 };
+// exact double. tf32: A and B rounded to TensorFloat-32 (8 exponent and 10 mantissa bits, to nearest),
+// fp32 sums: the tensor cores' fp32 mode, on a CUDA device only (DeviceOps::set_precision).
+enum class GemmPrecision { fp32, bf16, tf32 };
 
 template <>
 struct EnumTable<GemmPrecision> {
@@ -46,6 +47,9 @@ struct EnumTable<GemmPrecision> {
        "mixed precision: operands rounded to bfloat16, fp32 sums; weights, optimizer state, "
        "softmax, norms and loss stay fp32. Fast only on a CPU with AMX: elsewhere emulated, "
        "slower than fp32"},
+      {GemmPrecision::tf32, "tf32",
+       "operands rounded to TensorFloat-32 (10 mantissa bits), fp32 sums: tensor cores for an "
+       "fp32 model; a CUDA device only"},
   };
   static constexpr EnumParseText parse = {"parse_gemm_precision", "", NameList::or_words, true};
 };

@@ -35,6 +35,7 @@
 
 #include "attnlab/attention/device_program.hpp"
 #include "attnlab/attention/params.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/kernel_math.hpp"
 
 namespace attnlab {
@@ -82,6 +83,24 @@ struct ReferenceRows {
 template <class T>
 class DeviceOps : public DeviceMemory {
  public:
+  // ---- precision -------------------------------------------------------------------------------
+  // The arithmetic of this backend's GEMMs (linear, gemm, the reference attention's products) and
+  // of its fused attention (GemmPrecision, attnlab/blas.hpp): fp32 as stored; bf16: GEMM operands
+  // rounded to bfloat16 with fp32 sums, and the fused attention on the tensor-core kernels where
+  // D = Dv is 64 or 128 (bf16 q, k, v, dO; fp32 softmax, outputs and gradients); tf32: GEMM
+  // operands rounded to TensorFloat-32, attention as fp32. Weights, gradients, optimizer state,
+  // norms and the loss stay T. Set before a run, not during a call. Throws std::invalid_argument
+  // naming set_precision, the backend and the precision where this backend has no such arithmetic:
+  // the CPU backend (its GEMMs follow blas::GemmPrecisionScope) and any double backend take fp32
+  // only.
+  virtual void set_precision(GemmPrecision precision) {
+    if (precision != GemmPrecision::fp32) {
+      throw std::invalid_argument("set_precision: expected fp32 on " + this->name() + ", got '" +
+                                  std::string(enum_name(precision)) + "'");
+    }
+  }
+  virtual GemmPrecision precision() const { return GemmPrecision::fp32; }
+
   // ---- elementwise and broadcast ---------------------------------------------------------------
   // y = a + b over n values (y may alias a or b).
   virtual void add(T* y, const T* a, const T* b, std::size_t n) = 0;
