@@ -376,9 +376,16 @@ int main(int argc, char** argv) try {
     return 1;
   }
   bool ok = true;
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   if (opt.attention) ok = attention_tables(*ops, opt, r) && ok;
+  const double t_attention = seconds();
   if (opt.train) ok = training_table(*ops, opt, peak, r) && ok;
-  r.print("\nresult: %s\n", ok ? "all checks passed" : "FAILED (see the tables)");
+  r.print("\nresult: %s (attention %.1f s, training %.1f s)\n",
+          ok ? "all checks passed" : "FAILED (see the tables)", t_attention,
+          seconds() - t_attention);
   if (!r.dir().empty()) std::printf("results in %s\n", r.dir().c_str());
   return ok ? 0 : 1;
 } catch (const std::exception& e) {
