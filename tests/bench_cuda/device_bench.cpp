@@ -60,20 +60,28 @@ struct Shape {
   std::size_t bh() const { return B * H; }
 };
 
-// The tensors of one attention shape on the device, filled with uniform [-1, 1) values.
+// The tensors of one attention shape on the device, filled with uniform [-1, 1) values; with the
+// bf16_operands floor, bf16 copies of q, k, v, dout and bf16 values for P and dP.
 struct AttentionData {
   Buffer<float> q, k, v, dout, scale, out, lse, dq, dk, dv, row_dot, p, ds;
+  Buffer<std::uint16_t> qb, kb, vb, doutb, pb, dsb;
   std::size_t chunk;  // heads per batch of the GEMM floor (p and ds hold chunk · T² values)
   AttentionParams<float> a;
 
-  AttentionData(DeviceOps<float>& ops, const Shape& s) {
+  AttentionData(DeviceOps<float>& ops, const Shape& s, FloorEngine engine) {
     const std::size_t n = s.bh() * s.T * s.D, tt = s.T * s.T;
     const std::vector<std::size_t> shape{s.B, s.H, s.T, s.D}, rows{s.B, s.H, s.T};
-    const auto filled = [&](std::uint64_t seed) {
+    const bool bf16 = engine == FloorEngine::bf16_operands;
+    const auto filled = [&](std::uint64_t seed, Buffer<std::uint16_t>& bits) {
       const auto host = random_values(n, seed);
+      if (bf16) {
+        std::vector<std::uint16_t> b(n);
+        std::transform(host.begin(), host.end(), b.begin(), bf16_bits);
+        bits = Buffer<std::uint16_t>::from_host(ops, b.data(), shape);
+      }
       return Buffer<float>::from_host(ops, host.data(), shape);
     };
-    q = filled(1), k = filled(2), v = filled(3), dout = filled(4);
+    q = filled(1, qb), k = filled(2, kb), v = filled(3, vb), dout = filled(4, doutb);
     const std::vector<float> scales(s.H, static_cast<float>(1 / std::sqrt(double(s.D))));
     scale = Buffer<float>::from_host(ops, scales.data(), {s.H});
     out = Buffer<float>(ops, shape), dq = Buffer<float>(ops, shape);
@@ -81,6 +89,17 @@ struct AttentionData {
     lse = Buffer<float>(ops, rows), row_dot = Buffer<float>(ops, rows);
     chunk = std::clamp<std::size_t>((std::size_t{1} << 28) / tt, 1, s.bh());
     p = Buffer<float>(ops, {chunk * tt}), ds = Buffer<float>(ops, {chunk * tt});
+    if (bf16) {  // P and dP: one block of random bf16 values, repeated
+      std::vector<std::uint16_t> block(std::min<std::size_t>(chunk * tt, std::size_t{1} << 22));
+      const auto values = random_values(block.size(), 5);
+      std::transform(values.begin(), values.end(), block.begin(), bf16_bits);
+      pb = Buffer<std::uint16_t>(ops, {chunk * tt}), dsb = Buffer<std::uint16_t>(ops, {chunk * tt});
+      for (std::size_t i = 0; i < chunk * tt; i += block.size()) {
+        const std::size_t m = std::min(block.size(), chunk * tt - i) * sizeof(std::uint16_t);
+        ops.upload(pb.data() + i, block.data(), m);
+        ops.upload(dsb.data() + i, block.data(), m);
+      }
+    }
     a.B = s.B, a.H = s.H, a.Hkv = s.H, a.Tq = s.T, a.Tk = s.T, a.D = s.D, a.Dv = s.D;
     a.causal = s.causal;
     a.q = q.data(), a.k = k.data(), a.v = v.data(), a.scale = scale.data();
@@ -96,40 +115,82 @@ void fused_all(DeviceOps<float>& ops, AttentionData& d) {
                           d.out.data(), d.lse.data(), d.a);
 }
 
-// The GEMMs of attention without its softmax: S = Q Kᵀ, O = P V; backward dV = Pᵀ dO,
-// dP = dO Vᵀ, dQ = dP K, dK = dPᵀ Q (P and dP: the raw products, no softmax between). Through the
-// CUDA strided-batched GEMM with a precision when `batched`, else ops.gemm head by head.
+// The GEMMs of attention without its softmax, for n heads (strides sx = T·D, sp = T·T): S = Q Kᵀ,
+// O = P V; backward dV = Pᵀ dO, dP = dO Vᵀ, dQ = dP K, dK = dPᵀ Q. P and dP are read from p and ds
+// (for float operands the very outputs s and dp). gemm(ta, tb, m, n, k, A, lda, sa, B, ldb, sb, C,
+// ldc, sc, batch) computes C = op(A) op(B).
+template <class E, class Gemm>
+void six_gemms(const Gemm& gemm, bool backward, int t, int dd, int n, long long sx, long long sp,
+               const E* q, const E* k, const E* v, const E* dout, const E* p, const E* ds, float* s,
+               float* out, float* dp, float* dq, float* dk, float* dv) {
+  gemm(false, true, t, t, dd, q, dd, sx, k, dd, sx, s, t, sp, n);
+  gemm(false, false, t, dd, t, p, t, sp, v, dd, sx, out, dd, sx, n);
+  if (!backward) return;
+  gemm(true, false, t, dd, t, p, t, sp, dout, dd, sx, dv, dd, sx, n);
+  gemm(false, true, t, t, dd, dout, dd, sx, v, dd, sx, dp, t, sp, n);
+  gemm(false, false, t, dd, t, ds, t, sp, k, dd, sx, dq, dd, sx, n);
+  gemm(true, false, t, dd, t, ds, t, sp, q, dd, sx, dk, dd, sx, n);
+}
+
+// The GEMM floor of one shape: every head's six_gemms through `engine` (FloorEngine), heads
+// batched by d.chunk (ops_gemm: one head a call).
 void gemm_floor(DeviceOps<float>& ops, const Shape& s, AttentionData& d, bool backward,
-                bool batched) {
-  const std::size_t T = s.T, D = s.D, td = T * D, tt = T * T;
+                FloorEngine engine) {
+  const std::size_t td = s.T * s.D;
+  const int t = int(s.T), dd = int(s.D);
+  const long long sx = static_cast<long long>(td), sp = static_cast<long long>(s.T * s.T);
+  const GemmPrecision precision = ops.precision();
   for (std::size_t h0 = 0; h0 < s.bh(); h0 += d.chunk) {
-    const std::size_t c = std::min(d.chunk, s.bh() - h0);
-    const float *q = d.q.data() + h0 * td, *k = d.k.data() + h0 * td, *v = d.v.data() + h0 * td,
-                *dout = d.dout.data() + h0 * td;
-    float *out = d.out.data() + h0 * td, *dq = d.dq.data() + h0 * td, *dk = d.dk.data() + h0 * td,
-          *dv = d.dv.data() + h0 * td, *p = d.p.data(), *ds = d.ds.data();
-    if (batched) {
-      const int t = int(T), dd = int(D), n = int(c);
-      const long long sx = static_cast<long long>(td), sp = static_cast<long long>(tt);
-      const GemmPrecision prec = ops.precision();
-      batched_gemm(false, true, t, t, dd, q, dd, sx, k, dd, sx, p, t, sp, n, prec);
-      batched_gemm(false, false, t, dd, t, p, t, sp, v, dd, sx, out, dd, sx, n, prec);
-      if (!backward) continue;
-      batched_gemm(true, false, t, dd, t, p, t, sp, dout, dd, sx, dv, dd, sx, n, prec);
-      batched_gemm(false, true, t, t, dd, dout, dd, sx, v, dd, sx, ds, t, sp, n, prec);
-      batched_gemm(false, false, t, dd, t, ds, t, sp, k, dd, sx, dq, dd, sx, n, prec);
-      batched_gemm(true, false, t, dd, t, ds, t, sp, q, dd, sx, dk, dd, sx, n, prec);
-      continue;
-    }
-    for (std::size_t i = 0; i < c; ++i) {
-      const std::size_t o = i * td;
-      ops.gemm(false, true, T, T, D, 1.f, q + o, D, k + o, D, 0.f, p, T);
-      ops.gemm(false, false, T, D, T, 1.f, p, T, v + o, D, 0.f, out + o, D);
-      if (!backward) continue;
-      ops.gemm(true, false, T, D, T, 1.f, p, T, dout + o, D, 0.f, dv + o, D);
-      ops.gemm(false, true, T, T, D, 1.f, dout + o, D, v + o, D, 0.f, ds, T);
-      ops.gemm(false, false, T, D, T, 1.f, ds, T, k + o, D, 0.f, dq + o, D);
-      ops.gemm(true, false, T, D, T, 1.f, ds, T, q + o, D, 0.f, dk + o, D);
+    const std::size_t c = std::min(d.chunk, s.bh() - h0), o = h0 * td;
+    const int n = int(c);
+    float *p = d.p.data(), *ds = d.ds.data(), *out = d.out.data() + o, *dq = d.dq.data() + o,
+          *dk = d.dk.data() + o, *dv = d.dv.data() + o;
+    const float *q = d.q.data() + o, *k = d.k.data() + o, *v = d.v.data() + o,
+                *dout = d.dout.data() + o;
+    const auto run = [&](const auto& gemm) {
+      six_gemms(gemm, backward, t, dd, n, sx, sp, q, k, v, dout, p, ds, p, out, ds, dq, dk, dv);
+    };
+    switch (engine) {
+      case FloorEngine::ops_gemm:
+        for (std::size_t i = 0; i < c; ++i) {
+          const std::size_t h = i * td;
+          six_gemms([&](bool ta, bool tb, int m, int nn, int kk, const float* a, int lda, long long,
+                        const float* b, int ldb, long long, float* cc, int ldc, long long,
+                        int) { ops.gemm(ta, tb, m, nn, kk, 1.f, a, lda, b, ldb, 0.f, cc, ldc); },
+                    backward, t, dd, 1, sx, sp, q + h, k + h, v + h, dout + h, p, ds, p, out + h,
+                    ds, dq + h, dk + h, dv + h);
+        }
+        break;
+      case FloorEngine::cublas_fp32:
+        run([](bool ta, bool tb, int m, int nn, int kk, const float* a, int lda, long long sa,
+               const float* b, int ldb, long long sb, float* cc, int ldc, long long sc, int bt) {
+          cuda::gemm_strided_batched<float>(ta, tb, m, nn, kk, 1.f, a, lda, sa, b, ldb, sb, 0.f, cc,
+                                            ldc, sc, bt);
+        });
+        break;
+      case FloorEngine::precision_gemm:
+        run([&](bool ta, bool tb, int m, int nn, int kk, const float* a, int lda, long long sa,
+                const float* b, int ldb, long long sb, float* cc, int ldc, long long sc, int bt) {
+          detail::precision_gemm(ta, tb, m, nn, kk, a, lda, sa, b, ldb, sb, cc, ldc, sc, bt,
+                                 precision);
+        });
+        break;
+      case FloorEngine::tf32_gemm:
+        run([](bool ta, bool tb, int m, int nn, int kk, const float* a, int lda, long long sa,
+               const float* b, int ldb, long long sb, float* cc, int ldc, long long sc, int bt) {
+          detail::tf32_gemm(ta, tb, m, nn, kk, a, lda, sa, b, ldb, sb, cc, ldc, sc, bt);
+        });
+        break;
+      case FloorEngine::bf16_operands:
+        six_gemms(
+            [](bool ta, bool tb, int m, int nn, int kk, const std::uint16_t* a, int lda,
+               long long sa, const std::uint16_t* b, int ldb, long long sb, float* cc, int ldc,
+               long long sc, int bt) {
+              detail::bf16_gemm(ta, tb, m, nn, kk, a, lda, sa, b, ldb, sb, cc, ldc, sc, bt);
+            },
+            backward, t, dd, n, sx, sp, d.qb.data() + o, d.kb.data() + o, d.vb.data() + o,
+            d.doutb.data() + o, d.pb.data(), d.dsb.data(), p, out, ds, dq, dk, dv);
+        break;
     }
   }
 }
@@ -143,7 +204,7 @@ std::vector<float> host(const Buffer<float>& b) {
 // The check of one (D, causal): the fused forward and backward in `fast` against fp32. Returns
 // whether every error is within its bound.
 bool check_shape(DeviceOps<float>& ops, const Shape& s, GemmPrecision fast, Report& r) {
-  AttentionData d(ops, s);
+  AttentionData d(ops, s, FloorEngine::ops_gemm);
   ops.set_precision(GemmPrecision::fp32);
   fused_all(ops, d);
   const auto out = host(d.out), dq = host(d.dq), dk = host(d.dk), dv = host(d.dv);
@@ -173,7 +234,7 @@ bool attention_tables(DeviceOps<float>& ops, const Options& opt, Report& r) {
     return Shape{bh / h, h, T, D, causal};
   };
   const Timing timing = opt.emulated ? Timing{1, 1, 1, 0.0} : Timing{1, 3, 10, 0.1};
-  const bool batched = !opt.emulated && HasBatchedPrecisionGemm<GemmPrecision>;
+  const FloorEngine engine = floor_engine(opt.emulated, opt.precision);
 
   r.print("\n## Check: fused attention in %s against fp32\n\n", fast);
   r.print("max |error| / max |fp32 value|; bounds %.0e for O, %.0e for dQ, dK, dV.\n\n", kOutBound,
@@ -195,7 +256,7 @@ bool attention_tables(DeviceOps<float>& ops, const Options& opt, Report& r) {
       "Fused FLOPs: FlashAttention's count (forward 4·B·H·T²·D, halved when causal; backward "
       "2.5x). Floor: the 6 GEMMs in %s through %s, their FLOPs as run. fused/floor: ratio of "
       "the rates.\n\n",
-      fast, batched ? "cuda::gemm_strided_batched (precision overload)" : "ops.gemm, head by head");
+      fast, describe(engine));
   r.begin_table("attention");
   r.print(
       "| D   | causal | T     | B·H | fwd ms    | fwd TFLOP/s | floor fwd | fused/floor | "
@@ -207,14 +268,14 @@ bool attention_tables(DeviceOps<float>& ops, const Options& opt, Report& r) {
     for (bool causal : {false, true}) {
       for (std::size_t T : lengths) {
         const Shape s = shape(T, D, causal);
-        AttentionData d(ops, s);
+        AttentionData d(ops, s, engine);
         const double gemm = 4.0 * double(s.bh()) * double(T) * double(T) * double(D);
         const double fa_fwd = causal ? gemm / 2 : gemm, fa_all = 3.5 * fa_fwd;
         ops.set_precision(opt.precision);
         const double t_fwd = time_call(ops, timing, [&] { fused_forward(ops, d); });
         const double t_all = time_call(ops, timing, [&] { fused_all(ops, d); });
-        const double f_fwd = time_call(ops, timing, [&] { gemm_floor(ops, s, d, false, batched); });
-        const double f_all = time_call(ops, timing, [&] { gemm_floor(ops, s, d, true, batched); });
+        const double f_fwd = time_call(ops, timing, [&] { gemm_floor(ops, s, d, false, engine); });
+        const double f_all = time_call(ops, timing, [&] { gemm_floor(ops, s, d, true, engine); });
         ops.set_precision(GemmPrecision::fp32);
         const double r_fwd = time_call(ops, timing, [&] { fused_forward(ops, d); });
         const double r_all = time_call(ops, timing, [&] { fused_all(ops, d); });
