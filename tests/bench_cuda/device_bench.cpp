@@ -344,10 +344,10 @@ bool training_table(DeviceOps<float>& ops, const Options& opt, const Peak& peak,
   }
   r.begin_table("training");
   r.print(
-      "| precision | batch | tokens/step | step ms    | tokens/s   | TFLOP/s | MFU     | "
+      "| precision | batch | tokens/step | step ms    | tokens/s   | TFLOP/s   | MFU     | "
       "loss first / last |\n");
   r.print(
-      "|-----------|-------|-------------|------------|------------|---------|---------|"
+      "|-----------|-------|-------------|------------|------------|-----------|---------|"
       "-------------------|\n");
   bool ok = true;
   std::vector<GemmPrecision> precisions{opt.precision};
@@ -373,7 +373,7 @@ bool training_table(DeviceOps<float>& ops, const Options& opt, const Peak& peak,
     if (peak.tflops > 0) std::snprintf(mfu, sizeof mfu, "%6.2f%%", 100 * tflops / peak.tflops);
     const bool finite = std::isfinite(first) && std::isfinite(last);
     ok = ok && finite;
-    r.print("| %-9s | %5zu | %11zu | %10.2f | %10.0f | %8.4g | %-7s | %7.4f / %7.4f%s |\n",
+    r.print("| %-9s | %5zu | %11zu | %10.2f | %10.0f | %9.3g | %-7s | %7.4f / %7.4f%s |\n",
             to_string(p), B, B * T, t * 1e3, tokens_per_s, tflops, mfu, first, last,
             finite ? "" : " FAIL");
   }
