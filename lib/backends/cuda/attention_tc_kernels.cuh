@@ -6,18 +6,17 @@
 //              device memory) and variants come from an AttentionParams<float>, whose own q, k, v
 //              are not read.
 //   outputs    O (B,H,Tq,HD) and the log-sum-exp LSE (B,H,Tq) in fp32; dQ (B,H,Tq,HD), dK and dV
-//              (B,Hkv,Tk,HD) in fp32.
+//              (B,Hkv,Tk,HD) in fp32; dS (B,H,Tq,Tk) in fp32 to AttentionParams::dscores when set.
 //
 //   forward    one block per (tile of 64 query rows, b·h): 4 warps of 16 rows each. Q, and K/V
-//   tiles
-//              of 64 keys, go to shared memory by cp.async (16-byte copies, zero-filled past Tq and
-//              Tk); K and V are double-buffered, the next tile in flight while this one is used.
-//              Per key tile a warp computes S = Q Kᵀ (16 × 64: ldmatrix.x4 for Q and K, 8 × HD/16
-//              mma), the score rule on every element of its fragments, the online softmax in
+//              tiles of 64 keys, go to shared memory by cp.async (16-byte copies, zero-filled past
+//              Tq and Tk); K and V are double-buffered, the next tile in flight while this one is
+//              used. Per key tile a warp computes S = Q Kᵀ (16 × 64: ldmatrix.x4 for Q and K, 8 ×
+//              HD/16 mma), the score rule on every element of its fragments, the online softmax in
 //              registers (each lane holds 2 rows; row max over the quad by __shfl_xor_sync, the row
 //              sum kept per lane and summed over the quad at the end), rescales O, and adds P V
-//              with P rounded to bf16 in registers (the S accumulators become the A fragments) and
-//              V by ldmatrix.x4.trans.
+//              with P (⊙ M / (1 − p) with dropout, after the row sum) rounded to bf16 in registers
+//              (the S accumulators become the A fragments) and V by ldmatrix.x4.trans.
 //   row_dot    D = rowsum(dO ⊙ O), one warp per row (dO bf16, O fp32).
 //   dK/dV      one block per (tile of 64 keys, b·kv head): 4 warps of 16 keys each, K and V loaded
 //              once; loop over the group's query heads (grouped-query attention) and the query
@@ -25,16 +24,22 @@
 //              warp computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 64 queries), recomputes
 //              Pᵀ = exp(Sᵀ − LSE), dSᵀ = s·Pᵀ ⊙ (dPᵀ − D) (⊙ the softcap's slope), and adds
 //              dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ in bf16 straight from its registers
-//              (dO and Q by ldmatrix.trans).
+//              (dO and Q by ldmatrix.trans). With dropout, dP = (dO Vᵀ) ⊙ M / (1 − p) and dV
+//              takes the dropped P ⊙ M / (1 − p).
 //   dQ         one block per (tile of 64 query rows, b·h): loop over the key tiles it can see, K
-//              and V double-buffered; S = Q Kᵀ, dP = dO Vᵀ, dS as above, dQ += dS K (K by .trans).
+//              and V double-buffered; S = Q Kᵀ, dP = dO Vᵀ, dS as above, dQ += dS K (K by .trans);
+//              dS itself (before s and the slope, as the fp32 kernels write it) to dscores.
 // Every output element has exactly one writer, which sums in a fixed order: deterministic, no
-// atomics, no zeroed output needed. The score rule (attnlab/attention/score_rule.hpp) is applied
-// per fragment element (score_of_scaled, or capped / capped_slope / score_of_capped in the
-// backward), so causal with a query offset, the sliding window, the key mask, ALiBi, an additive
-// bias, the softcap and grouped-query attention (kv_slice_of) come from the one rule; key_begin,
-// key_end, query_begin and query_end skip the tiles it hides from a whole tile. Not supported:
-// dropout, and the dscores output (the launches throw).
+// atomics, no zeroed output needed, except dscores: as on the other fused paths (params.hpp), the
+// tiles that the rule hides from a whole tile are not written, so pass zeroed memory. The score
+// rule (attnlab/attention/score_rule.hpp) is applied per fragment element (score_of_scaled, or
+// capped / capped_slope / score_of_capped in the backward), so causal with a query offset, the
+// sliding window, the key mask, ALiBi, an additive bias, the softcap and grouped-query attention
+// (kv_slice_of) come from the one rule; key_begin, key_end, query_begin and query_end skip the
+// tiles it hides from a whole tile. Dropout is the fp32 kernels' (attention_fused_kernels.cuh):
+// the row sums normalise before it, and the mask M of each weight is regenerated from its
+// coordinates (attention_dropout_factor, attnlab/attention/dropout.hpp) in all three kernels, so
+// every path draws the same mask. Attention programs are not run (check_attention_params).
 //
 // Shared memory rows are HD + 8 bf16 (16 bytes of padding: ldmatrix's 8 row addresses fall in
 // different banks). Forward: Q + 2 K + 2 V tiles = 5 · 64 · (HD + 8) · 2 bytes (46,080 for
@@ -54,6 +59,7 @@
 #include <string>
 
 #include "attention_tc_fragments.cuh"
+#include "attnlab/attention/dropout.hpp"
 #include "attnlab/attention/params.hpp"
 #include "attnlab/attention/score_rule.hpp"
 #include "attnlab/kernel_math.hpp"
@@ -145,8 +151,11 @@ __global__ void __launch_bounds__(kThreads)
       ATTNLAB_UNROLL
       for (int e = 0; e < 4; ++e) {
         const float p = cm::exp_shifted(sc[nt][e], row_max[e / 2]);
-        row_sum[e / 2] += p;  // in fp32, before P is rounded to bf16 for P V
-        sc[nt][e] = p;
+        row_sum[e / 2] += p;  // in fp32, before dropout and before P is rounded to bf16 for P V
+        // P ⊙ M / (1 − p) with dropout, the mask from the element's coordinates
+        sc[nt][e] = a.dropout_p == 0 ? p
+                                     : p * attention::attention_dropout_factor<float>(
+                                               a, bh, row[e / 2], j0 + 8 * nt + 2 * t + e % 2);
       }
     }
     ATTNLAB_UNROLL
@@ -195,13 +204,17 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) row_dot[r] = acc;
 }
 
-// The backward's elements of one tile pair, in place: given the accumulators of the scaled dot
-// (before s) and of dP, p becomes P = exp(S − LSE) and dp becomes s·dS ⊙ slope, dS = P ⊙ (dP − D).
-// query(nt, e) and key(nt, e) locate an element; lse_of / dot_of give its row's LSE and D.
-template <class Query, class Key, class Lse, class Dot>
+// The backward's elements of one tile pair of slice bh = b·H + h, in place: given the accumulators
+// of the scaled dot (before s) and of dO Vᵀ, p becomes P = exp(S − LSE) (P ⊙ M / (1 − p) with
+// kDropped, for dV) and dp becomes s·dS ⊙ slope, dS = P ⊙ (dP − D) with dP = (dO Vᵀ) ⊙ M / (1 − p)
+// under dropout (M the forward's mask, regenerated from the coordinates). query(nt, e) and
+// key(nt, e) locate an element; lse_of / dot_of give its row's LSE and D; dscore(nt, e, dS) gets
+// dS itself (before s and the slope: the bias gradient, as the fp32 kernels' tile_ds).
+template <bool kDropped, class Query, class Key, class Lse, class Dot, class Sink>
 __device__ inline void tile_gradient(float (&p)[kKeyTiles][4], float (&dp)[kKeyTiles][4],
-                                     const AttentionParams<float>& a, std::size_t b, std::size_t h,
-                                     float s, Query query, Key key, Lse lse_of, Dot dot_of) {
+                                     const AttentionParams<float>& a, std::size_t bh, std::size_t b,
+                                     std::size_t h, float s, Query query, Key key, Lse lse_of,
+                                     Dot dot_of, Sink dscore) {
   ATTNLAB_UNROLL
   for (int nt = 0; nt < kKeyTiles; ++nt) {
     ATTNLAB_UNROLL
@@ -212,8 +225,12 @@ __device__ inline void tile_gradient(float (&p)[kKeyTiles][4], float (&dp)[kKeyT
       const float score = i < a.Tq && j < a.Tk ? attention::score_of_capped(a, b, h, i, j, capped)
                                                : cm::negative_infinity<float>();
       const float weight = cm::weight_from_lse(score, lse_of(nt, e));  // 0 when hidden
-      p[nt][e] = weight;
-      dp[nt][e] = s * cm::softmax_backward_element(weight, dp[nt][e], dot_of(nt, e)) * slope;
+      const float keep =
+          a.dropout_p == 0 ? 1.0f : attention::attention_dropout_factor<float>(a, bh, i, j);
+      const float element = cm::softmax_backward_element(weight, dp[nt][e] * keep, dot_of(nt, e));
+      dscore(nt, e, element);
+      p[nt][e] = kDropped ? weight * keep : weight;
+      dp[nt][e] = s * element * slope;
     }
   }
 }
@@ -287,12 +304,14 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows<HD>(pt, ks, 16 * warp, qt);
     rows_times_rows<HD>(dst, vs, 16 * warp, dot);
     // Element (nt, e): key row g (+8 for e ≥ 2) of the warp's 16, query column 8nt + 2t + e % 2.
-    tile_gradient(
-        pt, dst, a, b, h, a.scale[h], [&](int nt, int e) { return i0 + 8 * nt + 2 * t + e % 2; },
+    // Pᵀ comes out dropped (Pᵀ ⊙ Mᵀ / (1 − p)) for dV; dS goes to dscores in the query pass only.
+    tile_gradient<true>(
+        pt, dst, a, bh, b, h, a.scale[h],
+        [&](int nt, int e) { return i0 + 8 * nt + 2 * t + e % 2; },
         [&](int, int e) { return j0 + 16 * warp + g + 8 * (e / 2); },
         [&](int nt, int e) { return lse_t[8 * nt + 2 * t + e % 2]; },
-        [&](int nt, int e) { return dot_t[8 * nt + 2 * t + e % 2]; });
-    accumulate_product<HD>(dva, pt, dot);  // dV += Pᵀ dO
+        [&](int nt, int e) { return dot_t[8 * nt + 2 * t + e % 2]; }, [](int, int, float) {});
+    accumulate_product<HD>(dva, pt, dot);  // dV += Pᵀ dO (the dropped P)
     accumulate_product<HD>(dka, dst, qt);  // dK += s·dSᵀ Q
     __syncthreads();                       // buffer `buf` is refilled at the next iteration
   }
@@ -378,10 +397,17 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows<HD>(p, qs, 16 * warp, kt);
     rows_times_rows<HD>(ds, dos, 16 * warp, vt);
     // Element (nt, e): query row g (+8 for e ≥ 2) of the warp's 16, key column 8nt + 2t + e % 2.
-    tile_gradient(
-        p, ds, a, b, h, s, [&](int, int e) { return row[e / 2]; },
+    // dS of the tile to a.dscores (the bias gradient): this pass is its one writer per element.
+    tile_gradient<false>(
+        p, ds, a, bh, b, h, s, [&](int, int e) { return row[e / 2]; },
         [&](int nt, int e) { return j0 + 8 * nt + 2 * t + e % 2; },
-        [&](int, int e) { return row_lse[e / 2]; }, [&](int, int e) { return row_d[e / 2]; });
+        [&](int, int e) { return row_lse[e / 2]; }, [&](int, int e) { return row_d[e / 2]; },
+        [&](int nt, int e, float element) {
+          const std::size_t i = row[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
+          if (a.dscores != nullptr && i < a.Tq && j < a.Tk) {
+            a.dscores[(bh * a.Tq + i) * a.Tk + j] = element;
+          }
+        });
     accumulate_product<HD>(dqa, ds, kt);  // dQ += s·dS K
     __syncthreads();
   }
@@ -410,8 +436,8 @@ constexpr std::size_t backward_smem() {  // the key pass's; the query pass takes
   return sizeof(attnlab_bf16) * 6 * Shape<HD>::kTile + sizeof(float) * 4 * kKeys;
 }
 
-// Throws std::invalid_argument unless the tensor-core kernels run this call: head dims HD, no
-// dropout, no dscores, a grid that fits.
+// Throws std::invalid_argument unless the tensor-core kernels run this call: head dims HD, a grid
+// that fits.
 inline void check_tc_params(const AttentionParams<float>& a, std::size_t head_dim, const char* op) {
   check_attention_params(a, op);
   const auto fail = [&](const std::string& what) {
@@ -421,8 +447,6 @@ inline void check_tc_params(const AttentionParams<float>& a, std::size_t head_di
     fail("head dims D = " + std::to_string(a.D) + ", Dv = " + std::to_string(a.Dv) +
          ", the kernel's are " + std::to_string(head_dim));
   }
-  if (a.dropout_p != 0.0) fail("dropout is not supported by the tensor-core kernels");
-  if (a.dscores != nullptr) fail("dscores is not written by the tensor-core kernels");
   if (a.B * a.H > 65535 || cm::tile_count(a.Tq > a.Tk ? a.Tq : a.Tk, kRows) > 0x7fffffffu) {
     fail("B*H = " + std::to_string(a.B * a.H) + " exceeds 65535 (grid y)");
   }
