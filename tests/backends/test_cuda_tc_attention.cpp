@@ -281,7 +281,8 @@ void check_case(const Case& c, unsigned seed) {
     if (!c.bias && std::string(o.name) == "dS") continue;  // dscores only with a bias
     const double err = max_error(o.kernel, o.exact), plain_err = max_error(o.plain, o.exact);
     CAPTURE(c.name);
-    CAPTURE(o.name);
+    const std::string output = o.name;
+    CAPTURE(output);
     CAPTURE(err);
     CAPTURE(plain_err);
     CHECK(err <= 2 * plain_err + 1e-6);
