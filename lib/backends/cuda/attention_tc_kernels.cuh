@@ -68,6 +68,25 @@
 
 namespace attnlab::cuda::tc {
 
+// ---- dropout -----------------------------------------------------------------------------------
+
+// attention_dropout_factor (attnlab/attention/dropout.hpp) of weights (bh, i, j) and (bh, i, j +
+// 1), j even, to keep[0] and keep[1]: one Philox block holds both words (j % 4 is 0 or 2), so the
+// forward's two adjacent accumulator columns of a row cost one generator call. The same numbers,
+// element by element. (The backward calls attention_dropout_factor per element: the pairing there
+// spilled registers.)
+__device__ inline void dropout_pair(const AttentionSpec& a, std::size_t bh, std::size_t i,
+                                    std::size_t j, float (&keep)[2]) {
+  const attention::Philox4 r =
+      attention::philox_block(a.dropout_seed, static_cast<std::uint32_t>(i),
+                              static_cast<std::uint32_t>(bh), attention::kAttentionStream, j);
+  const std::uint32_t threshold = attention::dropout_threshold(a.dropout_p);
+  const float kept = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+  const bool high = (j & 2) != 0;  // words 2, 3 of the block, else 0, 1 (selects, no indexing)
+  keep[0] = (high ? r.x[2] : r.x[0]) >= threshold ? kept : 0.0f;
+  keep[1] = (high ? r.x[3] : r.x[1]) >= threshold ? kept : 0.0f;
+}
+
 // ---- forward -----------------------------------------------------------------------------------
 
 template <int HD>
@@ -152,10 +171,16 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const float p = cm::exp_shifted(sc[nt][e], row_max[e / 2]);
         row_sum[e / 2] += p;  // in fp32, before dropout and before P is rounded to bf16 for P V
-        // P ⊙ M / (1 − p) with dropout, the mask from the element's coordinates
-        sc[nt][e] = a.dropout_p == 0 ? p
-                                     : p * attention::attention_dropout_factor<float>(
-                                               a, bh, row[e / 2], j0 + 8 * nt + 2 * t + e % 2);
+        sc[nt][e] = p;
+      }
+      if (a.dropout_p != 0) {  // P ⊙ M / (1 − p), the mask from the elements' coordinates
+        ATTNLAB_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          float keep[2];
+          dropout_pair(a, bh, row[r], j0 + 8 * nt + 2 * t, keep);
+          sc[nt][2 * r] *= keep[0];
+          sc[nt][2 * r + 1] *= keep[1];
+        }
       }
     }
     ATTNLAB_UNROLL
