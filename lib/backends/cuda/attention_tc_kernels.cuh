@@ -15,8 +15,9 @@
 //              HD/16 mma), the score rule on every element of its fragments, the online softmax in
 //              registers (each lane holds 2 rows; row max over the quad by __shfl_xor_sync, the row
 //              sum kept per lane and summed over the quad at the end), rescales O, and adds P V
-//              with P (⊙ M / (1 − p) with dropout, after the row sum) rounded to bf16 in registers
-//              (the S accumulators become the A fragments) and V by ldmatrix.x4.trans.
+//              with P (⊙ the dropout mask M, after the row sum) rounded to bf16 in registers
+//              (the S accumulators become the A fragments) and V by ldmatrix.x4.trans; O / l
+//              (· 1 / (1 − p) with dropout) at the end.
 //   row_dot    D = rowsum(dO ⊙ O), one warp per row (dO bf16, O fp32).
 //   dK/dV      one block per (tile of 64 keys, b·kv head): 4 warps of 16 keys each, K and V loaded
 //              once; loop over the group's query heads (grouped-query attention) and the query
@@ -25,7 +26,7 @@
 //              Pᵀ = exp(Sᵀ − LSE), dSᵀ = s·Pᵀ ⊙ (dPᵀ − D) (⊙ the softcap's slope), and adds
 //              dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ in bf16 straight from its registers
 //              (dO and Q by ldmatrix.trans). With dropout, dP = (dO Vᵀ) ⊙ M / (1 − p) and dV
-//              takes the dropped P ⊙ M / (1 − p).
+//              sums (P ⊙ M)ᵀ dO, times 1 / (1 − p) at the end.
 //   dQ         one block per (tile of 64 query rows, b·h): loop over the key tiles it can see, K
 //              and V double-buffered; S = Q Kᵀ, dP = dO Vᵀ, dS as above, dQ += dS K (K by .trans);
 //              dS itself (before s and the slope, as the fp32 kernels write it) to dscores.
@@ -38,8 +39,10 @@
 // (kv_slice_of) come from the one rule; key_begin, key_end, query_begin and query_end skip the
 // tiles it hides from a whole tile. Dropout is the fp32 kernels' (attention_fused_kernels.cuh):
 // the row sums normalise before it, and the mask M of each weight is regenerated from its
-// coordinates (attention_dropout_factor, attnlab/attention/dropout.hpp) in all three kernels, so
-// every path draws the same mask. Attention programs are not run (check_attention_params).
+// coordinates (attention_kept, attnlab/attention/dropout.hpp) in all three kernels, so every path
+// draws the same mask; the scale 1 / (1 − p) goes to O and dV in fp32 (FlashAttention's
+// rp_dropout), so P is rounded to bf16 as without dropout. Attention programs are not run
+// (check_attention_params).
 //
 // Shared memory rows are HD + 8 bf16 (16 bytes of padding: ldmatrix's 8 row addresses fall in
 // different banks). Forward: Q + 2 K + 2 V tiles = 5 · 64 · (HD + 8) · 2 bytes (46,080 for
@@ -70,21 +73,29 @@ namespace attnlab::cuda::tc {
 
 // ---- dropout -----------------------------------------------------------------------------------
 
-// attention_dropout_factor (attnlab/attention/dropout.hpp) of weights (bh, i, j) and (bh, i, j +
-// 1), j even, to keep[0] and keep[1]: one Philox block holds both words (j % 4 is 0 or 2), so the
-// forward's two adjacent accumulator columns of a row cost one generator call. The same numbers,
-// element by element. (The backward calls attention_dropout_factor per element: the pairing there
-// spilled registers.)
-__device__ inline void dropout_pair(const AttentionSpec& a, std::size_t bh, std::size_t i,
-                                    std::size_t j, float (&keep)[2]) {
+// The products take the mask M alone (P ⊙ M, P rounded to bf16 as without dropout: the largest
+// weight of a row stays exactly 1) and the outputs that sum them, O and dV, the scale 1 / (1 − p)
+// in fp32 at the end, as FlashAttention's rp_dropout: the same numbers as P ⊙ M / (1 − p) in exact
+// arithmetic, one bf16 rounding less. dP ⊙ M / (1 − p) is in fp32 already and takes both at once.
+
+// 1 / (1 − p), or 1 without dropout.
+__device__ inline float dropout_scale(const AttentionSpec& a) {
+  return a.dropout_p == 0 ? 1.0f : static_cast<float>(1.0 / (1.0 - a.dropout_p));
+}
+
+// attention_kept (attnlab/attention/dropout.hpp) of weights (bh, i, j) and (bh, i, j + 1), j even,
+// to kept[0] and kept[1]: one Philox block holds both words (j % 4 is 0 or 2), so the forward's two
+// adjacent accumulator columns of a row cost one generator call. The same bits, element by element.
+// (The backward calls attention_dropout_factor per element: the pairing there spilled registers.)
+__device__ inline void kept_pair(const AttentionSpec& a, std::size_t bh, std::size_t i,
+                                 std::size_t j, bool (&kept)[2]) {
   const attention::Philox4 r =
       attention::philox_block(a.dropout_seed, static_cast<std::uint32_t>(i),
                               static_cast<std::uint32_t>(bh), attention::kAttentionStream, j);
   const std::uint32_t threshold = attention::dropout_threshold(a.dropout_p);
-  const float kept = static_cast<float>(1.0 / (1.0 - a.dropout_p));
   const bool high = (j & 2) != 0;  // words 2, 3 of the block, else 0, 1 (selects, no indexing)
-  keep[0] = (high ? r.x[2] : r.x[0]) >= threshold ? kept : 0.0f;
-  keep[1] = (high ? r.x[3] : r.x[1]) >= threshold ? kept : 0.0f;
+  kept[0] = (high ? r.x[2] : r.x[0]) >= threshold;
+  kept[1] = (high ? r.x[3] : r.x[1]) >= threshold;
 }
 
 // ---- forward -----------------------------------------------------------------------------------
@@ -173,13 +184,13 @@ __global__ void __launch_bounds__(kThreads)
         row_sum[e / 2] += p;  // in fp32, before dropout and before P is rounded to bf16 for P V
         sc[nt][e] = p;
       }
-      if (a.dropout_p != 0) {  // P ⊙ M / (1 − p), the mask from the elements' coordinates
+      if (a.dropout_p != 0) {  // P ⊙ M, the mask from the elements' coordinates; 1 / (1 − p) in O
         ATTNLAB_UNROLL
         for (int r = 0; r < 2; ++r) {
-          float keep[2];
-          dropout_pair(a, bh, row[r], j0 + 8 * nt + 2 * t, keep);
-          sc[nt][2 * r] *= keep[0];
-          sc[nt][2 * r + 1] *= keep[1];
+          bool kept[2];
+          kept_pair(a, bh, row[r], j0 + 8 * nt + 2 * t, kept);
+          if (!kept[0]) sc[nt][2 * r] = 0.0f;
+          if (!kept[1]) sc[nt][2 * r + 1] = 0.0f;
         }
       }
     }
@@ -193,13 +204,14 @@ __global__ void __launch_bounds__(kThreads)
   }
   attnlab_cp_async_wait_all();  // nothing is left in flight at the exit (no key tile: Q)
 
-  // O = O / l (0 for a row with no visible key); LSE = m + log l (-inf for such a row).
+  // O = O / l (0 for a row with no visible key), / (1 − p) with dropout; LSE = m + log l (-inf for
+  // such a row).
   ATTNLAB_UNROLL
   for (int r = 0; r < 2; ++r) {
     const cm::OnlineSoftmax<float> state{row_max[r], quad_sum(row_sum[r])};
     const std::size_t i = row[r];
     if (i >= a.Tq) continue;
-    const float inverse = state.inverse_sum();
+    const float inverse = state.inverse_sum() * dropout_scale(a);
     float* o_row = out + (bh * a.Tq + i) * HD;
     ATTNLAB_UNROLL
     for (int dt = 0; dt < S::kDTiles; ++dt) {
@@ -230,11 +242,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The backward's elements of one tile pair of slice bh = b·H + h, in place: given the accumulators
-// of the scaled dot (before s) and of dO Vᵀ, p becomes P = exp(S − LSE) (P ⊙ M / (1 − p) with
-// kDropped, for dV) and dp becomes s·dS ⊙ slope, dS = P ⊙ (dP − D) with dP = (dO Vᵀ) ⊙ M / (1 − p)
-// under dropout (M the forward's mask, regenerated from the coordinates). query(nt, e) and
-// key(nt, e) locate an element; lse_of / dot_of give its row's LSE and D; dscore(nt, e, dS) gets
-// dS itself (before s and the slope: the bias gradient, as the fp32 kernels' tile_ds).
+// of the scaled dot (before s) and of dO Vᵀ, p becomes P = exp(S − LSE) (P ⊙ M with kDropped, for
+// dV, which takes 1 / (1 − p) at the end) and dp becomes s·dS ⊙ slope, dS = P ⊙ (dP − D) with dP =
+// (dO Vᵀ) ⊙ M / (1 − p) under dropout (M the forward's mask, regenerated from the coordinates).
+// query(nt, e) and key(nt, e) locate an element; lse_of / dot_of give its row's LSE and D;
+// dscore(nt, e, dS) gets dS itself (before s and the slope: the bias gradient, as the fp32 kernels'
+// tile_ds).
 template <bool kDropped, class Query, class Key, class Lse, class Dot, class Sink>
 __device__ inline void tile_gradient(float (&p)[kKeyTiles][4], float (&dp)[kKeyTiles][4],
                                      const AttentionParams<float>& a, std::size_t bh, std::size_t b,
@@ -254,7 +267,7 @@ __device__ inline void tile_gradient(float (&p)[kKeyTiles][4], float (&dp)[kKeyT
           a.dropout_p == 0 ? 1.0f : attention::attention_dropout_factor<float>(a, bh, i, j);
       const float element = cm::softmax_backward_element(weight, dp[nt][e] * keep, dot_of(nt, e));
       dscore(nt, e, element);
-      p[nt][e] = kDropped ? weight * keep : weight;
+      p[nt][e] = kDropped && keep == 0.0f ? 0.0f : weight;
       dp[nt][e] = s * element * slope;
     }
   }
@@ -329,20 +342,22 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows<HD>(pt, ks, 16 * warp, qt);
     rows_times_rows<HD>(dst, vs, 16 * warp, dot);
     // Element (nt, e): key row g (+8 for e ≥ 2) of the warp's 16, query column 8nt + 2t + e % 2.
-    // Pᵀ comes out dropped (Pᵀ ⊙ Mᵀ / (1 − p)) for dV; dS goes to dscores in the query pass only.
+    // Pᵀ comes out dropped (Pᵀ ⊙ Mᵀ) for dV; dS goes to dscores in the query pass only.
     tile_gradient<true>(
         pt, dst, a, bh, b, h, a.scale[h],
         [&](int nt, int e) { return i0 + 8 * nt + 2 * t + e % 2; },
         [&](int, int e) { return j0 + 16 * warp + g + 8 * (e / 2); },
         [&](int nt, int e) { return lse_t[8 * nt + 2 * t + e % 2]; },
         [&](int nt, int e) { return dot_t[8 * nt + 2 * t + e % 2]; }, [](int, int, float) {});
-    accumulate_product<HD>(dva, pt, dot);  // dV += Pᵀ dO (the dropped P)
+    accumulate_product<HD>(dva, pt, dot);  // dV += (Pᵀ ⊙ Mᵀ) dO
     accumulate_product<HD>(dka, dst, qt);  // dK += s·dSᵀ Q
     __syncthreads();                       // buffer `buf` is refilled at the next iteration
   }
   attnlab_cp_async_wait_all();
 
-  // Keys that no query sees keep their zero accumulators: every element is written.
+  // Keys that no query sees keep their zero accumulators: every element is written. dV takes the
+  // dropout's 1 / (1 − p) here.
+  const float dv_scale = dropout_scale(a);
   ATTNLAB_UNROLL
   for (int r = 0; r < 2; ++r) {
     const std::size_t j = j0 + 16 * warp + g + 8 * r;
@@ -353,8 +368,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int dt = 0; dt < S::kDTiles; ++dt) {
       dk_row[8 * dt + 2 * t] = dka[dt][2 * r];
       dk_row[8 * dt + 2 * t + 1] = dka[dt][2 * r + 1];
-      dv_row[8 * dt + 2 * t] = dva[dt][2 * r];
-      dv_row[8 * dt + 2 * t + 1] = dva[dt][2 * r + 1];
+      dv_row[8 * dt + 2 * t] = dva[dt][2 * r] * dv_scale;
+      dv_row[8 * dt + 2 * t + 1] = dva[dt][2 * r + 1] * dv_scale;
     }
   }
 }
