@@ -322,6 +322,10 @@ TEST_CASE("cuda tensor-core attention (emulated): grouped-query attention, slidi
   Case w{"GQA window D=64", 1, 4, 2, 150, 150, 64};
   w.causal = true, w.window = 40;  // key tiles outside the band are skipped
   check_case(w, 7);
+  // Three heads a group: a tile of 64 packed rows (query i·3 + m of head m) ends inside a query.
+  Case t{"GQA 3 heads a group D=128", 2, 6, 2, 70, 90, 128};
+  t.causal = true, t.offset = 20, t.masked = true, t.bias = true, t.dropout_p = 0.15;
+  check_case(t, 18);
 }
 
 TEST_CASE("cuda tensor-core attention (emulated): softcap with a key mask and causal offset") {

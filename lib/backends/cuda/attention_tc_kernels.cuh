@@ -8,7 +8,10 @@
 //   outputs    O (B,H,Tq,HD) and the log-sum-exp LSE (B,H,Tq) in fp32; dQ (B,H,Tq,HD), dK and dV
 //              (B,Hkv,Tk,HD) in fp32; dS (B,H,Tq,Tk) in fp32 to AttentionParams::dscores when set.
 //
-//   forward    one block per (tile of 64 query rows, b·h): 4 warps of 16 rows each. Q, and K/V
+//   forward    one block per (tile of 64 packed query rows, b·kv head): 4 warps of 16 rows each;
+//              the rows of the G = H / Hkv query heads that share a K/V head are interleaved (row
+//              i·G + m: query i of head m, as the fp32 kernels), so a K/V tile is read once per
+//              group, and every row has its own head (scale, ALiBi slope, bias). Q, and K/V
 //              tiles of 64 keys, go to shared memory by cp.async (16-byte copies, zero-filled past
 //              Tq and Tk); K and V are double-buffered, the next tile in flight while this one is
 //              used. Per key tile a warp computes S = Q Kᵀ (16 × 64: ldmatrix.x4 for Q and K, 8 ×
@@ -27,16 +30,17 @@
 //              dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ in bf16 straight from its registers
 //              (dO and Q by ldmatrix.trans). With dropout, dP = (dO Vᵀ) ⊙ M / (1 − p) and dV
 //              sums (P ⊙ M)ᵀ dO, times 1 / (1 − p) at the end.
-//   dQ         one block per (tile of 64 query rows, b·h): loop over the key tiles it can see, K
-//              and V double-buffered; S = Q Kᵀ, dP = dO Vᵀ, dS as above, dQ += dS K (K by .trans);
-//              dS itself (before s and the slope, as the fp32 kernels write it) to dscores.
+//   dQ         one block per (tile of 64 packed query rows, b·kv head), rows as the forward's: loop
+//              over the key tiles it can see, K and V double-buffered; S = Q Kᵀ, dP = dO Vᵀ, dS as
+//              above, dQ += dS K (K by .trans); dS itself (before s and the slope, as the fp32
+//              kernels write it) to dscores.
 // Every output element has exactly one writer, which sums in a fixed order: deterministic, no
 // atomics, no zeroed output needed, except dscores: as on the other fused paths (params.hpp), the
 // tiles that the rule hides from a whole tile are not written, so pass zeroed memory. The score
 // rule (attnlab/attention/score_rule.hpp) is applied per fragment element (score_of_scaled, or
 // capped / capped_slope / score_of_capped in the backward), so causal with a query offset, the
 // sliding window, the key mask, ALiBi, an additive bias, the softcap and grouped-query attention
-// (kv_slice_of) come from the one rule; key_begin, key_end, query_begin and query_end skip the
+// (the packed rows) come from the one rule; key_begin, key_end, query_begin and query_end skip the
 // tiles it hides from a whole tile. Dropout is the fp32 kernels' (attention_fused_kernels.cuh):
 // the row sums normalise before it, and the mask M of each weight is regenerated from its
 // coordinates (attention_kept, attnlab/attention/dropout.hpp) in all three kernels, so every path
@@ -112,23 +116,32 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
-  const std::size_t kv = a.kv_slice_of(bh);
-  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * kRows;
-  const float s = a.scale[h];
+  const std::size_t kv = blockIdx.y, group = a.group(), b = kv / a.Hkv;
+  const std::size_t p0 = static_cast<std::size_t>(blockIdx.x) * kRows;  // first packed row
   const attnlab_bf16* kg = k + kv * a.Tk * HD;
   const attnlab_bf16* vg = v + kv * a.Tk * HD;
-  // The lane's two rows: g and g + 8 of the warp's 16 (accumulator elements 0, 1 and 2, 3).
-  const std::size_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8};
+  // The lane's two rows: g and g + 8 of the warp's 16 (accumulator elements 0, 1 and 2, 3), packed
+  // rows of the group's heads (query row[r] of head slice slice[r]; row[r] >= Tq past the end).
+  std::size_t row[2];
+  unsigned slice[2], head[2];  // B·H < 2¹⁶ (check_tc_params)
+  float s[2];
+  ATTNLAB_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t p = p0 + 16 * warp + g + 8 * r;
+    row[r] = p / group;
+    slice[r] = static_cast<unsigned>(kv * group + p % group);
+    head[r] = static_cast<unsigned>(cm::head_of(slice[r], a.H));
+    s[r] = a.scale[head[r]];
+  }
 
-  // The tile's queries see keys [key_begin(i0), key_end(last)); tiles outside are skipped.
-  const std::size_t last = min_size(i0 + kRows, a.Tq) - 1;
-  const std::size_t key_start = attention::key_begin(a, i0) / kKeys * kKeys;
+  // The tile's queries see keys [key_begin(first), key_end(last)); tiles outside are skipped.
+  const std::size_t first = p0 / group, last = (min_size(p0 + kRows, a.Tq * group) - 1) / group;
+  const std::size_t key_start = attention::key_begin(a, first) / kKeys * kKeys;
   const std::size_t key_stop = attention::key_end(a, last);
   const int tiles =
       key_stop > key_start ? static_cast<int>(cm::tile_count(key_stop - key_start, kKeys)) : 0;
 
-  async_tile<HD>(qs, q + bh * a.Tq * HD, i0, a.Tq);
+  async_packed_tile<HD>(qs, q, kv, group, p0, a.Tq);
   if (tiles > 0) {
     async_tile<HD>(ks, kg, key_start, a.Tk);
     async_tile<HD>(vs, vg, key_start, a.Tk);
@@ -161,9 +174,9 @@ __global__ void __launch_bounds__(kThreads)
       ATTNLAB_UNROLL
       for (int e = 0; e < 4; ++e) {
         const std::size_t i = row[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
-        const float x = i < a.Tq && j < a.Tk
-                            ? attention::score_of_scaled(a, b, h, i, j, s * sc[nt][e])
-                            : cm::negative_infinity<float>();
+        const float x = i < a.Tq && j < a.Tk ? attention::score_of_scaled(a, b, head[e / 2], i, j,
+                                                                          s[e / 2] * sc[nt][e])
+                                             : cm::negative_infinity<float>();
         sc[nt][e] = x;
         tile_max[e / 2] = cm::max_of(tile_max[e / 2], x);
       }
@@ -188,7 +201,7 @@ __global__ void __launch_bounds__(kThreads)
         ATTNLAB_UNROLL
         for (int r = 0; r < 2; ++r) {
           bool kept[2];
-          kept_pair(a, bh, row[r], j0 + 8 * nt + 2 * t, kept);
+          kept_pair(a, slice[r], row[r], j0 + 8 * nt + 2 * t, kept);
           if (!kept[0]) sc[nt][2 * r] = 0.0f;
           if (!kept[1]) sc[nt][2 * r + 1] = 0.0f;
         }
@@ -212,13 +225,13 @@ __global__ void __launch_bounds__(kThreads)
     const std::size_t i = row[r];
     if (i >= a.Tq) continue;
     const float inverse = state.inverse_sum() * dropout_scale(a);
-    float* o_row = out + (bh * a.Tq + i) * HD;
+    float* o_row = out + (slice[r] * a.Tq + i) * HD;
     ATTNLAB_UNROLL
     for (int dt = 0; dt < S::kDTiles; ++dt) {
       o_row[8 * dt + 2 * t] = o[dt][2 * r] * inverse;
       o_row[8 * dt + 2 * t + 1] = o[dt][2 * r + 1] * inverse;
     }
-    if (t == 0) lse[bh * a.Tq + i] = state.log_sum_exp();
+    if (t == 0) lse[slice[r] * a.Tq + i] = state.log_sum_exp();
   }
 }
 
@@ -241,23 +254,31 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) row_dot[r] = acc;
 }
 
-// The backward's elements of one tile pair of slice bh = b·H + h, in place: given the accumulators
-// of the scaled dot (before s) and of dO Vᵀ, p becomes P = exp(S − LSE) (P ⊙ M with kDropped, for
-// dV, which takes 1 / (1 − p) at the end) and dp becomes s·dS ⊙ slope, dS = P ⊙ (dP − D) with dP =
-// (dO Vᵀ) ⊙ M / (1 − p) under dropout (M the forward's mask, regenerated from the coordinates).
-// query(nt, e) and key(nt, e) locate an element; lse_of / dot_of give its row's LSE and D;
-// dscore(nt, e, dS) gets dS itself (before s and the slope: the bias gradient, as the fp32 kernels'
-// tile_ds).
-template <bool kDropped, class Query, class Key, class Lse, class Dot, class Sink>
+// A row's query head: its slice bh = b·H + h, its head h and scale s_h (B·H < 2¹⁶: 32 bits).
+struct RowHead {
+  unsigned bh, h;
+  float s;
+};
+
+// The backward's elements of one tile pair of batch b, in place, element e of an n-tile in the head
+// row_head(e): given the accumulators of the scaled dot (before s) and of dO Vᵀ, p becomes P =
+// exp(S − LSE) (P ⊙ M with kDropped, for dV, which takes 1 / (1 − p) at the end) and dp becomes
+// s·dS ⊙ slope, dS = P ⊙ (dP − D) with dP = (dO Vᵀ) ⊙ M / (1 − p) under dropout (M the forward's
+// mask, regenerated from the coordinates). query(nt, e) and key(nt, e) locate an element; lse_of /
+// dot_of give its row's LSE and D; dscore(nt, e, dS) gets dS itself (before s and the slope: the
+// bias gradient, as the fp32 kernels' tile_ds).
+template <bool kDropped, class Head, class Query, class Key, class Lse, class Dot, class Sink>
 __device__ inline void tile_gradient(float (&p)[kKeyTiles][4], float (&dp)[kKeyTiles][4],
-                                     const AttentionParams<float>& a, std::size_t bh, std::size_t b,
-                                     std::size_t h, float s, Query query, Key key, Lse lse_of,
-                                     Dot dot_of, Sink dscore) {
+                                     const AttentionParams<float>& a, std::size_t b, Head row_head,
+                                     Query query, Key key, Lse lse_of, Dot dot_of, Sink dscore) {
   ATTNLAB_UNROLL
   for (int nt = 0; nt < kKeyTiles; ++nt) {
     ATTNLAB_UNROLL
     for (int e = 0; e < 4; ++e) {
       const std::size_t i = query(nt, e), j = key(nt, e);
+      const RowHead head = row_head(e);
+      const std::size_t bh = head.bh, h = head.h;
+      const float s = head.s;
       const float capped = attention::capped(a, s * p[nt][e]);
       const float slope = attention::capped_slope(a, capped);
       const float score = i < a.Tq && j < a.Tk ? attention::score_of_capped(a, b, h, i, j, capped)
@@ -343,8 +364,9 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows<HD>(dst, vs, 16 * warp, dot);
     // Element (nt, e): key row g (+8 for e ≥ 2) of the warp's 16, query column 8nt + 2t + e % 2.
     // Pᵀ comes out dropped (Pᵀ ⊙ Mᵀ) for dV; dS goes to dscores in the query pass only.
+    const RowHead tile_head{static_cast<unsigned>(bh), static_cast<unsigned>(h), a.scale[h]};
     tile_gradient<true>(
-        pt, dst, a, bh, b, h, a.scale[h],
+        pt, dst, a, b, [&](int) { return tile_head; },
         [&](int nt, int e) { return i0 + 8 * nt + 2 * t + e % 2; },
         [&](int, int e) { return j0 + 16 * warp + g + 8 * (e / 2); },
         [&](int nt, int e) { return lse_t[8 * nt + 2 * t + e % 2]; },
@@ -374,7 +396,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dQ of one tile of 64 query rows of head slice blockIdx.y, over the key tiles it can see.
+// dQ of one tile of 64 packed query rows of the query heads of K/V slice blockIdx.y (as the
+// forward's), over the key tiles they can see.
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     tc_query_pass_kernel(float* dq, const attnlab_bf16* q, const attnlab_bf16* k,
@@ -389,29 +412,34 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
-  const std::size_t bh = blockIdx.y, b = cm::batch_of(bh, a.H), h = cm::head_of(bh, a.H);
-  const std::size_t kv = a.kv_slice_of(bh);
-  const std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * kRows;
-  const float s = a.scale[h];
+  const std::size_t kv = blockIdx.y, group = a.group(), b = kv / a.Hkv;
+  const std::size_t p0 = static_cast<std::size_t>(blockIdx.x) * kRows;  // first packed row
   const attnlab_bf16* kg = k + kv * a.Tk * HD;
   const attnlab_bf16* vg = v + kv * a.Tk * HD;
-  const std::size_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8};
+  // The lane's two packed rows, as the forward's: query row[r] of head slice slice[r].
+  std::size_t row[2];
+  unsigned slice[2];  // B·H < 2¹⁶ (check_tc_params)
+  float scale[2];
   float row_lse[2], row_d[2];
   ATTNLAB_UNROLL
   for (int r = 0; r < 2; ++r) {
+    const std::size_t p = p0 + 16 * warp + g + 8 * r, bh = kv * group + p % group;
+    const std::size_t h = cm::head_of(bh, a.H);
+    row[r] = p / group;
+    slice[r] = static_cast<unsigned>(bh), scale[r] = a.scale[h];
     const bool in = row[r] < a.Tq;
     row_lse[r] = in ? lse[bh * a.Tq + row[r]] : cm::negative_infinity<float>();
     row_d[r] = in ? row_dot[bh * a.Tq + row[r]] : 0.0f;
   }
 
-  const std::size_t last = min_size(i0 + kRows, a.Tq) - 1;
-  const std::size_t key_start = attention::key_begin(a, i0) / kKeys * kKeys;
+  const std::size_t first = p0 / group, last = (min_size(p0 + kRows, a.Tq * group) - 1) / group;
+  const std::size_t key_start = attention::key_begin(a, first) / kKeys * kKeys;
   const std::size_t key_stop = attention::key_end(a, last);
   const int tiles =
       key_stop > key_start ? static_cast<int>(cm::tile_count(key_stop - key_start, kKeys)) : 0;
 
-  async_tile<HD>(qs, q + bh * a.Tq * HD, i0, a.Tq);
-  async_tile<HD>(dos, dout + bh * a.Tq * HD, i0, a.Tq);
+  async_packed_tile<HD>(qs, q, kv, group, p0, a.Tq);
+  async_packed_tile<HD>(dos, dout, kv, group, p0, a.Tq);
   if (tiles > 0) {
     async_tile<HD>(ks, kg, key_start, a.Tk);
     async_tile<HD>(vs, vg, key_start, a.Tk);
@@ -439,13 +467,17 @@ __global__ void __launch_bounds__(kThreads)
     // Element (nt, e): query row g (+8 for e ≥ 2) of the warp's 16, key column 8nt + 2t + e % 2.
     // dS of the tile to a.dscores (the bias gradient): this pass is its one writer per element.
     tile_gradient<false>(
-        p, ds, a, bh, b, h, s, [&](int, int e) { return row[e / 2]; },
+        p, ds, a, b,
+        [&](int e) {
+          return RowHead{slice[e / 2], slice[e / 2] % static_cast<unsigned>(a.H), scale[e / 2]};
+        },
+        [&](int, int e) { return row[e / 2]; },
         [&](int nt, int e) { return j0 + 8 * nt + 2 * t + e % 2; },
         [&](int, int e) { return row_lse[e / 2]; }, [&](int, int e) { return row_d[e / 2]; },
         [&](int nt, int e, float element) {
           const std::size_t i = row[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
           if (a.dscores != nullptr && i < a.Tq && j < a.Tk) {
-            a.dscores[(bh * a.Tq + i) * a.Tk + j] = element;
+            a.dscores[(slice[e / 2] * a.Tq + i) * a.Tk + j] = element;
           }
         });
     accumulate_product<HD>(dqa, ds, kt);  // dQ += s·dS K
@@ -456,7 +488,7 @@ __global__ void __launch_bounds__(kThreads)
   ATTNLAB_UNROLL
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= a.Tq) continue;
-    float* dq_row = dq + (bh * a.Tq + row[r]) * HD;
+    float* dq_row = dq + (slice[r] * a.Tq + row[r]) * HD;
     ATTNLAB_UNROLL
     for (int dt = 0; dt < S::kDTiles; ++dt) {
       dq_row[8 * dt + 2 * t] = dqa[dt][2 * r];
@@ -487,7 +519,8 @@ inline void check_tc_params(const AttentionParams<float>& a, std::size_t head_di
     fail("head dims D = " + std::to_string(a.D) + ", Dv = " + std::to_string(a.Dv) +
          ", the kernel's are " + std::to_string(head_dim));
   }
-  if (a.B * a.H > 65535 || cm::tile_count(a.Tq > a.Tk ? a.Tq : a.Tk, kRows) > 0x7fffffffu) {
+  const std::size_t packed = a.Tq * a.group();  // the forward's and dQ's rows per K/V slice
+  if (a.B * a.H > 65535 || cm::tile_count(packed > a.Tk ? packed : a.Tk, kRows) > 0x7fffffffu) {
     fail("B*H = " + std::to_string(a.B * a.H) + " exceeds 65535 (grid y)");
   }
 }
@@ -500,10 +533,10 @@ void tc_attention_forward(Runtime& rt, float* out, float* lse, const attnlab_bf1
                           const AttentionParams<float>& a) {
   check_tc_params(a, HD, "sdpa tensor-core forward");
   if (a.B * a.H * a.Tq == 0) return;
-  rt.launch(
-      tc_forward_kernel<HD>,
-      dim3(static_cast<unsigned>(cm::tile_count(a.Tq, kRows)), static_cast<unsigned>(a.B * a.H)),
-      dim3(kThreads), forward_smem<HD>(), out, lse, q, k, v, a);
+  rt.launch(tc_forward_kernel<HD>,
+            dim3(static_cast<unsigned>(cm::tile_count(a.Tq * a.group(), kRows)),
+                 static_cast<unsigned>(a.B * a.Hkv)),
+            dim3(kThreads), forward_smem<HD>(), out, lse, q, k, v, a);
 }
 
 // dQ (B,H,Tq,HD), dK and dV (B,Hkv,Tk,HD) in fp32 from the forward's O and LSE and dO (bf16).
@@ -527,11 +560,11 @@ void tc_attention_backward(Runtime& rt, float* dq, float* dk, float* dv, float* 
               static_cast<const float*>(row_dot), a);
   }
   if (rows > 0) {
-    rt.launch(
-        tc_query_pass_kernel<HD>,
-        dim3(static_cast<unsigned>(cm::tile_count(a.Tq, kRows)), static_cast<unsigned>(a.B * a.H)),
-        dim3(kThreads), sizeof(attnlab_bf16) * 6 * Shape<HD>::kTile, dq, q, k, v, dout, lse,
-        static_cast<const float*>(row_dot), a);
+    rt.launch(tc_query_pass_kernel<HD>,
+              dim3(static_cast<unsigned>(cm::tile_count(a.Tq * a.group(), kRows)),
+                   static_cast<unsigned>(a.B * a.Hkv)),
+              dim3(kThreads), sizeof(attnlab_bf16) * 6 * Shape<HD>::kTile, dq, q, k, v, dout, lse,
+              static_cast<const float*>(row_dot), a);
   }
 }
 
