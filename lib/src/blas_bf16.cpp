@@ -5,10 +5,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "attnlab/device_ops.hpp"
 #include "blas_private.hpp"
 
 #ifdef __AVX2__
@@ -181,4 +183,10 @@ GemmPrecisionScope::~GemmPrecisionScope() {
 }
 
 }  // namespace blas
+
+void refuse_precision(const std::string& backend, GemmPrecision precision) {
+  throw std::invalid_argument("set_precision: expected fp32 on " + backend + ", got '" +
+                              std::string(enum_name(precision)) + "'");
+}
+
 }  // namespace attnlab

@@ -1,8 +1,9 @@
 // bf16 mixed precision in training (TrainConfig::precision, lib/README.md "Mixed precision"): a
 // bf16 run's gemms round their operands to bfloat16 (so its bits differ from fp32's) while its
 // loss follows fp32's closely, the same bits for a fixed thread count, the process returns to fp32
-// gemms after the run, summary.json says how bf16 ran, and bf16 is refused on a device backend and
-// as a misspelt value; the CLI names the flag and says when bf16 is emulated.
+// gemms after the run, summary.json says how bf16 ran, tf32 is refused on the CPU and a misspelt
+// value everywhere; on a device bf16 and tf32 runs follow fp32's; the CLI names the flag and says
+// when bf16 is emulated.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -87,20 +88,59 @@ TEST_CASE("precision bf16: a run follows fp32's loss, with bf16's own bits, the 
   CHECK_FALSE(plain.contains("bf16_gemm"));
 }
 
-TEST_CASE("precision: a misspelt value and bf16 on a device backend are refused by name") {
+TEST_CASE("precision: a misspelt value and tf32 on the CPU backend are refused by name") {
   test::TempDir dir;
   // A TrainConfig holds a GemmPrecision: a misspelt name is refused where text becomes one.
   app::TrainConfig bad = recall_run(dir.file("bad"), "fp32");
   CHECK_THROWS_WITH_AS(app::read_json_text(R"({"precision": "fp16"})", bad),
                        doctest::Contains("precision"), std::invalid_argument);
-  const auto device = emulated::make_device_ops<float>();
-  app::TrainConfig on_device = recall_run(dir.file("device"), "bf16");
-  on_device.steps = 2;
-  CHECK_THROWS_WITH_AS(
-      app::train_model(on_device,
-                       Context{.threads = 1, .backend = Backend::cuda, .device = device.get()}),
-      doctest::Contains("bf16 runs on the CPU backend"), std::invalid_argument);
+  app::TrainConfig tf32 = recall_run(dir.file("tf32"), "tf32");
+  tf32.steps = 2;
+  CHECK_THROWS_WITH_AS(app::train_model(tf32, Context{.threads = 1}),
+                       "train: precision expected fp32 or bf16 on the CPU backend (tf32 runs on a "
+                       "CUDA device), got 'tf32'",
+                       std::invalid_argument);
   CHECK(blas::gemm_precision() == GemmPrecision::fp32);
+}
+
+// On a device the precision is its backend's (DeviceOps::set_precision): bf16 GEMMs and the
+// tensor-core attention (head dim 64 here), tf32 GEMMs. Each run follows the device's fp32 run
+// with its own bits, the device is put back to fp32 after it, and the process's CPU gemms are
+// never switched.
+TEST_CASE("precision bf16 and tf32 on a device (emulated): runs follow fp32's loss") {
+  test::TempDir dir;
+  const auto device = emulated::make_device_ops<float>();
+  const Context on_device{.threads = 1, .backend = Backend::cuda, .device = device.get()};
+  const auto run = [&](const std::string& precision) {
+    app::TrainConfig c = recall_run(dir.file(precision), precision);
+    c.model.block.attention.d_model = 128;  // 2 heads of 64: the tensor-core kernels' head dim
+    c.steps = 20;
+    c.batch = 8;
+    c.eval_every = 10;
+    c.eval_size = 32;
+    c.lr = 3e-3;
+    return app::train_model(c, on_device);
+  };
+  const app::TrainResult fp32 = run("fp32");
+  const app::TrainResult bf16 = run("bf16");
+  const app::TrainResult tf32 = run("tf32");
+  CHECK(device->precision() == GemmPrecision::fp32);
+  CHECK(blas::gemm_precision() == GemmPrecision::fp32);
+  CHECK(emulated::live_allocations(*device) == 0);
+  REQUIRE(bf16.steps_done == 20);
+  REQUIRE(tf32.steps_done == 20);
+  CHECK(fp32.final_eval_loss < fp32.init_eval_loss);
+  MESSAGE("eval loss after 20 steps: fp32 " << fp32.final_eval_loss << ", bf16 "
+                                            << bf16.final_eval_loss << ", tf32 "
+                                            << tf32.final_eval_loss);
+  CHECK(bf16.final_train_loss != fp32.final_train_loss);
+  CHECK(tf32.final_train_loss != fp32.final_train_loss);
+  CHECK(tf32.final_train_loss != bf16.final_train_loss);
+  CHECK(bf16.final_eval_loss == doctest::Approx(fp32.final_eval_loss).epsilon(0.02));
+  CHECK(tf32.final_eval_loss == doctest::Approx(fp32.final_eval_loss).epsilon(0.005));
+  const auto summary = nlohmann::json::parse(slurp(dir.file("bf16") + "/summary.json"));
+  CHECK(summary["gemm_precision"] == "bf16");
+  CHECK_FALSE(summary.contains("bf16_gemm"));  // the CPU's bf16 engine did not run
 }
 
 TEST_CASE("cli: --precision bf16 trains, says how its gemms run, and a bad value exits 2") {

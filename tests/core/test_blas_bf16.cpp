@@ -226,8 +226,9 @@ TEST_CASE("bf16 gemm precision: a process-wide count of scopes, seen by other th
   CHECK(blas::gemm_precision() == GemmPrecision::fp32);
   CHECK(parse_gemm_precision("bf16", "x") == GemmPrecision::bf16);
   CHECK(parse_gemm_precision("fp32", "x") == GemmPrecision::fp32);
+  CHECK(parse_gemm_precision("tf32", "x") == GemmPrecision::tf32);
   CHECK_THROWS_WITH(parse_gemm_precision("fp16", "train: precision"),
-                    "train: precision: expected fp32 or bf16, got 'fp16'");
+                    "train: precision: expected fp32, bf16 or tf32, got 'fp16'");
 }
 
 TEST_CASE("oneDNN matmul primitive (the bf16 engine's path) with f32 operands equals the loop") {

@@ -224,7 +224,7 @@ int run_train(TrainConfig config, Context context, CliContext& cli) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   cli.in_train = true;
-  if (config.precision == GemmPrecision::bf16 && cli.rank == 0) {
+  if (config.precision == GemmPrecision::bf16 && context.backend == Backend::cpu && cli.rank == 0) {
     const BlasInfo& blas = blas_info();
     std::fprintf(stdout, "precision: bf16 gemms, %s (%s)\n", blas.bf16_engine_name.c_str(),
                  blas.bf16_reason.c_str());

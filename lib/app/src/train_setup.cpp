@@ -150,7 +150,9 @@ void write_summary(const std::string& path, const TrainConfig& c, const TrainRes
   j["blas_core"] = blas_info().core;
   j["gemm_engine"] = blas_info().engine_name;  // the float gemms'
   j["gemm_precision"] = c.precision;
-  if (c.precision == GemmPrecision::bf16) j["bf16_gemm"] = blas_info().bf16_engine_name;
+  if (c.precision == GemmPrecision::bf16 && r.device == "cpu") {
+    j["bf16_gemm"] = blas_info().bf16_engine_name;
+  }
   // batch: each of `batch_threads` threads trained its part of the batch through the whole model;
   // ops: every op split its work across the run's threads.
   j["thread_split"] = r.batch_threads > 1 ? ThreadSplit::batch : ThreadSplit::ops;

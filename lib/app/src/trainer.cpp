@@ -67,12 +67,13 @@ TrainResult train_impl(const TrainConfig& config_in, const Context& context, Com
 
   std::unique_ptr<DeviceOps<float>> own_ops;  // a CUDA backend made for this run
   DeviceOps<float>* ops = choose_ops(context, own_ops);
-  check_arg(c.precision == GemmPrecision::fp32 || ops == &cpu_ops<float>(), "train", "precision",
-            std::string(enum_name(GemmPrecision::fp32)) + " on a device backend (" +
-                std::string(enum_name(c.precision)) + " runs on the CPU backend)",
-            "'" + std::string(enum_name(c.precision)) + "' on " + ops->name());
-  // The run's float gemms in bf16 (lib/README.md, "Mixed precision"), for this run only.
-  const blas::GemmPrecisionScope precision(c.precision);
+  const bool on_cpu = ops == &cpu_ops<float>();
+  check_arg(!on_cpu || c.precision != GemmPrecision::tf32, "train", "precision",
+            "fp32 or bf16 on the CPU backend (tf32 runs on a CUDA device)", "'tf32'");
+  // The run's precision (lib/README.md, "Mixed precision"), for this run only: on the CPU the
+  // float gemms', on a device its backend's (which refuses what it cannot run).
+  const blas::GemmPrecisionScope precision(on_cpu ? c.precision : GemmPrecision::fp32);
+  const PrecisionScope<float> device_precision(*ops, on_cpu ? GemmPrecision::fp32 : c.precision);
   Rng init_rng(c.seed);
   Rng data_rng(data_seed(c.seed));
   Model model(c.model, init_rng);

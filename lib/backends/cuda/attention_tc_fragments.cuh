@@ -47,6 +47,24 @@ __device__ inline void async_tile(attnlab_bf16* dst, const attnlab_bf16* src, st
   }
 }
 
+// The same over the packed rows [p0, p0 + 64) of the `group` query heads of K/V slice kv (grouped-
+// query attention, one K/V read per group): packed row p is query p / group of head slice
+// kv·group + p % group of a (slices, rows, HD) matrix; rows at or past rows·group are zero-filled.
+// group = 1 is async_tile of slice kv.
+template <int HD>
+__device__ inline void async_packed_tile(attnlab_bf16* dst, const attnlab_bf16* src, std::size_t kv,
+                                         std::size_t group, std::size_t p0, std::size_t rows) {
+  constexpr int chunks = HD / 8;
+  for (int e = static_cast<int>(threadIdx.x); e < 64 * chunks; e += kThreads) {
+    const int r = e / chunks, c = e % chunks;
+    const std::size_t p = p0 + static_cast<std::size_t>(r);
+    const bool in = p < rows * group;
+    const std::size_t row = ((kv * group + p % group) * rows + p / group) * HD;
+    attnlab_cp_async_16_zfill(dst + r * Shape<HD>::kLd + c * 8, in ? src + row + c * 8 : src,
+                              in ? 16u : 0u);
+  }
+}
+
 // The A fragment (16 × 16, rows r0.., columns k0..) of a row-major shared tile: ldmatrix.x4 of the
 // four 8 × 8 quarters, in a0..a7's order (rows +0/+8, then columns +0/+8).
 __device__ inline void load_a(std::uint32_t (&a)[4], const attnlab_bf16* tile, int ld, int r0,

@@ -3,6 +3,7 @@
 // of freed device blocks; the one process-wide object under it, the cuBLAS handle, is guarded in
 // runtime.cpp.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -91,6 +92,20 @@ class CudaRuntime {
             long long stride_c, int batch) {
     gemm_strided_batched<T>(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                             beta, c, ldc, stride_c, batch);
+  }
+
+  void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                 const attnlab_bf16* a, int lda, long long stride_a, const attnlab_bf16* b, int ldb,
+                 long long stride_b, float beta, float* c, int ldc, long long stride_c, int batch) {
+    gemm_strided_batched_bf16(
+        trans_a, trans_b, m, n, k, alpha, reinterpret_cast<const std::uint16_t*>(a), lda, stride_a,
+        reinterpret_cast<const std::uint16_t*>(b), ldb, stride_b, beta, c, ldc, stride_c, batch);
+  }
+  void gemm_tf32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                 int lda, long long stride_a, const float* b, int ldb, long long stride_b,
+                 float beta, float* c, int ldc, long long stride_c, int batch) {
+    gemm_strided_batched_tf32(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                              beta, c, ldc, stride_c, batch);
   }
 
   // The opt-in shared memory per block of the current device.

@@ -1,7 +1,8 @@
 // Private to lib/backends/cuda: the elementwise kernels of the training step (GELU, ReLU, ReLU²,
-// SwiGLU, softcapping, dropout, bias, add, scale, exp), each on the element math of its op's CPU
-// core (lib/src/kernels/<op>.hpp, attnlab/kernel_math.hpp), and the layout kernels of the
-// attention layer (head split and merge, the per-head dot). Launch glue: kernel_device_ops.hpp.
+// SwiGLU, softcapping, dropout, bias, add, scale, exp, rounding to bf16), each on the element math
+// of its op's CPU core (lib/src/kernels/<op>.hpp, attnlab/kernel_math.hpp), and the layout kernels
+// of the attention layer (head split and merge, the per-head dot). Launch glue:
+// kernel_device_ops.hpp.
 #pragma once
 
 #include <cstddef>
@@ -130,6 +131,16 @@ template <class T>
 __global__ void __launch_bounds__(kElementThreads)
     add_kernel(T* y, const T* a, const T* b, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = a[i] + b[i];
+}
+
+// y = x rounded to bfloat16 (to nearest, ties to even) over n values: the operands of bf16 GEMMs
+// and of the tensor-core attention.
+template <class T>
+__global__ void __launch_bounds__(kElementThreads)
+    to_bf16_kernel(attnlab_bf16* y, const T* x, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    y[i] = attnlab_float_to_bf16(static_cast<float>(x[i]));
+  }
 }
 
 // x *= factor over n values (the factor passed by value, from the host).

@@ -29,6 +29,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "attention_fused_kernels.cuh"
 #include "attention_program_kernels.cuh"
@@ -38,6 +39,7 @@
 #include "cross_entropy.cuh"
 #include "elementwise.cuh"
 #include "embedding.cuh"
+#include "mixed_precision.hpp"
 #include "norms.cuh"
 #include "optimizers.cuh"
 #include "rope.cuh"
@@ -55,6 +57,19 @@ class KernelDeviceOps final : public DeviceOps<T> {
   const Runtime& runtime() const { return rt_; }
 
   std::string name() const override { return rt_.name(); }
+
+  // ---- precision (mixed_precision.hpp): bf16 and tf32 for float; double stays exact ------------
+  void set_precision(GemmPrecision precision) override {
+    if constexpr (std::is_same_v<T, float>) {
+      precision_ = precision;
+    } else {
+      DeviceOps<T>::set_precision(precision);
+    }
+  }
+  GemmPrecision precision() const override { return precision_; }
+  bool fused_preferred(std::size_t D, std::size_t Dv) const override {
+    return precision_ == GemmPrecision::bf16 && precision::tensor_core_dims(D, Dv);
+  }
 
   // ---- memory -----------------------------------------------------------------------------------
   void* allocate(std::size_t bytes) override { return rt_.allocate(bytes); }
@@ -200,8 +215,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     const int m = as_int(rows, "linear_forward"), k = as_int(in, "linear_forward"),
               n = as_int(out, "linear_forward");
     // y = x W                                               (rows,In) x (In,Out) -> (rows,Out)
-    rt_.template gemm<T>(false, w_transposed, m, n, k, T(1), x, k, 0, w, w_transposed ? k : n, 0,
-                         T(0), y, n, 0, 1);
+    gemm_at_precision(false, w_transposed, m, n, k, T(1), x, k, 0, w, w_transposed ? k : n, 0, T(0),
+                      y, n, 0, 1);
     if (b) add_bias(y, b, rows, out);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
@@ -212,13 +227,13 @@ class KernelDeviceOps final : public DeviceOps<T> {
     const T beta = accumulate_dw ? T(1) : T(0);
     // dx = dy Wᵀ                                            (rows,Out) x (Out,In) -> (rows,In)
     if (dx) {
-      rt_.template gemm<T>(false, !w_transposed, m, k, n, T(1), dy, n, 0, w, w_transposed ? k : n,
-                           0, T(0), dx, k, 0, 1);
+      gemm_at_precision(false, !w_transposed, m, k, n, T(1), dy, n, 0, w, w_transposed ? k : n, 0,
+                        T(0), dx, k, 0, 1);
     }
     if (w_transposed) {  // dW = dyᵀ x                       (Out,rows) x (rows,In) -> (Out,In)
-      rt_.template gemm<T>(true, false, n, k, m, T(1), dy, n, 0, x, k, 0, beta, dw, k, 0, 1);
+      gemm_at_precision(true, false, n, k, m, T(1), dy, n, 0, x, k, 0, beta, dw, k, 0, 1);
     } else {  // dW = xᵀ dy                                  (In,rows) x (rows,Out) -> (In,Out)
-      rt_.template gemm<T>(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, beta, dw, n, 0, 1);
+      gemm_at_precision(true, false, k, n, m, T(1), x, k, 0, dy, n, 0, beta, dw, n, 0, 1);
     }
     if (db && out > 0) column_sum(db, dy, rows, out);
   }
@@ -270,6 +285,9 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& a) override {
     check_attention_params(a, "sdpa_fused_forward");
     if (a.B * a.H * a.Tq == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (precision::tensor_cores(precision_, a)) return precision::tc_forward(rt_, out, lse, a);
+    }
     const int tile = tile_rows(a.D, a.Dv);
     check_fused_grid(a, tile);
     if (tile == 64) {
@@ -283,6 +301,11 @@ class KernelDeviceOps final : public DeviceOps<T> {
     check_attention_params(a, "sdpa_fused_backward");
     const std::size_t rows = a.B * a.H * a.Tq;
     if (rows == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (precision::tensor_cores(precision_, a)) {
+        return precision::tc_backward(rt_, dq, dk, dv, row_dot, dout, out, lse, a);
+      }
+    }
     const int tile = tile_rows(a.D, a.Dv);
     check_fused_grid(a, tile);
     // D = rowsum(dO ⊙ O), one warp per row
@@ -323,9 +346,9 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
             const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
             std::size_t ldc) override {
-    rt_.template gemm<T>(trans_a, trans_b, as_int(m, "gemm"), as_int(n, "gemm"), as_int(k, "gemm"),
-                         alpha, a, as_int(lda, "gemm"), 0, b, as_int(ldb, "gemm"), 0, beta, c,
-                         as_int(ldc, "gemm"), 0, 1);
+    gemm_at_precision(trans_a, trans_b, as_int(m, "gemm"), as_int(n, "gemm"), as_int(k, "gemm"),
+                      alpha, a, as_int(lda, "gemm"), 0, b, as_int(ldb, "gemm"), 0, beta, c,
+                      as_int(ldc, "gemm"), 0, 1);
   }
   void muon_momentum(T* u, T* m, const T* g, std::size_t n, T beta, T one_minus_beta,
                      bool nesterov) override {
@@ -402,8 +425,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     const Gemm s(a);
     for (std::size_t r = 0; r < g; ++r) {
       // S = Q Kᵀ, unscaled (the scale is per head)        (Tq,D) x (D,Tk) -> (Tq,Tk), per (b,h)
-      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
-                           s.d, s.sk, T(0), p + r * s.sp, s.n, s.g * s.sp, s.batch);
+      gemm_at_precision(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k, s.d,
+                        s.sk, T(0), p + r * s.sp, s.n, s.g * s.sp, s.batch);
     }
     if (program != nullptr) {
       program->softmax(program->context, p, a);
@@ -419,8 +442,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     const T* weights = a.dropout_p != 0 ? dropped.data : p;
     for (std::size_t r = 0; r < g; ++r) {
       // O = P V                                            (Tq,Tk) x (Tk,Dv) -> (Tq,Dv)
-      rt_.template gemm<T>(false, false, s.m, s.dv, s.n, T(1), weights + r * s.sp, s.n, s.g * s.sp,
-                           a.v, s.dv, s.sv, T(0), out + r * s.so, s.dv, s.g * s.so, s.batch);
+      gemm_at_precision(false, false, s.m, s.dv, s.n, T(1), weights + r * s.sp, s.n, s.g * s.sp,
+                        a.v, s.dv, s.sv, T(0), out + r * s.so, s.dv, s.g * s.so, s.batch);
     }
   }
   void reference_backward(T* dq, T* dk, T* dv, T* ds, const T* dout, const T* p,
@@ -438,11 +461,11 @@ class KernelDeviceOps final : public DeviceOps<T> {
     for (std::size_t r = 0; r < g; ++r) {
       const T beta = r == 0 ? T(0) : T(1);
       // dV (+)= Pᵀ dO                                      (Tk,Tq) x (Tq,Dv) -> (Tk,Dv)
-      rt_.template gemm<T>(true, false, s.n, s.dv, s.m, T(1), weights + r * s.sp, s.n, s.g * s.sp,
-                           dout + r * s.so, s.dv, s.g * s.so, beta, dv, s.dv, s.sv, s.batch);
+      gemm_at_precision(true, false, s.n, s.dv, s.m, T(1), weights + r * s.sp, s.n, s.g * s.sp,
+                        dout + r * s.so, s.dv, s.g * s.so, beta, dv, s.dv, s.sv, s.batch);
       // dP = dO Vᵀ                                         (Tq,Dv) x (Dv,Tk) -> (Tq,Tk)
-      rt_.template gemm<T>(false, true, s.m, s.n, s.dv, T(1), dout + r * s.so, s.dv, s.g * s.so,
-                           a.v, s.dv, s.sv, T(0), ds + r * s.sp, s.n, s.g * s.sp, s.batch);
+      gemm_at_precision(false, true, s.m, s.n, s.dv, T(1), dout + r * s.so, s.dv, s.g * s.so, a.v,
+                        s.dv, s.sv, T(0), ds + r * s.sp, s.n, s.g * s.sp, s.batch);
     }
     if (a.dropout_p != 0) {
       per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", ds,
@@ -453,8 +476,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     const bool need_dots = a.softcap != 0 || program != nullptr;
     Scratch<T> dots(rt_, need_dots ? rows * a.Tk : 0);
     for (std::size_t r = 0; need_dots && r < g; ++r) {
-      rt_.template gemm<T>(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k,
-                           s.d, s.sk, T(0), dots.data + r * s.sp, s.n, s.g * s.sp, s.batch);
+      gemm_at_precision(false, true, s.m, s.n, s.d, T(1), a.q + r * s.sq, s.d, s.g * s.sq, a.k, s.d,
+                        s.sk, T(0), dots.data + r * s.sp, s.n, s.g * s.sp, s.batch);
     }
     // s_h · dS (⊙ the cap's slope), dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; dS to a.dscores
     if (program != nullptr) {
@@ -467,11 +490,11 @@ class KernelDeviceOps final : public DeviceOps<T> {
       const T beta = r == 0 ? T(0) : T(1);
       const T* dsr = ds + r * s.sp;
       // dQ = dS K                                          (Tq,Tk) x (Tk,D) -> (Tq,D)
-      rt_.template gemm<T>(false, false, s.m, s.d, s.n, T(1), dsr, s.n, s.g * s.sp, a.k, s.d, s.sk,
-                           T(0), dq + r * s.sq, s.d, s.g * s.sq, s.batch);
+      gemm_at_precision(false, false, s.m, s.d, s.n, T(1), dsr, s.n, s.g * s.sp, a.k, s.d, s.sk,
+                        T(0), dq + r * s.sq, s.d, s.g * s.sq, s.batch);
       // dK (+)= dSᵀ Q                                      (Tk,Tq) x (Tq,D) -> (Tk,D)
-      rt_.template gemm<T>(true, false, s.n, s.d, s.m, T(1), dsr, s.n, s.g * s.sp, a.q + r * s.sq,
-                           s.d, s.g * s.sq, beta, dk, s.d, s.sk, s.batch);
+      gemm_at_precision(true, false, s.n, s.d, s.m, T(1), dsr, s.n, s.g * s.sp, a.q + r * s.sq, s.d,
+                        s.g * s.sq, beta, dk, s.d, s.sk, s.batch);
     }
   }
 
@@ -526,7 +549,21 @@ class KernelDeviceOps final : public DeviceOps<T> {
                a);
   }
 
+  // Runtime::gemm<T> at this backend's precision.
+  void gemm_at_precision(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a,
+                         int lda, long long stride_a, const T* b, int ldb, long long stride_b,
+                         T beta, T* c, int ldc, long long stride_c, int batch) {
+    if constexpr (std::is_same_v<T, float>) {
+      precision::gemm(rt_, precision_, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                      stride_b, beta, c, ldc, stride_c, batch);
+    } else {
+      rt_.template gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                           beta, c, ldc, stride_c, batch);
+    }
+  }
+
   Runtime rt_;
+  GemmPrecision precision_ = GemmPrecision::fp32;
 };
 
 }  // namespace attnlab::cuda

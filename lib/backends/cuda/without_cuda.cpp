@@ -94,6 +94,16 @@ template void gemm_strided_batched<double>(bool, bool, int, int, int, double, co
                                            long long, const double*, int, long long, double,
                                            double*, int, long long, int);
 
+void gemm_strided_batched_bf16(bool, bool, int, int, int, float, const std::uint16_t*, int,
+                               long long, const std::uint16_t*, int, long long, float, float*, int,
+                               long long, int) {
+  not_built("cuda::gemm_strided_batched_bf16");
+}
+void gemm_strided_batched_tf32(bool, bool, int, int, int, float, const float*, int, long long,
+                               const float*, int, long long, float, float*, int, long long, int) {
+  not_built("cuda::gemm_strided_batched_tf32");
+}
+
 }  // namespace cuda
 
 // Without the backend there is no device to make: one function, not one stub per op.

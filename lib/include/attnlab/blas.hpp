@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attnlab/enum_table.hpp"
+#include "attnlab/gemm_precision.hpp"
 
 namespace attnlab {
 
@@ -32,12 +33,7 @@ struct EnumTable<GemmEngine> {
   static constexpr EnumParseText parse = {"parse_gemm_engine", "engine"};
 };
 
-// The arithmetic of float GEMMs. fp32: as stored. bf16: A and B rounded to bfloat16 (to nearest,
-// ties to even, as PyTorch's .bfloat16()), their products summed in fp32 into an fp32 C: the mixed
-// precision of AMX and AVX512-BF16 units and of PyTorch's bf16 autocast. Double GEMMs are always
-// exact double. tf32: A and B rounded to TensorFloat-32 (8 exponent and 10 mantissa bits, to nearest),
-// fp32 sums: the tensor cores' fp32 mode, on a CUDA device only (DeviceOps::set_precision).
-enum class GemmPrecision { fp32, bf16, tf32 };
+// The arithmetic of float GEMMs: GemmPrecision (attnlab/gemm_precision.hpp).
 
 template <>
 struct EnumTable<GemmPrecision> {
@@ -193,7 +189,8 @@ void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, 
 // The precision of float gemms is a setting of the process, like the engine: bf16 while at least
 // one GemmPrecisionScope(bf16) is alive on any thread (so that the OpenMP threads of a parallel
 // step see it), fp32 otherwise. Runs on several threads at once (the study's jobs) therefore share
-// it: a bf16 run makes a concurrent fp32 run's gemms bf16 too.
+// it: a bf16 run makes a concurrent fp32 run's gemms bf16 too. The CPU has no tf32 mode: a
+// GemmPrecisionScope(tf32) leaves the gemms fp32 (a device's is DeviceOps::set_precision).
 GemmPrecision gemm_precision();
 
 class GemmPrecisionScope {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -110,6 +111,21 @@ template <class T>
 void gemm_strided_batched(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a,
                           int lda, long long stride_a, const T* b, int ldb, long long stride_b,
                           T beta, T* c, int ldc, long long stride_c, int batch);
+
+// The same contract with a and b in bfloat16 (their bits) and C in float: products of bf16 values
+// summed in fp32 (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). The GEMMs of a float backend in
+// bf16 precision (DeviceOps::set_precision).
+void gemm_strided_batched_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                               const std::uint16_t* a, int lda, long long stride_a,
+                               const std::uint16_t* b, int ldb, long long stride_b, float beta,
+                               float* c, int ldc, long long stride_c, int batch);
+
+// gemm_strided_batched<float> on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) whatever
+// set_allow_tf32 says: a float backend in tf32 precision.
+void gemm_strided_batched_tf32(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                               const float* a, int lda, long long stride_a, const float* b, int ldb,
+                               long long stride_b, float beta, float* c, int ldc,
+                               long long stride_c, int batch);
 
 }  // namespace cuda
 }  // namespace attnlab

@@ -35,7 +35,7 @@
 
 #include "attnlab/attention/device_program.hpp"
 #include "attnlab/attention/params.hpp"
-#include "attnlab/blas.hpp"
+#include "attnlab/gemm_precision.hpp"
 #include "attnlab/kernel_math.hpp"
 
 namespace attnlab {
@@ -80,12 +80,15 @@ struct ReferenceRows {
                    const AttentionParams<T>& a) = nullptr;
 };
 
+// Throws std::invalid_argument "set_precision: expected fp32 on <backend>, got '<precision>'".
+[[noreturn]] void refuse_precision(const std::string& backend, GemmPrecision precision);
+
 template <class T>
 class DeviceOps : public DeviceMemory {
  public:
   // ---- precision -------------------------------------------------------------------------------
   // The arithmetic of this backend's GEMMs (linear, gemm, the reference attention's products) and
-  // of its fused attention (GemmPrecision, attnlab/blas.hpp): fp32 as stored; bf16: GEMM operands
+  // of its fused attention (attnlab/gemm_precision.hpp): fp32 as stored; bf16: GEMM operands
   // rounded to bfloat16 with fp32 sums, and the fused attention on the tensor-core kernels where
   // D = Dv is 64 or 128 (bf16 q, k, v, dO; fp32 softmax, outputs and gradients); tf32: GEMM
   // operands rounded to TensorFloat-32, attention as fp32. Weights, gradients, optimizer state,
@@ -94,12 +97,12 @@ class DeviceOps : public DeviceMemory {
   // the CPU backend (its GEMMs follow blas::GemmPrecisionScope) and any double backend take fp32
   // only.
   virtual void set_precision(GemmPrecision precision) {
-    if (precision != GemmPrecision::fp32) {
-      throw std::invalid_argument("set_precision: expected fp32 on " + this->name() + ", got '" +
-                                  std::string(enum_name(precision)) + "'");
-    }
+    if (precision != GemmPrecision::fp32) refuse_precision(this->name(), precision);
   }
   virtual GemmPrecision precision() const { return GemmPrecision::fp32; }
+  // Whether this backend's fused attention beats its reference path at every length for head dims
+  // D, Dv at its precision (the tensor-core kernels): path auto then picks it.
+  virtual bool fused_preferred(std::size_t /*D*/, std::size_t /*Dv*/) const { return false; }
 
   // ---- elementwise and broadcast ---------------------------------------------------------------
   // y = a + b over n values (y may alias a or b).
@@ -260,6 +263,23 @@ class DeviceOps : public DeviceMemory {
   virtual void divide_by_norm(T* x, const double* sum_of_squares, std::size_t n, T eps) = 0;
   // y ← a · y + b · x (two roundings, in that order: p·(1 − decay), then + (−step)·x).
   virtual void axpby(T* y, const T* x, std::size_t n, T a, T b) = 0;
+};
+
+// ops's precision set to `precision` for this object's lifetime, then put back (a run on a backend
+// it shares with others). Throws as set_precision.
+template <class T>
+class PrecisionScope {
+ public:
+  PrecisionScope(DeviceOps<T>& ops, GemmPrecision precision) : ops_(ops), before_(ops.precision()) {
+    ops.set_precision(precision);
+  }
+  ~PrecisionScope() { ops_.set_precision(before_); }
+  PrecisionScope(const PrecisionScope&) = delete;
+  PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+ private:
+  DeviceOps<T>& ops_;
+  GemmPrecision before_;
 };
 
 // A new CUDA backend, owned by the caller (a run makes one and keeps it for its lifetime; instances

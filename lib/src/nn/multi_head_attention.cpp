@@ -295,6 +295,8 @@ void MultiHeadAttention<T>::resolve_call(Context& ctx, std::size_t B, std::size_
     }
   } else if (ctx.fused_) {
     this->ops().check_fused(D_, Dv_);
+  } else if (config_.sdpa.path == SdpaPath::automatic && this->ops().fused_preferred(D_, Dv_)) {
+    ctx.fused_ = true;  // a backend whose fused kernels win at every length (tensor cores)
   }
   if (fixed_scale_.empty() && !config_.learnable_scale) {  // constants, uploaded once per backend
     const std::vector<T> s(call.scale.begin(), call.scale.end());

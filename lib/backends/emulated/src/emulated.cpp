@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "attnlab/attention/params.hpp"
 #include "attnlab/blas.hpp"
@@ -109,6 +110,44 @@ class EmulatorRuntime {
     }
   }
 
+  // cublasGemmStridedBatchedEx with bf16 A and B: their exact float values through the fp32 gemm
+  // (every product of two bf16 values is exact in fp32; only the order of the sums may differ).
+  void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const emu::Bf16* a,
+                 int lda, long long stride_a, const emu::Bf16* b, int ldb, long long stride_b,
+                 float beta, float* c, int ldc, long long stride_c, int batch) {
+    const auto widen = [](const emu::Bf16* x, std::size_t count) {
+      std::vector<float> out(count);
+      for (std::size_t i = 0; i < count; ++i) out[i] = emu::to_float(x[i]);
+      return out;
+    };
+    check_device_pointer(a, "gemm_bf16", 0);
+    check_device_pointer(b, "gemm_bf16", 1);
+    const std::vector<float> af =
+        widen(a, span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch));
+    const std::vector<float> bf =
+        widen(b, span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch));
+    gemm_host(trans_a, trans_b, m, n, k, alpha, af.data(), lda, stride_a, bf.data(), ldb, stride_b,
+              beta, c, ldc, stride_c, batch);
+  }
+  // cuBLAS's TF32 tensor-op math: A and B rounded to TF32 (10 mantissa bits, to nearest even).
+  void gemm_tf32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                 int lda, long long stride_a, const float* b, int ldb, long long stride_b,
+                 float beta, float* c, int ldc, long long stride_c, int batch) {
+    const auto round = [](const float* x, std::size_t count) {
+      std::vector<float> out(count);
+      for (std::size_t i = 0; i < count; ++i) out[i] = to_tf32(x[i]);
+      return out;
+    };
+    check_device_pointer(a, "gemm_tf32", 0);
+    check_device_pointer(b, "gemm_tf32", 1);
+    const std::vector<float> at =
+        round(a, span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch));
+    const std::vector<float> bt =
+        round(b, span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch));
+    gemm_host(trans_a, trans_b, m, n, k, alpha, at.data(), lda, stride_a, bt.data(), ldb, stride_b,
+              beta, c, ldc, stride_c, batch);
+  }
+
   std::size_t shared_memory_limit() const { return kSharedMemoryLimit; }
 
   // Allocations not yet released (for leak tests).
@@ -119,6 +158,34 @@ class EmulatorRuntime {
   static constexpr std::align_val_t kAlignment{64};
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+  // x rounded to TF32: the low 13 mantissa bits dropped, to nearest, ties to even (inf and NaN
+  // kept).
+  static float to_tf32(float x) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7f800000u) != 0x7f800000u) {
+      bits += 0xfffu + ((bits >> 13) & 1u);
+      bits &= ~0x1fffu;
+    }
+    float out = 0;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+  }
+  static std::size_t span(int rows, int cols, int ld, long long stride, int batch) {
+    return cuda::precision::operand_span(rows, cols, ld, stride, batch);
+  }
+  // The float GEMMs of host copies into device C.
+  void gemm_host(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                 int lda, long long stride_a, const float* b, int ldb, long long stride_b,
+                 float beta, float* c, int ldc, long long stride_c, int batch) {
+    if (m == 0 || n == 0) return;
+    check_device_pointer(c, "gemm", 2);
+    for (int i = 0; i < batch; ++i) {
+      blas::gemm<float>(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b,
+                        ldb, beta, c + i * stride_c, ldc);
+    }
+  }
 
   // [p, p + bytes) must lie in one live block: the rule a GPU enforces, where a host address
   // faults. bytes = 0 accepts a pointer just past a block's end.
