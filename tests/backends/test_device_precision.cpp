@@ -18,6 +18,7 @@
 #include "attnlab/attention/params.hpp"
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/backends/emulated.hpp"
+#include "attnlab/blas.hpp"
 #include "attnlab/nn/multi_head_attention.hpp"
 #include "attnlab/random.hpp"
 #include "helpers.hpp"

@@ -79,11 +79,11 @@ inline bool tensor_core_dims(std::size_t D, std::size_t Dv) {
 }
 
 // Whether the fused attention of this call runs on the tensor-core kernels: bf16, their head dims,
-// no attention program, and what tc::check_tc_params accepts.
+// no attention program (nor its block mask), and the grid tc::check_tc_params accepts. Dropout and
+// the dscores output run there too.
 inline bool tensor_cores(GemmPrecision precision, const AttentionParams<float>& a) {
   return precision == GemmPrecision::bf16 && tensor_core_dims(a.D, a.Dv) && !a.has_program() &&
-         a.block_mask == nullptr && a.dropout_p == 0.0 && a.dscores == nullptr &&
-         a.B * a.H <= 65535;
+         a.block_mask == nullptr && a.B * a.H <= 65535;
 }
 
 // q, k and v of a call rounded to bf16.
