@@ -139,7 +139,6 @@ void gemm_floor(DeviceOps<float>& ops, const Shape& s, AttentionData& d, bool ba
   const std::size_t td = s.T * s.D;
   const int t = int(s.T), dd = int(s.D);
   const long long sx = static_cast<long long>(td), sp = static_cast<long long>(s.T * s.T);
-  const GemmPrecision precision = ops.precision();
   for (std::size_t h0 = 0; h0 < s.bh(); h0 += d.chunk) {
     const std::size_t c = std::min(d.chunk, s.bh() - h0), o = h0 * td;
     const int n = int(c);
@@ -168,17 +167,11 @@ void gemm_floor(DeviceOps<float>& ops, const Shape& s, AttentionData& d, bool ba
                                             ldc, sc, bt);
         });
         break;
-      case FloorEngine::precision_gemm:
-        run([&](bool ta, bool tb, int m, int nn, int kk, const float* a, int lda, long long sa,
-                const float* b, int ldb, long long sb, float* cc, int ldc, long long sc, int bt) {
-          detail::precision_gemm(ta, tb, m, nn, kk, a, lda, sa, b, ldb, sb, cc, ldc, sc, bt,
-                                 precision);
-        });
-        break;
       case FloorEngine::tf32_gemm:
         run([](bool ta, bool tb, int m, int nn, int kk, const float* a, int lda, long long sa,
                const float* b, int ldb, long long sb, float* cc, int ldc, long long sc, int bt) {
-          detail::tf32_gemm(ta, tb, m, nn, kk, a, lda, sa, b, ldb, sb, cc, ldc, sc, bt);
+          cuda::gemm_strided_batched_tf32(ta, tb, m, nn, kk, 1.f, a, lda, sa, b, ldb, sb, 0.f, cc,
+                                          ldc, sc, bt);
         });
         break;
       case FloorEngine::bf16_operands:
@@ -186,7 +179,8 @@ void gemm_floor(DeviceOps<float>& ops, const Shape& s, AttentionData& d, bool ba
             [](bool ta, bool tb, int m, int nn, int kk, const std::uint16_t* a, int lda,
                long long sa, const std::uint16_t* b, int ldb, long long sb, float* cc, int ldc,
                long long sc, int bt) {
-              detail::bf16_gemm(ta, tb, m, nn, kk, a, lda, sa, b, ldb, sb, cc, ldc, sc, bt);
+              cuda::gemm_strided_batched_bf16(ta, tb, m, nn, kk, 1.f, a, lda, sa, b, ldb, sb, 0.f,
+                                              cc, ldc, sc, bt);
             },
             backward, t, dd, n, sx, sp, d.qb.data() + o, d.kb.data() + o, d.vb.data() + o,
             d.doutb.data() + o, d.pb.data(), d.dsb.data(), p, out, ds, dq, dk, dv);

@@ -169,69 +169,12 @@ inline Peak dense_bf16_peak(const std::string& name) {
   return {};
 }
 
-// The CUDA GEMMs of the floor beyond gemm_strided_batched<float>, where this attnlab has them
-// (cuda.hpp): each detected by a call whose arguments depend on a template parameter, so that a
-// missing function makes the concept false instead of an error.
-//   gemm_strided_batched<float>(..., GemmPrecision)   the float GEMM in a precision;
-//   gemm_strided_batched_bf16(...)                     A and B as bfloat16 bits, C float;
-//   gemm_strided_batched_tf32(...)                     the float GEMM on TF32 tensor cores.
-namespace detail {
-using namespace attnlab::cuda;  // unqualified calls below: found here, or not at all
-
-template <class P>
-concept HasPrecisionGemm = requires(P precision, float* x) {
-  attnlab::cuda::gemm_strided_batched<float>(false, false, 1, 1, 1, 1.f, x, 1, 0LL, x, 1, 0LL, 0.f,
-                                             x, 1, 0LL, 1, precision);
-};
-template <class U>
-concept HasBf16Gemm = requires(const U* a, float* c) {
-  gemm_strided_batched_bf16(false, false, 1, 1, 1, 1.f, a, 1, 0LL, a, 1, 0LL, 0.f, c, 1, 0LL, 1);
-};
-template <class F>
-concept HasTf32Gemm = requires(const F* a, F* c) {
-  gemm_strided_batched_tf32(false, false, 1, 1, 1, 1.f, a, 1, 0LL, a, 1, 0LL, 0.f, c, 1, 0LL, 1);
-};
-
-// C = op(A) op(B) (alpha 1, beta 0) for `batch` row-major matrices through one of them; throws
-// std::logic_error where this attnlab lacks it (the caller asks the concept first).
-template <class P>
-void precision_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, long long sa,
-                    const float* b, int ldb, long long sb, float* c, int ldc, long long sc,
-                    int batch, P precision) {
-  if constexpr (HasPrecisionGemm<P>) {
-    attnlab::cuda::gemm_strided_batched<float>(ta, tb, m, n, k, 1.f, a, lda, sa, b, ldb, sb, 0.f, c,
-                                               ldc, sc, batch, precision);
-  } else {
-    throw std::logic_error("precision_gemm: not in this attnlab");
-  }
-}
-template <class U>
-void bf16_gemm(bool ta, bool tb, int m, int n, int k, const U* a, int lda, long long sa, const U* b,
-               int ldb, long long sb, float* c, int ldc, long long sc, int batch) {
-  if constexpr (HasBf16Gemm<U>) {
-    gemm_strided_batched_bf16(ta, tb, m, n, k, 1.f, a, lda, sa, b, ldb, sb, 0.f, c, ldc, sc, batch);
-  } else {
-    throw std::logic_error("bf16_gemm: not in this attnlab");
-  }
-}
-template <class F>
-void tf32_gemm(bool ta, bool tb, int m, int n, int k, const F* a, int lda, long long sa, const F* b,
-               int ldb, long long sb, F* c, int ldc, long long sc, int batch) {
-  if constexpr (HasTf32Gemm<F>) {
-    gemm_strided_batched_tf32(ta, tb, m, n, k, 1.f, a, lda, sa, b, ldb, sb, 0.f, c, ldc, sc, batch);
-  } else {
-    throw std::logic_error("tf32_gemm: not in this attnlab");
-  }
-}
-}  // namespace detail
-
 // How the GEMM floor runs its GEMMs.
 enum class FloorEngine {
-  ops_gemm,        // DeviceOps::gemm head by head, in the backend's precision (emulated; fallback)
-  cublas_fp32,     // cuda::gemm_strided_batched<float>
-  precision_gemm,  // cuda::gemm_strided_batched<float>(..., GemmPrecision)
-  bf16_operands,   // cuda::gemm_strided_batched_bf16 on bf16 copies of the operands
-  tf32_gemm,       // cuda::gemm_strided_batched_tf32
+  ops_gemm,       // DeviceOps::gemm head by head, in the backend's precision (emulated; fallback)
+  cublas_fp32,    // cuda::gemm_strided_batched<float>
+  bf16_operands,  // cuda::gemm_strided_batched_bf16 on bf16 copies of the operands
+  tf32_gemm,      // cuda::gemm_strided_batched_tf32
 };
 
 inline const char* describe(FloorEngine e) {
@@ -240,8 +183,6 @@ inline const char* describe(FloorEngine e) {
       return "DeviceOps::gemm, head by head";
     case FloorEngine::cublas_fp32:
       return "cuda::gemm_strided_batched<float> (cuBLAS SGEMM)";
-    case FloorEngine::precision_gemm:
-      return "cuda::gemm_strided_batched with a GemmPrecision";
     case FloorEngine::bf16_operands:
       return "cuda::gemm_strided_batched_bf16 on bf16 operands (cuBLAS, fp32 sums)";
     case FloorEngine::tf32_gemm:
@@ -250,16 +191,18 @@ inline const char* describe(FloorEngine e) {
   return "?";
 }
 
-// The best engine this attnlab has for `precision` on a GPU (emulated: always ops_gemm).
+// The engine of `precision` on a GPU (cuBLAS strided-batched; emulated: ops_gemm).
 inline FloorEngine floor_engine(bool emulated, GemmPrecision precision) {
   if (emulated) return FloorEngine::ops_gemm;
-  if (precision == GemmPrecision::fp32) return FloorEngine::cublas_fp32;
-  if constexpr (detail::HasPrecisionGemm<GemmPrecision>) return FloorEngine::precision_gemm;
-  if (precision == GemmPrecision::bf16 && detail::HasBf16Gemm<std::uint16_t>) {
-    return FloorEngine::bf16_operands;
+  switch (precision) {
+    case GemmPrecision::bf16:
+      return FloorEngine::bf16_operands;
+    case GemmPrecision::tf32:
+      return FloorEngine::tf32_gemm;
+    case GemmPrecision::fp32:
+      break;
   }
-  if (precision == GemmPrecision::tf32 && detail::HasTf32Gemm<float>) return FloorEngine::tf32_gemm;
-  return FloorEngine::ops_gemm;
+  return FloorEngine::cublas_fp32;
 }
 
 // bfloat16 bits of x, rounded to nearest even (x finite).

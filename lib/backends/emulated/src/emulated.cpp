@@ -115,37 +115,15 @@ class EmulatorRuntime {
   void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const emu::Bf16* a,
                  int lda, long long stride_a, const emu::Bf16* b, int ldb, long long stride_b,
                  float beta, float* c, int ldc, long long stride_c, int batch) {
-    const auto widen = [](const emu::Bf16* x, std::size_t count) {
-      std::vector<float> out(count);
-      for (std::size_t i = 0; i < count; ++i) out[i] = emu::to_float(x[i]);
-      return out;
-    };
-    check_device_pointer(a, "gemm_bf16", 0);
-    check_device_pointer(b, "gemm_bf16", 1);
-    const std::vector<float> af =
-        widen(a, span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch));
-    const std::vector<float> bf =
-        widen(b, span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch));
-    gemm_host(trans_a, trans_b, m, n, k, alpha, af.data(), lda, stride_a, bf.data(), ldb, stride_b,
-              beta, c, ldc, stride_c, batch);
+    gemm_of_copies([](emu::Bf16 x) { return emu::to_float(x); }, "gemm_bf16", trans_a, trans_b, m,
+                   n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
   }
   // cuBLAS's TF32 tensor-op math: A and B rounded to TF32 (10 mantissa bits, to nearest even).
   void gemm_tf32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, long long stride_a, const float* b, int ldb, long long stride_b,
                  float beta, float* c, int ldc, long long stride_c, int batch) {
-    const auto round = [](const float* x, std::size_t count) {
-      std::vector<float> out(count);
-      for (std::size_t i = 0; i < count; ++i) out[i] = to_tf32(x[i]);
-      return out;
-    };
-    check_device_pointer(a, "gemm_tf32", 0);
-    check_device_pointer(b, "gemm_tf32", 1);
-    const std::vector<float> at =
-        round(a, span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch));
-    const std::vector<float> bt =
-        round(b, span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch));
-    gemm_host(trans_a, trans_b, m, n, k, alpha, at.data(), lda, stride_a, bt.data(), ldb, stride_b,
-              beta, c, ldc, stride_c, batch);
+    gemm_of_copies(to_tf32, "gemm_tf32", trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                   stride_b, beta, c, ldc, stride_c, batch);
   }
 
   std::size_t shared_memory_limit() const { return kSharedMemoryLimit; }
@@ -174,6 +152,26 @@ class EmulatorRuntime {
   }
   static std::size_t span(int rows, int cols, int ld, long long stride, int batch) {
     return cuda::precision::operand_span(rows, cols, ld, stride, batch);
+  }
+  // The fp32 GEMMs of float copies of A and B, convert(element) each, into device C.
+  template <class Convert, class U>
+  void gemm_of_copies(Convert convert, const char* op, bool trans_a, bool trans_b, int m, int n,
+                      int k, float alpha, const U* a, int lda, long long stride_a, const U* b,
+                      int ldb, long long stride_b, float beta, float* c, int ldc,
+                      long long stride_c, int batch) {
+    check_device_pointer(a, op, 0);
+    check_device_pointer(b, op, 1);
+    const auto copy = [&](const U* x, std::size_t count) {
+      std::vector<float> out(count);
+      for (std::size_t i = 0; i < count; ++i) out[i] = convert(x[i]);
+      return out;
+    };
+    const std::vector<float> ac =
+        copy(a, span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch));
+    const std::vector<float> bc =
+        copy(b, span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch));
+    gemm_host(trans_a, trans_b, m, n, k, alpha, ac.data(), lda, stride_a, bc.data(), ldb, stride_b,
+              beta, c, ldc, stride_c, batch);
   }
   // The float GEMMs of host copies into device C.
   void gemm_host(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
