@@ -73,7 +73,7 @@ void add_data_flags(CLI::App& train, TrainConfig& tc) {
       .add_option("--pack-documents", tc.pack_documents,
                   "task text: the corpus is documents ended by this delimiter (escapes \\n \\t "
                   "\\r \\\\; with no value a blank line); attention stays within a document, "
-                  "causally, and no target crosses one (CPU only). A BPE token directory uses "
+                  "causally, and no target crosses one. A BPE token directory uses "
                   "its own document starts (tokenize encode --doc-delimiter)")
       ->expected(0, 1)
       ->default_str("\\n\\n");
@@ -126,7 +126,9 @@ void add_optimizer_flags(CLI::App& train, TrainConfig& tc) {
                   "AdamW's weight decay per step (SGD's is coupled L2: the default only)");
   add_enum_option(train, "--decay-params", tc.decay_params,
                   "the parameters --weight-decay applies to");
-  add_enum_option(train, "--precision", tc.precision, "the arithmetic of the GEMMs, CPU only");
+  add_enum_option(train, "--precision", tc.precision,
+                  "the arithmetic of the GEMMs (on a device, bf16 also runs the attention on "
+                  "tensor cores)");
   add_knob_flags(train, tc);
 }
 

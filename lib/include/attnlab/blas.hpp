@@ -41,8 +41,8 @@ struct EnumTable<GemmPrecision> {
       {GemmPrecision::fp32, "fp32", "as stored"},
       {GemmPrecision::bf16, "bf16",
        "mixed precision: operands rounded to bfloat16, fp32 sums; weights, optimizer state, "
-       "softmax, norms and loss stay fp32. Fast only on a CPU with AMX: elsewhere emulated, "
-       "slower than fp32"},
+       "softmax, norms and loss stay fp32. On a CPU fast only with AMX (elsewhere emulated, "
+       "slower than fp32); on a CUDA device cuBLAS bf16 GEMMs and tensor-core attention"},
       {GemmPrecision::tf32, "tf32",
        "operands rounded to TensorFloat-32 (10 mantissa bits), fp32 sums: tensor cores for an "
        "fp32 model; a CUDA device only"},
