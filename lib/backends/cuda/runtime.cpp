@@ -214,32 +214,37 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int m, int n, int k, T alp
                                     stride_b, a, lda, stride_a, &beta, c, ldc, stride_c, batch));
 }
 
-void gemm_strided_batched_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                               const std::uint16_t* a, int lda, long long stride_a,
-                               const std::uint16_t* b, int ldb, long long stride_b, float beta,
-                               float* c, int ldc, long long stride_c, int batch) {
+namespace {
+// cublasGemmStridedBatchedEx with A and B of `type`, fp32 C, under the handle's lock: the
+// row-major contract of gemm_strided_batched.
+void gemm_ex(cudaDataType type, cublasComputeType_t compute, bool trans_a, bool trans_b, int m,
+             int n, int k, float alpha, const void* a, int lda, long long stride_a, const void* b,
+             int ldb, long long stride_b, float beta, float* c, int ldc, long long stride_c,
+             int batch) {
   if (m == 0 || n == 0 || batch == 0) return;
   const cublasHandle_t handle = detail::cublas_handle();
   const std::lock_guard<std::mutex> lock(detail::gemm_mutex());
   ATTNLAB_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
   ATTNLAB_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle, op_of(trans_b), op_of(trans_a), n, m, k, &alpha, b, CUDA_R_16BF, ldb, stride_b, a,
-      CUDA_R_16BF, lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+      handle, op_of(trans_b), op_of(trans_a), n, m, k, &alpha, b, type, ldb, stride_b, a, type, lda,
+      stride_a, &beta, c, CUDA_R_32F, ldc, stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+}  // namespace
+
+void gemm_strided_batched_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                               const std::uint16_t* a, int lda, long long stride_a,
+                               const std::uint16_t* b, int ldb, long long stride_b, float beta,
+                               float* c, int ldc, long long stride_c, int batch) {
+  gemm_ex(CUDA_R_16BF, CUBLAS_COMPUTE_32F, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b,
+          ldb, stride_b, beta, c, ldc, stride_c, batch);
 }
 
 void gemm_strided_batched_tf32(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                                const float* a, int lda, long long stride_a, const float* b, int ldb,
                                long long stride_b, float beta, float* c, int ldc,
                                long long stride_c, int batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  const cublasHandle_t handle = detail::cublas_handle();
-  const std::lock_guard<std::mutex> lock(detail::gemm_mutex());
-  ATTNLAB_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-  ATTNLAB_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle, op_of(trans_b), op_of(trans_a), n, m, k, &alpha, b, CUDA_R_32F, ldb, stride_b, a,
-      CUDA_R_32F, lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c, batch,
-      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+  gemm_ex(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, trans_a, trans_b, m, n, k, alpha, a, lda,
+          stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
 }
 
 template void gemm_strided_batched<float>(bool, bool, int, int, int, float, const float*, int,
