@@ -1,5 +1,6 @@
 // bf16 gemms (GemmPrecision::bf16): A and B rounded to bfloat16, fp32 sums, in oneDNN's bf16 matmul
 // (blas_onednn.cpp) or emulated on the float engine; the process's precision setting.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -105,19 +106,54 @@ bool bf16_active() {
   return bf16_scopes.load(std::memory_order_relaxed) > 0;
 }
 
-// A bf16 gemm: A and B rounded once into the calling thread's scratch (compact copies), then the
-// product split over the threads as any gemm. On the oneDNN engine the copies are bf16 and each
-// part a bf16 matmul; emulated, they are floats whose low 16 bits are zero and each part an fp32
-// gemm of the float engine: every product of two bf16 values is exact in fp32 (8 + 8 significant
-// bits), so it differs from a bf16 unit only in the order of the fp32 sums.
+namespace {
+
+bool bf16_on_onednn() {
+  return bf16_engine.load(std::memory_order_relaxed) == Bf16Engine::onednn;
+}
+
+// A product of compact rounded copies (row strides a_cols, b_cols) split over the threads as any
+// gemm, each part oneDNN's bf16 matmul on bf16 bits or an fp32 gemm of the float engine on floats
+// whose low 16 bits are zero: every product of two bf16 values is exact in fp32 (8 + 8 significant
+// bits), so the two differ only in the order of the fp32 sums.
+template <class E>
+void rounded_product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const E* a,
+                     int a_cols, const E* b, int b_cols, float beta, float* c, int ldc) {
+  if constexpr (std::is_same_v<E, std::uint16_t>) {
+    split_gemm(onednn()->bf16_part, trans_a, trans_b, m, n, k, alpha, a, a_cols, b, b_cols, beta, c,
+               ldc);
+  } else {
+    const auto serial = [](auto... args) { serial_gemm(args...); };
+    split_gemm(serial, trans_a, trans_b, m, n, k, alpha, a, a_cols, b, b_cols, beta, c, ldc);
+  }
+}
+
+// A and B rounded once into the calling thread's compact copies of E, then rounded_product.
+template <class E>
+void rounded_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  thread_local std::vector<E> a_copy, b_copy;
+  a_copy.resize(std::max(a_copy.size(), static_cast<std::size_t>(a_rows) * a_cols));
+  b_copy.resize(std::max(b_copy.size(), static_cast<std::size_t>(b_rows) * b_cols));
+  copy_rounded(a, a_rows, a_cols, lda, a_copy.data());
+  copy_rounded(b, b_rows, b_cols, ldb, b_copy.data());
+  rounded_product(trans_a, trans_b, m, n, k, alpha, a_copy.data(), a_cols, b_copy.data(), b_cols,
+                  beta, c, ldc);
+}
+
+}  // namespace
+
+// A bf16 gemm: A and B rounded once into the calling thread's scratch, bf16 bits for oneDNN's
+// bf16 matmul or floats for the emulation, then the product split over the threads.
 void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  if (bf16_engine.load(std::memory_order_relaxed) == Bf16Engine::onednn) {
-    onednn()->bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
+  if (bf16_on_onednn()) {
+    rounded_gemm<std::uint16_t>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    rounded_gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-  const auto serial = [](auto... args) { serial_gemm(args...); };
-  rounded_gemm<float>(serial, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void select_bf16(BlasInfo& info) {
@@ -171,6 +207,53 @@ void select_bf16(BlasInfo& info) {
 
 GemmPrecision gemm_precision() {
   return detail::bf16_active() ? GemmPrecision::bf16 : GemmPrecision::fp32;
+}
+
+void Bf16Operand::round(const float* src, int rows, int cols, int ld) {
+  if (rows < 0 || cols < 0 || ld < cols)
+    throw std::invalid_argument(
+        "Bf16Operand::round: expected rows, cols >= 0 and ld >= cols, got " + std::to_string(rows) +
+        ", " + std::to_string(cols) + " and " + std::to_string(ld));
+  detail::ensure_checked();
+  rows_ = rows;
+  cols_ = cols;
+  as_bits_ = detail::bf16_on_onednn();
+  const auto size = static_cast<std::size_t>(rows) * cols;
+  if (as_bits_) {
+    bits_.resize(std::max(bits_.size(), size));
+    detail::copy_rounded(src, rows, cols, ld, bits_.data());
+  } else {
+    floats_.resize(std::max(floats_.size(), size));
+    detail::copy_rounded(src, rows, cols, ld, floats_.data());
+  }
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const Bf16Operand& a,
+               int a_row, const Bf16Operand& b, int b_row, float beta, float* c, int ldc) {
+  const auto fits = [](const Bf16Operand& x, int row, int rows, int cols) {
+    return row >= 0 && rows >= 0 && row + rows <= x.rows() && x.cols() == cols;
+  };
+  const auto shape = [](const Bf16Operand& x, int row) {
+    return std::to_string(x.rows()) + " x " + std::to_string(x.cols()) + " from row " +
+           std::to_string(row);
+  };
+  if (!fits(a, a_row, trans_a ? k : m, trans_a ? m : k) ||
+      !fits(b, b_row, trans_b ? n : k, trans_b ? k : n) || a.as_bits_ != b.as_bits_)
+    throw std::invalid_argument(
+        "gemm_bf16: expected operands rounded by one engine holding op(A) (" + std::to_string(m) +
+        " x " + std::to_string(k) + ") and op(B) (" + std::to_string(k) + " x " +
+        std::to_string(n) + "), got A " + shape(a, a_row) + " and B " + shape(b, b_row));
+  if (a.as_bits_) {
+    detail::rounded_product(trans_a, trans_b, m, n, k, alpha,
+                            a.bits_.data() + static_cast<std::ptrdiff_t>(a_row) * a.cols_, a.cols_,
+                            b.bits_.data() + static_cast<std::ptrdiff_t>(b_row) * b.cols_, b.cols_,
+                            beta, c, ldc);
+  } else {
+    detail::rounded_product(
+        trans_a, trans_b, m, n, k, alpha,
+        a.floats_.data() + static_cast<std::ptrdiff_t>(a_row) * a.cols_, a.cols_,
+        b.floats_.data() + static_cast<std::ptrdiff_t>(b_row) * b.cols_, b.cols_, beta, c, ldc);
+  }
 }
 
 GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision)

@@ -204,12 +204,6 @@ void onednn_bf16_part(bool trans_a, bool trans_b, int m, int n, int k, float alp
               trans_b ? k : n, beta, c, ldc);
 }
 
-void onednn_bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                      int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  rounded_gemm<std::uint16_t>(onednn_bf16_part, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
-                              beta, c, ldc);
-}
-
 // oneDNN's sgemm, as the core's.
 bool onednn_self_check() {
   const bool corrupt = env_is_one("ATTNLAB_BLAS_SIMULATE_BAD_KERNEL");
@@ -298,7 +292,7 @@ namespace detail {
 const OneDnn* onednn() {
 #ifdef ATTNLAB_WITH_ONEDNN
   static constexpr OneDnn table{
-      onednn_gemm, onednn_bf16_gemm, onednn_self_check, onednn_bf16_self_check,
+      onednn_gemm, onednn_bf16_part, onednn_self_check, onednn_bf16_self_check,
       onednn_name, onednn_amx,       onednn_bf16_units};
   return &table;
 #else

@@ -136,9 +136,11 @@ struct OneDnn {
   // oneDNN's sgemm on the calling thread alone; operands at a stride of a multiple of 2 KB read
   // through a copy (cache-set conflicts).
   FloatGemm gemm;
-  // A bf16 gemm in oneDNN's bf16 matmul: A and B rounded into bf16 copies, the product split
-  // over the threads.
-  FloatGemm bf16_gemm;
+  // One part of a bf16 gemm in oneDNN's bf16 matmul, on the calling thread alone: A and B are
+  // bf16 bits (copy_rounded).
+  void (*bf16_part)(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float beta,
+                    float* c, int ldc);
   bool (*self_check)();       // the sgemm against a plain loop
   bool (*bf16_self_check)();  // the bf16 matmul, likewise
   std::string (*name)();      // "oneDNN 2.6.3, avx512_core_bf16 kernels"
@@ -168,25 +170,6 @@ void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* _
 // One row of `cols` floats rounded into bf16 bits, as bf16_high_bits, on this thread.
 void round_row_bf16(const float* __restrict in, int cols, std::uint16_t* __restrict out);
 bool bf16_active();  // a GemmPrecisionScope(bf16) is alive
-
-// A gemm on bf16-rounded operands: A and B rounded once into the calling thread's compact copies
-// of E (floats whose low 16 bits are zero, or bf16 bits), then the product split over the threads
-// as any gemm, each part run by `part` on those copies.
-template <class E, class Part>
-void rounded_gemm(const Part& part, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  const auto a_size = static_cast<std::size_t>(a_rows) * a_cols;
-  const auto b_size = static_cast<std::size_t>(b_rows) * b_cols;
-  thread_local std::vector<E> a_copy, b_copy;
-  if (a_copy.size() < a_size) a_copy.resize(a_size);
-  if (b_copy.size() < b_size) b_copy.resize(b_size);
-  copy_rounded(a, a_rows, a_cols, lda, a_copy.data());
-  copy_rounded(b, b_rows, b_cols, ldb, b_copy.data());
-  split_gemm(part, trans_a, trans_b, m, n, k, alpha, a_copy.data(), a_cols, b_copy.data(), b_cols,
-             beta, c, ldc);
-}
 
 void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                int lda, const float* b, int ldb, float beta, float* c, int ldc);

@@ -4,7 +4,9 @@
 // leading dimension, alpha and beta, on one thread and split over two; it is measurably not the
 // fp32 gemm; overflow, NaN and beta = 0 behave as documented; the scope is a process-wide count.
 // oneDNN's matmul primitive, which runs bf16 gemms where the CPU has AMX, is checked here with f32
-// operands (the same strides, transposes and post-ops) so that it runs on any CPU.
+// operands (the same strides, transposes and post-ops) so that it runs on any CPU. Operands rounded
+// once (blas::Bf16Operand) give gemm_bf16 the bits of the gemm that rounds its own, and the linear
+// kernels that round each operand once per call the bits of one rounding gemm per row chunk.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "attnlab/io/safetensors.hpp"
 #include "attnlab/random.hpp"
 #include "attnlab/threads.hpp"
+#include "kernels/linear.hpp"
 
 using namespace attnlab;
 
@@ -265,5 +268,125 @@ TEST_CASE("oneDNN matmul primitive (the bf16 engine's path) with f32 operands eq
         }
       }
     }
+  }
+}
+
+namespace {
+
+// The stored rows x cols of op(X) starting at row `row` of a compact matrix x.
+std::vector<float> rows_of(const std::vector<float>& x, int cols, int row, int rows) {
+  return {x.begin() + static_cast<std::ptrdiff_t>(row) * cols,
+          x.begin() + static_cast<std::ptrdiff_t>(row + rows) * cols};
+}
+
+std::vector<float> random_floats(std::size_t size, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> x(size);
+  for (float& v : x) v = static_cast<float>(rng.normal());
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 gemm on operands rounded once: the bits of the rounding gemm, from any row") {
+  const ThreadScope threads(2);
+  const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
+  // Large enough to split over the two threads; odd sizes and row offsets.
+  const int m = 200, n = 72, k = 96, a_row = 5, b_row = 3;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      const int a_rows = (ta ? k : m) + a_row + 2, a_cols = ta ? m : k;
+      const int b_rows = (tb ? n : k) + b_row + 1, b_cols = tb ? k : n;
+      const std::vector<float> a = random_floats(std::size_t(a_rows) * a_cols, 3 + ta);
+      const std::vector<float> b = random_floats(std::size_t(b_rows) * b_cols, 5 + tb);
+      // A padded stride for the rounding: the copy must read cols of each ld-long row.
+      std::vector<float> a_padded(std::size_t(a_rows) * (a_cols + 3), NAN);
+      for (int r = 0; r < a_rows; ++r)
+        std::copy_n(a.begin() + std::ptrdiff_t(r) * a_cols, a_cols,
+                    a_padded.begin() + std::ptrdiff_t(r) * (a_cols + 3));
+      blas::Bf16Operand ra, rb;
+      ra.round(a_padded.data(), a_rows, a_cols, a_cols + 3);
+      rb.round(b.data(), b_rows, b_cols, b_cols);
+      const std::vector<float> a_part = rows_of(a, a_cols, a_row, ta ? k : m);
+      const std::vector<float> b_part = rows_of(b, b_cols, b_row, tb ? n : k);
+      std::vector<float> c0 = random_floats(std::size_t(m) * n, 9), c1 = c0;
+      blas::gemm(ta, tb, m, n, k, 0.5f, a_part.data(), a_cols, b_part.data(), b_cols, 1.0f,
+                 c0.data(), n);
+      blas::gemm_bf16(ta, tb, m, n, k, 0.5f, ra, a_row, rb, b_row, 1.0f, c1.data(), n);
+      CHECK(c0 == c1);
+      // and it is the bf16 product, not fp32's
+      std::vector<float> fp32(c0.size(), 0.0f);
+      {
+        const ThreadScope one(1);
+        std::vector<double> ref, scale;
+        const Case s{ta, tb, m, n, k, 0};
+        const Operands o{a_part, b_part, std::vector<float>(c0.size(), 0.0f), a_cols, b_cols, n};
+        std::vector<float> c2 = o.c;
+        blas::gemm_bf16(ta, tb, m, n, k, 1.0f, ra, a_row, rb, b_row, 0.0f, c2.data(), n);
+        reference(s, o, 1.0f, 0.0f, true, ref, scale);
+        CHECK(worst_error(s, o, c2, ref, scale) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 gemm on rounded operands: a shape that does not fit is refused, named") {
+  blas::Bf16Operand a, b;
+  const std::vector<float> x(6 * 4, 1.0f);
+  a.round(x.data(), 6, 4, 4);
+  b.round(x.data(), 4, 6, 6);
+  std::vector<float> c(36);
+  blas::gemm_bf16(false, false, 6, 6, 4, 1.0f, a, 0, b, 0, 0.0f, c.data(), 6);
+  CHECK(c[0] == 4.0f);
+  CHECK_THROWS_WITH_AS(blas::gemm_bf16(false, false, 6, 6, 4, 1.0f, a, 1, b, 0, 0.0f, c.data(), 6),
+                       doctest::Contains("gemm_bf16: expected"), std::invalid_argument);
+  CHECK_THROWS_AS(blas::gemm_bf16(false, false, 6, 6, 5, 1.0f, a, 0, b, 0, 0.0f, c.data(), 6),
+                  std::invalid_argument);
+  CHECK_THROWS_WITH_AS(a.round(x.data(), 6, 4, 3), doctest::Contains("Bf16Operand::round"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("bf16 linear: operands rounded once give the bits of a rounding gemm per row chunk") {
+  const ThreadScope threads(2);
+  const blas::GemmPrecisionScope scope(GemmPrecision::bf16);
+  const std::size_t rows = 300, in = 48, out = 80;
+  const std::size_t chunks = detail::linear_chunks(rows);
+  REQUIRE(chunks == 2);
+  const std::vector<float> x = random_floats(rows * in, 21), dy = random_floats(rows * out, 22);
+  const std::vector<float> w = random_floats(in * out, 23), dw0 = random_floats(in * out, 24);
+  for (const bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    const int ld_w = int(transposed ? in : out);
+    std::vector<float> y(rows * out), dx(rows * in), dw = dw0, partial((chunks - 1) * in * out);
+    detail::linear_forward_rows<float>(y.data(), x.data(), w.data(), nullptr, rows, in, out,
+                                       transposed);
+    detail::linear_backward_rows<float>(dx.data(), dw.data(), nullptr, dy.data(), x.data(),
+                                        w.data(), rows, in, out, partial.data(), transposed,
+                                        /*accumulate_dw=*/true);
+    // One blas::gemm per chunk of rows, each rounding its own operands; dW's partials added in
+    // chunk order.
+    std::vector<float> y_ref(rows * out), dx_ref(rows * in), dw_ref = dw0;
+    std::vector<float> part(in * out);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t r0 = rows * c / chunks, r = rows * (c + 1) / chunks - r0;
+      blas::gemm(false, transposed, int(r), int(out), int(in), 1.0f, &x[r0 * in], int(in), w.data(),
+                 ld_w, 0.0f, &y_ref[r0 * out], int(out));
+      blas::gemm(false, !transposed, int(r), int(in), int(out), 1.0f, &dy[r0 * out], int(out),
+                 w.data(), ld_w, 0.0f, &dx_ref[r0 * in], int(in));
+      float* target = c == 0 ? dw_ref.data() : part.data();
+      if (transposed)
+        blas::gemm(true, false, int(out), int(in), int(r), 1.0f, &dy[r0 * out], int(out),
+                   &x[r0 * in], int(in), c == 0 ? 1.0f : 0.0f, target, int(in));
+      else
+        blas::gemm(true, false, int(in), int(out), int(r), 1.0f, &x[r0 * in], int(in),
+                   &dy[r0 * out], int(out), c == 0 ? 1.0f : 0.0f, target, int(out));
+      if (c > 0)
+        for (std::size_t i = 0; i < part.size(); ++i) dw_ref[i] += part[i];
+    }
+    CHECK(y == y_ref);
+    CHECK(dx == dx_ref);
+    CHECK(dw == dw_ref);
   }
 }

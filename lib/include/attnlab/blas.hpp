@@ -6,7 +6,9 @@
 // has none).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attnlab/enum_table.hpp"
 #include "attnlab/gemm_precision.hpp"
@@ -204,6 +206,37 @@ class GemmPrecisionScope {
  private:
   bool counted_;
 };
+
+// A float matrix rounded to bf16 once, for several bf16 gemms: an op that reads the same operand in
+// several gemms (a linear layer's W in every row chunk, dy in the backward's two products) rounds
+// it once instead of once per gemm and thread. Stored compact (row stride cols()) as the bf16
+// engine reads it: bf16 bits for oneDNN's matmul, floats whose low 16 bits are zero when emulated.
+// gemm_bf16 on rounded operands gives the bits gemm<float> gives under a bf16 scope on the same
+// values, for the same shapes and thread count.
+class Bf16Operand {
+ public:
+  // Rows x cols of src (row stride ld >= cols), each value rounded as bf16_high_bits; split over
+  // the threads when large and outside a parallel region. Reuses the storage of earlier calls.
+  void round(const float* src, int rows, int cols, int ld);
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+
+ private:
+  friend void gemm_bf16(bool, bool, int, int, int, float, const Bf16Operand&, int,
+                        const Bf16Operand&, int, float, float*, int);
+  std::vector<std::uint16_t> bits_;  // oneDNN's bf16 matmul
+  std::vector<float> floats_;        // the emulated engine
+  bool as_bits_ = false;
+  int rows_ = 0, cols_ = 0;
+};
+
+// C (m, n) = alpha * op(A) * op(B) + beta * C in bf16 arithmetic (fp32 sums), as gemm<float> under
+// a GemmPrecisionScope(bf16), where op(A) and op(B) start at rows a_row and b_row of the rounded
+// operands (so a row chunk of a rounded matrix needs no copy). std::invalid_argument when the
+// shapes do not fit: op(A)'s stored rows [a_row, a_row + (trans_a ? k : m)) within a.rows() and
+// a.cols() == (trans_a ? m : k); likewise for B with (k, n).
+void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const Bf16Operand& a,
+               int a_row, const Bf16Operand& b, int b_row, float beta, float* c, int ldc);
 
 namespace testing {
 // oneDNN's matmul primitive exactly as the oneDNN bf16 engine runs it (cached per shape, on the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "../parallel_rows.hpp"
@@ -41,17 +42,70 @@ std::size_t linear_chunks(std::size_t rows) {
   return std::max<std::size_t>(1, std::min(threads, rows / kMinRowsPerChunk));
 }
 
+namespace {
+
+// Under a bf16 scope a float linear rounds each operand once per call (W is read by every row
+// chunk, dy by both products of the backward), where a gemm per chunk would round its own copies;
+// the gemms then read the rounded rows. Same bits: each chunk's gemm sees the same rounded values
+// with the same compact strides. The calling thread's scratch, reused from call to call.
+struct Rounded {
+  blas::Bf16Operand x, w, dy;
+};
+
+template <class T>
+Rounded* rounded_operands() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (blas::gemm_precision() == GemmPrecision::bf16) {
+      thread_local Rounded scratch;
+      return &scratch;
+    }
+  }
+  return nullptr;
+}
+
+// A compact rows x cols matrix rounded into `into` (only floats are ever rounded).
+template <class T>
+void round_into(blas::Bf16Operand& into, const T* src, std::size_t rows, std::size_t cols) {
+  if constexpr (std::is_same_v<T, float>) into.round(src, int(rows), int(cols), int(cols));
+}
+
+// C = op(A) op(B) (+ C when beta is 1) for one chunk: A starts at row a_row of a (row stride lda),
+// B at row b_row of b; on their rounded copies ra and rb when there are some.
+template <class T>
+void chunk_gemm(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda,
+                const blas::Bf16Operand* ra, std::size_t a_row, const T* b, int ldb,
+                const blas::Bf16Operand* rb, std::size_t b_row, T beta, T* c, int ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (ra) {
+      blas::gemm_bf16(trans_a, trans_b, m, n, k, 1.f, *ra, int(a_row), *rb, int(b_row), beta, c,
+                      ldc);
+      return;
+    }
+  }
+  blas::gemm<T>(trans_a, trans_b, m, n, k, T(1), a + a_row * lda, lda, b + b_row * ldb, ldb, beta,
+                c, ldc);
+}
+
+}  // namespace
+
 template <class T>
 void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
                          std::size_t out, bool w_transposed) {
   const std::size_t chunks = linear_chunks(rows);
+  const int ld_w = int(w_transposed ? in : out);
+  Rounded* rounded = rounded_operands<T>();
+  if (rounded) {
+    round_into(rounded->x, x, rows, in);
+    round_into(rounded->w, w, w_transposed ? out : in, std::size_t(ld_w));
+  }
 #pragma omp parallel for num_threads(int(chunks)) schedule(static)
   for (std::size_t c = 0; c < chunks; ++c) {
     const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
     if (r1 == r0) continue;
     //                          (r,In) x (In,Out) -> (r,Out), or x wᵀ: (r,In) x (Out,In)ᵀ -> (r,Out)
-    blas::gemm<T>(false, w_transposed, int(r1 - r0), int(out), int(in), T(1), x + r0 * in, int(in),
-                  w, int(w_transposed ? in : out), T(0), y + r0 * out, int(out));
+    chunk_gemm<T>(false, w_transposed, int(r1 - r0), int(out), int(in), x, int(in),
+                  rounded ? &rounded->x : nullptr, r0, w, ld_w, rounded ? &rounded->w : nullptr, 0,
+                  T(0), y + r0 * out, int(out));
     if (b) {
       for (std::size_t r = r0; r < r1; ++r) {
         T* row = y + r * out;
@@ -67,7 +121,16 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
                           bool w_transposed, bool accumulate_dw) {
   const std::size_t chunks = linear_chunks(rows);
   if (rows == 0 && !accumulate_dw) std::fill(dw, dw + in * out, T(0));
-    // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
+  const int ld_w = int(w_transposed ? in : out);
+  Rounded* rounded = rows > 0 ? rounded_operands<T>() : nullptr;
+  const blas::Bf16Operand *rx = nullptr, *rw = nullptr, *rdy = nullptr;
+  if (rounded) {
+    round_into(rounded->x, x, rows, in);
+    round_into(rounded->dy, dy, rows, out);
+    if (dx) round_into(rounded->w, w, w_transposed ? out : in, std::size_t(ld_w));
+    rx = &rounded->x, rw = &rounded->w, rdy = &rounded->dy;
+  }
+  // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
 #pragma omp parallel for num_threads(int(chunks)) schedule(static)
   for (std::size_t c = 0; c < chunks; ++c) {
     const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
@@ -75,17 +138,17 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
     if (r == 0) continue;  // only when rows = 0
     // dx = dy Wᵀ                                     (r,Out) x (Out,In) -> (r,In)
     if (dx) {
-      blas::gemm<T>(false, !w_transposed, r, int(in), int(out), T(1), dy + r0 * out, int(out), w,
-                    int(w_transposed ? in : out), T(0), dx + r0 * in, int(in));
+      chunk_gemm<T>(false, !w_transposed, r, int(in), int(out), dy, int(out), rdy, r0, w, ld_w, rw,
+                    0, T(0), dx + r0 * in, int(in));
     }
     T* dwc = c == 0 ? dw : partial_dw + (c - 1) * in * out;
     const T beta = c == 0 && accumulate_dw ? T(1) : T(0);
     if (w_transposed) {  // dW stored (Out,In): dyᵀ x    (Out,r) x (r,In) -> (Out,In)
-      blas::gemm<T>(true, false, int(out), int(in), r, T(1), dy + r0 * out, int(out), x + r0 * in,
-                    int(in), beta, dwc, int(in));
+      chunk_gemm<T>(true, false, int(out), int(in), r, dy, int(out), rdy, r0, x, int(in), rx, r0,
+                    beta, dwc, int(in));
     } else {  // dW = xᵀ dy                           (In,r) x (r,Out) -> (In,Out)
-      blas::gemm<T>(true, false, int(in), int(out), r, T(1), x + r0 * in, int(in), dy + r0 * out,
-                    int(out), beta, dwc, int(out));
+      chunk_gemm<T>(true, false, int(in), int(out), r, x, int(in), rx, r0, dy, int(out), rdy, r0,
+                    beta, dwc, int(out));
     }
   }
   // The partials and db are sums over chunks / rows; cut over their elements instead, each element
