@@ -3,7 +3,8 @@
 // wrong layout that fails); the fused attention on the portable tiles under a bf16 scope against
 // attention in double on the bf16-rounded inputs, with FlashAttention's criterion (at most twice
 // the error of a plain bf16 implementation, plus 1e-6) for causal, a key mask, grouped-query
-// attention and a softcap; its determinism; the AMX tiles against the portable ones (skipped
+// attention and a softcap, and so is the default (blas's bf16 gemm on inputs rounded once per
+// call); its determinism; the AMX tiles against the portable ones (skipped
 // without AMX); and, without a bf16 scope, the fp32 path bit for bit.
 #include <doctest/doctest.h>
 
@@ -374,6 +375,12 @@ void check_criterion(tiles::TileChoice choice) {
 
 TEST_CASE("bf16 tiles: the fused attention is within twice a plain bf16 implementation's error") {
   check_criterion(tiles::TileChoice::portable);
+}
+
+// The default, blas's bf16 gemm: the call's inputs are rounded once and each tile product reads
+// its rows of them, so a wrong row or stride shows here.
+TEST_CASE("bf16 fused attention on bf16 gemms (the default) meets the same criterion") {
+  check_criterion(tiles::TileChoice::automatic);
 }
 
 TEST_CASE("bf16 tiles: the same bits twice and at 1 and 2 threads") {

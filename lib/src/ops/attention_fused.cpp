@@ -29,7 +29,10 @@
 #include "kernels/rows.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -80,9 +83,22 @@ void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h
 // asked for (ATTNLAB_BF16_TILES=amx or portable) the bf16 tiles of kernels/bf16_tiles.hpp, with the
 // same contract. Dropout and attention programs keep blas::gemm (its bf16 gemm there): their tile
 // code is not checked on the bf16 tiles yet.
+// On bf16 gemms (no tiles), the call's inputs (q, k, v, and dO in the backward) are rounded once,
+// before the tasks, where a gemm per tile would round its own copies of the same rows again for
+// every tile that reads them; a product whose operand lies in a rounded input reads its rows
+// (blas::gemm_bf16), and a tile of the call's own (P, dS) is rounded as the gemm would. Same
+// values, same compact strides: the bits of blas::gemm.
 struct Products {
   bool on_tiles = false;
   tiles::TileImpl impl = tiles::TileImpl::portable;
+
+  // An input rounded once: `values` floats from `base`, as rows of operand->cols().
+  struct Rounded {
+    const float* base = nullptr;
+    std::size_t values = 0;
+    const blas::Bf16Operand* operand = nullptr;
+  };
+  std::vector<Rounded> rounded;
 
   template <class T>
   void operator()(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
@@ -92,8 +108,36 @@ struct Products {
         tiles::tile_gemm(impl, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
       }
+      if (!rounded.empty()) {
+        thread_local blas::Bf16Operand own_a, own_b;
+        int a_row = 0, b_row = 0;
+        const blas::Bf16Operand& ra =
+            operand(a, trans_a ? k : m, trans_a ? m : k, lda, own_a, a_row);
+        const blas::Bf16Operand& rb =
+            operand(b, trans_b ? n : k, trans_b ? k : n, ldb, own_b, b_row);
+        blas::gemm_bf16(trans_a, trans_b, m, n, k, alpha, ra, a_row, rb, b_row, beta, c, ldc);
+        return;
+      }
     }
     blas::gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+ private:
+  // The rounded input holding x's rows (row set), else x rounded into `own`.
+  const blas::Bf16Operand& operand(const float* x, int rows, int cols, int ld,
+                                   blas::Bf16Operand& own, int& row) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(x);
+    for (const Rounded& r : rounded) {
+      const auto begin = reinterpret_cast<std::uintptr_t>(r.base);
+      if (at < begin || at >= begin + r.values * sizeof(float) || ld != r.operand->cols()) continue;
+      const std::size_t offset = (at - begin) / sizeof(float);
+      if (offset % static_cast<std::size_t>(ld) != 0) continue;
+      row = static_cast<int>(offset / static_cast<std::size_t>(ld));
+      return *r.operand;
+    }
+    own.round(x, rows, cols, ld);
+    row = 0;
+    return own;
   }
 };
 
@@ -106,6 +150,32 @@ Products products_for(const AttentionParams<T>& p) {
     if (products.on_tiles) products.impl = tiles::tile_impl();
   }
   return products;
+}
+
+// An input of the call (rows x cols, compact) for Products to round once.
+template <class T>
+struct Input {
+  const T* data;
+  std::size_t rows, cols;
+};
+
+// Rounds the inputs once on bf16 gemms (float, not on the tiles), into the calling thread's
+// storage: the calls of one thread do not overlap.
+template <class T>
+void round_inputs(Products& products, std::initializer_list<Input<T>> inputs) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (products.on_tiles || blas::gemm_precision() != GemmPrecision::bf16) return;
+    thread_local std::array<blas::Bf16Operand, 4> storage;
+    std::size_t i = 0;
+    for (const Input<T>& input : inputs) {
+      blas::Bf16Operand& operand = storage.at(i++);
+      operand.round(input.data, static_cast<int>(input.rows), static_cast<int>(input.cols),
+                    static_cast<int>(input.cols));
+      products.rounded.push_back({input.data, input.rows * input.cols, &operand});
+    }
+  } else {
+    (void)products, (void)inputs;
+  }
 }
 
 // The tiles a call runs on: a block mask's own, else those asked for (0: the tuned default).
@@ -149,7 +219,10 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
   const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
   resolve_tiles(p, tile_rows, tile_keys);
   const bool program = p.has_program();
-  const Products gemm = products_for(p);
+  Products products = products_for(p);
+  round_inputs<T>(
+      products, {{p.q, p.B * H * Tq, D}, {p.k, p.B * p.Hkv * Tk, D}, {p.v, p.B * p.Hkv * Tk, Dv}});
+  const Products& gemm = products;
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
   // One task per (K/V slice, row block): for each key block, the g = H / Hkv query heads of the
   // group take their turn on it while it is hot in cache, so each K/V tile is read once per group
@@ -269,7 +342,12 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                          std::size_t tile_keys) {
   const std::size_t H = p.H, Tq = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
   resolve_tiles(p, tile_rows, tile_keys);
-  const Products gemm = products_for(p);
+  Products products = products_for(p);
+  round_inputs<T>(products, {{p.q, p.B * H * Tq, D},
+                             {p.k, p.B * p.Hkv * Tk, D},
+                             {p.v, p.B * p.Hkv * Tk, Dv},
+                             {dout, p.B * H * Tq, Dv}});
+  const Products& gemm = products;
   const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
   // One K/V slice (b, kv head) per task: dK and dV start at 0 and every query head of its group
   // (bh = kv·g + r, r in order) adds into them, so grouped-query attention sums without races. A
