@@ -5,6 +5,7 @@
 #include <string>
 
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
@@ -42,8 +43,7 @@ LrSchedule LrSchedule::warmup_stable_decay(double base_lr, double min_lr, std::s
 }
 
 void LrSchedule::validate() const {
-  check_arg(std::isfinite(base_lr) && base_lr >= 0, "LrSchedule", "base_lr", "a finite value >= 0",
-            number_text(base_lr));
+  option_checks::finite_non_negative("LrSchedule", "base_lr", base_lr);
   if (kind == LrScheduleKind::constant) return;
   check_arg(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= base_lr, "LrSchedule", "min_lr",
             "a finite value in [0, base_lr = " + number_text(base_lr) + "]", number_text(min_lr));
