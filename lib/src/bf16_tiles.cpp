@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "amx_tile_config.hpp"
 #include "attnlab/fma_peak.hpp"
 #include "blas_private.hpp"
 
@@ -78,21 +79,14 @@ void portable_product(const std::uint16_t* a, const std::uint16_t* b, float* c, 
 }
 
 #ifdef ATTNLAB_TILES_AMX
-// Palette 1: tile 0 is C (16 rows of 16 floats), 1 is A (16 rows of 32 bf16), 2 is B (16 pair rows
-// of 32 bf16); 64 bytes a row each.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1, start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-// The same loops as portable_product on tile registers (strides in bytes).
+// The same loops as portable_product on tile registers (strides in bytes). Palette 1: tile 0 is C
+// (16 rows of 16 floats), 1 is A (16 rows of 32 bf16), 2 is B (16 pair rows of 32 bf16); 64 bytes
+// a row each.
 __attribute__((target("amx-tile,amx-bf16"))) void amx_product(const std::uint16_t* a,
                                                               const std::uint16_t* b, float* c,
                                                               int mt, int nt, int kt,
                                                               bool accumulate) {
-  TileConfig config;
+  AmxTileConfig config;
   for (int t = 0; t < 3; ++t) config.colsb[t] = 64, config.rows[t] = kRows;
   _tile_loadconfig(&config);
   const std::size_t lda = static_cast<std::size_t>(kt) * kDepth;

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "amx_tile_config.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define ATTNLAB_FMA_X86 1
@@ -111,19 +113,12 @@ float loop_scalar(std::int64_t iters, float seed) {
 #endif
 
 #ifdef ATTNLAB_AMX_LINUX
-// The tile configuration (palette 1): tiles 0-3 accumulate 16 x 16 floats, 4-5 hold A (16 rows of
-// 32 bf16), 6-7 hold B (16 rows of 32 bf16 pairs); 64 bytes per row each.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1, start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 // 4 TDPBF16PS per iteration on zero operands (their timing does not depend on the values), the
-// accumulators independent so that the tile unit never waits for a result.
+// accumulators independent so that the tile unit never waits for a result. The tile configuration
+// (palette 1): tiles 0-3 accumulate 16 x 16 floats, 4-5 hold A (16 rows of 32 bf16), 6-7 hold B
+// (16 rows of 32 bf16 pairs); 64 bytes per row each.
 __attribute__((target("amx-tile,amx-bf16"))) float loop_amx(std::int64_t iters, float seed) {
-  TileConfig config;
+  detail::AmxTileConfig config;
   for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   _tile_loadconfig(&config);
   alignas(64) static const std::uint16_t zeros[16 * 32] = {};

@@ -17,6 +17,7 @@
 #include "attnlab/app/text.hpp"
 #include "attnlab/io/config_json.hpp"
 #include "attnlab/io/safetensors.hpp"
+#include "config_file.hpp"
 
 namespace attnlab::app {
 
@@ -245,15 +246,8 @@ void read_json_text(const std::string& text, TrainConfig& config) {
 }
 
 void read_config_file(const std::string& path, TrainConfig& config) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open the config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    read_json_text(ss.str(), config);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(path + ": " + e.what());
-  }
+  read_config_file_text(path, "config file",
+                        [&](const std::string& text) { read_json_text(text, config); });
 }
 
 void write_config_file(const std::string& path, const TrainConfig& config) {

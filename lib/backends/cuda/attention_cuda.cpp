@@ -234,26 +234,24 @@ Tensor4<T> sdpa_forward_cuda(DeviceOps<T>& device, SdpaCache<T>& cache, const Te
   DeviceInputs<T> in(device, c, q, k, v);
   Tensor4<T> out({spec.B, spec.H, spec.Tq, spec.Dv});
   auto out_d = poisoned<T>(device, out.size());
+  // The forward into out_d and the path's saved statistic (P or the LSE) into `saved`: the
+  // program's kernels with a program, else the path's own (builtin).
+  const auto forward = [&](auto& saved, auto builtin) {
+    auto saved_d = poisoned<T>(device, saved.size());
+    if (c.has_program()) {
+      sdpa_program_forward_device<T>(device, c, in.params, out_d.data(), saved_d.data());
+    } else {
+      (device.*builtin)(out_d.data(), saved_d.data(), in.params);
+    }
+    device.synchronize();
+    saved_d.download(saved.data());
+  };
   if (c.path == SdpaPath::reference) {
     c.p = Tensor4<T>({spec.B, spec.H, spec.Tq, spec.Tk});
-    auto p_d = poisoned<T>(device, c.p.size());
-    if (c.has_program()) {
-      sdpa_program_forward_device<T>(device, c, in.params, out_d.data(), p_d.data());
-    } else {
-      device.sdpa_reference_forward(out_d.data(), p_d.data(), in.params);
-    }
-    device.synchronize();
-    p_d.download(c.p.data());
+    forward(c.p, &DeviceOps<T>::sdpa_reference_forward);
   } else {
     c.lse = Tensor3<T>({spec.B, spec.H, spec.Tq});
-    auto lse_d = poisoned<T>(device, c.lse.size());
-    if (c.has_program()) {
-      sdpa_program_forward_device<T>(device, c, in.params, out_d.data(), lse_d.data());
-    } else {
-      device.sdpa_fused_forward(out_d.data(), lse_d.data(), in.params);
-    }
-    device.synchronize();
-    lse_d.download(c.lse.data());
+    forward(c.lse, &DeviceOps<T>::sdpa_fused_forward);
   }
   out_d.download(out.data());
   if (c.path == SdpaPath::fused) c.out = out;

@@ -162,25 +162,7 @@ __device__ inline void fused_forward_body(T* out, T* lse, const AttentionParams<
     }
     __syncthreads();
     // O ← α·O + P V                                    (TILE,TILE) x (TILE,dvp) -> (TILE,dvp)
-    for (int n0 = 0; n0 < g.dvp; n0 += kChunk) {
-      T acc[MI][kChunkCols];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) {
-        const int r = ty + kSide * i;
-#pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          acc[i][j] = os[r * g.dvp + n0 + tx + kSide * j] * row_rescale[r];
-        }
-      }
-      micro_gemm(acc, ss, g.lds, 1, kvs, ldkv, 1, TILE, ty, tx, n0);
-#pragma unroll
-      for (int i = 0; i < MI; ++i) {
-#pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          os[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j] = acc[i][j];
-        }
-      }
-    }
+    accumulate_product<MI>(os, g.dvp, ss, g.lds, 1, kvs, ldkv, 1, TILE, ty, tx, row_rescale);
   }
   __syncthreads();
   // O = O / l (0 for a row with no visible key); LSE = m + log l (-inf for such a row).
@@ -382,24 +364,7 @@ __device__ inline void fused_key_pass_body(T* dk, T* dv, const T* dout, const T*
       }
       __syncthreads();
       // dV += Pᵀ dO                                      (TILE,TILE)ᵀ x (TILE,dvp) -> (TILE,dvp)
-      for (int n0 = 0; n0 < g.dvp; n0 += kChunk) {
-        T acc[MI][kChunkCols];
-#pragma unroll
-        for (int i = 0; i < MI; ++i) {
-#pragma unroll
-          for (int j = 0; j < kChunkCols; ++j) {
-            acc[i][j] = dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j];
-          }
-        }
-        micro_gemm(acc, ps, 1, g.lds, dos, g.lddv, 1, TILE, ty, tx, n0);
-#pragma unroll
-        for (int i = 0; i < MI; ++i) {
-#pragma unroll
-          for (int j = 0; j < kChunkCols; ++j) {
-            dvs[(ty + kSide * i) * g.dvp + n0 + tx + kSide * j] = acc[i][j];
-          }
-        }
-      }
+      accumulate_product<MI>(dvs, g.dvp, ps, 1, g.lds, dos, g.lddv, 1, TILE, ty, tx);
       __syncthreads();  // P is no longer read: overwrite it with dS
       // dS of the tile to a.dscores (the bias gradient) in this pass only: one writer per element
       T* dscores = a.dscores == nullptr ? nullptr : a.dscores + (bh * a.Tq + i0) * a.Tk + j0;
@@ -412,24 +377,7 @@ __device__ inline void fused_key_pass_body(T* dk, T* dv, const T* dout, const T*
             static_cast<int>(std::min<std::size_t>(TILE, a.Tk - j0)), b, h, i0, j0);
       }
       // dK += dSᵀ Q  (dS already carries s)              (TILE,TILE)ᵀ x (TILE,dp) -> (TILE,dp)
-      for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
-        T acc[MI][kChunkCols];
-#pragma unroll
-        for (int i = 0; i < MI; ++i) {
-#pragma unroll
-          for (int j = 0; j < kChunkCols; ++j) {
-            acc[i][j] = dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j];
-          }
-        }
-        micro_gemm(acc, ps, 1, g.lds, qs, g.ldd, 1, TILE, ty, tx, n0);
-#pragma unroll
-        for (int i = 0; i < MI; ++i) {
-#pragma unroll
-          for (int j = 0; j < kChunkCols; ++j) {
-            dks[(ty + kSide * i) * g.dp + n0 + tx + kSide * j] = acc[i][j];
-          }
-        }
-      }
+      accumulate_product<MI>(dks, g.dp, ps, 1, g.lds, qs, g.ldd, 1, TILE, ty, tx);
     }
   }
   __syncthreads();
@@ -506,24 +454,7 @@ __device__ inline void fused_query_pass_body(T* dq, const T* dout, const T* lse,
     }
     __syncthreads();
     // dQ += dS K  (dS already carries s)               (TILE,TILE) x (TILE,dp) -> (TILE,dp)
-    for (int n0 = 0; n0 < g.dp; n0 += kChunk) {
-      T acc[MI][kChunkCols];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) {
-#pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          acc[i][j] = dqs[(ty + kSide * i) * g.dp + n0 + tx + kSide * j];
-        }
-      }
-      micro_gemm(acc, ds, g.lds, 1, ks, g.ldd, 1, TILE, ty, tx, n0);
-#pragma unroll
-      for (int i = 0; i < MI; ++i) {
-#pragma unroll
-        for (int j = 0; j < kChunkCols; ++j) {
-          dqs[(ty + kSide * i) * g.dp + n0 + tx + kSide * j] = acc[i][j];
-        }
-      }
-    }
+    accumulate_product<MI>(dqs, g.dp, ds, g.lds, 1, ks, g.ldd, 1, TILE, ty, tx);
   }
   __syncthreads();
   for (int e = t; e < TILE * D; e += kThreads) {

@@ -39,6 +39,36 @@ __device__ inline void micro_gemm(T (&acc)[MI][NJ], const T* a, int a_rs, int a_
   }
 }
 
+// C(r, c) += Σ_{k < K} A(r, k) · B(k, c) at the thread's own rows r = ty + 16i of C (MI of them)
+// and every column c < width (a multiple of kChunk), one micro_gemm pass a chunk of kChunk
+// columns; C(r, c) = c_s[r·width + c] in shared memory, A and B as micro_gemm's. With row_scale,
+// C's rows are first multiplied by row_scale[r].
+template <int MI, class T>
+__device__ inline void accumulate_product(T* c_s, int width, const T* a, int a_rs, int a_ks,
+                                          const T* b, int b_ks, int b_cs, int K, int ty, int tx,
+                                          const T* row_scale = nullptr) {
+  for (int n0 = 0; n0 < width; n0 += kChunk) {
+    T acc[MI][kChunkCols];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+      const int r = ty + kSide * i;
+#pragma unroll
+      for (int j = 0; j < kChunkCols; ++j) {
+        const T value = c_s[r * width + n0 + tx + kSide * j];
+        acc[i][j] = row_scale == nullptr ? value : value * row_scale[r];
+      }
+    }
+    micro_gemm(acc, a, a_rs, a_ks, b, b_ks, b_cs, K, ty, tx, n0);
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+      for (int j = 0; j < kChunkCols; ++j) {
+        c_s[(ty + kSide * i) * width + n0 + tx + kSide * j] = acc[i][j];
+      }
+    }
+  }
+}
+
 template <class T, int MI, int NJ>
 __device__ inline void fill(T (&acc)[MI][NJ], T value) {
 #pragma unroll

@@ -102,6 +102,57 @@ __device__ inline void kept_pair(const AttentionSpec& a, std::size_t bh, std::si
   kept[1] = (high ? r.x[3] : r.x[1]) >= threshold;
 }
 
+// ---- K/V tiles of the forward and dQ -----------------------------------------------------------
+
+// The key tiles that packed rows [p0, p0 + 64) see, from key_begin of their first query to
+// key_end of their last (tiles outside are hidden from the whole tile), with K and V of the slice
+// (kg, vg) double-buffered in shared memory (ks, vs: 2 tiles each) by cp.async.
+template <int HD>
+struct KeyValueTiles {
+  attnlab_bf16* ks;
+  attnlab_bf16* vs;
+  const attnlab_bf16* kg;
+  const attnlab_bf16* vg;
+  std::size_t Tk;
+  std::size_t start = 0;
+  int count = 0;
+
+  __device__ KeyValueTiles(attnlab_bf16* ks_, attnlab_bf16* vs_, const attnlab_bf16* kg_,
+                           const attnlab_bf16* vg_, const AttentionParams<float>& a, std::size_t p0,
+                           std::size_t group)
+      : ks(ks_), vs(vs_), kg(kg_), vg(vg_), Tk(a.Tk) {
+    const std::size_t first = p0 / group, last = (min_size(p0 + kRows, a.Tq * group) - 1) / group;
+    start = attention::key_begin(a, first) / kKeys * kKeys;
+    const std::size_t stop = attention::key_end(a, last);
+    count = stop > start ? static_cast<int>(cm::tile_count(stop - start, kKeys)) : 0;
+  }
+
+  // The first key of tile it.
+  __device__ std::size_t key0(int it) const { return start + static_cast<std::size_t>(it) * kKeys; }
+
+  // Issues the copies of tile 0 (when there is one) into buffer 0; the caller commits.
+  __device__ void issue_first() const {
+    if (count > 0) {
+      async_tile<HD>(ks, kg, start, Tk);
+      async_tile<HD>(vs, vg, start, Tk);
+    }
+  }
+
+  // Issues tile it + 1 into the other buffer (read two barriers ago), then waits for tile it and
+  // the block; returns the buffer of tile it.
+  __device__ int wait(int it) const {
+    const int buf = it % 2;
+    if (it + 1 < count) {
+      async_tile<HD>(ks + (1 - buf) * Shape<HD>::kTile, kg, key0(it + 1), Tk);
+      async_tile<HD>(vs + (1 - buf) * Shape<HD>::kTile, vg, key0(it + 1), Tk);
+    }
+    attnlab_cp_async_commit();
+    attnlab_cp_async_wait<1>();  // every group but the newest (the next tile): this tile is in
+    __syncthreads();
+    return buf;
+  }
+};
+
 // ---- forward -----------------------------------------------------------------------------------
 
 template <int HD>
@@ -118,8 +169,6 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
   const std::size_t kv = blockIdx.y, group = a.group(), b = kv / a.Hkv;
   const std::size_t p0 = static_cast<std::size_t>(blockIdx.x) * kRows;  // first packed row
-  const attnlab_bf16* kg = k + kv * a.Tk * HD;
-  const attnlab_bf16* vg = v + kv * a.Tk * HD;
   // The lane's two rows: g and g + 8 of the warp's 16 (accumulator elements 0, 1 and 2, 3), packed
   // rows of the group's heads (query row[r] of head slice slice[r]; row[r] >= Tq past the end).
   std::size_t row[2];
@@ -134,18 +183,9 @@ __global__ void __launch_bounds__(kThreads)
     s[r] = a.scale[head[r]];
   }
 
-  // The tile's queries see keys [key_begin(first), key_end(last)); tiles outside are skipped.
-  const std::size_t first = p0 / group, last = (min_size(p0 + kRows, a.Tq * group) - 1) / group;
-  const std::size_t key_start = attention::key_begin(a, first) / kKeys * kKeys;
-  const std::size_t key_stop = attention::key_end(a, last);
-  const int tiles =
-      key_stop > key_start ? static_cast<int>(cm::tile_count(key_stop - key_start, kKeys)) : 0;
-
+  const KeyValueTiles<HD> tiles(ks, vs, k + kv * a.Tk * HD, v + kv * a.Tk * HD, a, p0, group);
   async_packed_tile<HD>(qs, q, kv, group, p0, a.Tq);
-  if (tiles > 0) {
-    async_tile<HD>(ks, kg, key_start, a.Tk);
-    async_tile<HD>(vs, vg, key_start, a.Tk);
-  }
+  tiles.issue_first();
   attnlab_cp_async_commit();
 
   float o[S::kDTiles][4];
@@ -153,16 +193,9 @@ __global__ void __launch_bounds__(kThreads)
   float row_max[2] = {cm::negative_infinity<float>(), cm::negative_infinity<float>()};
   float row_sum[2] = {0.0f, 0.0f};  // the lane's part: its 16 columns of each tile
 
-  for (int it = 0; it < tiles; ++it) {
-    const std::size_t j0 = key_start + static_cast<std::size_t>(it) * kKeys;
-    const int buf = it % 2;
-    if (it + 1 < tiles) {  // the next K/V tile into the other buffer, read two barriers ago
-      async_tile<HD>(ks + (1 - buf) * S::kTile, kg, j0 + kKeys, a.Tk);
-      async_tile<HD>(vs + (1 - buf) * S::kTile, vg, j0 + kKeys, a.Tk);
-    }
-    attnlab_cp_async_commit();
-    attnlab_cp_async_wait<1>();  // every group but the newest (the next tile): this tile is in
-    __syncthreads();
+  for (int it = 0; it < tiles.count; ++it) {
+    const std::size_t j0 = tiles.key0(it);
+    const int buf = tiles.wait(it);
     const attnlab_bf16* kt = ks + buf * S::kTile;
     const attnlab_bf16* vt = vs + buf * S::kTile;
 
@@ -414,8 +447,6 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize, g = lane / 4, t = lane % 4;
   const std::size_t kv = blockIdx.y, group = a.group(), b = kv / a.Hkv;
   const std::size_t p0 = static_cast<std::size_t>(blockIdx.x) * kRows;  // first packed row
-  const attnlab_bf16* kg = k + kv * a.Tk * HD;
-  const attnlab_bf16* vg = v + kv * a.Tk * HD;
   // The lane's two packed rows, as the forward's: query row[r] of head slice slice[r].
   std::size_t row[2];
   unsigned slice[2];  // B·H < 2¹⁶ (check_tc_params)
@@ -432,32 +463,17 @@ __global__ void __launch_bounds__(kThreads)
     row_d[r] = in ? row_dot[bh * a.Tq + row[r]] : 0.0f;
   }
 
-  const std::size_t first = p0 / group, last = (min_size(p0 + kRows, a.Tq * group) - 1) / group;
-  const std::size_t key_start = attention::key_begin(a, first) / kKeys * kKeys;
-  const std::size_t key_stop = attention::key_end(a, last);
-  const int tiles =
-      key_stop > key_start ? static_cast<int>(cm::tile_count(key_stop - key_start, kKeys)) : 0;
-
+  const KeyValueTiles<HD> tiles(ks, vs, k + kv * a.Tk * HD, v + kv * a.Tk * HD, a, p0, group);
   async_packed_tile<HD>(qs, q, kv, group, p0, a.Tq);
   async_packed_tile<HD>(dos, dout, kv, group, p0, a.Tq);
-  if (tiles > 0) {
-    async_tile<HD>(ks, kg, key_start, a.Tk);
-    async_tile<HD>(vs, vg, key_start, a.Tk);
-  }
+  tiles.issue_first();
   attnlab_cp_async_commit();
 
   float dqa[S::kDTiles][4];
   zero(dqa);
-  for (int it = 0; it < tiles; ++it) {
-    const std::size_t j0 = key_start + static_cast<std::size_t>(it) * kKeys;
-    const int buf = it % 2;
-    if (it + 1 < tiles) {
-      async_tile<HD>(ks + (1 - buf) * S::kTile, kg, j0 + kKeys, a.Tk);
-      async_tile<HD>(vs + (1 - buf) * S::kTile, vg, j0 + kKeys, a.Tk);
-    }
-    attnlab_cp_async_commit();
-    attnlab_cp_async_wait<1>();
-    __syncthreads();
+  for (int it = 0; it < tiles.count; ++it) {
+    const std::size_t j0 = tiles.key0(it);
+    const int buf = tiles.wait(it);
     const attnlab_bf16* kt = ks + buf * S::kTile;
     const attnlab_bf16* vt = vs + buf * S::kTile;
 

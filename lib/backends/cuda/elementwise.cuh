@@ -34,32 +34,23 @@ __global__ void __launch_bounds__(kElementThreads)
   }
 }
 
+// ReLU, or ReLU² when `squared`, with the CPU core's arithmetic (kernel_math::relu_element,
+// relu_squared_element and their backward): the same bits.
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
-    relu_forward_kernel(T* y, const T* x, std::size_t n) {
-  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = cm::relu_element(x[i]);
+    relu_forward_kernel(T* y, const T* x, std::size_t n, bool squared) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    y[i] = squared ? cm::relu_squared_element(x[i]) : cm::relu_element(x[i]);
+  }
 }
 
 template <class T>
 __global__ void __launch_bounds__(kElementThreads)
-    relu_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
-  for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = cm::relu_backward_element(dy[i], x[i]);
-}
-
-// ReLU², with the CPU core's arithmetic (kernel_math::relu_squared_element): the same bits.
-template <class T>
-__global__ void __launch_bounds__(kElementThreads)
-    relu_squared_forward_kernel(T* y, const T* x, std::size_t n) {
-  for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    y[i] = cm::relu_squared_element(x[i]);
-}
-
-template <class T>
-__global__ void __launch_bounds__(kElementThreads)
-    relu_squared_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
-  for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = cm::relu_squared_backward_element(dy[i], x[i]);
+    relu_backward_kernel(T* dx, const T* dy, const T* x, std::size_t n, bool squared) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    dx[i] = squared ? cm::relu_squared_backward_element(dy[i], x[i])
+                    : cm::relu_backward_element(dy[i], x[i]);
+  }
 }
 
 // SwiGLU over n = rows · F outputs, element i = (row i / F, column i % F) of h (rows, 2F) = [a |

@@ -174,16 +174,16 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (n > 0) elements(kernels::gelu_backward_kernel<T>, n, dx, dy, x, n, exact);
   }
   void relu_forward(T* y, const T* x, std::size_t n) override {
-    if (n > 0) elements(kernels::relu_forward_kernel<T>, n, y, x, n);
+    if (n > 0) elements(kernels::relu_forward_kernel<T>, n, y, x, n, false);
   }
   void relu_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
-    if (n > 0) elements(kernels::relu_backward_kernel<T>, n, dx, dy, x, n);
+    if (n > 0) elements(kernels::relu_backward_kernel<T>, n, dx, dy, x, n, false);
   }
   void relu_squared_forward(T* y, const T* x, std::size_t n) override {
-    if (n > 0) elements(kernels::relu_squared_forward_kernel<T>, n, y, x, n);
+    if (n > 0) elements(kernels::relu_forward_kernel<T>, n, y, x, n, true);
   }
   void relu_squared_backward(T* dx, const T* dy, const T* x, std::size_t n) override {
-    if (n > 0) elements(kernels::relu_squared_backward_kernel<T>, n, dx, dy, x, n);
+    if (n > 0) elements(kernels::relu_backward_kernel<T>, n, dx, dy, x, n, true);
   }
   void swiglu_forward(T* y, const T* h, std::size_t rows, std::size_t F) override {
     if (rows * F > 0) elements(kernels::swiglu_forward_kernel<T>, rows * F, y, h, rows * F, F);

@@ -121,15 +121,9 @@ Tensor<T, N> layernorm_forward(LayerNormCache<T, N>& cache, const Tensor<T, N>& 
 template <class T, std::size_t N>
 LayerNormGrads<T, N> layernorm_backward(const Tensor<T, N>& dy, const LayerNormCache<T, N>& cache,
                                         const Tensor1<T>& gamma) {
-  if (cache.rstd.empty()) {
-    throw std::logic_error("layernorm_backward: the cache is empty: call layernorm_forward first");
-  }
+  const std::size_t C = shape_helpers::check_norm_backward("layernorm_backward",
+                                                           "layernorm_forward", dy, cache, gamma);
   const auto& shape = cache.x.shape();
-  check_extents("layernorm_backward", "dy", dims(dy.shape()),
-                std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
-  const std::size_t C = gamma.size();
-  check_arg(C * cache.rstd.size() == cache.x.size(), "layernorm_backward", "gamma",
-            "the (C,) vector of the forward", "C = " + std::to_string(C));
   LayerNormGrads<T, N> g{Tensor<T, N>(shape), Tensor1<T>::from_shape({C}),
                          Tensor1<T>::from_shape({C})};
   std::vector<T> scratch;

@@ -112,15 +112,9 @@ Tensor<T, N> rmsnorm_forward(RmsNormCache<T, N>& cache, const Tensor<T, N>& x,
 template <class T, std::size_t N>
 RmsNormGrads<T, N> rmsnorm_backward(const Tensor<T, N>& dy, const RmsNormCache<T, N>& cache,
                                     const Tensor1<T>& gamma) {
-  if (cache.rstd.empty()) {
-    throw std::logic_error("rmsnorm_backward: the cache is empty: call rmsnorm_forward first");
-  }
+  const std::size_t C =
+      shape_helpers::check_norm_backward("rmsnorm_backward", "rmsnorm_forward", dy, cache, gamma);
   const auto& shape = cache.x.shape();
-  check_extents("rmsnorm_backward", "dy", dims(dy.shape()),
-                std::vector<std::ptrdiff_t>(shape.begin(), shape.end()));
-  const std::size_t C = gamma.size();
-  check_arg(C * cache.rstd.size() == cache.x.size(), "rmsnorm_backward", "gamma",
-            "the (C,) vector of the forward", "C = " + std::to_string(C));
   RmsNormGrads<T, N> g{Tensor<T, N>(shape), Tensor1<T>::from_shape({C})};
   std::vector<T> scratch;
   detail::rmsnorm_backward_rows(g.dx.data(), g.dgamma.data(), dy.data(), cache.x.data(),

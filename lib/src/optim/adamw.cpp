@@ -4,20 +4,16 @@
 
 #include "attnlab/device_ops.hpp"
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
 void validate(const AdamWOptions& options) {
-  check_arg(std::isfinite(options.lr) && options.lr >= 0, "AdamW", "lr", "a finite value >= 0",
-            number_text(options.lr));
-  check_arg(options.beta1 >= 0 && options.beta1 < 1, "AdamW", "beta1", "a value in [0, 1)",
-            number_text(options.beta1));
-  check_arg(options.beta2 >= 0 && options.beta2 < 1, "AdamW", "beta2", "a value in [0, 1)",
-            number_text(options.beta2));
-  check_arg(std::isfinite(options.eps) && options.eps > 0, "AdamW", "eps", "a finite value > 0",
-            number_text(options.eps));
-  check_arg(std::isfinite(options.weight_decay) && options.weight_decay >= 0, "AdamW",
-            "weight_decay", "a finite value >= 0", number_text(options.weight_decay));
+  option_checks::finite_non_negative("AdamW", "lr", options.lr);
+  option_checks::below_one("AdamW", "beta1", options.beta1);
+  option_checks::below_one("AdamW", "beta2", options.beta2);
+  option_checks::finite_positive("AdamW", "eps", options.eps);
+  option_checks::finite_non_negative("AdamW", "weight_decay", options.weight_decay);
 }
 
 template <class T>

@@ -5,19 +5,16 @@
 #include <sstream>
 
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
 void validate(const MuonOptions& o) {
-  check_arg(std::isfinite(o.lr) && o.lr >= 0, "Muon", "lr", "a finite value >= 0",
-            number_text(o.lr));
-  check_arg(o.momentum >= 0 && o.momentum < 1, "Muon", "momentum", "a value in [0, 1)",
-            number_text(o.momentum));
+  option_checks::finite_non_negative("Muon", "lr", o.lr);
+  option_checks::below_one("Muon", "momentum", o.momentum);
   check_arg(o.ns_steps >= 1, "Muon", "ns_steps", "an integer >= 1", std::to_string(o.ns_steps));
-  check_arg(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "Muon", "weight_decay",
-            "a finite value >= 0", number_text(o.weight_decay));
-  check_arg(std::isfinite(o.eps) && o.eps > 0, "Muon", "eps", "a finite value > 0",
-            number_text(o.eps));
+  option_checks::finite_non_negative("Muon", "weight_decay", o.weight_decay);
+  option_checks::finite_positive("Muon", "eps", o.eps);
   for (const double c : o.coefficients) {
     check_arg(std::isfinite(c), "Muon", "coefficients", "finite values", number_text(c));
   }

@@ -6,6 +6,7 @@
 
 #include "attnlab/backends/cpu.hpp"
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
@@ -27,12 +28,9 @@ std::vector<std::ptrdiff_t> to_expected(const std::vector<std::size_t>& shape) {
 }  // namespace
 
 double decay_factor(WeightDecayMode mode, double lr, double base_lr, double weight_decay) {
-  check_arg(std::isfinite(lr) && lr >= 0, "decay_factor", "lr", "a finite value >= 0",
-            number_text(lr));
-  check_arg(std::isfinite(base_lr) && base_lr >= 0, "decay_factor", "base_lr",
-            "a finite value >= 0", number_text(base_lr));
-  check_arg(std::isfinite(weight_decay) && weight_decay >= 0, "decay_factor", "weight_decay",
-            "a finite value >= 0", number_text(weight_decay));
+  option_checks::finite_non_negative("decay_factor", "lr", lr);
+  option_checks::finite_non_negative("decay_factor", "base_lr", base_lr);
+  option_checks::finite_non_negative("decay_factor", "weight_decay", weight_decay);
   if (mode == WeightDecayMode::decoupled) return 1 - lr * weight_decay;
   const double multiplier = base_lr > 0 ? lr / base_lr : 0.0;  // s_t
   return 1 - multiplier * weight_decay;
@@ -94,13 +92,13 @@ DeviceOps<T>& Optimizer<T>::backend() {
 
 template <class T>
 void Optimizer<T>::set_lr(double lr) {
-  check_arg(std::isfinite(lr) && lr >= 0, name_, "lr", "a finite value >= 0", number_text(lr));
+  option_checks::finite_non_negative(name_, "lr", lr);
   lr_ = lr;
 }
 
 template <class T>
 void Optimizer<T>::set_base_lr(double lr) {
-  check_arg(std::isfinite(lr) && lr >= 0, name_, "base_lr", "a finite value >= 0", number_text(lr));
+  option_checks::finite_non_negative(name_, "base_lr", lr);
   base_lr_ = lr;
 }
 

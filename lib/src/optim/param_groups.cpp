@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
@@ -240,8 +241,7 @@ void OptimizerGroups<T>::zero_grad() {
 
 template <class T>
 void OptimizerGroups<T>::set_lr(double lr) {
-  check_arg(std::isfinite(lr) && lr >= 0, "OptimizerGroups", "lr", "a finite value >= 0",
-            number_text(lr));
+  option_checks::finite_non_negative("OptimizerGroups", "lr", lr);
   for (const auto& g : groups_) {
     const double scaled = lr * g.lr_mult;
     check_arg(std::isfinite(scaled), "OptimizerGroups",

@@ -5,45 +5,45 @@
 #include <string>
 
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
-LrSchedule LrSchedule::constant(double lr) {
-  LrSchedule s;
-  s.kind = LrScheduleKind::constant;
-  s.base_lr = lr;
+namespace {
+
+// A validated schedule from its fields (warmdown: warmup_stable_decay's alone).
+LrSchedule make_schedule(LrScheduleKind kind, double base_lr, double min_lr = 0,
+                         std::size_t warmup_steps = 0, std::size_t total_steps = 0,
+                         double warmdown = LrSchedule{}.warmdown) {
+  const LrSchedule s{.kind = kind,
+                     .base_lr = base_lr,
+                     .min_lr = min_lr,
+                     .warmup_steps = warmup_steps,
+                     .total_steps = total_steps,
+                     .warmdown = warmdown};
   s.validate();
   return s;
+}
+
+}  // namespace
+
+LrSchedule LrSchedule::constant(double lr) {
+  return make_schedule(LrScheduleKind::constant, lr);
 }
 
 LrSchedule LrSchedule::warmup_cosine(double base_lr, double min_lr, std::size_t warmup_steps,
                                      std::size_t total_steps) {
-  LrSchedule s;
-  s.kind = LrScheduleKind::warmup_cosine;
-  s.base_lr = base_lr;
-  s.min_lr = min_lr;
-  s.warmup_steps = warmup_steps;
-  s.total_steps = total_steps;
-  s.validate();
-  return s;
+  return make_schedule(LrScheduleKind::warmup_cosine, base_lr, min_lr, warmup_steps, total_steps);
 }
 
 LrSchedule LrSchedule::warmup_stable_decay(double base_lr, double min_lr, std::size_t warmup_steps,
                                            std::size_t total_steps, double warmdown) {
-  LrSchedule s;
-  s.kind = LrScheduleKind::warmup_stable_decay;
-  s.base_lr = base_lr;
-  s.min_lr = min_lr;
-  s.warmup_steps = warmup_steps;
-  s.total_steps = total_steps;
-  s.warmdown = warmdown;
-  s.validate();
-  return s;
+  return make_schedule(LrScheduleKind::warmup_stable_decay, base_lr, min_lr, warmup_steps,
+                       total_steps, warmdown);
 }
 
 void LrSchedule::validate() const {
-  check_arg(std::isfinite(base_lr) && base_lr >= 0, "LrSchedule", "base_lr", "a finite value >= 0",
-            number_text(base_lr));
+  option_checks::finite_non_negative("LrSchedule", "base_lr", base_lr);
   if (kind == LrScheduleKind::constant) return;
   check_arg(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= base_lr, "LrSchedule", "min_lr",
             "a finite value in [0, base_lr = " + number_text(base_lr) + "]", number_text(min_lr));

@@ -3,16 +3,14 @@
 #include <cmath>
 
 #include "attnlab/tensor.hpp"
+#include "option_checks.hpp"
 
 namespace attnlab {
 
 void validate(const SgdOptions& options) {
-  check_arg(std::isfinite(options.lr) && options.lr >= 0, "SGD", "lr", "a finite value >= 0",
-            number_text(options.lr));
-  check_arg(options.momentum >= 0 && options.momentum < 1, "SGD", "momentum", "a value in [0, 1)",
-            number_text(options.momentum));
-  check_arg(std::isfinite(options.weight_decay) && options.weight_decay >= 0, "SGD", "weight_decay",
-            "a finite value >= 0", number_text(options.weight_decay));
+  option_checks::finite_non_negative("SGD", "lr", options.lr);
+  option_checks::below_one("SGD", "momentum", options.momentum);
+  option_checks::finite_non_negative("SGD", "weight_decay", options.weight_decay);
 }
 
 template <class T>

@@ -12,125 +12,80 @@
 namespace attnlab::app::proxy_detail {
 
 CheckResult check_c2_amended(const FamilyView& v, Verdict c1) {
-  CheckResult c{"C2a",
-                "qk-layernorm mitigates, in absolute terms: its LR sensitivity is below 1/√d_k's "
-                "at every width, and wherever 1/√d_k's max logit grew ≥ 10× qk-norm's final max "
-                "logit is at most 0.1× 1/√d_k's (the largest qk-norm run over the smallest "
-                "1/√d_k run at that width and LR) with a lower loss",
-                Verdict::holds,
-                "",
-                false,
-                ""};
-  c.amendment = true;
-  c.reason =
+  CheckResult c = new_amendment(
+      "C2a",
+      "qk-layernorm mitigates, in absolute terms: its LR sensitivity is below 1/√d_k's "
+      "at every width, and wherever 1/√d_k's max logit grew ≥ 10× qk-norm's final max "
+      "logit is at most 0.1× 1/√d_k's (the largest qk-norm run over the smallest "
+      "1/√d_k run at that width and LR) with a lower loss",
       "C2 bars qk-norm's own growth at 10× from its step-0 logit, a bar on qk-norm alone; the "
       "paper's claim compares the arms (qk-layernorm keeps the logits from 1/√d_k's growth), "
-      "which this states in absolute terms";
-  if (c1 != Verdict::holds) {
-    c.verdict = Verdict::inconclusive;
-    c.numbers = "C1 does not hold";
-    return c;
-  }
-  std::vector<std::string> parts;
-  bool all = true;
-  for (int w : v.widths()) {
-    if (!v.has_arm(w, "qk_norm")) {
-      c.verdict = Verdict::inconclusive;
-      c.numbers = "qk_norm not run at width " + std::to_string(w);
-      return c;
-    }
-    const double sq = v.sensitivity(w, "sqrt_dk"), qk = v.sensitivity(w, "qk_norm");
-    all = all && qk < sq;
-    std::string part = width_label(w) + ": sensitivity " + fmt("%.3f", qk) + " vs " +
-                       fmt("%.3f", sq) + (qk < sq ? " ✓" : " ✗");
-    std::vector<std::string> lrs;
-    for (double lr : v.lrs(w, "sqrt_dk")) {
-      const auto s = v.cell(w, "sqrt_dk", lr);
-      const double grow = FamilyView::min_growth(s);
-      if (std::isnan(grow) || grow < kSaturatedLogitGrowth) continue;
-      const auto q = v.cell(w, "qk_norm", lr);
-      double q_max = q.empty() ? std::numeric_limits<double>::quiet_NaN() : 0;
-      double s_min = std::numeric_limits<double>::infinity();
-      for (const auto* r : q) q_max = std::max(q_max, r->layer0_final.max_logit);
-      for (const auto* r : s)
-        s_min = run_diverged(*r) ? s_min : std::min(s_min, r->layer0_final.max_logit);
-      // A diverged 1/√d_k run (no final logit) leaves s_min at +inf: any finite q_max is below.
-      const double ratio = q_max / s_min;
-      const double ql = FamilyView::loss(q), sl = FamilyView::loss(s);
-      const bool ok = std::isfinite(q_max) && ratio <= kAbsoluteLogitShare && ql < sl;
-      all = all && ok;
-      lrs.push_back("lr " + fmt("%g", lr) + " max logit qk-norm ≤ " + fmt("%.3g", q_max) +
-                    " vs 1/√d_k ≥ " + fmt("%.3g", s_min) + " (ratio " + fmt("%.2g", ratio) +
-                    "), loss " + fmt("%.3f", ql) + " vs " + fmt("%.3f", sl) + (ok ? " ✓" : " ✗"));
-    }
-    if (!lrs.empty()) part += " (" + join(lrs, ", ") + ")";
-    parts.push_back(part);
-  }
-  c.numbers = join(parts);
-  c.verdict = all ? Verdict::holds : Verdict::fails;
+      "which this states in absolute terms");
+  check_qk_norm_mitigates(
+      c, v, c1,
+      [](int w, double qk, double sq) {
+        return width_label(w) + ": sensitivity " + fmt("%.3f", qk) + " vs " + fmt("%.3f", sq) +
+               (qk < sq ? " ✓" : " ✗");
+      },
+      [&](int w, double lr, const std::vector<const RunRecord*>& s, std::vector<std::string>& lrs) {
+        const auto q = v.cell(w, "qk_norm", lr);
+        double q_max = q.empty() ? std::numeric_limits<double>::quiet_NaN() : 0;
+        double s_min = std::numeric_limits<double>::infinity();
+        for (const auto* r : q) q_max = std::max(q_max, r->layer0_final.max_logit);
+        for (const auto* r : s)
+          s_min = run_diverged(*r) ? s_min : std::min(s_min, r->layer0_final.max_logit);
+        // A diverged 1/√d_k run (no final logit) leaves s_min at +inf: any finite q_max is below.
+        const double ratio = q_max / s_min;
+        const double ql = FamilyView::loss(q), sl = FamilyView::loss(s);
+        const bool ok = std::isfinite(q_max) && ratio <= kAbsoluteLogitShare && ql < sl;
+        lrs.push_back("lr " + fmt("%g", lr) + " max logit qk-norm ≤ " + fmt("%.3g", q_max) +
+                      " vs 1/√d_k ≥ " + fmt("%.3g", s_min) + " (ratio " + fmt("%.2g", ratio) +
+                      "), loss " + fmt("%.3f", ql) + " vs " + fmt("%.3f", sl) + (ok ? " ✓" : " ✗"));
+        return ok;
+      });
   return c;
 }
 
 CheckResult check_c4_amended(const FamilyView& v) {
-  CheckResult c{"C4a",
-                "1/d_k does not replace qk-layernorm, in grid steps: its largest good LR is at "
-                "most one step of the LR grid above 1/√d_k's at every width, and at the largest "
-                "width its loss at LR 0.3 is ≥ qk-norm's + 0.2",
-                Verdict::holds,
-                "",
-                false,
-                ""};
-  c.amendment = true;
-  c.reason =
+  CheckResult c = new_amendment(
+      "C4a",
+      "1/d_k does not replace qk-layernorm, in grid steps: its largest good LR is at "
+      "most one step of the LR grid above 1/√d_k's at every width, and at the largest "
+      "width its loss at LR 0.3 is ≥ qk-norm's + 0.2",
       "C4's threshold 10^0.5 = 3.16 falls between the grid's two step sizes (×3.33 and ×3): "
-      "one step passes or fails by where it falls, so the shift is counted in steps";
-  std::vector<std::string> parts;
-  bool all = true;
-  for (int w : v.widths()) {
-    if (!v.has_arm(w, "dk") || !v.has_arm(w, "sqrt_dk")) {
-      c.verdict = Verdict::inconclusive;
-      c.numbers = "dk or sqrt_dk not run at width " + std::to_string(w);
-      return c;
-    }
-    // The grid: the LRs either arm ran at this width.
-    std::vector<double> grid = v.lrs(w, "sqrt_dk");
-    for (double lr : v.lrs(w, "dk"))
-      if (std::none_of(grid.begin(), grid.end(), [&](double x) { return same_lr(x, lr); }))
-        grid.push_back(lr);
-    std::sort(grid.begin(), grid.end());
-    const auto index = [&](double lr) {
-      return static_cast<long>(
-          std::find_if(grid.begin(), grid.end(), [&](double x) { return same_lr(x, lr); }) -
-          grid.begin());
-    };
-    const double dk = v.good_lr(w, "dk"), sq = v.good_lr(w, "sqrt_dk");
-    const long steps = index(dk) - index(sq);
-    const bool ok = steps <= 1;
-    all = all && ok;
-    parts.push_back(width_label(w) + " good LR 1/d_k " + fmt("%g", dk) + " vs 1/√d_k " +
-                    fmt("%g", sq) + " (" + std::to_string(steps) + " grid step" +
-                    (steps == 1 || steps == -1 ? "" : "s") + ")" + (ok ? " ✓" : " ✗"));
-  }
-  const std::optional<bool> worse = dk_worse_at_high_lr(v, parts, c);
-  if (!worse) return c;
-  c.numbers = join(parts);
-  c.verdict = all && *worse ? Verdict::holds : Verdict::fails;
+      "one step passes or fails by where it falls, so the shift is counted in steps");
+  check_dk_does_not_replace(
+      c, v, [&](int w, double dk, double sq, std::vector<std::string>& parts) {
+        // The grid: the LRs either arm ran at this width.
+        std::vector<double> grid = v.lrs(w, "sqrt_dk");
+        for (double lr : v.lrs(w, "dk"))
+          if (std::none_of(grid.begin(), grid.end(), [&](double x) { return same_lr(x, lr); }))
+            grid.push_back(lr);
+        std::sort(grid.begin(), grid.end());
+        const auto index = [&](double lr) {
+          return static_cast<long>(
+              std::find_if(grid.begin(), grid.end(), [&](double x) { return same_lr(x, lr); }) -
+              grid.begin());
+        };
+        const long steps = index(dk) - index(sq);
+        const bool ok = steps <= 1;
+        parts.push_back(width_label(w) + " good LR 1/d_k " + fmt("%g", dk) + " vs 1/√d_k " +
+                        fmt("%g", sq) + " (" + std::to_string(steps) + " grid step" +
+                        (steps == 1 || steps == -1 ? "" : "s") + ")" + (ok ? " ✓" : " ✗"));
+        return ok;
+      });
   return c;
 }
 
 CheckResult check_c6_amended(const FamilyView& v) {
-  CheckResult c{"C6a",
-                "growth comes from the query and key norms: in C1's failed runs, log max-logit "
-                "against log(‖q‖‖k‖) at the max-logit pair has a slope in [0.7, 1.3], within each "
-                "run (step 0 to end, the median over runs) and across runs (their ends)",
-                Verdict::inconclusive,
-                "",
-                false,
-                ""};
-  c.amendment = true;
-  c.reason =
+  CheckResult c = new_amendment(
+      "C6a",
+      "growth comes from the query and key norms: in C1's failed runs, log max-logit "
+      "against log(‖q‖‖k‖) at the max-logit pair has a slope in [0.7, 1.3], within each "
+      "run (step 0 to end, the median over runs) and across runs (their ends)",
       "C6 regresses on the whole-layer Frobenius norms of W_Q and W_K; the paper attributes the "
-      "growth to the norms of the queries and keys themselves";
+      "growth to the norms of the queries and keys themselves",
+      Verdict::inconclusive);
   const auto failures = v.c1_failures();
   const auto has_pair = [](const LayerZeroStats& z) {
     return std::isfinite(z.q_norm) && std::isfinite(z.k_norm);

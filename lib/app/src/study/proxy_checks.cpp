@@ -29,14 +29,11 @@ std::optional<std::pair<std::string, int>> family_of(const std::string& group) {
 }
 
 CheckResult check_c1(const FamilyView& v) {
-  CheckResult c{"C1",
+  CheckResult c =
+      new_check("C1",
                 "the instability exists: 1/√d_k at LR 0.3 (every width) and 0.1 (width ≥ 128) "
                 "fails (diverges or ends ≥ 0.5 above the width's best) with layer-0 max logit "
-                "grown ≥ 10×",
-                Verdict::holds,
-                "",
-                false,
-                ""};
+                "grown ≥ 10×");
   std::vector<std::string> parts;
   bool all = true, missing = false, near_everywhere = true;
   for (const auto& [w, lr] : v.c1_cells()) {
@@ -71,59 +68,35 @@ CheckResult check_c1(const FamilyView& v) {
 }
 
 CheckResult check_c2(const FamilyView& v, Verdict c1) {
-  CheckResult c{"C2",
+  CheckResult c =
+      new_check("C2",
                 "qk-layernorm mitigates: its LR sensitivity is below 1/√d_k's at every width, and "
                 "wherever 1/√d_k's max logit grew ≥ 10× qk-norm's stays below 10× with a lower "
-                "loss",
-                Verdict::holds,
-                "",
-                false,
-                ""};
-  if (c1 != Verdict::holds) {
-    c.verdict = Verdict::inconclusive;
-    c.numbers = "C1 does not hold";
-    return c;
-  }
-  std::vector<std::string> parts;
-  bool all = true;
-  for (int w : v.widths()) {
-    if (!v.has_arm(w, "qk_norm")) {
-      c.verdict = Verdict::inconclusive;
-      c.numbers = "qk_norm not run at width " + std::to_string(w);
-      return c;
-    }
-    const double sq = v.sensitivity(w, "sqrt_dk"), qk = v.sensitivity(w, "qk_norm");
-    all = all && qk < sq;
-    std::string part = width_label(w) + ": sensitivity qk-norm " + fmt("%.3f", qk) + " vs 1/√d_k " +
-                       fmt("%.3f", sq);
-    std::vector<std::string> lrs;
-    for (double lr : v.lrs(w, "sqrt_dk")) {
-      const double grow = FamilyView::min_growth(v.cell(w, "sqrt_dk", lr));
-      if (std::isnan(grow) || grow < kSaturatedLogitGrowth) continue;
-      const auto q = v.cell(w, "qk_norm", lr);
-      const double qgrow = FamilyView::max_growth(q);
-      const double ql = FamilyView::loss(q), sl = FamilyView::loss(v.cell(w, "sqrt_dk", lr));
-      const bool ok = !q.empty() && !std::isnan(qgrow) && qgrow < kSaturatedLogitGrowth && ql < sl;
-      all = all && ok;
-      lrs.push_back("lr " + fmt("%g", lr) + " qk-norm growth " + growth_text(qgrow) + ", loss " +
-                    fmt("%.3f", ql) + " vs " + fmt("%.3f", sl) + (ok ? " ✓" : " ✗"));
-    }
-    if (!lrs.empty()) part += " (" + join(lrs, ", ") + ")";
-    parts.push_back(part);
-  }
-  c.numbers = join(parts);
-  c.verdict = all ? Verdict::holds : Verdict::fails;
+                "loss");
+  check_qk_norm_mitigates(
+      c, v, c1,
+      [](int w, double qk, double sq) {
+        return width_label(w) + ": sensitivity qk-norm " + fmt("%.3f", qk) + " vs 1/√d_k " +
+               fmt("%.3f", sq);
+      },
+      [&](int w, double lr, const std::vector<const RunRecord*>& s, std::vector<std::string>& lrs) {
+        const auto q = v.cell(w, "qk_norm", lr);
+        const double qgrow = FamilyView::max_growth(q);
+        const double ql = FamilyView::loss(q), sl = FamilyView::loss(s);
+        const bool ok =
+            !q.empty() && !std::isnan(qgrow) && qgrow < kSaturatedLogitGrowth && ql < sl;
+        lrs.push_back("lr " + fmt("%g", lr) + " qk-norm growth " + growth_text(qgrow) + ", loss " +
+                      fmt("%.3f", ql) + " vs " + fmt("%.3f", sl) + (ok ? " ✓" : " ✗"));
+        return ok;
+      });
   return c;
 }
 
 CheckResult check_c3(const FamilyView& v) {
-  CheckResult c{"C3",
+  CheckResult c =
+      new_check("C3",
                 "the width trend: 1/√d_k's LR sensitivity at the largest width exceeds that at the "
-                "smallest, and its largest LR within 0.1 of its best does not grow with width",
-                Verdict::holds,
-                "",
-                false,
-                ""};
+                "smallest, and its largest LR within 0.1 of its best does not grow with width");
   std::vector<std::string> sens, good;
   std::vector<double> goods, sensitivities;
   for (int w : v.widths()) {
@@ -148,44 +121,26 @@ CheckResult check_c3(const FamilyView& v) {
 }
 
 CheckResult check_c4(const FamilyView& v) {
-  CheckResult c{"C4",
+  CheckResult c =
+      new_check("C4",
                 "1/d_k does not replace qk-layernorm: its largest good LR is at most 10^0.5 × "
                 "1/√d_k's at every width, and at the largest width its loss at LR 0.3 is ≥ "
-                "qk-norm's + 0.2",
-                Verdict::holds,
-                "",
-                false,
-                ""};
-  std::vector<std::string> parts;
-  bool all = true;
-  for (int w : v.widths()) {
-    if (!v.has_arm(w, "dk") || !v.has_arm(w, "sqrt_dk")) {
-      c.verdict = Verdict::inconclusive;
-      c.numbers = "dk or sqrt_dk not run at width " + std::to_string(w);
-      return c;
-    }
-    const double dk = v.good_lr(w, "dk"), sq = v.good_lr(w, "sqrt_dk");
+                "qk-norm's + 0.2");
+  check_dk_does_not_replace(c, v, [](int w, double dk, double sq, std::vector<std::string>& parts) {
     const bool ok = dk <= std::sqrt(10.0) * sq * (1 + 1e-9);
-    all = all && ok;
     parts.push_back(width_label(w) + " good LR 1/d_k " + fmt("%g", dk) + " vs 1/√d_k " +
                     fmt("%g", sq) + (sq > 0 ? " (ratio " + fmt("%.3g", dk / sq) + ")" : "") +
                     (ok ? " ✓" : " ✗"));
-  }
-  const std::optional<bool> worse = dk_worse_at_high_lr(v, parts, c);
-  if (!worse) return c;
-  c.numbers = join(parts);
-  c.verdict = all && *worse ? Verdict::holds : Verdict::fails;
+    return ok;
+  });
   return c;
 }
 
 CheckResult check_c5(const FamilyView& v) {
-  CheckResult c{"C5",
+  CheckResult c =
+      new_check("C5",
                 "entropy collapse: each failed run of C1 ends with layer-0 entropy below half "
-                "that of the matching qk-norm run",
-                Verdict::holds,
-                "",
-                false,
-                ""};
+                "that of the matching qk-norm run");
   int evaluable = 0, held = 0, skipped = 0;
   std::vector<std::string> parts;
   for (const auto& [w, r] : v.c1_failures()) {
@@ -214,13 +169,11 @@ CheckResult check_c5(const FamilyView& v) {
 }
 
 CheckResult check_c6(const FamilyView& v) {
-  CheckResult c{"C6",
+  CheckResult c =
+      new_check("C6",
                 "growth comes from the norms: in C1's failed runs, log max-logit against "
                 "log(‖W_Q‖‖W_K‖) has a slope in [0.7, 1.3]",
-                Verdict::inconclusive,
-                "",
-                false,
-                ""};
+                Verdict::inconclusive);
   std::vector<double> xs, ys;
   const auto add = [&](const LayerZeroStats& z) {
     const double x = z.wq_norm * z.wk_norm, y = z.max_logit;

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnlab/app/proxy_checks.hpp"
@@ -201,6 +202,16 @@ class FamilyView {
   std::map<int, std::vector<const RunRecord*>> by_width_;
 };
 
+// A check's result before its numbers, at `verdict` until the check decides; an amendment's
+// (written after the results) with its reason.
+inline CheckResult new_check(std::string id, std::string claim, Verdict verdict = Verdict::holds) {
+  return {std::move(id), std::move(claim), verdict, "", false, ""};
+}
+inline CheckResult new_amendment(std::string id, std::string claim, std::string reason,
+                                 Verdict verdict = Verdict::holds) {
+  return {std::move(id), std::move(claim), verdict, "", true, std::move(reason)};
+}
+
 inline std::string growth_text(double g) {
   if (std::isnan(g)) return "unknown";
   if (std::isinf(g)) return "inf (diverged)";
@@ -242,23 +253,74 @@ inline bool in_slope_band(double slope) {
   return slope >= kSlopeLo && slope <= kSlopeHi;
 }
 
-// C4's second half, shared by C4 and C4a: at the widest width and LR 0.3, 1/d_k's loss is at least
-// kDkMargin above qk-norm's. Appends its numbers to parts; sets c (verdict inconclusive, numbers)
-// and returns nullopt when either cell was not run.
-inline std::optional<bool> dk_worse_at_high_lr(const FamilyView& v, std::vector<std::string>& parts,
-                                               CheckResult& c) {
+// The frame shared by C2 and C2a: inconclusive unless C1 holds and every width ran qk_norm; else
+// it holds where, at every width, qk-norm's LR sensitivity is below 1/√d_k's and at_lr holds at
+// every LR whose 1/√d_k cell's max logit grew ≥ kSaturatedLogitGrowth. width_text(w, qk, sq)
+// opens a width's numbers (the two sensitivities); at_lr(w, lr, sqrt_dk_cell, lr_texts) adds one.
+template <class WidthText, class AtLr>
+void check_qk_norm_mitigates(CheckResult& c, const FamilyView& v, Verdict c1, WidthText width_text,
+                             AtLr at_lr) {
+  if (c1 != Verdict::holds) {
+    c.verdict = Verdict::inconclusive;
+    c.numbers = "C1 does not hold";
+    return;
+  }
+  std::vector<std::string> parts;
+  bool all = true;
+  for (int w : v.widths()) {
+    if (!v.has_arm(w, "qk_norm")) {
+      c.verdict = Verdict::inconclusive;
+      c.numbers = "qk_norm not run at width " + std::to_string(w);
+      return;
+    }
+    const double sq = v.sensitivity(w, "sqrt_dk"), qk = v.sensitivity(w, "qk_norm");
+    all = all && qk < sq;
+    std::string part = width_text(w, qk, sq);
+    std::vector<std::string> lrs;
+    for (double lr : v.lrs(w, "sqrt_dk")) {
+      const auto s = v.cell(w, "sqrt_dk", lr);
+      const double grow = FamilyView::min_growth(s);
+      if (std::isnan(grow) || grow < kSaturatedLogitGrowth) continue;
+      const bool ok = at_lr(w, lr, s, lrs);
+      all = all && ok;
+    }
+    if (!lrs.empty()) part += " (" + join(lrs, ", ") + ")";
+    parts.push_back(part);
+  }
+  c.numbers = join(parts);
+  c.verdict = all ? Verdict::holds : Verdict::fails;
+}
+
+// The frame shared by C4 and C4a: inconclusive unless every width ran dk and sqrt_dk, and the
+// widest width ran dk and qk_norm at LR 0.3; else it holds where at_width holds at every width
+// and, at the widest width and LR 0.3, 1/d_k's loss is at least kDkMargin above qk-norm's.
+// at_width(w, dk, sq, parts) gets the two arms' good LRs (FamilyView::good_lr) and adds its text.
+template <class AtWidth>
+void check_dk_does_not_replace(CheckResult& c, const FamilyView& v, AtWidth at_width) {
+  std::vector<std::string> parts;
+  bool all = true;
+  for (int w : v.widths()) {
+    if (!v.has_arm(w, "dk") || !v.has_arm(w, "sqrt_dk")) {
+      c.verdict = Verdict::inconclusive;
+      c.numbers = "dk or sqrt_dk not run at width " + std::to_string(w);
+      return;
+    }
+    const bool ok = at_width(w, v.good_lr(w, "dk"), v.good_lr(w, "sqrt_dk"), parts);
+    all = all && ok;
+  }
   const int top = v.widths().back();
   const auto dk = v.cell(top, "dk", kHighLr), qk = v.cell(top, "qk_norm", kHighLr);
   if (dk.empty() || qk.empty()) {
     c.verdict = Verdict::inconclusive;
     c.numbers = join(parts) + "; LR 0.3 of dk or qk_norm not run at width " + std::to_string(top);
-    return std::nullopt;
+    return;
   }
   const double dl = FamilyView::loss(dk), ql = FamilyView::loss(qk);
   const bool worse = dl >= ql + kDkMargin;
   parts.push_back(width_label(top) + " lr 0.3: loss 1/d_k " + fmt("%.3f", dl) + " vs qk-norm " +
                   fmt("%.3f", ql) + (worse ? " ✓" : " ✗"));
-  return worse;
+  c.numbers = join(parts);
+  c.verdict = all && worse ? Verdict::holds : Verdict::fails;
 }
 
 // The amendments (proxy_amendments.cpp).

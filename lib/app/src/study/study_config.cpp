@@ -1,9 +1,7 @@
 // JSON of a study plan: the presets as data (`attnlab study --config FILE`).
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
+#include "../config_file.hpp"
 #include "attnlab/app/study.hpp"
 #include "attnlab/io/config_json.hpp"
 
@@ -15,15 +13,8 @@ ATTNLAB_JSON_FIELDS(StudyGroup, name, base, arms, d_k, lrs, seeds, budgets)
 ATTNLAB_JSON_FIELDS(StudyPlan, preset, groups)
 
 void read_study_file(const std::string& path, StudyPlan& plan) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open the study config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    read_study_text(ss.str(), plan);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(path + ": " + e.what());
-  }
+  read_config_file_text(path, "study config",
+                        [&](const std::string& text) { read_study_text(text, plan); });
 }
 
 void read_study_text(const std::string& text, StudyPlan& plan) {
