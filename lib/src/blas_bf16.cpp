@@ -128,32 +128,16 @@ void rounded_product(bool trans_a, bool trans_b, int m, int n, int k, float alph
   }
 }
 
-// A and B rounded once into the calling thread's compact copies of E, then rounded_product.
-template <class E>
-void rounded_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  thread_local std::vector<E> a_copy, b_copy;
-  a_copy.resize(std::max(a_copy.size(), static_cast<std::size_t>(a_rows) * a_cols));
-  b_copy.resize(std::max(b_copy.size(), static_cast<std::size_t>(b_rows) * b_cols));
-  copy_rounded(a, a_rows, a_cols, lda, a_copy.data());
-  copy_rounded(b, b_rows, b_cols, ldb, b_copy.data());
-  rounded_product(trans_a, trans_b, m, n, k, alpha, a_copy.data(), a_cols, b_copy.data(), b_cols,
-                  beta, c, ldc);
-}
-
 }  // namespace
 
-// A bf16 gemm: A and B rounded once into the calling thread's scratch, bf16 bits for oneDNN's
-// bf16 matmul or floats for the emulation, then the product split over the threads.
+// A bf16 gemm: A and B rounded once into the calling thread's operands (bf16 bits for oneDNN's
+// bf16 matmul, floats for the emulation), then their product (gemm_bf16).
 void bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  if (bf16_on_onednn()) {
-    rounded_gemm<std::uint16_t>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    rounded_gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
+  thread_local Bf16Operand a_rounded, b_rounded;
+  a_rounded.round(a, trans_a ? k : m, trans_a ? m : k, lda);
+  b_rounded.round(b, trans_b ? n : k, trans_b ? k : n, ldb);
+  gemm_bf16(trans_a, trans_b, m, n, k, alpha, a_rounded, 0, b_rounded, 0, beta, c, ldc);
 }
 
 void select_bf16(BlasInfo& info) {
