@@ -390,3 +390,69 @@ TEST_CASE("bf16 linear: operands rounded once give the bits of a rounding gemm p
     CHECK(dw == dw_ref);
   }
 }
+
+TEST_CASE(
+    "bf16 linear with an OperandKeep: the same bits with x and W kept from forward to backward") {
+  const ThreadScope threads(2);
+  const std::size_t rows = 300, in = 48, out = 80, chunks = detail::linear_chunks(rows);
+  const std::vector<float> x0 = random_floats(rows * in, 31), dy = random_floats(rows * out, 32);
+  const std::vector<float> w0 = random_floats(in * out, 33), w2 = random_floats(in * out, 34);
+  // One linear's forward and backward (dW assigned) without a keep, on copies of x and w.
+  struct Result {
+    std::vector<float> y, dx, dw;
+  };
+  const auto plain = [&](const std::vector<float>& x, const std::vector<float>& w) {
+    Result r{std::vector<float>(rows * out), std::vector<float>(rows * in),
+             std::vector<float>(in * out)};
+    std::vector<float> partial((chunks - 1) * in * out);
+    detail::linear_forward_rows<float>(r.y.data(), x.data(), w.data(), nullptr, rows, in, out);
+    detail::linear_backward_rows<float>(r.dx.data(), r.dw.data(), nullptr, dy.data(), x.data(),
+                                        w.data(), rows, in, out, partial.data());
+    return r;
+  };
+  std::vector<float> x_new = x0, w_new = w0;
+  for (float& v : x_new) v = -2 * v;
+  for (float& v : w_new) v = 0.5f * v + 0.25f;
+  for (const bool bf16 : {true, false}) {
+    CAPTURE(bf16);
+    const blas::GemmPrecisionScope scope(bf16 ? GemmPrecision::bf16 : GemmPrecision::fp32);
+    const Result before = plain(x0, w0), after = plain(x_new, w_new), other_w = plain(x0, w2);
+    OperandKeep keep;
+    std::vector<float> x = x0, w = w0, y(rows * out), y2(rows * out), dx(rows * in);
+    std::vector<float> dw(in * out), partial((chunks - 1) * in * out);
+    detail::linear_forward_rows<float>(y.data(), x.data(), w.data(), nullptr, rows, in, out, false,
+                                       &keep);
+    CHECK(y == before.y);
+    // A second projection of the same x with another W (a self-attention's k after q).
+    detail::linear_forward_rows<float>(y2.data(), x.data(), w2.data(), nullptr, rows, in, out,
+                                       false, &keep);
+    CHECK(y2 == other_w.y);
+    // Against the keep's contract, x and W change before the backward: under bf16 it still reads
+    // the forward's roundings (so they were kept, not rounded again); in fp32 nothing is kept.
+    x = x_new, w = w_new;
+    detail::linear_backward_rows<float>(dx.data(), dw.data(), nullptr, dy.data(), x.data(),
+                                        w.data(), rows, in, out, partial.data(), false, false,
+                                        &keep);
+    CHECK(dx == (bf16 ? before.dx : after.dx));
+    CHECK(dw == (bf16 ? before.dw : after.dw));
+    CHECK((dx != before.dx) == !bf16);  // the two cases differ
+    // After clear() the new values are read.
+    keep.clear();
+    detail::linear_forward_rows<float>(y.data(), x.data(), w.data(), nullptr, rows, in, out, false,
+                                       &keep);
+    detail::linear_backward_rows<float>(dx.data(), dw.data(), nullptr, dy.data(), x.data(),
+                                        w.data(), rows, in, out, partial.data(), false, false,
+                                        &keep);
+    CHECK(y == after.y);
+    CHECK(dx == after.dx);
+    CHECK(dw == after.dw);
+    // The same address read as another shape is rounded as that shape.
+    const std::size_t rows2 = rows / 2, in2 = 2 * in;
+    std::vector<float> y3(rows2 * out), y3_ref(rows2 * out), w3 = random_floats(in2 * out, 35);
+    detail::linear_forward_rows<float>(y3.data(), x.data(), w3.data(), nullptr, rows2, in2, out,
+                                       false, &keep);
+    detail::linear_forward_rows<float>(y3_ref.data(), x.data(), w3.data(), nullptr, rows2, in2,
+                                       out);
+    CHECK(y3 == y3_ref);
+  }
+}

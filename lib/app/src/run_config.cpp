@@ -344,7 +344,11 @@ MemoryEstimate estimate_memory(const TrainConfig& c) {
   // weights, scores and q·k products that the eval's statistics read; the embedding and the
   // logits with their probabilities and gradient.
   const double mlp = m.block.mlp == MlpActivation::swiglu ? 7 * F : 4 * F;  // SwiGLU: 2F + F
-  const double per_block = T * (16 * C + mlp + 4 * H * D) + 3 * H * T * T;
+  // Under bf16 on the CPU each layer also keeps the bf16 roundings of its GEMMs' inputs (x for the
+  // projections, the merged heads, the MLP's input and hidden layer: 2 bytes each) for its
+  // backward (attnlab/operand_keep.hpp).
+  const double kept = c.precision == GemmPrecision::bf16 ? (3 * C + F) / 2 : 0;
+  const double per_block = T * (16 * C + mlp + 4 * H * D + kept) + 3 * H * T * T;
   const double per_example = L * per_block + T * (2 * C + 3 * V);
   MemoryEstimate e;
   e.parameters = 2 * P * kFloat;

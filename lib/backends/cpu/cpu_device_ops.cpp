@@ -245,17 +245,17 @@ class CpuDeviceOps final : public DeviceOps<T> {
     attention::dropout_elements(y, x, n, p, key, stream);
   }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
-                      std::size_t out, bool w_transposed) override {
+                      std::size_t out, bool w_transposed, OperandKeep* keep) override {
     if (out == 0) return;
-    detail::linear_forward_rows(y, x, w, b, rows, in, out, w_transposed);
+    detail::linear_forward_rows(y, x, w, b, rows, in, out, w_transposed, keep);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
-                       std::size_t in, std::size_t out, bool w_transposed,
-                       bool accumulate_dw) override {
+                       std::size_t in, std::size_t out, bool w_transposed, bool accumulate_dw,
+                       OperandKeep* keep) override {
     std::vector<T>& partial = scratch();
     partial.resize((detail::linear_chunks(rows) - 1) * in * out);
     detail::linear_backward_rows(dx, dw, db, dy, x, w, rows, in, out, partial.data(), w_transposed,
-                                 accumulate_dw);
+                                 accumulate_dw, keep);
   }
   void softmax_cross_entropy(T* loss, T* dlogits, T* /*row_loss: kept in double here*/,
                              const T* logits, const int* targets, std::size_t rows, std::size_t V,

@@ -208,9 +208,10 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (n > 0) elements(kernels::dropout_kernel<T>, n, y, x, n, p, key, stream);
   }
   // With w_transposed, W (and dW) are stored (Out,In): the same GEMMs with W's transpose flag
-  // flipped and its leading dimension In, and dW as dyᵀ x.
+  // flipped and its leading dimension In, and dW as dyᵀ x. Nothing is kept in an OperandKeep: each
+  // GEMM rounds its own operands (mixed_precision.hpp).
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
-                      std::size_t out, bool w_transposed) override {
+                      std::size_t out, bool w_transposed, OperandKeep* /*keep*/) override {
     if (rows == 0 || out == 0) return;
     const int m = as_int(rows, "linear_forward"), k = as_int(in, "linear_forward"),
               n = as_int(out, "linear_forward");
@@ -220,8 +221,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (b) add_bias(y, b, rows, out);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t rows,
-                       std::size_t in, std::size_t out, bool w_transposed,
-                       bool accumulate_dw) override {
+                       std::size_t in, std::size_t out, bool w_transposed, bool accumulate_dw,
+                       OperandKeep* /*keep*/) override {
     const int m = as_int(rows, "linear_backward"), k = as_int(in, "linear_backward"),
               n = as_int(out, "linear_backward");
     const T beta = accumulate_dw ? T(1) : T(0);

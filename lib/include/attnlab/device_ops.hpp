@@ -37,6 +37,7 @@
 #include "attnlab/attention/params.hpp"
 #include "attnlab/gemm_precision.hpp"
 #include "attnlab/kernel_math.hpp"
+#include "attnlab/operand_keep.hpp"
 
 namespace attnlab {
 
@@ -174,16 +175,20 @@ class DeviceOps : public DeviceMemory {
   virtual void dropout(T* y, const T* x, std::size_t n, double p, std::uint64_t key,
                        std::uint32_t stream) = 0;
   // y = x W (+ b); W stored (In, Out); b may be null. With w_transposed, W is stored (Out, In)
-  // (y = x Wᵀ + b: a tied head reads the embedding table (V, C) as it lies).
+  // (y = x Wᵀ + b: a tied head reads the embedding table (V, C) as it lies). With a keep
+  // (attnlab/operand_keep.hpp), the backend may keep what it derives from x and W there for the
+  // calls that follow with the same keep; the results are the same.
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t rows,
-                              std::size_t in, std::size_t out, bool w_transposed = false) = 0;
+                              std::size_t in, std::size_t out, bool w_transposed = false,
+                              OperandKeep* keep = nullptr) = 0;
   // dx = dy Wᵀ (skipped when dx is null), dW = xᵀ dy, db = Σ_rows dy (skipped when db is null).
   // With w_transposed, W and dW are stored (Out, In): dx = dy W, dW = dyᵀ x. With accumulate_dw,
   // the GEMM adds into dW (β = 1: dW += xᵀ dy, a parameter's gradient written in place); dx and db
-  // are assigned either way.
+  // are assigned either way. `keep` as in linear_forward (the forward's x and W).
   virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                                std::size_t rows, std::size_t in, std::size_t out,
-                               bool w_transposed = false, bool accumulate_dw = false) = 0;
+                               bool w_transposed = false, bool accumulate_dw = false,
+                               OperandKeep* keep = nullptr) = 0;
   // Fused softmax cross-entropy with PaLM's z-loss (attnlab/ops/cross_entropy.hpp) over logits
   // (rows, V), targets (rows,) in [0, V) or ignore_index, with log Z = logsumexp of the row: loss
   // (2 device values) = [mean over labelled rows of −log softmax[target], z_loss · mean of log Z²]

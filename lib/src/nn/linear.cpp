@@ -25,9 +25,10 @@ Buffer<T> Linear<T>::forward_impl(const Buffer<T>& x) {
   DeviceOps<T>& ops = this->ops();
   const std::size_t rows = x.dim(0) * x.dim(1);
   x_ = x;
+  keep_.clear();
   Buffer<T>& y = Buffer<T>::reuse(y_, ops, {x.dim(0), x.dim(1), out_});
   ops.linear_forward(y.data(), x.data(), w.value_data(), has_bias_ ? b.value_data() : nullptr, rows,
-                     in_, out_);
+                     in_, out_, /*w_transposed=*/false, &keep_);
   return y;
 }
 
@@ -39,7 +40,7 @@ Buffer<T> Linear<T>::backward_impl(const Buffer<T>& dy) {
   T* db = has_bias_ ? Buffer<T>::reuse(db_, ops, {out_}).data() : nullptr;
   // dW is added into w's gradient by the GEMM (β = 1); db goes through a buffer.
   ops.linear_backward(dx.data(), w.grad_data(), db, dy.data(), x_.data(), w.value_data(), rows, in_,
-                      out_, /*w_transposed=*/false, /*accumulate_dw=*/true);
+                      out_, /*w_transposed=*/false, /*accumulate_dw=*/true, &keep_);
   if (has_bias_) add_into(ops, b, db_);
   return dx;
 }

@@ -322,11 +322,14 @@ void MultiHeadAttention<T>::project_qkv(Context& ctx, std::size_t Tnew, KVCache<
   Buffer<T>& k = Buffer<T>::reuse(ctx.k_, ops, {B, Hkv_, Tnew, D_});
   Buffer<T>& v = Buffer<T>::reuse(ctx.v_, ops, {B, Hkv_, Tnew, Dv_});
   const bool norm = config_.qk_norm;
+  OperandKeep* keep = &ctx.keep_;  // x read once by all three projections, kept for the backward
+  keep->clear();
   // x W into heads (B,H,T,·); with one head the layouts agree and the projection writes there.
   const auto project = [&](T* heads, std::size_t n_heads, const T* in, const T* w, std::size_t rows,
                            std::size_t Tn, std::size_t width_in, std::size_t d) {
-    if (n_heads == 1) return ops.linear_forward(heads, in, w, nullptr, rows, width_in, d);
-    ops.linear_forward(proj.data(), in, w, nullptr, rows, width_in, n_heads * d);
+    if (n_heads == 1)
+      return ops.linear_forward(heads, in, w, nullptr, rows, width_in, d, false, keep);
+    ops.linear_forward(proj.data(), in, w, nullptr, rows, width_in, n_heads * d, false, keep);
     ops.split_heads(heads, proj.data(), B, Tn, n_heads, d);
   };
   project(norm ? Buffer<T>::reuse(ctx.q_raw_, ops, q.shape()).data() : q.data(), H_, ctx.x_.data(),
@@ -423,7 +426,7 @@ Buffer<T> MultiHeadAttention<T>::project_out(Context& ctx) {
   }
   Buffer<T>& y = Buffer<T>::reuse(y_, ops, {B, Tq, config_.d_model});
   ops.linear_forward(y.data(), ctx.merged_.data(), w_o.value_data(), nullptr, B * Tq, HDv,
-                     config_.d_model);
+                     config_.d_model, /*w_transposed=*/false, &ctx.keep_);
   return y;
 }
 

@@ -56,7 +56,7 @@ const Buffer<T>& MultiHeadAttention<T>::backward_out(const Context& ctx, const B
   Buffer<T>& dout = Buffer<T>::reuse(dout_, ops, {B, H_, Tq, Dv_});
   ops.linear_backward(H_ == 1 ? dout.data() : dmerged.data(), w_o.grad_data(), nullptr, dy.data(),
                       ctx.merged_.data(), w_o.value_data(), Nq, HDv, C, /*w_transposed=*/false,
-                      /*accumulate_dw=*/true);
+                      /*accumulate_dw=*/true, &ctx.keep_);
   if (H_ != 1) ops.split_heads(dout.data(), dmerged.data(), B, Tq, H_, Dv_);
   return dout;
 }
@@ -137,16 +137,16 @@ typename MultiHeadAttention<T>::Grads MultiHeadAttention<T>::backward_projection
   Buffer<T>& dctx = Buffer<T>::reuse(dcontext_, ops, {B, Tk, Cc});
   ops.linear_backward(dctx.data(), w_k.grad_data(), nullptr, merged_of(dk_in, Hkv_, Tk, D_),
                       ctx.context_.data(), w_k.value_data(), Nk, Cc, KD, /*w_transposed=*/false,
-                      /*accumulate_dw=*/true);
+                      /*accumulate_dw=*/true, &ctx.keep_);
   Buffer<T>& dctx_v = Buffer<T>::reuse(dcontext_v_, ops, {B, Tk, Cc});
   ops.linear_backward(dctx_v.data(), w_v.grad_data(), nullptr, merged_of(dv_.data(), Hkv_, Tk, Dv_),
                       ctx.context_.data(), w_v.value_data(), Nk, Cc, KDv, /*w_transposed=*/false,
-                      /*accumulate_dw=*/true);
+                      /*accumulate_dw=*/true, &ctx.keep_);
   ops.add(dctx.data(), dctx.data(), dctx_v.data(), dctx.size());
   Buffer<T>& dx = Buffer<T>::reuse(dx_, ops, {B, Tq, C});
   ops.linear_backward(dx.data(), w_q.grad_data(), nullptr, merged_of(dq_in, H_, Tq, D_),
                       ctx.x_.data(), w_q.value_data(), Nq, C, HD, /*w_transposed=*/false,
-                      /*accumulate_dw=*/true);
+                      /*accumulate_dw=*/true, &ctx.keep_);
   if (ctx.self_) {
     ops.add(dx.data(), dx.data(), dctx.data(), dx.size());
     return {dx, Buffer<T>()};

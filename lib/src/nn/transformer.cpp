@@ -171,10 +171,11 @@ Buffer<T> Transformer<T>::head_forward(const Buffer<T>& x) {
   DeviceOps<T>& ops = this->ops();
   const std::size_t C = config_.d_model(), V = config_.out_vocab;
   tied_x_ = x;  // (B,T,C), kept for dW_e
+  tied_keep_.clear();
   Buffer<T>& y = Buffer<T>::reuse(tied_y_, ops, {x.dim(0), x.dim(1), V});
   //                                               (B·T,C) x (V,C)ᵀ -> (B·T,V)
   ops.linear_forward(y.data(), x.data(), embed_.field(0).table.value_data(), nullptr,
-                     x.dim(0) * x.dim(1), C, V, /*w_transposed=*/true);
+                     x.dim(0) * x.dim(1), C, V, /*w_transposed=*/true, &tied_keep_);
   return y;
 }
 
@@ -189,7 +190,7 @@ Buffer<T> Transformer<T>::head_backward(const Buffer<T>& dy) {
   // in the GEMM (β = 1), beside the embedding's own use
   ops.linear_backward(dx.data(), table.grad_data(), nullptr, dy.data(), tied_x_.data(),
                       table.value_data(), dy.dim(0) * dy.dim(1), C, V, /*w_transposed=*/true,
-                      /*accumulate_dw=*/true);
+                      /*accumulate_dw=*/true, &tied_keep_);
   return dx;
 }
 

@@ -1,6 +1,7 @@
 #include "attnlab/ops/linear.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -52,6 +53,39 @@ struct Rounded {
   blas::Bf16Operand x, w, dy;
 };
 
+// What the CPU keeps in an OperandKeep: the roundings of the compact matrices it was given since
+// its last clear(), found by address and shape. A deque, so that an entry stays where it is while
+// another is added within one call; cleared entries keep their storage for the next forward.
+class RoundedKeep final : public OperandKeep::State {
+ public:
+  void clear() override {
+    for (Entry& e : entries_) e.held = false;
+  }
+  // The rounding of src (rows x cols, compact): held, or made now into a free entry (one of the
+  // same shape when there is one, so its storage fits).
+  const blas::Bf16Operand& rounded(const float* src, std::size_t rows, std::size_t cols) {
+    Entry* free = nullptr;
+    for (Entry& e : entries_) {
+      const bool same_shape = e.rows == rows && e.cols == cols;
+      if (e.held && e.src == src && same_shape) return e.operand;
+      if (!e.held && (!free || same_shape)) free = &e;
+    }
+    if (!free) free = &entries_.emplace_back();
+    free->operand.round(src, int(rows), int(cols), int(cols));
+    free->src = src, free->rows = rows, free->cols = cols, free->held = true;
+    return free->operand;
+  }
+
+ private:
+  struct Entry {
+    const float* src = nullptr;
+    std::size_t rows = 0, cols = 0;
+    bool held = false;
+    blas::Bf16Operand operand;
+  };
+  std::deque<Entry> entries_;
+};
+
 template <class T>
 Rounded* rounded_operands() {
   if constexpr (std::is_same_v<T, float>) {
@@ -63,10 +97,16 @@ Rounded* rounded_operands() {
   return nullptr;
 }
 
-// A compact rows x cols matrix rounded into `into` (only floats are ever rounded).
+// A compact rows x cols matrix rounded: from `keep` when there is one (held there, or rounded into
+// it), else into the scratch `into`. Only floats are ever rounded.
 template <class T>
-void round_into(blas::Bf16Operand& into, const T* src, std::size_t rows, std::size_t cols) {
-  if constexpr (std::is_same_v<T, float>) into.round(src, int(rows), int(cols), int(cols));
+const blas::Bf16Operand* rounded(blas::Bf16Operand& into, OperandKeep* keep, const T* src,
+                                 std::size_t rows, std::size_t cols) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (keep) return &keep->state<RoundedKeep>().rounded(src, rows, cols);
+    into.round(src, int(rows), int(cols), int(cols));
+  }
+  return &into;
 }
 
 // C = op(A) op(B) (+ C when beta is 1) for one chunk: A starts at row a_row of a (row stride lda),
@@ -90,22 +130,21 @@ void chunk_gemm(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int
 
 template <class T>
 void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t rows, std::size_t in,
-                         std::size_t out, bool w_transposed) {
+                         std::size_t out, bool w_transposed, OperandKeep* keep) {
   const std::size_t chunks = linear_chunks(rows);
   const int ld_w = int(w_transposed ? in : out);
-  Rounded* rounded = rounded_operands<T>();
-  if (rounded) {
-    round_into(rounded->x, x, rows, in);
-    round_into(rounded->w, w, w_transposed ? out : in, std::size_t(ld_w));
+  const blas::Bf16Operand *rx = nullptr, *rw = nullptr;
+  if (Rounded* scratch = rounded_operands<T>()) {
+    rx = rounded(scratch->x, keep, x, rows, in);
+    rw = rounded(scratch->w, keep, w, w_transposed ? out : in, std::size_t(ld_w));
   }
 #pragma omp parallel for num_threads(int(chunks)) schedule(static)
   for (std::size_t c = 0; c < chunks; ++c) {
     const std::size_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
     if (r1 == r0) continue;
     //                          (r,In) x (In,Out) -> (r,Out), or x wᵀ: (r,In) x (Out,In)ᵀ -> (r,Out)
-    chunk_gemm<T>(false, w_transposed, int(r1 - r0), int(out), int(in), x, int(in),
-                  rounded ? &rounded->x : nullptr, r0, w, ld_w, rounded ? &rounded->w : nullptr, 0,
-                  T(0), y + r0 * out, int(out));
+    chunk_gemm<T>(false, w_transposed, int(r1 - r0), int(out), int(in), x, int(in), rx, r0, w, ld_w,
+                  rw, 0, T(0), y + r0 * out, int(out));
     if (b) {
       for (std::size_t r = r0; r < r1; ++r) {
         T* row = y + r * out;
@@ -118,17 +157,15 @@ void linear_forward_rows(T* y, const T* x, const T* w, const T* b, std::size_t r
 template <class T>
 void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                           std::size_t rows, std::size_t in, std::size_t out, T* partial_dw,
-                          bool w_transposed, bool accumulate_dw) {
+                          bool w_transposed, bool accumulate_dw, OperandKeep* keep) {
   const std::size_t chunks = linear_chunks(rows);
   if (rows == 0 && !accumulate_dw) std::fill(dw, dw + in * out, T(0));
   const int ld_w = int(w_transposed ? in : out);
-  Rounded* rounded = rows > 0 ? rounded_operands<T>() : nullptr;
   const blas::Bf16Operand *rx = nullptr, *rw = nullptr, *rdy = nullptr;
-  if (rounded) {
-    round_into(rounded->x, x, rows, in);
-    round_into(rounded->dy, dy, rows, out);
-    if (dx) round_into(rounded->w, w, w_transposed ? out : in, std::size_t(ld_w));
-    rx = &rounded->x, rw = &rounded->w, rdy = &rounded->dy;
+  if (Rounded* scratch = rows > 0 ? rounded_operands<T>() : nullptr) {
+    rx = rounded(scratch->x, keep, x, rows, in);
+    rdy = rounded(scratch->dy, nullptr, dy, rows, out);
+    if (dx) rw = rounded(scratch->w, keep, w, w_transposed ? out : in, std::size_t(ld_w));
   }
   // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
 #pragma omp parallel for num_threads(int(chunks)) schedule(static)
@@ -173,15 +210,16 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
 }
 
 template void linear_forward_rows<float>(float*, const float*, const float*, const float*,
-                                         std::size_t, std::size_t, std::size_t, bool);
+                                         std::size_t, std::size_t, std::size_t, bool, OperandKeep*);
 template void linear_forward_rows<double>(double*, const double*, const double*, const double*,
-                                          std::size_t, std::size_t, std::size_t, bool);
+                                          std::size_t, std::size_t, std::size_t, bool,
+                                          OperandKeep*);
 template void linear_backward_rows<float>(float*, float*, float*, const float*, const float*,
                                           const float*, std::size_t, std::size_t, std::size_t,
-                                          float*, bool, bool);
+                                          float*, bool, bool, OperandKeep*);
 template void linear_backward_rows<double>(double*, double*, double*, const double*, const double*,
                                            const double*, std::size_t, std::size_t, std::size_t,
-                                           double*, bool, bool);
+                                           double*, bool, bool, OperandKeep*);
 
 }  // namespace detail
 

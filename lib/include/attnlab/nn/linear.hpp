@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attnlab/nn/module.hpp"
+#include "attnlab/operand_keep.hpp"
 #include "attnlab/random.hpp"
 
 namespace attnlab {
@@ -32,6 +33,7 @@ class Linear : public SequenceModule<T> {
   std::size_t in_, out_;
   bool has_bias_;
   Buffer<T> x_, y_, dx_, db_;  // the cached input; reused output and gradient buffers
+  OperandKeep keep_;           // x_ and w as the backend uses them (bf16 roundings on the CPU)
 };
 
 }  // namespace attnlab

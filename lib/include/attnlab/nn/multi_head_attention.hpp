@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "attnlab/nn/module.hpp"
+#include "attnlab/operand_keep.hpp"
 #include "attnlab/ops/attention.hpp"
 #include "attnlab/ops/layernorm.hpp"
 #include "attnlab/ops/rope.hpp"
@@ -207,6 +208,9 @@ class MultiHeadAttention : public SequenceModule<T> {
     SdpaCache<T> sdpa_;
     std::vector<std::size_t> positions_;
     Buffer<int> documents_;  // on a device backend: the layout's document ids (B, T)
+    // x_, context_, merged_ and the weights as the backend's projections use them (the CPU's bf16
+    // roundings), from project_qkv's clear() to the backward.
+    mutable OperandKeep keep_;
   };
 
   // The gradients of a backward with respect to the inputs; the parameter grads are ADDED into.

@@ -177,6 +177,7 @@ class Transformer : public Module<T> {
   // The tied head (config.tie_embeddings): its input of the last forward (B,T,C), its output
   // (B,T,V), and the backward's dx (B,T,C); dW_e is added into the table's gradient in place.
   Buffer<T> tied_x_, tied_y_, tied_dx_;
+  OperandKeep tied_keep_;  // tied_x_ and the table as the head's GEMMs use them
   // With logit_softcap: the capped logits of the last forward (the backward reads them) and the
   // gradient before the cap.
   Buffer<T> capped_, dcapped_;
