@@ -243,13 +243,15 @@ TEST_CASE(
   CHECK(estimate_memory(c).total() > small);
   c.eval_size = 16;  // never more rows than the set has
   CHECK(eval_rows(c) == 16);
-  // bf16 keeps each layer's rounded GEMM inputs for the backward: (3 C + F) / 2 floats a token.
+  // bf16 keeps each layer's rounded GEMM inputs for the backward, (3 C + F) / 2 floats a token, and
+  // its rounded weights, half a float a parameter.
   c.eval_batch = 0;
   c.eval_size = 512;
-  const double fp32_activations = estimate_memory(c).activations;
+  const MemoryEstimate fp32 = estimate_memory(c);
   c.precision = GemmPrecision::bf16;
   const double per_token = (3.0 * 512 + 2048) / 2 * 4;  // bytes
-  CHECK(estimate_memory(c).activations - fp32_activations ==
+  CHECK(estimate_memory(c).activations - fp32.activations ==
         doctest::Approx(2.0 * 8 * 256 * 4 * per_token));
+  CHECK(estimate_memory(c).parameters == doctest::Approx(fp32.parameters * 1.25));
   CHECK(estimate_memory(c).total() < 4.0 * (1ull << 30));
 }

@@ -345,13 +345,14 @@ MemoryEstimate estimate_memory(const TrainConfig& c) {
   // logits with their probabilities and gradient.
   const double mlp = m.block.mlp == MlpActivation::swiglu ? 7 * F : 4 * F;  // SwiGLU: 2F + F
   // Under bf16 on the CPU each layer also keeps the bf16 roundings of its GEMMs' inputs (x for the
-  // projections, the merged heads, the MLP's input and hidden layer: 2 bytes each) for its
-  // backward (attnlab/operand_keep.hpp).
-  const double kept = c.precision == GemmPrecision::bf16 ? (3 * C + F) / 2 : 0;
+  // projections, the merged heads, the MLP's input and hidden layer) and of its weights, 2 bytes a
+  // value, for its backward (attnlab/operand_keep.hpp).
+  const bool bf16 = c.precision == GemmPrecision::bf16;
+  const double kept = bf16 ? (3 * C + F) / 2 : 0;
   const double per_block = T * (16 * C + mlp + 4 * H * D + kept) + 3 * H * T * T;
   const double per_example = L * per_block + T * (2 * C + 3 * V);
   MemoryEstimate e;
-  e.parameters = 2 * P * kFloat;
+  e.parameters = (bf16 ? 2.5 : 2) * P * kFloat;  // values and gradients (and the roundings)
   e.optimizer = optimizer_state_values(plan_param_groups(c)) * kFloat;  // AdamW 2, SGD 1 per value
   // The eval set runs in chunks of eval_rows (evaluate): --eval-size costs time, not memory.
   e.activations = std::max(2.0 * c.batch, double(eval_rows(c))) * per_example * kFloat;
