@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from golden_common import (
     DT,
+    attention_tensors,
     case,
     close,
     effective_scale,
@@ -85,10 +86,7 @@ def sdpa_cases():
 
         config = {"scaling": scaling, "scale": scale, "causal": causal,
                   "has_mask": mask is not None, "effective_scale": sc, "seed": seed}
-        tensors = {"q": q, "k": k, "v": v, "r": r}
-        if mask is not None:
-            tensors["mask"] = mask
-        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        tensors = attention_tensors(q, k, v, r, mask, out, p, dq, dk, dv_)
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -129,10 +127,7 @@ def gqa_cases():
             close(out, ref)
         config = {"heads": h, "kv_heads": hkv, "causal": causal, "has_mask": mask is not None,
                   "seed": seed}
-        tensors = {"q": q, "k": k, "v": v, "r": r}
-        if mask is not None:
-            tensors["mask"] = mask
-        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        tensors = attention_tensors(q, k, v, r, mask, out, p, dq, dk, dv_)
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -165,10 +160,7 @@ def window_cases():
         out, p = masked_attention(q, k, v, 1.0 / math.sqrt(d), vis)
         dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
         config = {"window": w, "offset": o, "has_mask": mask is not None, "seed": seed}
-        tensors = {"q": q, "k": k, "v": v, "r": r}
-        if mask is not None:
-            tensors["mask"] = mask
-        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        tensors = attention_tensors(q, k, v, r, mask, out, p, dq, dk, dv_)
         out_cases.append(case(name, config, tensors))
     return out_cases
 
@@ -208,10 +200,7 @@ def alibi_cases():
         dq, dk, dv_ = torch.autograd.grad((out * r).sum(), (q, k, v))
         config = {"causal": causal, "offset": o, "slopes": slopes, "has_mask": mask is not None,
                   "seed": seed}
-        tensors = {"q": q, "k": k, "v": v, "r": r}
-        if mask is not None:
-            tensors["mask"] = mask
-        tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv_})
+        tensors = attention_tensors(q, k, v, r, mask, out, p, dq, dk, dv_)
         out_cases.append(case(name, config, tensors))
     return out_cases
 

@@ -66,6 +66,15 @@ def write_json(filename, cases):
     print(f"wrote {os.path.relpath(path, ROOT)} ({len(text)} bytes, {len(cases)} cases)")
 
 
+def attention_tensors(q, k, v, r, mask, out, p, dq, dk, dv):
+    """An attention case's tensors, in the order the attention goldens store them."""
+    tensors = {"q": q, "k": k, "v": v, "r": r}
+    if mask is not None:
+        tensors["mask"] = mask
+    tensors.update({"out": out, "p": p, "dq": dq, "dk": dk, "dv": dv})
+    return tensors
+
+
 def close(a, b, tol=1e-12):
     assert torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max().item()
 
