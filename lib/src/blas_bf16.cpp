@@ -62,19 +62,45 @@ void round_row(const float* __restrict in, int cols, float* __restrict out) {
 constexpr double kParallelCopyMinValues = 1 << 16;
 
 template <class E>
-void copy_rows(const float* src, int rows, int cols, int ld, E* dst) {
+void copy_row(const float* in, int cols, E* out) {
+  if constexpr (std::is_same_v<E, float>) {
+    round_row(in, cols, out);
+  } else {
+    round_row_bf16(in, cols, out);
+  }
+}
+
+// sums[j] += row[j] for the columns [j0, j1).
+void add_row(const float* __restrict row, int j0, int j1, float* __restrict sums) {
+  for (int j = j0; j < j1; ++j) sums[j] += row[j];
+}
+
+// With sums, each column's sum in row order: beside the copy while the row is in cache, or, where
+// the rows are split over the threads, after it with the columns split instead.
+template <class E>
+void copy_rows(const float* src, int rows, int cols, int ld, E* dst, float* sums) {
   const int threads = num_threads();
   const bool split = threads > 1 && !omp_in_parallel() &&
                      static_cast<double>(rows) * cols >= kParallelCopyMinValues;
-#pragma omp parallel for num_threads(threads) schedule(static) if (split)
-  for (int r = 0; r < rows; ++r) {
-    const float* in = src + static_cast<std::ptrdiff_t>(r) * ld;
-    E* out = dst + static_cast<std::ptrdiff_t>(r) * cols;
-    if constexpr (std::is_same_v<E, float>) {
-      round_row(in, cols, out);
-    } else {
-      round_row_bf16(in, cols, out);
+  const auto row = [&](int r) { return src + static_cast<std::ptrdiff_t>(r) * ld; };
+  if (sums) std::fill(sums, sums + cols, 0.0f);
+  if (sums && !split) {
+    for (int r = 0; r < rows; ++r) {
+      copy_row(row(r), cols, dst + static_cast<std::ptrdiff_t>(r) * cols);
+      add_row(row(r), 0, cols, sums);
     }
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
+  for (int r = 0; r < rows; ++r)
+    copy_row(row(r), cols, dst + static_cast<std::ptrdiff_t>(r) * cols);
+  if (!sums) return;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int j0 = static_cast<int>(static_cast<std::int64_t>(cols) * t / n);
+    const int j1 = static_cast<int>(static_cast<std::int64_t>(cols) * (t + 1) / n);
+    for (int r = 0; r < rows; ++r) add_row(row(r), j0, j1, sums);
   }
 }
 
@@ -94,12 +120,14 @@ void round_row_bf16(const float* __restrict in, int cols, std::uint16_t* __restr
   for (; j < cols; ++j) out[j] = static_cast<std::uint16_t>(bf16_high_bits(in[j]) >> 16);
 }
 
-void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst) {
-  copy_rows(src, rows, cols, ld, dst);
+void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst,
+                  float* column_sums) {
+  copy_rows(src, rows, cols, ld, dst, column_sums);
 }
 
-void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst) {
-  copy_rows(src, rows, cols, ld, dst);
+void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst,
+                  float* column_sums) {
+  copy_rows(src, rows, cols, ld, dst, column_sums);
 }
 
 bool bf16_active() {
@@ -193,7 +221,7 @@ GemmPrecision gemm_precision() {
   return detail::bf16_active() ? GemmPrecision::bf16 : GemmPrecision::fp32;
 }
 
-void Bf16Operand::round(const float* src, int rows, int cols, int ld) {
+void Bf16Operand::round(const float* src, int rows, int cols, int ld, float* column_sums) {
   if (rows < 0 || cols < 0 || ld < cols)
     throw std::invalid_argument(
         "Bf16Operand::round: expected rows, cols >= 0 and ld >= cols, got " + std::to_string(rows) +
@@ -205,10 +233,10 @@ void Bf16Operand::round(const float* src, int rows, int cols, int ld) {
   const auto size = static_cast<std::size_t>(rows) * cols;
   if (as_bits_) {
     bits_.resize(std::max(bits_.size(), size));
-    detail::copy_rounded(src, rows, cols, ld, bits_.data());
+    detail::copy_rounded(src, rows, cols, ld, bits_.data(), column_sums);
   } else {
     floats_.resize(std::max(floats_.size(), size));
-    detail::copy_rounded(src, rows, cols, ld, floats_.data());
+    detail::copy_rounded(src, rows, cols, ld, floats_.data(), column_sums);
   }
 }
 

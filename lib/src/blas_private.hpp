@@ -164,9 +164,12 @@ inline std::uint32_t bf16_high_bits(float x) {
 }
 
 // A matrix of `rows` x `cols` stored with row stride ld, copied with row stride cols, each value
-// rounded to bf16: as a float (the emulated path) or as bf16 bits (oneDNN's bf16 matmul).
-void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst);
-void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst);
+// rounded to bf16: as a float (the emulated path) or as bf16 bits (oneDNN's bf16 matmul); with
+// column_sums, also each column's sum in row order (Bf16Operand::round).
+void copy_rounded(const float* src, int rows, int cols, int ld, float* __restrict dst,
+                  float* column_sums = nullptr);
+void copy_rounded(const float* src, int rows, int cols, int ld, std::uint16_t* __restrict dst,
+                  float* column_sums = nullptr);
 // One row of `cols` floats rounded into bf16 bits, as bf16_high_bits, on this thread.
 void round_row_bf16(const float* __restrict in, int cols, std::uint16_t* __restrict out);
 bool bf16_active();  // a GemmPrecisionScope(bf16) is alive

@@ -456,3 +456,43 @@ TEST_CASE(
     CHECK(y3 == y3_ref);
   }
 }
+
+TEST_CASE("bf16 linear: db summed while dy is rounded is each column's sum in row order") {
+  // dy's rounding is split over the threads at 2 threads and 4,096 rows (and its sums then take a
+  // second pass), not at 1 thread or 40 rows; each way db has the bits of the plain loop.
+  const std::size_t in = 8, out = 24;
+  for (const int threads : {1, 2}) {
+    for (const std::size_t rows : {std::size_t(40), std::size_t(4096)}) {
+      CAPTURE(threads);
+      CAPTURE(rows);
+      const ThreadScope scope_threads(threads);
+      const std::vector<float> x = random_floats(rows * in, 41), w = random_floats(in * out, 42);
+      std::vector<float> dy = random_floats(rows * out, 43);
+      for (std::size_t r = 0; r < rows; r += 7) dy[r * out + r % out] *= 1e4f;  // order matters
+      std::vector<float> ref(out, 0.0f);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < out; ++c) ref[c] += dy[r * out + c];
+      for (const bool bf16 : {true, false}) {
+        CAPTURE(bf16);
+        const blas::GemmPrecisionScope scope(bf16 ? GemmPrecision::bf16 : GemmPrecision::fp32);
+        std::vector<float> dx(rows * in), dw(in * out), db(out, 7.0f);
+        std::vector<float> partial((detail::linear_chunks(rows) - 1) * in * out);
+        detail::linear_backward_rows<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                            w.data(), rows, in, out, partial.data());
+        CHECK(db == ref);
+      }
+      // The operand's own sums, and its rounding unchanged by them.
+      blas::Bf16Operand with, without;
+      std::vector<float> sums(out, 7.0f);
+      with.round(dy.data(), int(rows), int(out), int(out), sums.data());
+      without.round(dy.data(), int(rows), int(out), int(out));
+      CHECK(sums == ref);
+      std::vector<float> c1(out * out), c2(out * out);
+      blas::gemm_bf16(true, false, int(out), int(out), int(rows), 1.0f, with, 0, with, 0, 0.0f,
+                      c1.data(), int(out));
+      blas::gemm_bf16(true, false, int(out), int(out), int(rows), 1.0f, without, 0, without, 0,
+                      0.0f, c2.data(), int(out));
+      CHECK(c1 == c2);
+    }
+  }
+}

@@ -217,7 +217,10 @@ class Bf16Operand {
  public:
   // Rows x cols of src (row stride ld >= cols), each value rounded as bf16_high_bits; split over
   // the threads when large and outside a parallel region. Reuses the storage of earlier calls.
-  void round(const float* src, int rows, int cols, int ld);
+  // With column_sums (cols floats), also column_sums[j] = the sum of src's column j in fp32, added
+  // from 0 in row order (a linear's db from its dy): in the same pass where the rows are not split,
+  // in a second pass over the columns where they are; the same bits either way.
+  void round(const float* src, int rows, int cols, int ld, float* column_sums = nullptr);
   int rows() const { return rows_; }
   int cols() const { return cols_; }
 

@@ -98,13 +98,14 @@ Rounded* rounded_operands() {
 }
 
 // A compact rows x cols matrix rounded: from `keep` when there is one (held there, or rounded into
-// it), else into the scratch `into`. Only floats are ever rounded.
+// it), else into the scratch `into`, with its column sums when asked (dy's are db). Only floats are
+// ever rounded.
 template <class T>
 const blas::Bf16Operand* rounded(blas::Bf16Operand& into, OperandKeep* keep, const T* src,
-                                 std::size_t rows, std::size_t cols) {
+                                 std::size_t rows, std::size_t cols, T* column_sums = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     if (keep) return &keep->state<RoundedKeep>().rounded(src, rows, cols);
-    into.round(src, int(rows), int(cols), int(cols));
+    into.round(src, int(rows), int(cols), int(cols), column_sums);
   }
   return &into;
 }
@@ -164,7 +165,7 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
   const blas::Bf16Operand *rx = nullptr, *rw = nullptr, *rdy = nullptr;
   if (Rounded* scratch = rows > 0 ? rounded_operands<T>() : nullptr) {
     rx = rounded(scratch->x, keep, x, rows, in);
-    rdy = rounded(scratch->dy, nullptr, dy, rows, out);
+    rdy = rounded(scratch->dy, nullptr, dy, rows, out, db);  // db summed in the same read of dy
     if (dx) rw = rounded(scratch->w, keep, w, w_transposed ? out : in, std::size_t(ld_w));
   }
   // dW is a sum over rows: each chunk writes its own partial, summed below in chunk order.
@@ -198,7 +199,7 @@ void linear_backward_rows(T* dx, T* dw, T* db, const T* dy, const T* x, const T*
       }
     });
   }
-  if (db) {
+  if (db && !rdy) {  // the same sums, in the same order, as dy's rounding makes
     std::fill(db, db + out, T(0));
     for_row_chunks(out, rows, [&](std::size_t c0, std::size_t c1, std::size_t) {
       for (std::size_t r = 0; r < rows; ++r) {
