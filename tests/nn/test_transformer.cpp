@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
 
 #include "attnlab/nn/gradcheck_module.hpp"
 #include "attnlab/nn/transformer.hpp"
@@ -265,6 +266,50 @@ TEST_CASE("Transformer contract: backward twice doubles grads, backward before f
   }
   model.zero_grad();
   CHECK_THROWS_AS(model.backward(randn<double, 3>({2, 4, 4}, rng)), ShapeError);
+}
+
+TEST_CASE("Transformer whose parameters read another's values: its forward, its own grads") {
+  // As a batch replica reads the model's weights (TrainBackend::use_batch_threads).
+  for (const bool tied : {false, true}) {
+    CAPTURE(tied);
+    TransformerConfig c = tiny_config();
+    c.block.attention.learnable_scale = true;  // read on the host, not through a kernel
+    c.tie_embeddings = tied;
+    if (tied) c.vocab_sizes = {5}, c.out_vocab = 5;  // one field, its table the head
+    const std::vector<TokenIds> fields =
+        tied ? std::vector<TokenIds>{tiny_fields()[0]} : tiny_fields();
+    Rng ra(48), rb(49);
+    Transformer<double> model(c, ra), replica(c, rb);
+    jitter_norms(model, ra);
+    const ParameterList<double> mine = model.parameters(), theirs = replica.parameters();
+    REQUIRE(mine.size() == theirs.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) theirs[i].param->read_values_of(*mine[i].param);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      CAPTURE(mine[i].name);
+      CHECK(theirs[i].param->value.size() == 0);  // its own values freed
+      CHECK(theirs[i].param->size() == mine[i].param->size());
+      CHECK(theirs[i].param->value_data() == mine[i].param->value_data());
+    }
+    CHECK(replica.num_parameters() == model.num_parameters());
+    CHECK(replica.block(1).attention().head_scales() == model.block(1).attention().head_scales());
+    Rng rd(50);
+    const auto logits = model.forward(fields);
+    const Tensor3<double> dlogits = randn<double, 3>(logits.shape(), rd);
+    model.backward(dlogits);
+    // The model's weights change (an optimiser step); the replica reads the new ones.
+    for (const auto& p : mine) p.param->value += 0.01;
+    model.zero_grad();
+    const auto logits2 = model.forward(fields);
+    model.backward(dlogits);
+    CHECK(xt::amax(xt::abs(logits2 - logits))() > 1e-6);
+    CHECK(replica.forward(fields) == logits2);  // bit for bit
+    replica.backward(dlogits);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      CAPTURE(mine[i].name);
+      CHECK(theirs[i].param->grad == mine[i].param->grad);
+      CHECK(theirs[i].param->grad_data() != mine[i].param->grad_data());
+    }
+  }
 }
 
 TEST_CASE("Transformer bad configuration and input name the field") {

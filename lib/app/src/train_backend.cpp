@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <stdexcept>
 
@@ -22,7 +21,8 @@ double tensor_norm(const xt::xarray<float>& a) {
   return std::sqrt(s);
 }
 
-// A copy of the model for the batch-parallel step: its own activations, gradients and loss.
+// A copy of the model for the batch-parallel step: its own activations, gradients and loss; its
+// parameters read the model's values.
 struct TrainBackend::Replica {
   Replica(const TransformerConfig& config, double z_loss, Rng& rng)
       : model(config, rng), params(model.parameters()), loss(z_loss) {}
@@ -41,7 +41,7 @@ void TrainBackend::use_batch_threads(const TransformerConfig& config, int thread
   check_arg(threads == 1 || &model_.ops() == &cpu_ops<float>(), "use_batch_threads", "backend",
             "the CPU backend (a device parallelises each op)", model_.ops().name());
   replicas_.clear();
-  Rng rng(0);  // the replicas' own draws are overwritten by the model's weights
+  Rng rng(0);  // the replicas' own draws are freed: they read the model's weights
   for (int t = 1; t < threads; ++t) {
     replicas_.push_back(std::make_unique<Replica>(config, loss_.z_loss(), rng));
     const ParameterList<float>& mine = replicas_.back()->params;
@@ -54,9 +54,9 @@ void TrainBackend::use_batch_threads(const TransformerConfig& config, int thread
           "use_batch_threads", "config",
           "the model's own config (parameter '" + params_[i].name + "')", "'" + mine[i].name + "'");
     }
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i].param->read_values_of(*params_[i].param);
   }
   zero_replica_grads();  // forward_backward keeps them zero between parts
-  replicas_stale_ = true;
 }
 
 std::vector<TrainBackend::Loss> TrainBackend::forward_backward(std::span<const Batch> parts,
@@ -86,22 +86,12 @@ std::vector<TrainBackend::Loss> TrainBackend::forward_backward(std::span<const B
       e = offset[i] + hi;
     }
   };
-  const bool copy_weights = replicas_stale_ && !replicas_.empty();
   // One thread per part; every op inside runs on its calling thread (a count of 1, and oneDNN and
-  // OpenBLAS run single-threaded inside a parallel region). When the model's weights changed, every
-  // thread first copies its share of them into every replica (one barrier), so the copy does not
-  // hold back the replicas' threads alone.
+  // OpenBLAS run single-threaded inside a parallel region). The replicas read the model's weights,
+  // which nothing writes until the region ends.
 #pragma omp parallel num_threads(P)
   {
     const int threads = omp_get_num_threads(), me = omp_get_thread_num();
-    if (copy_weights) {
-      for_share(me, threads, [&](std::size_t i, std::size_t lo, std::size_t hi) {
-        const float* src = params_[i].param->value.data() + lo;
-        for (const auto& r : replicas_)
-          std::memcpy(r->params[i].param->value.data() + lo, src, (hi - lo) * sizeof(float));
-      });
-#pragma omp barrier
-    }
     for (int t = me; t < P; t += threads) {
       try {
         const ThreadScope one(1);
@@ -119,7 +109,6 @@ std::vector<TrainBackend::Loss> TrainBackend::forward_backward(std::span<const B
       }
     }
   }
-  replicas_stale_ = false;
   if (error) {
     zero_replica_grads();
     std::rethrow_exception(error);
@@ -192,7 +181,6 @@ void TrainBackend::clip_grad_norm(double max_norm) {
 
 void TrainBackend::step() {
   opt_.step();
-  replicas_stale_ = true;
 }
 
 void TrainBackend::synchronize() {

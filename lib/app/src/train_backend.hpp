@@ -38,9 +38,9 @@ class TrainBackend {
   // The batch-parallel step (lib/README.md, "Threads in the training step"): `threads` copies of
   // the model, the first the model itself and the others replicas built from `config` (the
   // model's), so that forward_backward can run one piece of a batch on each, a thread each, in
-  // one parallel region. The replicas' weights follow the model's (copied, by all the threads,
-  // before their next forward after every step()); their gradients are added into the model's and
-  // zeroed as they are read. CPU backend only
+  // one parallel region. The replicas read the model's weights (Parameter::read_values_of: one copy
+  // of them in memory, nothing copied per step); their gradients are their own, added into the
+  // model's and zeroed as they are read. CPU backend only
   // (std::invalid_argument otherwise); threads >= 1 (1: off).
   void use_batch_threads(const TransformerConfig& config, int threads);
   // 1 unless use_batch_threads set more.
@@ -96,7 +96,6 @@ class TrainBackend {
   CrossEntropyLoss<float> loss_;
   std::uint64_t seed_ = 0, step_ = 0;
   std::vector<std::unique_ptr<Replica>> replicas_;
-  bool replicas_stale_ = true;  // the model's weights changed since the replicas' copy
 };
 
 // √(Σ x²) accumulated in double: the weight and gradient norms of metrics.csv.

@@ -145,7 +145,7 @@ SdpaOptions MultiHeadAttention<T>::sdpa_options() const {
     if (log_scale.on_device()) {
       log_scale.device_value.copy_to_host(log_s.data());
     } else {
-      std::copy(log_scale.value.data(), log_scale.value.data() + H_, log_s.begin());
+      std::copy(log_scale.value_data(), log_scale.value_data() + H_, log_s.begin());
     }
     options.head_scale.resize(H_);
     for (std::size_t h = 0; h < H_; ++h) options.head_scale[h] = std::exp(double(log_s[h]));

@@ -67,7 +67,7 @@ class Module {
   // Total number of scalar parameters.
   std::size_t num_parameters() {
     std::size_t n = 0;
-    for (auto& p : parameters()) n += p.param->value.size();
+    for (auto& p : parameters()) n += p.param->size();
     return n;
   }
 

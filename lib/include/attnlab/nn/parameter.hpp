@@ -31,13 +31,28 @@ struct Parameter {
   // Views into the device arena while the owning Module is on a device backend; empty otherwise.
   Buffer<T> device_value, device_grad;
 
+  // Set on a batch replica's parameter (read_values_of): it reads the model's values and holds none
+  // of its own (`value` empty), so the threads' kernels read one copy of the weights. A replica
+  // never writes them; its gradients stay its own. Null otherwise.
+  Parameter* values_of = nullptr;
+
   // The values and grads where the backend's kernels read and write them.
   bool on_device() const { return device_value.data() != nullptr; }
-  T* value_data() { return on_device() ? device_value.data() : value.data(); }
-  const T* value_data() const { return on_device() ? device_value.data() : value.data(); }
+  T* value_data() {
+    return values_of ? values_of->value_data() : on_device() ? device_value.data() : value.data();
+  }
+  const T* value_data() const {
+    return values_of ? values_of->value_data() : on_device() ? device_value.data() : value.data();
+  }
   T* grad_data() { return on_device() ? device_grad.data() : grad.data(); }
   const T* grad_data() const { return on_device() ? device_grad.data() : grad.data(); }
-  std::size_t size() const { return value.size(); }
+  std::size_t size() const { return values_of ? values_of->size() : value.size(); }
+  // From now on read the values of `model` (a parameter of the same size on the host, which must
+  // outlive this one) and free this parameter's own.
+  void read_values_of(Parameter& model) {
+    values_of = &model;
+    value = xt::xarray<T>::from_shape({0});  // a default xarray is a scalar: one value
+  }
 };
 
 template <class T>
