@@ -11,6 +11,7 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xmath.hpp>
 
+#include "attnlab/backends/emulated.hpp"
 #include "attnlab/nn/gradcheck_module.hpp"
 #include "attnlab/nn/transformer.hpp"
 #include "attnlab/ops/cross_entropy.hpp"
@@ -310,6 +311,61 @@ TEST_CASE("Transformer whose parameters read another's values: its forward, its 
       CHECK(theirs[i].param->grad_data() != mine[i].param->grad_data());
     }
   }
+}
+
+TEST_CASE("Parameter reading another's values refuses a wrong model and then changes nothing") {
+  Rng rng(51);
+  Parameter<double> model(randn<double, 2>({4, 5}, rng), xt::zeros<double>({4, 5}));
+  Parameter<double> wide(randn<double, 2>({5, 4}, rng), xt::zeros<double>({5, 4}));
+  Parameter<double> reader(randn<double, 2>({4, 5}, rng), xt::zeros<double>({4, 5}));
+  const xt::xarray<double> own = reader.value;
+  const auto unchanged = [&] {
+    CHECK(reader.values_of == nullptr);
+    CHECK(reader.value == own);
+    CHECK(reader.value_data() == reader.value.data());
+  };
+  CHECK_THROWS_WITH_AS(reader.read_values_of(wide),
+                       "Parameter::read_values_of: model expected another host parameter of shape "
+                       "(4, 5) that holds its own values, got one of shape (5, 4)",
+                       std::invalid_argument);
+  unchanged();
+  CHECK_THROWS_WITH_AS(reader.read_values_of(reader),
+                       "Parameter::read_values_of: model expected another host parameter of shape "
+                       "(4, 5) that holds its own values, got itself of shape (4, 5)",
+                       std::invalid_argument);
+  unchanged();
+  // A chain would outlive its middle link unseen; the model must hold its values itself.
+  Parameter<double> middle(randn<double, 2>({4, 5}, rng), xt::zeros<double>({4, 5}));
+  middle.read_values_of(model);
+  CHECK_THROWS_WITH_AS(reader.read_values_of(middle),
+                       "Parameter::read_values_of: model expected another host parameter of shape "
+                       "(4, 5) that holds its own values, got one that reads a third's values of "
+                       "shape (4, 5)",
+                       std::invalid_argument);
+  unchanged();
+  // The host reads no device's values, and a device parameter reads none of the host's.
+  const auto ops = emulated::make_device_ops<double>();  // outlives the modules on it
+  TransformerConfig c = tiny_config();
+  Rng ra(52), rb(53);
+  Transformer<double> host(c, ra), device(c, rb);
+  device.to(*ops);
+  Parameter<double>& on_host = *host.parameters()[0].param;
+  Parameter<double>& on_device = *device.parameters()[0].param;
+  CHECK_THROWS_WITH_AS(on_host.read_values_of(on_device),
+                       doctest::Contains("got one on a device backend of shape"),
+                       std::invalid_argument);
+  CHECK(on_host.values_of == nullptr);
+  CHECK_THROWS_WITH_AS(on_device.read_values_of(on_host),
+                       "Parameter::read_values_of: this expected a parameter on the host, got one "
+                       "on a device backend",
+                       std::invalid_argument);
+  CHECK(on_device.values_of == nullptr);
+  // The right model is taken, once or again.
+  reader.read_values_of(model);
+  CHECK(reader.value_data() == model.value_data());
+  CHECK(reader.value.size() == 0);
+  reader.read_values_of(model);
+  CHECK(reader.size() == model.size());
 }
 
 TEST_CASE("Transformer bad configuration and input name the field") {

@@ -11,12 +11,14 @@
 #include "attnlab/xtensor_config.hpp"
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <xtensor/xarray.hpp>
 
 #include "attnlab/buffer.hpp"
+#include "attnlab/tensor.hpp"
 
 namespace attnlab {
 
@@ -47,9 +49,27 @@ struct Parameter {
   T* grad_data() { return on_device() ? device_grad.data() : grad.data(); }
   const T* grad_data() const { return on_device() ? device_grad.data() : grad.data(); }
   std::size_t size() const { return values_of ? values_of->size() : value.size(); }
-  // From now on read the values of `model` (a parameter of the same size on the host, which must
-  // outlive this one) and free this parameter's own.
+  // From now on read the values of `model` and free this parameter's own. `model` must be another
+  // parameter of the same shape, on the host, holding its own values (not reading a third's), and
+  // must outlive this one; this one must be on the host. Throws std::invalid_argument otherwise,
+  // and then changes nothing.
   void read_values_of(Parameter& model) {
+    const xt::xarray<T>& mine = values_of ? values_of->value : value;
+    const std::string what = "another host parameter of shape " + format_shape_of(mine.shape()) +
+                             " that holds its own values";
+    const auto given = [&](std::string_view why) {
+      const xt::xarray<T>& theirs = model.values_of ? model.values_of->value : model.value;
+      return std::string(why) + " of shape " + format_shape_of(theirs.shape());
+    };
+    check_arg(&model != this, "Parameter::read_values_of", "model", what, given("itself"));
+    check_arg(!on_device(), "Parameter::read_values_of", "this", "a parameter on the host",
+              "one on a device backend");
+    check_arg(!model.on_device(), "Parameter::read_values_of", "model", what,
+              given("one on a device backend"));
+    check_arg(model.values_of == nullptr, "Parameter::read_values_of", "model", what,
+              given("one that reads a third's values"));
+    check_arg(model.value.shape() == mine.shape(), "Parameter::read_values_of", "model", what,
+              given("one"));
     values_of = &model;
     value = xt::xarray<T>::from_shape({0});  // a default xarray is a scalar: one value
   }
