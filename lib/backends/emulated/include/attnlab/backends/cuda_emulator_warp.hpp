@@ -123,24 +123,22 @@ void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_
   const unsigned lane = threadIdx.x % kWarp;
   float out[4];
   warp_collective(mine, kExchangeWords, [&](const std::uint32_t* lanes) {
-    float A[16][16], B[16][8], C[16][8];
-    for (unsigned l = 0; l < kWarp; ++l) {
-      const std::uint32_t* regs = lanes + l * kExchangeWords;
-      const unsigned g = l / 4, t = l % 4;
-      for (unsigned i = 0; i < 8; ++i) {
-        A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] =
-            to_float(E{fragment_element(regs, i)});
-      }
-      for (unsigned i = 0; i < 4; ++i) {
-        B[2 * t + i % 2 + 8 * (i / 2)][g] = to_float(E{fragment_element(regs + 4, i)});
-        C[g + 8 * (i / 2)][2 * t + i % 2] = bits_float(regs[6 + i]);
-      }
-    }
+    // This lane's 4 elements of D need rows g and g + 8 of A and columns 2t and 2t + 1 of B: each
+    // is read from the lane and register that hold it by the layouts above (their inverse), not
+    // decoded for the whole warp in every lane.
+    const auto a_at = [&](unsigned row, unsigned k) {  // a_i of lane 4 (row % 8) + k % 8 / 2
+      const std::uint32_t* regs = lanes + (4 * (row % 8) + k % 8 / 2) * kExchangeWords;
+      return to_float(E{fragment_element(regs, k % 2 + 2 * (row / 8) + 4 * (k / 8))});
+    };
+    const auto b_at = [&](unsigned k, unsigned col) {  // b_i of lane 4 col + k % 8 / 2
+      const std::uint32_t* regs = lanes + (4 * col + k % 8 / 2) * kExchangeWords + 4;
+      return to_float(E{fragment_element(regs, k % 2 + 2 * (k / 8))});
+    };
     const unsigned g = lane / 4, t = lane % 4;
     for (unsigned i = 0; i < 4; ++i) {
       const unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
-      float sum = C[row][col];
-      for (unsigned k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+      float sum = bits_float(lanes[lane * kExchangeWords + 6 + i]);  // c_i is this lane's own
+      for (unsigned k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, col);
       out[i] = sum;
     }
   });
