@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -319,5 +320,64 @@ TEST_CASE("cuda train kernels (CPU emulation): SGD steps match attnlab::SGD") {
       // The same float operations in the same order: bitwise equal.
       CHECK(std::equal(param.begin(), param.end(), p.value.begin()));
     }
+  }
+}
+
+// A row narrower than kRowThreads runs on detail::row_threads(width) threads, the fewest whole
+// warps with a thread per value (kernel_device_ops.hpp). That must give the bits of the full
+// block: the same values per thread, and only empty warps left out of the block reductions
+// (block_sum in the norms, block_merge in the cross-entropy). In float, at widths on both sides of
+// a warp and of kRowThreads.
+TEST_CASE(
+    "cuda row kernels (CPU emulation): a narrow row's fewer warps give the full block's bits") {
+  namespace cd = attnlab::cuda::detail;
+  const unsigned most = tk::kRowThreads;
+  CHECK(cd::row_threads(0, most) == 32);
+  CHECK(cd::row_threads(1, most) == 32);
+  CHECK(cd::row_threads(32, most) == 32);
+  CHECK(cd::row_threads(33, most) == 64);
+  CHECK(cd::row_threads(200, most) == 224);
+  CHECK(cd::row_threads(256, most) == 256);
+  CHECK(cd::row_threads(5000, most) == 256);
+  CHECK(cd::row_threads(100, 64) == 64);
+  const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const std::size_t C :
+       {std::size_t{5}, std::size_t{40}, std::size_t{200}, std::size_t{300}}) {
+    CAPTURE(C);
+    const std::size_t rows = 4;
+    Rng rng(11 + C);
+    const auto to_float = [](const auto& t) { return std::vector<float>(t.begin(), t.end()); };
+    const auto x = to_float(randn<double, 2>({rows, C}, rng, 3.0));
+    const auto dy = to_float(randn<double, 2>({rows, C}, rng));
+    const auto gamma = to_float(randn<double, 1>({C}, rng));
+    const auto beta = to_float(randn<double, 1>({C}, rng));
+    std::vector<int> targets(rows);
+    for (std::size_t r = 0; r < rows; ++r) targets[r] = static_cast<int>((7 * r + 3) % C);
+    struct Out {
+      std::vector<float> y, mean, rstd, dx, row_loss, dlogits;
+    };
+    const auto run = [&](unsigned threads) {
+      Out o{nan_vector<float>(rows * C), nan_vector<float>(rows),     nan_vector<float>(rows),
+            nan_vector<float>(rows * C), nan_vector<float>(2 * rows), nan_vector<float>(rows * C)};
+      emu::launch(tk::layernorm_forward_kernel<float>, dim3(rows), dim3(threads), 0, o.y.data(),
+                  o.mean.data(), o.rstd.data(), x.data(), gamma.data(), beta.data(), C, 1e-5f);
+      emu::launch(tk::norm_backward_rows_kernel<float>, dim3(rows), dim3(threads), 0, o.dx.data(),
+                  dy.data(), x.data(), static_cast<const float*>(o.mean.data()),
+                  static_cast<const float*>(o.rstd.data()), gamma.data(), C);
+      emu::launch(tk::cross_entropy_rows_kernel<float>, dim3(rows), dim3(threads), 0,
+                  o.row_loss.data(), o.dlogits.data(), x.data(), targets.data(), rows, C,
+                  kIgnoreIndex, 1e-4f);
+      return o;
+    };
+    const Out full = run(most), narrow = run(cd::row_threads(C, most));
+    CHECK(bits_equal(narrow.y, full.y));
+    CHECK(bits_equal(narrow.mean, full.mean));
+    CHECK(bits_equal(narrow.rstd, full.rstd));
+    CHECK(bits_equal(narrow.dx, full.dx));
+    CHECK(bits_equal(narrow.row_loss, full.row_loss));
+    CHECK(bits_equal(narrow.dlogits, full.dlogits));
+    CHECK(std::isfinite(full.row_loss[0]));
   }
 }

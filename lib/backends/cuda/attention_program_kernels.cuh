@@ -257,14 +257,14 @@ struct ReferenceLaunchers {
                       const DeviceProgramArgs<T>& args) {
     if (a.B * a.H * a.Tq == 0) return;
     launch(reference::program_softmax_rows<T, P>, rows_grid(a, "sdpa_reference_forward"),
-           dim3(reference::kRowThreads), 0, scores, a,
+           dim3(detail::row_threads(a.Tk, reference::kRowThreads)), 0, scores, a,
            fused::ProgramRun<T, P>{*static_cast<const P*>(program), args});
   }
   static void backward(const void* program, T* dp, const T* p, const T* dots,
                        const AttentionParams<T>& a, const DeviceProgramArgs<T>& args) {
     if (a.B * a.H * a.Tq == 0) return;
     launch(reference::program_backward_rows<T, P>, rows_grid(a, "sdpa_reference_backward"),
-           dim3(reference::kRowThreads), 0, dp, p, dots, a,
+           dim3(detail::row_threads(a.Tk, reference::kRowThreads)), 0, dp, p, dots, a,
            fused::ProgramRun<T, P>{*static_cast<const P*>(program), args});
   }
 };

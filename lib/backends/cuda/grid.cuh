@@ -5,7 +5,8 @@
 // compiled by nvcc, and on the CPU under the emulator (attnlab/backends/cuda_emulator.hpp); the
 // launch glue is kernel_device_ops.hpp, the contracts attnlab/device_ops.hpp.
 //
-// Row kernels use one block of kRowThreads per row and deterministic block reductions (reduce.cuh);
+// Row kernels use one block per row, of at most kRowThreads (detail::row_threads, reduce.cuh), and
+// deterministic block reductions (reduce.cuh);
 // column reductions (dγ, dβ, db, the embedding backward) use one thread per output element looping
 // over rows in order; elementwise kernels use a grid-stride loop.
 #pragma once

@@ -116,27 +116,27 @@ class KernelDeviceOps final : public DeviceOps<T> {
   }
   void head_dot(T* out, const T* a, const T* c, std::size_t B, std::size_t H,
                 std::size_t n) override {
-    if (H > 0) per_row(kernels::head_dot_kernel<T>, H, "head_dot", out, a, c, B, H, n);
+    if (H > 0) per_row(kernels::head_dot_kernel<T>, H, n, "head_dot", out, a, c, B, H, n);
   }
 
   // ---- layers: one block per row, columns one thread each -----------------------------------
   void embedding_forward(T* y, const int* ids, const T* table, std::size_t rows,
                          std::size_t C) override {
     if (rows > 0 && C > 0) {
-      per_row(kernels::embedding_forward_kernel<T>, rows, "embedding_forward", y, ids, table, C);
+      per_row(kernels::embedding_forward_kernel<T>, rows, C, "embedding_forward", y, ids, table, C);
     }
   }
   void embedding_backward(T* dtable, const T* dy, const int* ids, std::size_t rows, std::size_t V,
                           std::size_t C) override {
     if (V > 0 && C > 0) {
-      per_row(kernels::embedding_backward_kernel<T>, V, "embedding_backward", dtable, dy, ids, rows,
-              C);
+      per_row(kernels::embedding_backward_kernel<T>, V, C, "embedding_backward", dtable, dy, ids,
+              rows, C);
     }
   }
   void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta,
                          std::size_t rows, std::size_t C, T eps) override {
     if (rows > 0 && C > 0) {
-      per_row(kernels::layernorm_forward_kernel<T>, rows, "layernorm_forward", y, mean, rstd, x,
+      per_row(kernels::layernorm_forward_kernel<T>, rows, C, "layernorm_forward", y, mean, rstd, x,
               gamma, beta, C, eps);
     }
   }
@@ -144,7 +144,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
                           const T* rstd, const T* gamma, std::size_t rows, std::size_t C) override {
     if (C == 0) return;
     if (rows > 0) {
-      per_row(kernels::norm_backward_rows_kernel<T>, rows, "layernorm_backward", dx, dy, x, mean,
+      per_row(kernels::norm_backward_rows_kernel<T>, rows, C, "layernorm_backward", dx, dy, x, mean,
               rstd, gamma, C);
     }
     columns(kernels::norm_backward_columns_kernel<T>, C, dgamma, dbeta, dy, x, mean, rstd, rows, C);
@@ -152,7 +152,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
   void rmsnorm_forward(T* y, T* rstd, const T* x, const T* gamma, std::size_t rows, std::size_t C,
                        T eps) override {
     if (rows > 0 && C > 0) {
-      per_row(kernels::rmsnorm_forward_kernel<T>, rows, "rmsnorm_forward", y, rstd, x, gamma, C,
+      per_row(kernels::rmsnorm_forward_kernel<T>, rows, C, "rmsnorm_forward", y, rstd, x, gamma, C,
               eps);
     }
   }
@@ -161,8 +161,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (C == 0) return;
     const T* no_mean = nullptr;  // RMSNorm: x̂ = x · rstd, no mean(g) term
     if (rows > 0) {
-      per_row(kernels::norm_backward_rows_kernel<T>, rows, "rmsnorm_backward", dx, dy, x, no_mean,
-              rstd, gamma, C);
+      per_row(kernels::norm_backward_rows_kernel<T>, rows, C, "rmsnorm_backward", dx, dy, x,
+              no_mean, rstd, gamma, C);
     }
     columns(kernels::norm_backward_columns_kernel<T>, C, dgamma, static_cast<T*>(nullptr), dy, x,
             no_mean, rstd, rows, C);
@@ -242,11 +242,12 @@ class KernelDeviceOps final : public DeviceOps<T> {
                              std::size_t rows, std::size_t V, int ignore_index, T z_loss) override {
     Scratch<T> inv_n(rt_, 1);  // 1 / #labelled, written by the mean kernel
     if (rows > 0 && V > 0) {
-      per_row(kernels::cross_entropy_rows_kernel<T>, rows, "softmax_cross_entropy", row_loss,
+      per_row(kernels::cross_entropy_rows_kernel<T>, rows, V, "softmax_cross_entropy", row_loss,
               dlogits, logits, targets, rows, V, ignore_index, z_loss);
     }
-    rt_.launch(kernels::cross_entropy_mean_kernel<T>, dim3(1), dim3(kernels::kRowThreads), 0, loss,
-               inv_n.data, static_cast<const T*>(row_loss), targets, rows, V, ignore_index);
+    rt_.launch(kernels::cross_entropy_mean_kernel<T>, dim3(1),
+               dim3(detail::row_threads(rows, kernels::kRowThreads)), 0, loss, inv_n.data,
+               static_cast<const T*>(row_loss), targets, rows, V, ignore_index);
     if (rows > 0 && V > 0) {
       elements(kernels::scale_kernel<T>, rows * V, dlogits, static_cast<const T*>(inv_n.data),
                rows * V);
@@ -432,12 +433,12 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (program != nullptr) {
       program->softmax(program->context, p, a);
     } else {
-      per_row(reference::masked_softmax_rows<T>, rows, "sdpa_reference_forward", p, a);
+      per_row(reference::masked_softmax_rows<T>, rows, a.Tk, "sdpa_reference_forward", p, a);
     }
     // With dropout, O = (P ⊙ M / (1 − p)) V from a temporary copy: p keeps the weights.
     Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
     if (a.dropout_p != 0) {
-      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_forward", dropped.data,
+      per_row(reference::dropout_rows<T>, rows, a.Tk, "sdpa_reference_forward", dropped.data,
               static_cast<const T*>(p), a);
     }
     const T* weights = a.dropout_p != 0 ? dropped.data : p;
@@ -456,7 +457,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     // With dropout, dV = (P ⊙ M / (1 − p))ᵀ dO from a temporary copy, and dP ⊙= M / (1 − p).
     Scratch<T> dropped(rt_, a.dropout_p != 0 ? rows * a.Tk : 0);
     if (a.dropout_p != 0) {
-      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", dropped.data, p, a);
+      per_row(reference::dropout_rows<T>, rows, a.Tk, "sdpa_reference_backward", dropped.data, p,
+              a);
     }
     const T* weights = a.dropout_p != 0 ? dropped.data : p;
     for (std::size_t r = 0; r < g; ++r) {
@@ -469,7 +471,7 @@ class KernelDeviceOps final : public DeviceOps<T> {
                         s.dv, s.sv, T(0), ds + r * s.sp, s.n, s.g * s.sp, s.batch);
     }
     if (a.dropout_p != 0) {
-      per_row(reference::dropout_rows<T>, rows, "sdpa_reference_backward", ds,
+      per_row(reference::dropout_rows<T>, rows, a.Tk, "sdpa_reference_backward", ds,
               static_cast<const T*>(ds), a);
     }
     // With a softcap or a program, the backward needs U = s · Q Kᵀ again: Q Kᵀ, unscaled, once
@@ -484,8 +486,8 @@ class KernelDeviceOps final : public DeviceOps<T> {
     if (program != nullptr) {
       program->backward(program->context, ds, p, dots.data, a);
     } else {
-      per_row(reference::softmax_backward_rows<T>, rows, "sdpa_reference_backward", ds, a.dscores,
-              p, static_cast<const T*>(dots.data), a);
+      per_row(reference::softmax_backward_rows<T>, rows, a.Tk, "sdpa_reference_backward", ds,
+              a.dscores, p, static_cast<const T*>(dots.data), a);
     }
     for (std::size_t r = 0; r < g; ++r) {
       const T beta = r == 0 ? T(0) : T(1);
@@ -500,13 +502,14 @@ class KernelDeviceOps final : public DeviceOps<T> {
   }
 
   template <class Kernel, class... Args>
-  void per_row(Kernel kernel, std::size_t rows, const char* op, Args... args) {
+  void per_row(Kernel kernel, std::size_t rows, std::size_t width, const char* op, Args... args) {
     if (rows > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
       throw std::invalid_argument(std::string(op) + ": " + std::to_string(rows) +
                                   " rows, at most " +
                                   std::to_string(std::numeric_limits<int>::max()));
     }
-    rt_.launch(kernel, dim3(static_cast<unsigned>(rows)), dim3(kernels::kRowThreads), 0, args...);
+    rt_.launch(kernel, dim3(static_cast<unsigned>(rows)),
+               dim3(detail::row_threads(width, kernels::kRowThreads)), 0, args...);
   }
 
   // The fused kernels' shared memory for tile rows `tile`, and the largest tile that fits.

@@ -1,6 +1,9 @@
 // Private to lib/backends/cuda: deterministic warp and block reductions (fixed shuffle order).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
+
 #include "attnlab/kernel_math.hpp"
 
 namespace attnlab::cuda::detail {
@@ -32,6 +35,18 @@ __device__ inline kernel_math::OnlineSoftmax<T> warp_merge(kernel_math::OnlineSo
     state.merge(other_max, other_sum);
   }
   return state;
+}
+
+// The threads of a block that reduces a row of `width` values (one block per row, each thread
+// taking the values at its index and every blockDim.x after it): `most` (a multiple of 32, at most
+// 1024), or for a narrower row the fewest whole warps that give each value a thread of its own. A
+// narrow row, such as a small model's layer norm, then costs one warp instead of eight. The result
+// is the same bits as with `most` threads: each value stays with the same thread, and the warps
+// left out held no value, so their partial sums and online-softmax states were the empty ones that
+// block_sum and block_merge give the lanes past the last warp anyway.
+inline unsigned row_threads(std::size_t width, unsigned most) {
+  const std::size_t warps = kernel_math::tile_count(width > 0 ? width : 1, kWarpSize);
+  return static_cast<unsigned>(std::min<std::size_t>(most, warps * kWarpSize));
 }
 
 // Block-wide sum for blockDim.x a multiple of 32 (≤ 1024); `scratch` holds 32 values. Every thread
