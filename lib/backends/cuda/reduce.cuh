@@ -45,8 +45,8 @@ __device__ inline kernel_math::OnlineSoftmax<T> warp_merge(kernel_math::OnlineSo
 // left out held no value, so their partial sums and online-softmax states were the empty ones that
 // block_sum and block_merge give the lanes past the last warp anyway.
 inline unsigned row_threads(std::size_t width, unsigned most) {
-  const std::size_t warps = kernel_math::tile_count(width > 0 ? width : 1, kWarpSize);
-  return static_cast<unsigned>(std::min<std::size_t>(most, warps * kWarpSize));
+  const std::size_t whole_warps = kernel_math::round_up(width > 0 ? width : 1, kWarpSize);
+  return static_cast<unsigned>(std::min<std::size_t>(most, whole_warps));
 }
 
 // Block-wide sum for blockDim.x a multiple of 32 (≤ 1024); `scratch` holds 32 values. Every thread
