@@ -1,11 +1,13 @@
 // The bf16 tiles of the fused CPU attention (lib/src/kernels/bf16_tiles.hpp): the tile operations
 // against a double product of the same bf16 values (several depths, the VNNI pair layout, and a
-// wrong layout that fails); the fused attention on the portable tiles under a bf16 scope against
-// attention in double on the bf16-rounded inputs, with FlashAttention's criterion (at most twice
-// the error of a plain bf16 implementation, plus 1e-6) for causal, a key mask, grouped-query
-// attention and a softcap, and so is the default (blas's bf16 gemm on inputs rounded once per
-// call); its determinism; the AMX tiles against the portable ones (skipped
-// without AMX); and, without a bf16 scope, the fp32 path bit for bit.
+// wrong layout that fails); operands packed once (a call's inputs, the tiles P and dS) against
+// packing per product, bit for bit, with NaN around the rows a product reads; the fused attention
+// on the portable tiles under a bf16 scope against attention in double on the bf16-rounded
+// inputs, with FlashAttention's criterion (at most twice the error of a plain bf16
+// implementation, plus 1e-6) for causal, a key mask, grouped-query attention and a softcap, and so
+// is the default (blas's bf16 gemm on inputs rounded once per call); its determinism; the AMX
+// tiles against the portable ones (skipped without AMX); and, without a bf16 scope, the fp32 path
+// bit for bit.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnlab/blas.hpp"
@@ -340,6 +343,155 @@ TEST_CASE("bf16 tiles: tile_gemm is blas::gemm's contract on bf16 operands") {
   CHECK_THROWS_WITH_AS(tiles::tile_gemm(tiles::TileImpl::portable, false, false, -1, 1, 1, 1.0f,
                                         x.data(), 1, x.data(), 1, 0.0f, x.data(), 1),
                        "tile_gemm: m expected >= 0, got -1", std::invalid_argument);
+}
+
+namespace {
+
+// The implementations this machine runs: portable always, AMX where usable.
+std::vector<tiles::TileImpl> impls_here() {
+  std::vector<tiles::TileImpl> impls{tiles::TileImpl::portable};
+  if (amx_support().usable) impls.push_back(tiles::TileImpl::amx);
+  return impls;
+}
+
+// tile_gemm(C = A · B) with one operand a row range of x read through x's packed view, and again
+// packing it per product: the same bits, and the view was taken (or refused, when `viewed` is
+// false). The other operand is random; C starts random and beta is 1.
+struct ViewCase {
+  const char* what;
+  bool as_a, trans;  // x's operand: op(A) = rows; op(B) = rowsᵀ (trans) or rows as the depth
+  std::size_t row;   // x's first row (global: blocks of `rows` rows)
+  int m, n, k;
+  bool viewed;
+};
+
+void check_view(tiles::TileImpl impl, const tiles::PackedInput& packed, const Tensor2<float>& x,
+                const ViewCase& vc, Rng& rng) {
+  CAPTURE(vc.what);
+  const int cols = static_cast<int>(x.shape()[1]);
+  const float* at = x.data() + vc.row * x.shape()[1];
+  tiles::TileView view;
+  const bool taken = packed.view(at, cols, vc.as_a, vc.trans, vc.k, view);
+  CHECK(taken == vc.viewed);
+  const int other_rows = vc.as_a ? vc.k : vc.m, other_cols = vc.as_a ? vc.n : vc.k;
+  const auto other = randn<float, 2>(
+      {static_cast<std::size_t>(other_rows), static_cast<std::size_t>(other_cols)}, rng);
+  const auto c0 =
+      randn<float, 2>({static_cast<std::size_t>(vc.m), static_cast<std::size_t>(vc.n)}, rng);
+  std::vector<float> per_product(c0.begin(), c0.end()), through_view(c0.begin(), c0.end());
+  const auto run = [&](std::vector<float>& c, const tiles::TileView* v) {
+    if (vc.as_a) {
+      tiles::tile_gemm(impl, false, false, vc.m, vc.n, vc.k, 0.5f, at, cols, other.data(),
+                       other_cols, 1.0f, c.data(), vc.n, v, nullptr);
+    } else {
+      tiles::tile_gemm(impl, false, vc.trans, vc.m, vc.n, vc.k, 0.5f, other.data(), other_cols, at,
+                       cols, 1.0f, c.data(), vc.n, nullptr, v);
+    }
+  };
+  run(per_product, nullptr);
+  run(through_view, taken ? &view : nullptr);
+  CHECK(std::memcmp(per_product.data(), through_view.data(), per_product.size() * 4) == 0);
+  CHECK(std::all_of(through_view.begin(), through_view.end(),
+                    [](float v) { return std::isfinite(v); }));
+}
+
+}  // namespace
+
+// Blocks of 70 rows of 40 values (ragged against 16, 32 and the depth's 32): every view a product
+// reads has the bits of packing per product, whatever row it starts at; a NaN in every row the
+// product does not read (the row before and the rows after) never reaches C, as with packing
+// per product; and a view that would read past the product's own rows is refused.
+TEST_CASE("bf16 tiles: inputs packed once give the bits of packing every product") {
+  Rng rng(21);
+  constexpr std::size_t kBlocks = 3, kRowsPer = 70, kCols = 40;
+  auto x = randn<float, 2>({kBlocks * kRowsPer, kCols}, rng);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  using Layout = tiles::PackedInput::Layout;
+  const std::vector<ViewCase> view_cases = {
+      // op(A) = x's rows: any first row, ragged m
+      {"A, block start", true, false, 70, 70, 24, 40, true},
+      {"A, mid block, ragged", true, false, 75, 17, 24, 40, true},
+      // op(B) = rowsᵀ: any first row, ragged n
+      {"B transposed, block start", false, true, 140, 20, 70, 40, true},
+      {"B transposed, mid block", false, true, 73, 20, 33, 40, true},
+      // op(B) = rows as the depth: a whole number of depth tiles from an even row, or the block's
+      // tail from a tile boundary (its padding is the block's zeros)
+      {"B rows, two depth tiles", false, false, 70, 20, 40, 64, true},
+      {"B rows, even row", false, false, 72, 20, 40, 32, true},
+      {"B rows, block tail", false, false, 102, 20, 40, 38, true},
+      {"B rows, odd row (refused)", false, false, 71, 20, 40, 32, false},
+      {"B rows, ragged depth mid block (refused)", false, false, 70, 20, 40, 40, false},
+      {"B rows, past the block (refused)", false, false, 110, 20, 40, 32, false},
+  };
+  for (tiles::TileImpl impl : impls_here()) {
+    CAPTURE(tiles::to_string(impl));
+    for (const ViewCase& vc : view_cases) {
+      // NaN in the rows around the product's own: the row before and every row after
+      const std::size_t own = vc.as_a    ? std::size_t(vc.m)
+                              : vc.trans ? std::size_t(vc.n)
+                                         : std::size_t(vc.k);
+      auto poisoned = x;
+      for (std::size_t r = 0; r < kBlocks * kRowsPer; ++r) {
+        if (r + 1 == vc.row || r >= vc.row + own)
+          for (std::size_t c = 0; c < kCols; ++c) poisoned(r, c) = nan;
+      }
+      tiles::PackedInput packed;
+      packed.pack(poisoned.data(), kBlocks, kRowsPer, kCols,
+                  Layout::a | Layout::b_transposed | Layout::b_rows);
+      check_view(impl, packed, poisoned, vc, rng);
+    }
+  }
+  // Not a row of x, another stride, another depth, or a layout not packed: no view.
+  tiles::PackedInput packed;
+  packed.pack(x.data(), kBlocks, kRowsPer, kCols, Layout::a);
+  tiles::TileView view;
+  CHECK(packed.view(x.data(), 40, true, false, 40, view));
+  CHECK_FALSE(packed.view(x.data() + 1, 40, true, false, 40, view));
+  CHECK_FALSE(packed.view(x.data(), 41, true, false, 40, view));
+  CHECK_FALSE(packed.view(x.data(), 40, true, false, 39, view));
+  CHECK_FALSE(packed.view(x.data() + kBlocks * kRowsPer * kCols, 40, true, false, 40, view));
+  CHECK_FALSE(packed.view(x.data(), 40, false, true, 40, view));
+  CHECK_FALSE(packed.view(x.data(), 40, false, false, 32, view));
+}
+
+// P and dS of the fused attention: a tile rounded once is read as op(A) = the tile (P V, dS K) and
+// as its transpose (Pᵀ dO, dSᵀ Q) with the bits of packing it per product, ragged against every
+// tile side; any other operand, shape or stride is refused, and a forgotten tile gives no view.
+TEST_CASE("bf16 tiles: a tile rounded once gives the bits of packing it per product") {
+  Rng rng(22);
+  for (tiles::TileImpl impl : impls_here()) {
+    CAPTURE(tiles::to_string(impl));
+    for (auto [rows, cols] : {std::pair{128, 128}, std::pair{37, 70}, std::pair{70, 5}}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const auto x =
+          randn<float, 2>({static_cast<std::size_t>(rows), static_cast<std::size_t>(cols)}, rng);
+      tiles::RoundedTile own;
+      own.round(x.data(), rows, cols);
+      for (bool trans : {false, true}) {
+        CAPTURE(trans);
+        const int m = trans ? cols : rows, k = trans ? rows : cols, n = 24;
+        const auto b = randn<float, 2>({static_cast<std::size_t>(k), std::size_t(n)}, rng);
+        const auto c0 = randn<float, 2>({static_cast<std::size_t>(m), std::size_t(n)}, rng);
+        tiles::TileView view;
+        REQUIRE(own.view(x.data(), cols, trans, m, k, view));
+        std::vector<float> per_product(c0.begin(), c0.end()), through_view(c0.begin(), c0.end());
+        tiles::tile_gemm(impl, trans, false, m, n, k, 0.5f, x.data(), cols, b.data(), n, 1.0f,
+                         per_product.data(), n);
+        tiles::tile_gemm(impl, trans, false, m, n, k, 0.5f, x.data(), cols, b.data(), n, 1.0f,
+                         through_view.data(), n, &view, nullptr);
+        CHECK(std::memcmp(per_product.data(), through_view.data(), per_product.size() * 4) == 0);
+        CHECK_FALSE(own.view(x.data(), cols, trans, m + 1, k, view));
+        CHECK_FALSE(own.view(x.data(), cols, trans, m, k - 1, view));
+      }
+      tiles::TileView view;
+      CHECK_FALSE(own.view(x.data() + cols, cols, false, rows - 1, cols, view));
+      CHECK_FALSE(own.view(x.data(), cols + 1, false, rows, cols, view));
+      own.forget();
+      CHECK(own.source() == nullptr);
+      CHECK_FALSE(own.view(x.data(), cols, false, rows, cols, view));
+    }
+  }
 }
 
 // FlashAttention's criterion for every case on the tiles `choice` picks: against the double product

@@ -83,6 +83,10 @@ void score_tile(T* sb, const AttentionParams<T>& p, std::size_t b, std::size_t h
 // asked for (ATTNLAB_BF16_TILES=amx or portable) the bf16 tiles of kernels/bf16_tiles.hpp, with the
 // same contract. Dropout and attention programs keep blas::gemm (its bf16 gemm there): their tile
 // code is not checked on the bf16 tiles yet.
+// On the tiles, the call's inputs are packed once, before the tasks, into the tile layouts their
+// products read (tiles::PackedInput), and a product whose operand lies in one reads its view; only
+// the tiles of the call's own (P, dS) are packed per product. Same values, same zero padding, same
+// order of the sums: the bits of packing every operand per product.
 // On bf16 gemms (no tiles), the call's inputs (q, k, v, and dO in the backward) are rounded once,
 // before the tasks, where a gemm per tile would round its own copies of the same rows again for
 // every tile that reads them; a product whose operand lies in a rounded input reads its rows
@@ -99,13 +103,43 @@ struct Products {
     const blas::Bf16Operand* operand = nullptr;
   };
   std::vector<Rounded> rounded;
+  std::vector<const tiles::PackedInput*> packed;  // on the tiles: the inputs packed once
+
+  // On the tiles, a tile of the calling thread's own, P (slot 0) or dS (slot 1), rounded once when
+  // it is final, for the products that read it next as op(A) (P V, Pᵀ dO; dS K, dSᵀ Q): one
+  // rounding for both of dS's products, and the transposes from the rounded values. A product
+  // that writes the tile forgets it; so does forget_own, at the start of each thread's tasks.
+  template <class T>
+  void round_own(int slot, const T* tile, std::size_t rows, std::size_t cols) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (on_tiles) own_tiles().at(slot).round(tile, int(rows), int(cols));
+    } else {
+      (void)slot, (void)tile, (void)rows, (void)cols;
+    }
+  }
+  void forget_own() const {
+    for (tiles::RoundedTile& own : own_tiles()) own.forget();
+  }
 
   template <class T>
   void operator()(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
                   const T* b, int ldb, T beta, T* c, int ldc) const {
     if constexpr (std::is_same_v<T, float>) {
       if (on_tiles) {
-        tiles::tile_gemm(impl, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        tiles::TileView av, bv;
+        const tiles::TileView *pa = nullptr, *pb = nullptr;
+        for (tiles::RoundedTile& own : own_tiles()) {
+          if (!pa && own.view(a, lda, trans_a, m, k, av)) pa = &av;
+        }
+        for (const tiles::PackedInput* input : packed) {
+          if (!pa && !trans_a && input->view(a, lda, true, false, k, av)) pa = &av;
+          if (!pb && input->view(b, ldb, false, trans_b, k, bv)) pb = &bv;
+        }
+        tiles::tile_gemm(impl, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pa,
+                         pb);
+        for (tiles::RoundedTile& own : own_tiles()) {
+          if (own.source() == c) own.forget();  // written: its rounding is stale
+        }
         return;
       }
       if (!rounded.empty()) {
@@ -123,6 +157,11 @@ struct Products {
   }
 
  private:
+  static std::array<tiles::RoundedTile, 2>& own_tiles() {
+    thread_local std::array<tiles::RoundedTile, 2> tiles;
+    return tiles;
+  }
+
   // The rounded input holding x's rows (row set), else x rounded into `own`.
   const blas::Bf16Operand& operand(const float* x, int rows, int cols, int ld,
                                    blas::Bf16Operand& own, int& row) const {
@@ -178,6 +217,32 @@ void round_inputs(Products& products, std::initializer_list<Input<T>> inputs) {
   }
 }
 
+// Packs the inputs once on the tiles (float only), each in the layouts of `layouts` (an or of
+// tiles::PackedInput::Layout), into the calling thread's storage: the calls of one thread do not
+// overlap. An input is (data, blocks, rows, cols): one block of rows x cols per head.
+struct PackedSpec {
+  const void* data;
+  std::size_t blocks, rows, cols;
+  unsigned layouts;
+};
+
+template <class T>
+void pack_inputs(Products& products, std::initializer_list<PackedSpec> inputs) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!products.on_tiles) return;
+    thread_local std::array<tiles::PackedInput, 4> storage;
+    std::size_t i = 0;
+    for (const PackedSpec& input : inputs) {
+      tiles::PackedInput& packed = storage.at(i++);
+      packed.pack(static_cast<const float*>(input.data), input.blocks, input.rows, input.cols,
+                  input.layouts);
+      products.packed.push_back(&packed);
+    }
+  } else {
+    (void)products, (void)inputs;
+  }
+}
+
 // The tiles a call runs on: a block mask's own, else those asked for (0: the tuned default).
 template <class T>
 void resolve_tiles(const AttentionParams<T>& p, std::size_t& tile_rows, std::size_t& tile_keys) {
@@ -222,6 +287,10 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
   Products products = products_for(p);
   round_inputs<T>(
       products, {{p.q, p.B * H * Tq, D}, {p.k, p.B * p.Hkv * Tk, D}, {p.v, p.B * p.Hkv * Tk, Dv}});
+  using Layout = tiles::PackedInput::Layout;
+  pack_inputs<T>(products, {{p.q, p.B * H, Tq, D, Layout::a},                 // Q_i in Q_i K_jᵀ
+                            {p.k, p.B * p.Hkv, Tk, D, Layout::b_transposed},  // K_jᵀ
+                            {p.v, p.B * p.Hkv, Tk, Dv, Layout::b_rows}});     // V_j in P V_j
   const Products& gemm = products;
   const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
   // One task per (K/V slice, row block): for each key block, the g = H / Hkv query heads of the
@@ -239,6 +308,7 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
     // (g, Br) running max and sum of each head's rows; whether a key tile of head g ran yet
     std::vector<T> m(group * tile_rows), l(group * tile_rows);
     std::vector<char> begun(group);
+    gemm.forget_own();
 #pragma omp for schedule(static)
     for (std::ptrdiff_t task = 0; task < task_count; ++task) {
       const std::size_t kv = static_cast<std::size_t>(task) / row_blocks;
@@ -293,6 +363,7 @@ void sdpa_fused_forward(T* out, T* lse, const AttentionParams<T>& p, std::size_t
           lg[r] += sum;
           mg[r] = m_new;
         }
+        gemm.round_own(0, sb.data(), br, bc);  // P, final: for P V_j
         // O_i = correction · O_i + P V_j (the first block assigns)  (Br,Bc) x (Bc,Dv) -> (Br,Dv)
         gemm(false, false, rows, dv, cols, T(1), sb.data(), cols, vp + j0 * Dv, dv,
              begun[g] ? T(1) : T(0), o_i, dv);
@@ -347,6 +418,12 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                              {p.k, p.B * p.Hkv * Tk, D},
                              {p.v, p.B * p.Hkv * Tk, Dv},
                              {dout, p.B * H * Tq, Dv}});
+  using Layout = tiles::PackedInput::Layout;
+  pack_inputs<T>(products,
+                 {{p.q, p.B * H, Tq, D, Layout::a | Layout::b_rows},  // Q K_jᵀ, dSᵀ Q
+                  {p.k, p.B * p.Hkv, Tk, D, Layout::b_transposed | Layout::b_rows},  // Kᵀ, dS K
+                  {p.v, p.B * p.Hkv, Tk, Dv, Layout::b_transposed},                  // dO V_jᵀ
+                  {dout, p.B * H, Tq, Dv, Layout::a | Layout::b_rows}});             // dO, Pᵀ dO
   const Products& gemm = products;
   const int d = static_cast<int>(D), dvw = static_cast<int>(Dv);
   // One K/V slice (b, kv head) per task: dK and dV start at 0 and every query head of its group
@@ -372,6 +449,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
         p.score_program != nullptr ? tile : 0);   // (Br,Bc), a score program's visibility
     std::vector<T> ub(program_grads ? tile : 0);  // (Br,Bc) U, for ∂f/∂θ
     std::vector<T> delta(Tq);                     // (Tq,) D_i = rowsum(dO ⊙ O)
+    gemm.forget_own();
 #pragma omp for schedule(static)
     for (std::ptrdiff_t kv_index = 0; kv_index < kv_count; ++kv_index) {
       const auto kv = static_cast<std::size_t>(kv_index);
@@ -422,6 +500,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                 exp_shifted_inplace(row, bc, row_lse);
               }
             }
+            if (!dropout) gemm.round_own(0, sb.data(), br, bc);  // P, final: for Pᵀ dO_i
             // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
             gemm(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw, T(0),
                  dpb.data(), cols);
@@ -453,6 +532,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
             }
             // dU = dS ⊙ dS/dU with a softcap or a score program
             for (std::size_t e = 0; sloped && e < br * bc; ++e) dpb[e] *= slb[e];
+            gemm.round_own(1, dpb.data(), br, bc);  // dS, final: for dS K_j and dSᵀ Q_i
             // dQ_i += s · dS K_j                        (Br,Bc) x (Bc,D) -> (Br,D)
             gemm(false, false, rows, d, cols, s, dpb.data(), cols, kp + j0 * D, d, T(1),
                  dqp + i0 * D, d);
