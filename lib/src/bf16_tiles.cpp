@@ -331,6 +331,15 @@ void transpose16(const std::uint16_t* src, std::size_t rows, std::size_t cols, s
     for (std::size_t c = 0; c < cols; ++c) dst[c * ld + r] = src[r * sld + c];
 }
 
+// op(A) = Xᵀ from X's rows already rounded (rows x cols bf16, row stride src_ld): cols rows of
+// `depth` values in dst, each zero past `rows`.
+void transpose_rounded(const std::uint16_t* src, std::size_t rows, std::size_t cols,
+                       std::size_t src_ld, std::uint16_t* dst, std::size_t depth) {
+  transpose16(src, rows, cols, dst, depth, src_ld);
+  for (std::size_t r = 0; r < cols; ++r)
+    std::fill(dst + r * depth + rows, dst + (r + 1) * depth, std::uint16_t{0});
+}
+
 std::size_t round_up(std::size_t x, std::size_t to) {
   return (x + to - 1) / to * to;
 }
@@ -349,11 +358,16 @@ void PackedInput::pack(const float* x, std::size_t blocks, std::size_t rows, std
   pair_rows_ = round_up(rows, kDepth) / 2;          // b_rows: pair rows in a block
   const std::size_t t_block = depth_ / 2 * units_;  // b_transposed, 32-bit units
   const std::size_t r_block = pair_rows_ * 2 * round_up(cols, kCols);  // b_rows, bf16 values
-  // Slack past the last block: a view's tile may read up to a tile past its own rows or units (into
-  // C rows or columns that are dropped), never past the storage.
-  if (layouts & a) a_.assign((blocks * rows + kRows) * depth_, 0);
-  if (layouts & b_transposed) b_transposed_.assign(2 * (blocks * t_block + kCols), 0);
-  if (layouts & b_rows) b_rows_.assign(blocks * r_block, 0);
+  // Slack past the last block, zero: a view's tile may read up to a tile past its own rows or units
+  // (into C rows or columns that are dropped), never past the storage. Each block zeroes its own
+  // padding below, on its thread.
+  const auto sized = [](std::vector<std::uint16_t>& v, std::size_t blocks_end, std::size_t slack) {
+    v.resize(blocks_end + slack);
+    std::fill(v.begin() + static_cast<std::ptrdiff_t>(blocks_end), v.end(), std::uint16_t{0});
+  };
+  if (layouts & a) sized(a_, blocks * rows * depth_, kRows * depth_);
+  if (layouts & b_transposed) sized(b_transposed_, 2 * blocks * t_block, 2 * kCols);
+  if (layouts & b_rows) sized(b_rows_, blocks * r_block, 0);
   // The blocks over the threads where no parallel region is running (the attention's batch threads
   // call this on their own thread).
   const int threads = num_threads();
@@ -367,13 +381,15 @@ void PackedInput::pack(const float* x, std::size_t blocks, std::size_t rows, std
       const float* xb = x + b * rows * cols;
       if (layouts & a)
         round_rows(xb, cols, 0, rows, cols, a_.data() + b * rows * depth_, depth_, depth_);
-      if (layouts & b_transposed) {
-        pack_transposed(xb, cols, rows, cols, b_transposed_.data() + 2 * b * t_block, units_,
-                        row.data());
+      if (layouts & b_transposed) {  // the padding: units past rows, pair rows past cols / 2
+        std::uint16_t* block = b_transposed_.data() + 2 * b * t_block;
+        std::fill(block, block + 2 * t_block, std::uint16_t{0});
+        pack_transposed(xb, cols, rows, cols, block, units_, row.data());
       }
-      if (layouts & b_rows) {
-        pack_rows(xb, cols, rows, cols, b_rows_.data() + b * r_block, round_up(cols, kCols),
-                  row.data());
+      if (layouts & b_rows) {  // the padding: columns past cols, pair rows past rows / 2
+        std::uint16_t* block = b_rows_.data() + b * r_block;
+        std::fill(block, block + r_block, std::uint16_t{0});
+        pack_rows(xb, cols, rows, cols, block, round_up(cols, kCols), row.data());
       }
     }
   }
@@ -436,11 +452,7 @@ bool RoundedTile::view(const float* at, int ld, bool trans, int m, int k, TileVi
   if (!transposed_) {  // from the rounded rows: the values the transposed packing would round
     t_depth_ = round_up(rows_, kDepth);
     transposed_bf16_.resize((round_up(cols_, kRows) + kRows) * t_depth_);
-    transpose16(rows_bf16_.data(), rows_, cols_, transposed_bf16_.data(), t_depth_, depth_);
-    for (std::size_t r = 0; r < cols_; ++r) {
-      std::uint16_t* row = transposed_bf16_.data() + r * t_depth_;
-      std::fill(row + rows_, row + t_depth_, std::uint16_t{0});
-    }
+    transpose_rounded(rows_bf16_.data(), rows_, cols_, depth_, transposed_bf16_.data(), t_depth_);
     std::fill(transposed_bf16_.begin() + static_cast<std::ptrdiff_t>(cols_ * t_depth_),
               transposed_bf16_.end(), std::uint16_t{0});
     transposed_ = true;
@@ -475,11 +487,8 @@ void tile_gemm(TileImpl impl, bool trans_a, bool trans_b, int m, int n, int k, f
     if (trans_a) {  // op(A)(r, p) = a[p, r]: a's rows rounded, then transposed into the tiles
       thread_local std::vector<std::uint16_t> rounded;
       rounded.resize(ku * mu);
-      for (std::size_t p = 0; p < ku; ++p)
-        blas::detail::round_row_bf16(a + p * static_cast<std::size_t>(lda), m, &rounded[p * mu]);
-      transpose16(rounded.data(), ku, mu, a_tiles.data(), kp);
-      for (std::size_t r = 0; r < mu; ++r)
-        std::fill(&a_tiles[r * kp] + ku, &a_tiles[r * kp] + kp, std::uint16_t{0});
+      round_rows(a, static_cast<std::size_t>(lda), 0, ku, mu, rounded.data(), mu, mu);
+      transpose_rounded(rounded.data(), ku, mu, mu, a_tiles.data(), kp);
     } else {
       round_rows(a, static_cast<std::size_t>(lda), 0, mu, ku, a_tiles.data(), kp, kp);
     }

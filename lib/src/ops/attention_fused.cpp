@@ -500,7 +500,7 @@ void sdpa_fused_backward(T* dq, T* dk, T* dv, T* dscale_part, const T* dout, con
                 exp_shifted_inplace(row, bc, row_lse);
               }
             }
-            if (!dropout) gemm.round_own(0, sb.data(), br, bc);  // P, final: for Pᵀ dO_i
+            gemm.round_own(0, sb.data(), br, bc);  // P, final: for Pᵀ dO_i
             // dP = dO_i V_jᵀ                            (Br,Dv) x (Dv,Bc) -> (Br,Bc)
             gemm(false, true, rows, cols, dvw, T(1), dop + i0 * Dv, dvw, vp + j0 * Dv, dvw, T(0),
                  dpb.data(), cols);
